@@ -1,0 +1,58 @@
+// mix64 (splitmix64 finalizer) and bucket = mix64(id) mod B, as specified in docs/ENGINE.md.
+#pragma once
+#include <cstdint>
+
+namespace recckpt {
+
+inline uint64_t mix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// n mod d for a fixed divisor d >= 1 without a hardware divide per call (Granlund & Montgomery,
+// "Division by invariant integers using multiplication", fig. 4.1, N = 64). Exact for all uint64 n.
+class FastMod {
+ public:
+  explicit FastMod(uint64_t d = 1) : d_(d) {
+    if ((d & (d - 1)) == 0) {  // power of two (d >= 1)
+      pow2_ = true;
+      mask_ = d - 1;
+      return;
+    }
+    int l = 64 - __builtin_clzll(d - 1);  // ceil(log2 d), 1 <= l <= 64
+    unsigned __int128 two_l = (unsigned __int128)1 << l;
+    m_ = (uint64_t)((((two_l - d) << 64) / d) + 1);
+    sh1_ = 1;
+    sh2_ = l - 1;
+  }
+  inline uint64_t operator()(uint64_t n) const {
+    if (pow2_) return n & mask_;
+    uint64_t t1 = (uint64_t)(((unsigned __int128)m_ * n) >> 64);
+    uint64_t q = (t1 + ((n - t1) >> sh1_)) >> sh2_;
+    return n - q * d_;
+  }
+  uint64_t divisor() const { return d_; }
+
+ private:
+  uint64_t d_;
+  bool pow2_ = false;
+  uint64_t mask_ = 0, m_ = 0;
+  int sh1_ = 0, sh2_ = 0;
+};
+
+// bucket(id) = mix64(id) mod B, the id reinterpreted as uint64.
+class Bucketer {
+ public:
+  explicit Bucketer(uint64_t num_buckets) : mod_(num_buckets) {}
+  inline uint64_t operator()(int64_t id) const { return mod_(mix64((uint64_t)id)); }
+  uint64_t num_buckets() const { return mod_.divisor(); }
+
+ private:
+  FastMod mod_;
+};
+
+void bucket_of(const int64_t* ids, int64_t n, uint64_t num_buckets, int64_t* out);
+
+}  // namespace recckpt

@@ -1,0 +1,29 @@
+"""Builds recckpt._C, the C++ engine, from csrc/*.cpp.
+
+The engine works on raw buffers (numpy arrays, memoryviews), so the build needs pybind11 and a C++17
+compiler but never torch. CUDA sources (csrc/*.cu) are not built yet; the CPU engine is complete on its own.
+"""
+import glob
+import os
+import platform
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+extra_compile_args = ["-O3", "-fvisibility=hidden"]
+if platform.machine() in ("x86_64", "AMD64"):
+    # SSE4.2 is compiled per-function (target attribute) and chosen at run time, so no -msse4.2 here.
+    pass
+if os.environ.get("RECCKPT_DEBUG"):
+    extra_compile_args = ["-O0", "-g"]
+
+ext = Pybind11Extension(
+    "recckpt._C",
+    sorted(glob.glob("csrc/*.cpp")),
+    include_dirs=["csrc"],
+    cxx_std=17,
+    extra_compile_args=extra_compile_args,
+    extra_link_args=["-pthread"],
+)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})

@@ -1,0 +1,40 @@
+"""recckpt: checkpoints for recommendation models.
+
+Public names are imported lazily, so `import recckpt` stays cheap and a tool that needs only the format
+(e.g. `recckpt.verify`) does not import the training-side modules.
+"""
+from ._version import __version__
+
+_EXPORTS = {
+    "Saver": "recckpt.api.saver",
+    "LoadResult": "recckpt.api.saver",
+    "SaveOptions": "recckpt.api.options",
+    "LoadConfig": "recckpt.api.load_config",
+    "HashTable": "recckpt.state.hashtable",
+    "SparseAdagrad": "recckpt.state.optim",
+    "SparseAdam": "recckpt.state.optim",
+    "SparseState": "recckpt.state.protocol",
+    "SlotSpec": "recckpt.state.protocol",
+    "SparseTableMeta": "recckpt.state.protocol",
+    "split_sparse_dense_state_dict": "recckpt.state.protocol",
+    "initializers": "recckpt.state.initializers",
+    "errors": "recckpt.errors",
+}
+
+
+def __getattr__(name):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'recckpt' has no attribute {name!r}")
+    import importlib
+    m = importlib.import_module(mod)
+    value = m if mod.endswith("." + name) else getattr(m, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS))
+
+
+__all__ = ["__version__", *_EXPORTS]

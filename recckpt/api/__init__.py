@@ -1,0 +1,1 @@
+"""User-facing API: Saver, load configuration, options."""

@@ -1,0 +1,108 @@
+"""What a load applies, and how: `LoadConfig`, built from a plain dict like
+`{"load": ["*"], "exclude": ["sparse_opt"], "strict": True}`."""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, fields
+from typing import Mapping
+
+from ..errors import LoadConfigError
+
+CATEGORIES = ("sparse", "sparse_opt", "dense", "extra", "io_state")
+
+
+def _tuple_of_str(v, name):
+    if isinstance(v, str):
+        v = (v,)
+    try:
+        v = tuple(v)
+    except TypeError:
+        raise LoadConfigError(f"LoadConfig.{name} must be a string or a list of strings, got {v!r}") from None
+    if not all(isinstance(x, str) for x in v):
+        raise LoadConfigError(f"LoadConfig.{name} must hold strings, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    load: tuple[str, ...] = ("*",)
+    """Categories to load: 'sparse' (ids + embeddings and other non-optimizer slots), 'sparse_opt'
+    (optimizer slots and the sparse optimizer's own state; excluded → fresh optimizer state), 'dense',
+    'extra' (registered objects), 'io_state' (this worker's reader state), or '*' for all."""
+
+    exclude: tuple[str, ...] = ()
+    """Categories removed from `load`."""
+
+    strict: bool = True
+    """Missing or unexpected tables/keys/objects: one error listing all of them (True) or one warning (False)."""
+
+    tables: tuple[str, ...] = ("*",)
+    """Globs over the checkpoint's sparse table names; only matching tables are loaded."""
+
+    slots: tuple[str, ...] = ("*",)
+    """Globs over slot names (e.g. 'embedding', 'adam.*'); non-matching slots are not loaded."""
+
+    dense_keys: tuple[str, ...] = ("*",)
+    """Globs over the checkpoint's dense keys."""
+
+    rename: Mapping[str, str] = field(default_factory=dict)
+    """Checkpoint name → model name, for tables and dense keys. A key ending in '.' renames a prefix
+    ('tower_a.' → 'tower_b.'). Applied before matching against the model."""
+
+    cast: bool = True
+    """Allow float ↔ float casts (fp32 ↔ bf16/fp16/fp64) to the model's dtype. Other dtype changes always fail."""
+
+    merge: bool = False
+    """Sparse tables: insert the checkpoint's rows into what the table already holds (model-bank warm
+    start from several sources) instead of replacing its contents."""
+
+    def __post_init__(self):
+        for name in ("load", "exclude", "tables", "slots", "dense_keys"):
+            object.__setattr__(self, name, _tuple_of_str(getattr(self, name), name))
+        for name in ("load", "exclude"):
+            bad = [c for c in getattr(self, name) if c != "*" and c not in CATEGORIES]
+            if bad:
+                raise LoadConfigError(f"LoadConfig.{name}: unknown categories {bad}; known: "
+                                      f"{', '.join(CATEGORIES)} and '*'")
+        for name in ("strict", "cast", "merge"):
+            if not isinstance(getattr(self, name), bool):
+                raise LoadConfigError(f"LoadConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.rename, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) and k and v for k, v in self.rename.items()):
+            raise LoadConfigError(f"LoadConfig.rename must map non-empty names to names, got {self.rename!r}")
+        object.__setattr__(self, "rename", dict(self.rename))
+
+    @classmethod
+    def coerce(cls, conf) -> "LoadConfig":
+        if conf is None:
+            return cls()
+        if isinstance(conf, cls):
+            return conf
+        if not isinstance(conf, Mapping):
+            raise LoadConfigError(f"load_conf must be a dict or LoadConfig, got {type(conf).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(conf) - known)
+        if unknown:
+            raise LoadConfigError(f"load_conf: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**conf)
+
+    def wants(self, category: str) -> bool:
+        chosen = set(CATEGORIES) if "*" in self.load else set(self.load)
+        if "*" in self.exclude:
+            return False
+        return category in chosen and category not in self.exclude
+
+    def table_selected(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, g) for g in self.tables)
+
+    def slot_selected(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, g) for g in self.slots)
+
+    def dense_selected(self, key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, g) for g in self.dense_keys)
+
+    def renamed(self, name: str) -> str:
+        if name in self.rename:
+            return self.rename[name]
+        best = max((k for k in self.rename if k.endswith(".") and name.startswith(k)), key=len, default=None)
+        return name if best is None else self.rename[best] + name[len(best):]

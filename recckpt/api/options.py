@@ -1,0 +1,37 @@
+"""Save-side options: one validated dataclass, a docstring per field."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..format.hashing import DEFAULT_NUM_BUCKETS
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    num_buckets: int = DEFAULT_NUM_BUCKETS
+    """Buckets per table (B). Fixed per checkpoint and recorded in its manifest; a loader on W workers
+    reads whole buckets, so B should be well above any world size you will load on."""
+
+    chunk_bytes: int = 1 << 20
+    """Bytes covered by one CRC-32C. Also the granularity of a partial (resharded) read: a worker reading
+    a bucket range reads at most two extra chunks per column and segment."""
+
+    segment_bytes: int = 64 << 20
+    """Target bytes of one exported chunk of a table, which becomes one bucket-sorted segment. Bounds the
+    memory a save needs per table beyond the table itself, and splits a giant table across threads."""
+
+    max_inflight_bytes: int = 256 << 20
+    """Exported bytes that may wait for the writer threads before the exporter blocks."""
+
+    fsync: bool = True
+    """fsync files and directories before the commit. Turn off only for tests on throwaway disks."""
+
+    def __post_init__(self):
+        for name, lo in (("num_buckets", 1), ("chunk_bytes", 64), ("segment_bytes", 1), ("max_inflight_bytes", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"SaveOptions.{name} must be an integer >= {lo}, got {v!r}")
+        if self.num_buckets > 1 << 24:
+            raise ValueError(f"SaveOptions.num_buckets={self.num_buckets} is above the format's cap of 2**24")
+        if self.chunk_bytes >= 1 << 31:
+            raise ValueError("SaveOptions.chunk_bytes must be below 2 GiB")

@@ -1,0 +1,82 @@
+"""How the workers of one save agree on a staging directory and hand their parts to the committer.
+
+A save runs: `begin` (all workers learn one staging nonce) → each worker writes its part → `submit`
+(the committer receives every part) → the committer finalizes → `end` (every worker learns whether
+the commit happened). Implementations differ only in how the parts travel.
+
+- SingleCoordinator: one worker, nothing travels.
+- InProcessCoordinator: all shards of a save are written from one process, one `save(shard_id=i)` call
+  after another (offline conversion, tests); the last shard to arrive commits.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+
+class Coordinator:
+    rank: int
+    world: int
+
+    def begin(self, key: tuple) -> str:
+        """A nonce shared by every worker of this save."""
+        raise NotImplementedError
+
+    def submit(self, key: tuple, part: dict) -> list[dict] | None:
+        """Hand over this worker's part; returns all parts to the worker that must commit, else None."""
+        raise NotImplementedError
+
+    def end(self, key: tuple, error: str | None) -> None:
+        """Called by every worker after the commit attempt (error: None when this worker succeeded)."""
+
+    def abort(self, key: tuple) -> None:
+        """Forget a save that failed on this worker."""
+
+
+class SingleCoordinator(Coordinator):
+    rank, world = 0, 1
+
+    def begin(self, key):
+        return uuid.uuid4().hex[:12]
+
+    def submit(self, key, part):
+        return [part]
+
+
+class InProcessCoordinator(Coordinator):
+    """Shards saved one after another from one process. Shared state lives on the class, keyed by
+    (output_dir, ckpt_id), so separate Saver objects (one per simulated worker) cooperate."""
+    _lock = threading.Lock()
+    _saves: dict[tuple, dict[str, Any]] = {}
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+
+    def begin(self, key):
+        with self._lock:
+            s = self._saves.setdefault(key, {"nonce": uuid.uuid4().hex[:12], "parts": {}})
+            return s["nonce"]
+
+    def submit(self, key, part):
+        with self._lock:
+            s = self._saves[key]
+            if self.rank in s["parts"]:
+                raise RuntimeError(f"shard {self.rank} of {key[1]!r} was submitted twice")
+            s["parts"][self.rank] = part
+            if len(s["parts"]) < self.world:
+                return None
+            del self._saves[key]
+            return [s["parts"][r] for r in sorted(s["parts"])]
+
+    def abort(self, key):
+        with self._lock:
+            self._saves.pop(key, None)
+
+
+def coordinator_for(shard_id: int, shard_num: int) -> Coordinator:
+    if shard_num < 1 or not 0 <= shard_id < shard_num:
+        raise ValueError(f"shard_id={shard_id} is not in [0, shard_num={shard_num})")
+    if shard_num == 1:
+        return SingleCoordinator()
+    return InProcessCoordinator(shard_id, shard_num)

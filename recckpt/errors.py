@@ -1,0 +1,43 @@
+"""The errors recckpt raises. Each message says what failed, where (file, table, rank) and what to do.
+
+Every class derives from RecckptError and from the builtin a caller would otherwise catch
+(FileNotFoundError, ValueError, ...), so existing `except` clauses keep working.
+"""
+
+
+class RecckptError(Exception):
+    """Base class of every error raised on purpose by recckpt."""
+
+
+class CheckpointNotFoundError(RecckptError, FileNotFoundError):
+    """No committed checkpoint where one was asked for (missing directory, empty version file, unknown id)."""
+
+
+class CorruptCheckpointError(RecckptError):
+    """A checkpoint's bytes do not match what was written: a checksum mismatch, a truncated file, or a
+    header/index that fails structural validation. The message names the file (and table when known)."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class IncompatibleCheckpointError(RecckptError, ValueError):
+    """The checkpoint is intact but cannot be applied: unknown format version, shape or dtype mismatch,
+    missing tables or keys under strict loading."""
+
+
+class CheckpointSaveError(RecckptError):
+    """A save failed. Earlier checkpoints are untouched and nothing partial was committed."""
+
+
+class CheckpointExistsError(CheckpointSaveError, FileExistsError):
+    """A committed checkpoint with this id already exists; committed checkpoints are never overwritten."""
+
+
+class InvalidCheckpointIdError(RecckptError, ValueError):
+    """A checkpoint id that cannot name a directory safely (empty, '/', '..', NUL, ...)."""
+
+
+class LoadConfigError(RecckptError, ValueError):
+    """A load configuration that cannot be valid (unknown key or category, wrong type)."""

@@ -1,0 +1,186 @@
+"""Writing and reading one checkpoint directory: the parts each worker writes, the merge and manifest
+that worker 0 writes last, and a reader that verifies every file before handing out its contents."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import _C, __version__
+from ..errors import CorruptCheckpointError
+from ..storage import Storage
+from . import catalog, checked_json, names, safetensors_io, tree_codec
+from .schema import (FileInfo, IndexDoc, Manifest, TableInfo, SlotInfo, index_from_json)
+from .sparse_io import SegmentReader, SparseWriteOptions, TableSource, write_tables
+
+
+@dataclass
+class WorkerPart:
+    """What one worker wrote into the staging directory; JSON-serialisable so a collective can carry it."""
+    worker: int
+    index: dict
+    files: dict[str, list[int]] = field(default_factory=dict)     # rel -> [size, crc32c]
+    tables: dict[str, dict] = field(default_factory=dict)         # name -> TableInfo json
+    io_state: str | None = None
+    dense: str | None = None
+    extras: str | None = None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_json(d: dict) -> "WorkerPart":
+        return WorkerPart(**d)
+
+
+def _write_safetensors(storage: Storage, rel_path: str, tensors, metadata, fsync) -> list[int]:
+    with storage.open_write(rel_path, fsync=fsync) as f:
+        size, crc = safetensors_io.write(f, tensors, metadata)
+    return [size, crc]
+
+
+def write_worker_part(storage: Storage, stage: str, worker: int, *, tables: list[TableSource],
+                      dense: dict[str, torch.Tensor] | None, extras: object | None,
+                      io_state: object | None, opts: SparseWriteOptions) -> WorkerPart:
+    """Write this worker's shard files, index and IO state (and, for the dense and extras the caller
+    passes, those files) into the staging directory `stage`."""
+    storage.makedirs(stage)
+    doc = write_tables(storage, stage, worker, tables, opts)
+    part = WorkerPart(worker, doc.to_json())
+    # Rows as exported, not as the table's metadata claimed: the index must agree with the manifest.
+    part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1])).to_json()
+                   for t in tables}
+    rel = names.worker_index(worker)
+    storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
+    data = checked_json.dumps(doc.to_json())
+    storage.write_bytes(f"{stage}/{rel}", data, fsync=opts.fsync)
+    part.files[rel] = [len(data), _C.crc32c(data)]
+    if io_state is not None:
+        rel = names.io_state_file(worker)
+        storage.makedirs(f"{stage}/{names.IO_STATE_DIR}")
+        text, tensors = tree_codec.encode(io_state, f"io_state[worker {worker}]")
+        part.files[rel] = _write_safetensors(storage, f"{stage}/{rel}", tensors,
+                                             {tree_codec.TREE_KEY: text}, opts.fsync)
+        part.io_state = rel
+    if dense is not None:
+        part.files[names.DENSE] = _write_safetensors(storage, f"{stage}/{names.DENSE}", dense, None, opts.fsync)
+        part.dense = names.DENSE
+    if extras is not None:
+        text, tensors = tree_codec.encode(extras, "extras")
+        part.files[names.EXTRAS] = _write_safetensors(storage, f"{stage}/{names.EXTRAS}", tensors,
+                                                      {tree_codec.TREE_KEY: text}, opts.fsync)
+        part.extras = names.EXTRAS
+    return part
+
+
+def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart], *,
+             opts: SparseWriteOptions, metadata: dict[str, str] | None = None) -> Manifest:
+    """Worker 0: merge the workers' indexes, write index.json and the manifest, and commit."""
+    parts = sorted(parts, key=lambda p: p.worker)
+    if [p.worker for p in parts] != list(range(len(parts))):
+        raise ValueError(f"expected one part per worker 0..{len(parts) - 1}, got {[p.worker for p in parts]}")
+    docs = [index_from_json(p.index, f"worker {p.worker} index") for p in parts]
+    merged = IndexDoc.merge(docs)
+    m = Manifest(ckpt_id=ckpt_id, created_ns=time.time_ns(), writer=f"recckpt {__version__}",
+                 num_buckets=opts.num_buckets, chunk_bytes=opts.chunk_bytes, shard_num=len(parts),
+                 metadata=dict(metadata or {}))
+    for p in parts:
+        for name, tj in p.tables.items():
+            info = TableInfo({k: SlotInfo(s["dtype"], tuple(s["shape"]), s["category"]) for k, s in tj["slots"]},
+                             tj["rows"])
+            have = m.tables.get(name)
+            if have is not None and have.slots != info.slots:
+                raise ValueError(f"table {name!r}: worker {p.worker} wrote slots {info.slots}, "
+                                 f"another worker {have.slots}")
+            m.tables[name] = TableInfo(info.slots, info.rows + (have.rows if have else 0))
+        for rel, (size, crc) in p.files.items():
+            m.files[rel] = FileInfo(size, crc)
+        if p.io_state:
+            m.io_state[p.worker] = p.io_state
+        m.dense = m.dense or p.dense
+        m.extras = m.extras or p.extras
+    if m.tables:
+        data = checked_json.dumps(merged.to_json())
+        storage.write_bytes(f"{stage}/{names.INDEX}", data, fsync=opts.fsync)
+        m.files[names.INDEX] = FileInfo(len(data), _C.crc32c(data))
+        m.index = names.INDEX
+    catalog.commit(storage, stage, ckpt_id, checked_json.dumps(m.to_json()), fsync=opts.fsync)
+    return m
+
+
+class CheckpointReader:
+    """One committed checkpoint. Every accessor verifies what it returns."""
+
+    def __init__(self, storage: Storage, ckpt_dir: str, threads: int = 4):
+        self.storage, self.ckpt_dir, self.threads = storage, ckpt_dir, threads
+        self.manifest = catalog.read_manifest(storage, ckpt_dir)
+        self._index: IndexDoc | None = None
+        self._segments: SegmentReader | None = None
+
+    def _rel(self, rel: str) -> str:
+        return f"{self.ckpt_dir}/{rel}" if self.ckpt_dir else rel
+
+    def describe(self, rel: str = "") -> str:
+        return self.storage.describe(self._rel(rel) if rel else self.ckpt_dir)
+
+    def read_file(self, rel: str) -> bytes:
+        """A whole non-shard file, checked against the size and CRC the manifest recorded."""
+        info = self.manifest.files.get(rel)
+        where = self.describe(rel)
+        if info is None:
+            raise CorruptCheckpointError(f"{where}: not listed in the manifest", where)
+        try:
+            size = self.storage.size(self._rel(rel))
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{where}: file is missing from the checkpoint", where) from None
+        if size != info.size:
+            raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest recorded {info.size}; the "
+                                         f"file is truncated or replaced", where)
+        data = self.storage.read_bytes(self._rel(rel))
+        crc = _C.crc32c(data)
+        if len(data) != info.size or crc != info.crc32c:
+            raise CorruptCheckpointError(f"{where}: crc32c mismatch (recorded {info.crc32c:#010x}, computed "
+                                         f"{crc:#010x}); the file is corrupt", where)
+        return data
+
+    @property
+    def index(self) -> IndexDoc:
+        if self._index is None:
+            if self.manifest.index is None:
+                self._index = IndexDoc(self.manifest.num_buckets, self.manifest.chunk_bytes)
+            else:
+                where = self.describe(self.manifest.index)
+                obj = checked_json.loads(self.read_file(self.manifest.index), where, names.MAX_INDEX_BYTES)
+                self._index = index_from_json(obj, where, self.manifest)
+        return self._index
+
+    @property
+    def segments(self) -> SegmentReader:
+        if self._segments is None:
+            self._segments = SegmentReader(self.storage, self.ckpt_dir, self.index, self.threads)
+        return self._segments
+
+    def dense(self) -> dict[str, torch.Tensor]:
+        if self.manifest.dense is None:
+            return {}
+        tensors, _ = safetensors_io.read(self.read_file(self.manifest.dense), self.describe(self.manifest.dense))
+        return tensors
+
+    def _tree(self, rel: str):
+        where = self.describe(rel)
+        tensors, meta = safetensors_io.read(self.read_file(rel), where)
+        if tree_codec.TREE_KEY not in meta:
+            raise CorruptCheckpointError(f"{where}: no {tree_codec.TREE_KEY!r} metadata", where)
+        return tree_codec.decode(meta[tree_codec.TREE_KEY], tensors, where)
+
+    def extras(self):
+        return None if self.manifest.extras is None else self._tree(self.manifest.extras)
+
+    def io_state(self, worker: int):
+        rel = self.manifest.io_state.get(worker)
+        return None if rel is None else self._tree(rel)
+
+
+__all__ = ["WorkerPart", "write_worker_part", "finalize", "CheckpointReader", "TableSource",
+           "SparseWriteOptions"]

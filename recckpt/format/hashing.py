@@ -1,0 +1,43 @@
+"""Id → bucket → owner: the one function that decides which worker holds which id.
+
+`bucket(id) = mix64(id) mod B`; rank r of W owns buckets [r*B//W, (r+1)*B//W). The C++ engine computes
+the same bucket (csrc/hash.h); this numpy version is the reference and is what the Python side uses
+for routing, so training and loading can never disagree.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+DEFAULT_NUM_BUCKETS = 4096
+HASH_NAME = "splitmix64"
+
+
+def mix64(ids: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer of id + golden gamma, on uint64 with wrap-around."""
+    z = np.asarray(ids, dtype=np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        z = z + GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def bucket_of(ids: np.ndarray, num_buckets: int) -> np.ndarray:
+    return (mix64(ids) % np.uint64(num_buckets)).astype(np.int64)
+
+
+def bucket_range(rank: int, world: int, num_buckets: int) -> tuple[int, int]:
+    """The contiguous bucket range [lo, hi) that `rank` of `world` owns."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of size {world}")
+    return rank * num_buckets // world, (rank + 1) * num_buckets // world
+
+
+def owner_of_bucket(buckets: np.ndarray, world: int, num_buckets: int) -> np.ndarray:
+    """Rank owning each bucket: the largest r with r*B//W <= b, i.e. ceil((b+1)W/B) - 1."""
+    b = np.asarray(buckets, dtype=np.int64)
+    return ((b + 1) * world + num_buckets - 1) // num_buckets - 1

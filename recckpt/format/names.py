@@ -1,0 +1,59 @@
+"""Every file name in a checkpoint, and validation of the names a user or a file can supply."""
+from __future__ import annotations
+
+import posixpath
+import re
+
+from ..errors import InvalidCheckpointIdError
+
+FORMAT_NAME = "recckpt"
+FORMAT_VERSION = 1
+
+VERSION_FILE = "checkpoint"          # <output_dir>/checkpoint: committed ids, oldest first
+STAGING_PREFIX = ".staging-"         # <output_dir>/.staging-<ckpt_id>-<nonce>/ while a save is running
+TRASH_PREFIX = ".deleting-"          # a checkpoint being deleted is renamed here first
+
+MANIFEST = "manifest.json"
+INDEX = "index.json"
+DENSE = "dense.safetensors"
+EXTRAS = "extras.safetensors"
+SPARSE_DIR = "sparse"
+IO_STATE_DIR = "io_state"
+
+# Caps on metadata sizes: a hostile or garbled file can never make us allocate more than this.
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_INDEX_BYTES = 1 << 30
+
+_CKPT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
+
+
+def validate_ckpt_id(ckpt_id: object) -> str:
+    """A checkpoint id names a directory: letters, digits and `_ . = + -`, at most 200 characters, not
+    starting with '.', never containing '..'."""
+    if not isinstance(ckpt_id, str):
+        raise InvalidCheckpointIdError(f"checkpoint id must be a str, got {type(ckpt_id).__name__}")
+    if not _CKPT_ID.fullmatch(ckpt_id) or ".." in ckpt_id:
+        raise InvalidCheckpointIdError(
+            f"invalid checkpoint id {ckpt_id!r}: use letters, digits and '_.=+-' (at most 200, not "
+            f"starting with '.', no '..', '/' or NUL), e.g. 'ckpt_1000'")
+    return ckpt_id
+
+
+def shard_file(worker: int, part: int) -> str:
+    return f"{SPARSE_DIR}/shard-{worker:05d}-{part:03d}.bin"
+
+
+def worker_index(worker: int) -> str:
+    return f"{SPARSE_DIR}/worker-{worker:05d}.index.json"
+
+
+def io_state_file(worker: int) -> str:
+    return f"{IO_STATE_DIR}/worker-{worker:05d}.safetensors"
+
+
+def validate_relpath(path: object, what: str) -> str:
+    """A path read from a checkpoint's own metadata: relative, normalised, inside the checkpoint."""
+    if (not isinstance(path, str) or not path or "\x00" in path or "\\" in path or path.startswith("/")
+            or posixpath.normpath(path) != path or path == "." or path.split("/")[0] == ".."):
+        raise ValueError(f"{what}: {path!r} is not a relative path inside the checkpoint")
+    return path

@@ -1,0 +1,325 @@
+"""Manifest and index: typed records, built by the writer and validated field by field on read.
+
+docs/FORMAT.md states the same schema in prose; change both together. Validation raises
+CorruptCheckpointError naming the file and the field, so a garbled or hostile file is rejected before
+any offset in it is used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
+from . import dtypes
+from .names import FORMAT_NAME, FORMAT_VERSION, validate_relpath
+
+CATEGORIES = ("sparse", "sparse_opt")
+_U32 = 1 << 32
+_I63 = 1 << 63
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    dtype: str                 # format dtype name, see format/dtypes.py
+    shape: tuple[int, ...]     # row shape
+    category: str              # "sparse" | "sparse_opt"
+
+    @property
+    def row_bytes(self) -> int:
+        n = dtypes.itemsize(self.dtype)
+        for d in self.shape:
+            n *= d
+        return n
+
+    def to_json(self):
+        return {"dtype": self.dtype, "shape": list(self.shape), "category": self.category}
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    slots: dict[str, SlotInfo]  # in column order
+    rows: int
+
+    def to_json(self):
+        return {"slots": [[k, v.to_json()] for k, v in self.slots.items()], "rows": self.rows}
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    size: int
+    crc32c: int
+
+
+@dataclass
+class Manifest:
+    ckpt_id: str
+    created_ns: int
+    writer: str
+    num_buckets: int
+    chunk_bytes: int
+    shard_num: int
+    tables: dict[str, TableInfo] = field(default_factory=dict)
+    files: dict[str, FileInfo] = field(default_factory=dict)   # every file but the manifest and .bin shards
+    index: str | None = None
+    dense: str | None = None
+    extras: str | None = None
+    io_state: dict[int, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT_NAME, "format_version": self.format_version, "ckpt_id": self.ckpt_id,
+            "created_ns": self.created_ns, "writer": self.writer, "num_buckets": self.num_buckets,
+            "hash": "splitmix64", "checksum": "crc32c", "chunk_bytes": self.chunk_bytes,
+            "shard_num": self.shard_num,
+            "tables": {k: v.to_json() for k, v in self.tables.items()},
+            "files": {k: {"size": v.size, "crc32c": v.crc32c} for k, v in self.files.items()},
+            "index": self.index, "dense": self.dense, "extras": self.extras,
+            "io_state": {str(k): v for k, v in sorted(self.io_state.items())},
+            "metadata": dict(self.metadata),
+        }
+
+
+@dataclass(frozen=True)
+class Column:
+    offset: int
+    length: int
+    crc32c: tuple[int, ...]   # one per chunk
+
+    def to_json(self):
+        return {"offset": self.offset, "length": self.length, "crc32c": list(self.crc32c)}
+
+
+@dataclass(frozen=True)
+class Segment:
+    file: int                 # index into IndexDoc.files
+    rows: int
+    buckets: Column           # int64[B+1] row offsets, one CRC over the whole block
+    columns: tuple[Column, ...]  # [ids, slot 0, slot 1, ...]
+
+    def to_json(self):
+        b = self.buckets
+        return {"file": self.file, "rows": self.rows,
+                "buckets": {"offset": b.offset, "length": b.length, "crc32c": b.crc32c[0]},
+                "columns": [c.to_json() for c in self.columns]}
+
+
+@dataclass
+class IndexDoc:
+    """The merged index (index.json) and each worker's own index share this schema."""
+    num_buckets: int
+    chunk_bytes: int
+    files: list[tuple[str, int]] = field(default_factory=list)           # (relpath, size)
+    tables: dict[str, tuple[list[str], list[Segment]]] = field(default_factory=dict)  # name -> (slots, segments)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict:
+        return {
+            "format_version": self.format_version, "num_buckets": self.num_buckets,
+            "chunk_bytes": self.chunk_bytes,
+            "files": [{"path": p, "size": s} for p, s in self.files],
+            "tables": {k: {"slots": list(slots), "segments": [s.to_json() for s in segs]}
+                       for k, (slots, segs) in self.tables.items()},
+        }
+
+    @staticmethod
+    def merge(parts: list["IndexDoc"]) -> "IndexDoc":
+        """One index for the checkpoint: files concatenated in worker order, segments re-pointed."""
+        if not parts:
+            raise ValueError("nothing to merge")
+        out = IndexDoc(parts[0].num_buckets, parts[0].chunk_bytes)
+        for p in parts:
+            if (p.num_buckets, p.chunk_bytes) != (out.num_buckets, out.chunk_bytes):
+                raise ValueError("worker indexes disagree on num_buckets/chunk_bytes")
+            base = len(out.files)
+            out.files.extend(p.files)
+            for name, (slots, segs) in p.tables.items():
+                have = out.tables.setdefault(name, (list(slots), []))
+                if have[0] != list(slots):
+                    raise ValueError(f"table {name!r}: workers wrote different slots {have[0]} vs {slots}")
+                have[1].extend(Segment(s.file + base, s.rows, s.buckets, s.columns) for s in segs)
+        return out
+
+
+# ----------------------------------------------------------------------------------------- validation
+class _V:
+    """Field-by-field checks that report `<file>: <field path>: <problem>`."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def fail(self, where: str, problem: str):
+        raise CorruptCheckpointError(f"{self.path}: field {where}: {problem}", self.path)
+
+    def get(self, obj, key, where):
+        if not isinstance(obj, dict) or key not in obj:
+            self.fail(f"{where}.{key}" if where else key, "missing")
+        return obj[key]
+
+    def int(self, v, where, lo=0, hi=_I63):
+        if type(v) is not int or not lo <= v < hi:
+            self.fail(where, f"expected an integer in [{lo}, {hi}), got {v!r:.80}")
+        return v
+
+    def str(self, v, where):
+        if not isinstance(v, str) or "\x00" in v:
+            self.fail(where, f"expected a string, got {v!r:.80}")
+        return v
+
+    def dict(self, v, where):
+        if not isinstance(v, dict):
+            self.fail(where, f"expected an object, got {type(v).__name__}")
+        return v
+
+    def list(self, v, where):
+        if not isinstance(v, list):
+            self.fail(where, f"expected a list, got {type(v).__name__}")
+        return v
+
+    def relpath(self, v, where):
+        try:
+            return validate_relpath(v, where)
+        except ValueError as e:
+            self.fail(where, str(e))
+
+    def opt_relpath(self, v, where):
+        return None if v is None else self.relpath(v, where)
+
+
+def manifest_from_json(obj: dict, path: str) -> Manifest:
+    v = _V(path)
+    if v.get(obj, "format", "") != FORMAT_NAME:
+        v.fail("format", f"expected {FORMAT_NAME!r}; this is not a recckpt checkpoint")
+    ver = v.int(v.get(obj, "format_version", ""), "format_version")
+    if ver != FORMAT_VERSION:
+        raise IncompatibleCheckpointError(
+            f"{path}: format version {ver} is not supported by this recckpt (reads version "
+            f"{FORMAT_VERSION}); upgrade recckpt to load it")
+    for key, want in (("hash", "splitmix64"), ("checksum", "crc32c")):
+        if v.get(obj, key, "") != want:
+            v.fail(key, f"expected {want!r}")
+    tables = {}
+    for name, t in v.dict(v.get(obj, "tables", ""), "tables").items():
+        where = f"tables[{name!r}]"
+        slots = {}
+        for i, pair in enumerate(v.list(v.get(t, "slots", where), f"{where}.slots")):
+            if not (isinstance(pair, list) and len(pair) == 2):
+                v.fail(f"{where}.slots[{i}]", "expected [name, spec]")
+            sname, spec = v.str(pair[0], f"{where}.slots[{i}]"), v.dict(pair[1], f"{where}.slots[{i}]")
+            dt = v.get(spec, "dtype", f"{where}.{sname}")
+            if dt not in dtypes.names():
+                v.fail(f"{where}.{sname}.dtype", f"unknown dtype {dt!r:.40}")
+            shape = tuple(v.int(d, f"{where}.{sname}.shape", 0, 1 << 31)
+                          for d in v.list(v.get(spec, "shape", f"{where}.{sname}"), f"{where}.{sname}.shape"))
+            if len(shape) > 8:
+                v.fail(f"{where}.{sname}.shape", "more than 8 dimensions")
+            cat = v.get(spec, "category", f"{where}.{sname}")
+            if cat not in CATEGORIES:
+                v.fail(f"{where}.{sname}.category", f"expected one of {CATEGORIES}")
+            if sname in slots:
+                v.fail(f"{where}.slots", f"slot {sname!r} listed twice")
+            slots[sname] = SlotInfo(dt, shape, cat)
+        tables[v.str(name, "tables")] = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"))
+    files = {}
+    for rel, f in v.dict(v.get(obj, "files", ""), "files").items():
+        v.relpath(rel, "files")
+        files[rel] = FileInfo(v.int(v.get(f, "size", f"files[{rel!r}]"), f"files[{rel!r}].size"),
+                              v.int(v.get(f, "crc32c", f"files[{rel!r}]"), f"files[{rel!r}].crc32c", 0, _U32))
+    io_state = {}
+    for w, rel in v.dict(v.get(obj, "io_state", ""), "io_state").items():
+        if not (isinstance(w, str) and w.isdigit()):
+            v.fail("io_state", f"worker key {w!r:.20} is not a number")
+        io_state[int(w)] = v.relpath(rel, f"io_state[{w}]")
+    meta = v.dict(obj.get("metadata", {}), "metadata")
+    m = Manifest(
+        ckpt_id=v.str(v.get(obj, "ckpt_id", ""), "ckpt_id"),
+        created_ns=v.int(v.get(obj, "created_ns", ""), "created_ns"),
+        writer=v.str(v.get(obj, "writer", ""), "writer"),
+        num_buckets=v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, 1 << 24),
+        chunk_bytes=v.int(v.get(obj, "chunk_bytes", ""), "chunk_bytes", 1, 1 << 31),
+        shard_num=v.int(v.get(obj, "shard_num", ""), "shard_num", 1, 1 << 20),
+        tables=tables, files=files,
+        index=v.opt_relpath(v.get(obj, "index", ""), "index"),
+        dense=v.opt_relpath(v.get(obj, "dense", ""), "dense"),
+        extras=v.opt_relpath(v.get(obj, "extras", ""), "extras"),
+        io_state=io_state,
+        metadata={v.str(k, "metadata"): v.str(x, f"metadata[{k!r}]") for k, x in meta.items()},
+    )
+    for rel in [m.index, m.dense, m.extras, *m.io_state.values()]:
+        if rel is not None and rel not in m.files:
+            v.fail("files", f"{rel!r} is referenced but has no size/checksum entry")
+    if tables and m.index is None:
+        v.fail("index", "the checkpoint has sparse tables but no index")
+    return m
+
+
+def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> IndexDoc:
+    """Validate an index; with a manifest, also check every column length against the slot specs."""
+    v = _V(path)
+    ver = v.int(v.get(obj, "format_version", ""), "format_version")
+    if ver != FORMAT_VERSION:
+        raise IncompatibleCheckpointError(f"{path}: index format version {ver} is not supported")
+    nb = v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, 1 << 24)
+    cb = v.int(v.get(obj, "chunk_bytes", ""), "chunk_bytes", 1, 1 << 31)
+    if manifest is not None and (nb, cb) != (manifest.num_buckets, manifest.chunk_bytes):
+        v.fail("num_buckets/chunk_bytes", "disagree with the manifest")
+    doc = IndexDoc(nb, cb)
+    for i, f in enumerate(v.list(v.get(obj, "files", ""), "files")):
+        doc.files.append((v.relpath(v.get(f, "path", f"files[{i}]"), f"files[{i}].path"),
+                          v.int(v.get(f, "size", f"files[{i}]"), f"files[{i}].size")))
+    nfiles = len(doc.files)
+
+    def column(c, where, exact_len=None, one_crc=False):
+        off = v.int(v.get(c, "offset", where), f"{where}.offset")
+        ln = v.int(v.get(c, "length", where), f"{where}.length")
+        crcs = tuple(v.int(x, f"{where}.crc32c", 0, _U32)
+                     for x in (v.list(v.get(c, "crc32c", where), f"{where}.crc32c")
+                               if not one_crc else [v.get(c, "crc32c", where)]))
+        if exact_len is not None and ln != exact_len:
+            v.fail(f"{where}.length", f"{ln} but the rows and slot shape imply {exact_len}")
+        if not one_crc and len(crcs) != -(-ln // cb):
+            v.fail(f"{where}.crc32c", f"{len(crcs)} checksums for {ln} bytes in {cb}-byte chunks")
+        return Column(off, ln, crcs)
+
+    for name, t in v.dict(v.get(obj, "tables", ""), "tables").items():
+        where = f"tables[{name!r}]"
+        slots = [v.str(s, f"{where}.slots") for s in v.list(v.get(t, "slots", where), f"{where}.slots")]
+        row_bytes = None
+        if manifest is not None:
+            info = manifest.tables.get(name)
+            if info is None:
+                v.fail(where, "table is not in the manifest")
+            if slots != list(info.slots):
+                v.fail(f"{where}.slots", f"{slots} disagree with the manifest's {list(info.slots)}")
+            row_bytes = [8] + [info.slots[s].row_bytes for s in slots]
+        segs = []
+        for j, s in enumerate(v.list(v.get(t, "segments", where), f"{where}.segments")):
+            sw = f"{where}.segments[{j}]"
+            fi = v.int(v.get(s, "file", sw), f"{sw}.file", 0, max(nfiles, 1))
+            if fi >= nfiles:
+                v.fail(f"{sw}.file", "no such file")
+            rows = v.int(v.get(s, "rows", sw), f"{sw}.rows")
+            buckets = column(v.get(s, "buckets", sw), f"{sw}.buckets", 8 * (nb + 1), one_crc=True)
+            cols_raw = v.list(v.get(s, "columns", sw), f"{sw}.columns")
+            if len(cols_raw) != len(slots) + 1:
+                v.fail(f"{sw}.columns", f"{len(cols_raw)} columns for ids + {len(slots)} slots")
+            cols = tuple(column(c, f"{sw}.columns[{k}]",
+                                None if row_bytes is None else rows * row_bytes[k])
+                         for k, c in enumerate(cols_raw))
+            if row_bytes is None and cols[0].length != 8 * rows:
+                v.fail(f"{sw}.columns[0].length", "ids column length is not 8 * rows")
+            size = doc.files[fi][1]
+            for k, c in enumerate((buckets,) + cols):
+                if c.offset + c.length > size:
+                    v.fail(sw, f"block {k} [{c.offset}, {c.offset + c.length}) lies beyond the end of "
+                               f"{doc.files[fi][0]} ({size} bytes)")
+            segs.append(Segment(fi, rows, buckets, cols))
+        doc.tables[name] = (slots, segs)
+    if manifest is not None:
+        for name, info in manifest.tables.items():
+            if name not in doc.tables:
+                v.fail("tables", f"table {name!r} of the manifest has no index entry")
+            rows = sum(s.rows for s in doc.tables[name][1])
+            if rows != info.rows:
+                v.fail(f"tables[{name!r}]", f"segments hold {rows} rows, the manifest says {info.rows}")
+    return doc

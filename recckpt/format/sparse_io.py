@@ -1,0 +1,203 @@
+"""Sparse tables to shard files and back, through the C++ engine.
+
+Writing: each table arrives as a stream of bounded chunks (ids + one uint8 row-bytes array per slot);
+every chunk becomes one *segment*, sorted by bucket by the engine, appended to whichever of the
+worker's shard files has the least queued work. Reading: for each segment, the rows of a bucket range
+are one contiguous range per column, read in parallel and checked against the chunk checksums.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .. import _C
+from ..errors import CorruptCheckpointError
+from ..storage import Storage
+from . import names
+from .schema import Column, IndexDoc, Segment, SlotInfo
+
+
+@dataclass
+class TableSource:
+    """A table as the writer sees it: slot specs in column order and a stream of chunks, each
+    `(ids int64[n], [uint8[n, row_bytes] per slot])`, C-contiguous numpy arrays."""
+    name: str
+    slots: dict[str, SlotInfo]
+    rows: int
+    chunks: Iterable[tuple[np.ndarray, list[np.ndarray]]]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * (8 + sum(s.row_bytes for s in self.slots.values()))
+
+
+@dataclass(frozen=True)
+class SparseWriteOptions:
+    num_buckets: int
+    chunk_bytes: int
+    concurrency: int
+    segment_bytes: int
+    max_inflight_bytes: int
+    fsync: bool = True
+
+
+def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSource],
+                 opts: SparseWriteOptions) -> IndexDoc:
+    """Write one worker's shard files under `stage`; returns that worker's index."""
+    doc = IndexDoc(opts.num_buckets, opts.chunk_bytes)
+    for t in tables:
+        doc.tables[t.name] = (list(t.slots), [])
+    total = sum(t.nbytes for t in tables)
+    if total == 0:
+        return doc
+    nfiles = max(1, min(opts.concurrency, -(-total // opts.segment_bytes)))
+    rels = [names.shard_file(worker, k) for k in range(nfiles)]
+    storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
+    tmp = None
+    if storage.is_local:
+        paths = [storage.local_path(f"{stage}/{r}") for r in rels]
+    else:
+        tmp = tempfile.mkdtemp(prefix="recckpt-")
+        paths = [os.path.join(tmp, os.path.basename(r)) for r in rels]
+    try:
+        writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes)
+        try:
+            for ti, t in enumerate(tables):
+                for ids, cols in t.chunks:
+                    writer.submit(ti, ids, cols)
+            records = writer.finish(opts.fsync)
+        except BaseException:
+            writer.abort()
+            raise
+        for fi, (rel, path, recs) in enumerate(zip(rels, paths, records)):
+            doc.files.append((rel, os.path.getsize(path)))
+            for r in recs:
+                b = r["buckets"]
+                seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], (b["crc32c"],)),
+                              tuple(Column(c["offset"], c["length"], tuple(c["crc32c"])) for c in r["columns"]))
+                doc.tables[tables[r["table"]].name][1].append(seg)
+            if tmp is not None:
+                storage.put_file(path, f"{stage}/{rel}")
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return doc
+
+
+class SegmentReader:
+    """Reads rows of one checkpoint's tables, verifying every byte it returns."""
+
+    def __init__(self, storage: Storage, ckpt_dir: str, index: IndexDoc, threads: int = 4,
+                 batch_bytes: int = 64 << 20):
+        self.storage, self.ckpt_dir, self.index = storage, ckpt_dir, index
+        self.threads, self.batch_bytes = max(1, threads), batch_bytes
+        self.bytes_read = 0
+        self._checked_sizes: set[int] = set()
+
+    def _path(self, file_idx: int) -> str:
+        return f"{self.ckpt_dir}/{self.index.files[file_idx][0]}" if self.ckpt_dir else self.index.files[file_idx][0]
+
+    def _check_size(self, fi: int):
+        if fi in self._checked_sizes:
+            return
+        rel, want = self.index.files[fi]
+        try:
+            have = self.storage.size(self._path(fi))
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: shard file is missing",
+                                         self._path(fi)) from None
+        if have != want:
+            raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: {have} bytes, the index "
+                                         f"recorded {want}; the file is truncated or replaced", self._path(fi))
+        self._checked_sizes.add(fi)
+
+    def _read(self, table: str, reqs: list[tuple[int, Column, int, int, str, int]]) -> list[np.ndarray]:
+        """reqs: (file, column, lo, hi, what, checksum step) → verified bytes [lo, hi) of each column."""
+        out = [np.empty(hi - lo, dtype=np.uint8) for _, _, lo, hi, _, _ in reqs]
+        for fi, *_ in reqs:
+            self._check_size(fi)
+        if self.storage.is_local:
+            engine_reqs = [(self.storage.local_path(self._path(fi)), c.offset, c.length, step,
+                            np.asarray(c.crc32c, dtype=np.uint32), lo, hi, dst)
+                           for (fi, c, lo, hi, _, step), dst in zip(reqs, out)]
+            nread, errors = _C.read_ranges(engine_reqs, self.threads)
+            self.bytes_read += nread
+            if errors:
+                i, msg = errors[0]
+                fi, what = reqs[i][0], reqs[i][4]
+                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
+                                             f"{what}: {msg}", self._path(fi))
+            return out
+        for (fi, c, lo, hi, what, step), dst in zip(reqs, out):
+            k0, k1 = lo // step, -(-hi // step) if hi > lo else lo // step
+            start, end = k0 * step, min(k1 * step, c.length)
+            data = self.storage.read_bytes(self._path(fi), c.offset + start, end - start)
+            self.bytes_read += len(data)
+            arr = np.frombuffer(data, dtype=np.uint8)
+            if len(arr) != end - start:
+                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
+                                             f"{what}: short read", self._path(fi))
+            crcs = _C.crc32c_chunks(arr, step)
+            bad = np.nonzero(crcs != np.asarray(c.crc32c[k0:k1], dtype=np.uint32))[0]
+            if bad.size:
+                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
+                                             f"{what}: crc32c mismatch in chunk {k0 + int(bad[0])}", self._path(fi))
+            dst[:] = arr[lo - start:hi - start]
+        return out
+
+    def bucket_offsets(self, table: str, seg: Segment) -> np.ndarray:
+        (raw,) = self._read(table, [(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
+                                    max(seg.buckets.length, 1))])
+        off = raw.view("<i8")
+        nb = self.index.num_buckets
+        if off[0] != 0 or off[nb] != seg.rows or np.any(np.diff(off) < 0):
+            raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
+                                         f"bucket offsets are not a valid partition of {seg.rows} rows",
+                                         self._path(seg.file))
+        return off
+
+    def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
+                   bucket_lo: int = 0, bucket_hi: int | None = None
+                   ) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+        """Yield (ids, [uint8[n, row_bytes] per requested slot]) per segment, for buckets [lo, hi)."""
+        all_slots, segs = self.index.tables[table]
+        col_of = [1 + all_slots.index(s) for s in slots]
+        nb = self.index.num_buckets
+        hi_b = nb if bucket_hi is None else bucket_hi
+        full = bucket_lo == 0 and hi_b == nb
+        pending: list[tuple[int, int, list]] = []
+        pending_bytes = 0
+
+        def flush():
+            flat = [r for _, _, rs in pending for r in rs]
+            data = self._read(table, flat) if flat else []
+            pos = 0
+            for _, n, rs in pending:
+                part = data[pos:pos + len(rs)]
+                pos += len(rs)
+                ids = part[0].view("<i8")
+                yield ids, [p.reshape(n, rb) for p, rb in zip(part[1:], row_bytes)]
+
+        for seg in segs:
+            if full:
+                r0, r1 = 0, seg.rows
+            else:
+                off = self.bucket_offsets(table, seg)
+                r0, r1 = int(off[bucket_lo]), int(off[hi_b])
+            if r1 == r0:
+                continue
+            cb = self.index.chunk_bytes
+            rs = [(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb)]
+            for s, c, rb in zip(slots, col_of, row_bytes):
+                rs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb))
+            pending.append((seg.file, r1 - r0, rs))
+            pending_bytes += sum(r[3] - r[2] for r in rs)
+            if pending_bytes >= self.batch_bytes:
+                yield from flush()
+                pending, pending_bytes = [], 0
+        yield from flush()

@@ -1,0 +1,107 @@
+"""Nested Python state (state_dicts of optimizers, schedulers, readers; RNG states; plain values) to
+JSON + tensors and back, without pickle.
+
+Supported leaves: None, bool, int, float (NaN/inf included), str, bytes, torch.Tensor, numpy arrays and
+scalars, torch.dtype. Containers: dict (any keys of those leaf types), list, tuple. Anything else is
+refused with the key path, so a user learns at save time, not at load time, that state would be lost.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+
+import numpy as np
+import torch
+
+from . import dtypes
+
+TREE_KEY = "recckpt.tree"
+
+
+class _Encoder:
+    def __init__(self):
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def encode(self, obj, path: str):
+        if obj is None or isinstance(obj, (bool, str)):
+            return obj
+        if isinstance(obj, int):
+            return obj if -(1 << 63) <= obj < (1 << 64) else {"__bigint__": str(obj)}
+        if isinstance(obj, float):
+            return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+        if isinstance(obj, torch.Tensor):
+            return {"__tensor__": self._add(obj.detach().cpu(), path)}
+        if isinstance(obj, np.ndarray):
+            if obj.dtype == object:
+                raise TypeError(f"{path}: numpy object arrays cannot be stored without pickle")
+            return {"__ndarray__": self._add(torch.from_numpy(np.ascontiguousarray(obj)), path)}
+        if isinstance(obj, np.generic):
+            return {"__npscalar__": obj.dtype.str, "value": self.encode(obj.item(), path)}
+        if isinstance(obj, torch.dtype):
+            return {"__dtype__": dtypes.name_of(obj)}
+        if isinstance(obj, (bytes, bytearray)):
+            return {"__bytes__": base64.b64encode(bytes(obj)).decode("ascii")}
+        if isinstance(obj, tuple):
+            return {"__tuple__": [self.encode(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
+        if isinstance(obj, list):
+            return [self.encode(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+        if isinstance(obj, dict):
+            if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+                return {k: self.encode(v, f"{path}.{k}") for k, v in obj.items()}
+            return {"__dict__": [[self.encode(k, f"{path}<key>"), self.encode(v, f"{path}[{k!r}]")]
+                                 for k, v in obj.items()]}
+        raise TypeError(f"{path}: cannot store a {type(obj).__module__}.{type(obj).__qualname__} without "
+                        f"pickle; return tensors, numbers, strings, lists and dicts from state_dict()")
+
+    def _add(self, t: torch.Tensor, path: str) -> str:
+        if t.is_sparse or t.layout != torch.strided:
+            raise TypeError(f"{path}: only dense (strided) tensors can be stored, got {t.layout}")
+        key = f"t{len(self.tensors)}"
+        self.tensors[key] = t.contiguous()
+        return key
+
+
+def encode(obj, root: str) -> tuple[str, dict[str, torch.Tensor]]:
+    """(JSON text of the tree, tensors it refers to by key)."""
+    enc = _Encoder()
+    tree = enc.encode(obj, root)
+    return json.dumps(tree, allow_nan=False, separators=(",", ":")), enc.tensors
+
+
+def decode(text: str, tensors: dict[str, torch.Tensor], where: str):
+    def dec(node):
+        if isinstance(node, list):
+            return [dec(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if "__tensor__" in node:
+            return tensors[node["__tensor__"]]
+        if "__ndarray__" in node:
+            t = tensors[node["__ndarray__"]]
+            return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+        if "__npscalar__" in node:
+            return np.dtype(node["__npscalar__"]).type(dec(node["value"]))
+        if "__float__" in node:
+            return float(node["__float__"])
+        if "__bigint__" in node:
+            return int(node["__bigint__"])
+        if "__dtype__" in node:
+            return dtypes.torch_dtype(node["__dtype__"])
+        if "__bytes__" in node:
+            return base64.b64decode(node["__bytes__"])
+        if "__tuple__" in node:
+            return tuple(dec(v) for v in node["__tuple__"])
+        if "__dict__" in node:
+            return {_hashable(dec(k)): dec(v) for k, v in node["__dict__"]}
+        return {k: dec(v) for k, v in node.items()}
+
+    try:
+        return dec(json.loads(text))
+    except (KeyError, ValueError, TypeError) as e:
+        from ..errors import CorruptCheckpointError
+        raise CorruptCheckpointError(f"{where}: invalid state tree ({e!r})", where) from None
+
+
+def _hashable(k):
+    return tuple(_hashable(x) for x in k) if isinstance(k, list) else k

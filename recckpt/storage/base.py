@@ -1,0 +1,73 @@
+"""The storage interface. Paths are '/'-separated and relative to the storage root."""
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import BinaryIO, Iterator
+
+
+class Storage(abc.ABC):
+    #: True when `local_path()` gives an OS path the C++ engine can open directly.
+    is_local: bool = False
+    #: True when `rename` of a directory is one atomic step on this store.
+    atomic_rename: bool = False
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def describe(self, path: str = "") -> str:
+        """A human-readable location for error messages."""
+        return f"{self.root.rstrip('/')}/{path}" if path else self.root
+
+    def local_path(self, path: str) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no local paths")
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def isdir(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def listdir(self, path: str) -> list[str]:
+        """Names (not paths) of the entries of a directory; [] when it does not exist."""
+
+    @abc.abstractmethod
+    def makedirs(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def size(self, path: str) -> int: ...
+
+    @abc.abstractmethod
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes [offset, offset+length) of a file (to its end when length is None)."""
+
+    @abc.abstractmethod
+    @contextlib.contextmanager
+    def open_write(self, path: str, fsync: bool = True) -> Iterator[BinaryIO]:
+        """A binary file opened for writing; durable when the context exits normally and fsync is set."""
+
+    def write_bytes(self, path: str, data: bytes, fsync: bool = True) -> None:
+        with self.open_write(path, fsync=fsync) as f:
+            f.write(data)
+
+    @abc.abstractmethod
+    def put_file(self, local_src: str, path: str) -> None:
+        """Copy a local file into the store (used for files the C++ engine wrote locally)."""
+
+    @abc.abstractmethod
+    def rename(self, src: str, dst: str) -> None:
+        """Move a file or directory; atomic where `atomic_rename` is set. Fails if dst exists."""
+
+    @abc.abstractmethod
+    def replace_file(self, src: str, dst: str) -> None:
+        """Move a file over an existing one (atomic on local disks)."""
+
+    @abc.abstractmethod
+    def remove_file(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def remove_tree(self, path: str) -> None: ...
+
+    def fsync_dir(self, path: str) -> None:
+        """Make a directory's entries durable (no-op where the store has no such notion)."""

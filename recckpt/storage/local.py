@@ -1,0 +1,78 @@
+"""Local disk: the fast path. The C++ engine writes and reads these files directly."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+
+from .base import Storage
+
+
+class LocalStorage(Storage):
+    is_local = True
+    atomic_rename = True
+
+    def __init__(self, root: str):
+        super().__init__(os.path.abspath(os.fspath(root)))
+
+    def local_path(self, path: str) -> str:
+        return os.path.join(self.root, path) if path else self.root
+
+    def exists(self, path):
+        return os.path.exists(self.local_path(path))
+
+    def isdir(self, path):
+        return os.path.isdir(self.local_path(path))
+
+    def listdir(self, path):
+        try:
+            return sorted(os.listdir(self.local_path(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def makedirs(self, path):
+        os.makedirs(self.local_path(path), exist_ok=True)
+
+    def size(self, path):
+        return os.stat(self.local_path(path)).st_size
+
+    def read_bytes(self, path, offset=0, length=None):
+        with open(self.local_path(path), "rb") as f:
+            if offset:
+                f.seek(offset)
+            return f.read() if length is None else f.read(length)
+
+    @contextlib.contextmanager
+    def open_write(self, path, fsync=True):
+        with open(self.local_path(path), "wb") as f:
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+
+    def put_file(self, local_src, path):
+        shutil.copyfile(local_src, self.local_path(path))
+
+    def rename(self, src, dst):
+        d = self.local_path(dst)
+        if os.path.exists(d):
+            raise FileExistsError(errno.EEXIST, "destination exists", d)
+        os.rename(self.local_path(src), d)
+
+    def replace_file(self, src, dst):
+        os.replace(self.local_path(src), self.local_path(dst))
+
+    def remove_file(self, path):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.local_path(path))
+
+    def remove_tree(self, path):
+        shutil.rmtree(self.local_path(path), ignore_errors=False)
+
+    def fsync_dir(self, path):
+        fd = os.open(self.local_path(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,4 +1,308 @@
-// Bindings of ShardWriter and read_ranges (filled in below).
+// Bindings of ShardWriter and read_ranges. Python objects (the caller's arrays) are held and
+// released here, on the calling thread with the GIL; the C++ core only sees raw pointers.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <list>
+#include <memory>
+
+#include "os_error.h"
+#include "pybuf.h"
+#include "reader.h"
+#include "shard_writer.h"
+
 namespace py = pybind11;
-void bind_io(py::module_& m) { (void)m; }
+using namespace recckpt;
+
+namespace {
+
+// Keeps a submitted segment's buffers alive until the writer has written (or dropped) them.
+struct Held {
+  std::shared_ptr<std::atomic<bool>> done;
+  std::vector<py::buffer_info> bufs;
+};
+
+class PyShardWriter {
+ public:
+  PyShardWriter(const std::vector<std::string>& paths, int64_t num_buckets, int64_t chunk_bytes,
+                int64_t max_inflight_bytes) {
+    py::gil_scoped_release nogil;  // creating files can block
+    w_ = std::make_unique<ShardWriter>(paths, num_buckets, chunk_bytes, max_inflight_bytes);
+  }
+  ~PyShardWriter() {
+    if (w_) {
+      {
+        py::gil_scoped_release nogil;
+        w_->abort();
+      }
+      held_.clear();
+    }
+  }
+
+  int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns) {
+    if (!w_) throw py::value_error("ShardWriter is closed");
+    Held h;
+    h.done = std::make_shared<std::atomic<bool>>(false);
+    SegmentInput in;
+    in.table = table;
+    py::buffer_info ids = int64_vector(ids_obj, "ShardWriter.submit: ids");
+    in.n = ids.shape[0];
+    in.ids = static_cast<const int64_t*>(ids.ptr);
+    h.bufs.push_back(std::move(ids));
+    const size_t ncols = py::len(columns);
+    for (size_t c = 0; c < ncols; c++) {
+      py::object col = columns[c];
+      const std::string what = "ShardWriter.submit: columns[" + std::to_string(c) + "]";
+      if (!PyObject_CheckBuffer(col.ptr()))
+        throw py::type_error(what + ": expected a uint8 array of shape [n, row_bytes], got " +
+                             std::string(py::str(py::type::handle_of(col).attr("__name__"))));
+      py::buffer_info b = py::reinterpret_borrow<py::buffer>(col).request();
+      if (!is_uint8_format(b))
+        throw py::type_error(what + ": expected dtype uint8, got buffer format '" + b.format +
+                             "' with itemsize " + std::to_string(b.itemsize) +
+                             " (view the rows as bytes: arr.view(numpy.uint8).reshape(n, -1))");
+      if (b.ndim != 2)
+        throw py::value_error(what + ": expected shape [n, row_bytes], got " + std::to_string(b.ndim) +
+                              " dimensions");
+      if (b.shape[0] != in.n)
+        throw py::value_error(what + ": has " + std::to_string(b.shape[0]) + " rows, ids has " +
+                              std::to_string(in.n));
+      if (!is_c_contiguous(b)) throw py::value_error(what + ": array must be C-contiguous");
+      in.columns.push_back(static_cast<const uint8_t*>(b.ptr));
+      in.row_bytes.push_back(b.shape[1]);
+      h.bufs.push_back(std::move(b));
+    }
+    in.done = h.done;
+    reap();
+    held_.push_back(std::move(h));
+    int64_t id;
+    {
+      py::gil_scoped_release nogil;
+      id = w_->submit(std::move(in));  // on failure the segment is marked done (reaped below or later)
+    }
+    reap();
+    return id;
+  }
+
+  py::list finish(bool fsync) {
+    if (!w_) throw py::value_error("ShardWriter is closed");
+    std::vector<std::vector<SegmentRecord>> recs;
+    try {
+      py::gil_scoped_release nogil;
+      recs = w_->finish(fsync);
+    } catch (...) {
+      held_.clear();  // every segment is done once the workers are joined
+      throw;
+    }
+    held_.clear();
+    const int64_t blen = 8 * (w_->num_buckets() + 1);
+    py::list out;
+    for (auto& file : recs) {
+      py::list lst;
+      for (auto& r : file) {
+        py::dict d;
+        d["segment"] = r.segment;
+        d["table"] = r.table;
+        d["rows"] = r.rows;
+        d["offset"] = r.offset;
+        py::dict b;
+        b["offset"] = r.buckets_offset;
+        b["length"] = blen;
+        b["crc32c"] = r.buckets_crc;
+        d["buckets"] = b;
+        py::list cols;
+        for (auto& c : r.columns) {
+          py::dict cd;
+          cd["offset"] = c.offset;
+          cd["length"] = c.length;
+          py::list crcs(c.crcs.size());
+          for (size_t k = 0; k < c.crcs.size(); k++) crcs[k] = py::int_(c.crcs[k]);
+          cd["crc32c"] = crcs;
+          cols.append(cd);
+        }
+        d["columns"] = cols;
+        lst.append(d);
+      }
+      out.append(lst);
+    }
+    return out;
+  }
+
+  void abort() {
+    if (!w_) return;
+    {
+      py::gil_scoped_release nogil;
+      w_->abort();
+    }
+    held_.clear();
+  }
+
+ private:
+  void reap() {
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->done->load(std::memory_order_acquire))
+        it = held_.erase(it);
+      else
+        ++it;
+    }
+  }
+
+  std::unique_ptr<ShardWriter> w_;
+  std::list<Held> held_;
+};
+
+std::string path_of(const py::handle& obj) {
+  py::object p = py::module_::import("os").attr("fspath")(obj);
+  if (py::isinstance<py::bytes>(p)) return std::string(py::reinterpret_borrow<py::bytes>(p));
+  return p.cast<std::string>();
+}
+
+int64_t int_of(const py::handle& obj, const char* what, size_t i) {
+  if (!PyIndex_Check(obj.ptr()))
+    throw py::type_error("read_ranges: requests[" + std::to_string(i) + "]." + what + " must be an int, got " +
+                         std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+  return py::int_(py::reinterpret_borrow<py::object>(obj)).cast<int64_t>();
+}
+
+// crcs: any 1-D integer buffer (normally uint32) or a sequence of ints. Out-of-range values make the
+// request invalid (reported) rather than raising.
+void crcs_of(const py::handle& obj, ReadRequest& r, size_t i) {
+  auto put = [&](long double v, size_t k) {
+    if (v < 0 || v > 4294967295.0L) {
+      if (r.invalid.empty())
+        r.invalid = "invalid request: crcs[" + std::to_string(k) + "] is not a uint32";
+      r.crcs.push_back(0);
+    } else {
+      r.crcs.push_back((uint32_t)v);
+    }
+  };
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    py::buffer_info b = py::reinterpret_borrow<py::buffer>(obj).request();
+    const char k = format_kind(b.format);
+    const std::string ints = "bBhHiIlLqQ";
+    if (k == 0 || ints.find(k) == std::string::npos || b.ndim != 1 || !is_c_contiguous(b))
+      throw py::type_error("read_ranges: requests[" + std::to_string(i) +
+                           "].crcs must be a 1-D contiguous integer array (uint32), got format '" + b.format +
+                           "'");
+    const bool sgn = (k == 'b' || k == 'h' || k == 'i' || k == 'l' || k == 'q');
+    const size_t n = (size_t)b.shape[0];
+    r.crcs.reserve(n);
+    const uint8_t* p = static_cast<const uint8_t*>(b.ptr);
+    for (size_t j = 0; j < n; j++) {
+      const uint8_t* e = p + j * b.itemsize;
+      long double v;
+      switch (b.itemsize) {
+        case 1: v = sgn ? (long double)*(const int8_t*)e : (long double)*(const uint8_t*)e; break;
+        case 2: { int16_t s; uint16_t u; std::memcpy(&s, e, 2); std::memcpy(&u, e, 2); v = sgn ? s : u; break; }
+        case 4: { int32_t s; uint32_t u; std::memcpy(&s, e, 4); std::memcpy(&u, e, 4); v = sgn ? s : u; break; }
+        case 8: { int64_t s; uint64_t u; std::memcpy(&s, e, 8); std::memcpy(&u, e, 8); v = sgn ? (long double)s : (long double)u; break; }
+        default: throw py::type_error("read_ranges: crcs has an unsupported item size");
+      }
+      put(v, j);
+    }
+    return;
+  }
+  if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj))
+    throw py::type_error("read_ranges: requests[" + std::to_string(i) + "].crcs must be a uint32 array");
+  py::sequence s = py::reinterpret_borrow<py::sequence>(obj);
+  const size_t n = py::len(s);
+  r.crcs.reserve(n);
+  for (size_t j = 0; j < n; j++) {
+    py::object v = s[j];
+    if (!PyIndex_Check(v.ptr()))
+      throw py::type_error("read_ranges: requests[" + std::to_string(i) + "].crcs must hold ints");
+    py::int_ iv(v);
+    long long x;
+    try {
+      x = iv.cast<long long>();
+    } catch (const py::cast_error&) {
+      x = -1;
+    }
+    put((long double)x, j);
+  }
+}
+
+py::tuple py_read_ranges(const py::sequence& requests, int threads) {
+  const size_t n = py::len(requests);
+  std::vector<ReadRequest> reqs(n);
+  std::vector<py::buffer_info> dsts;
+  dsts.reserve(n);
+  for (size_t i = 0; i < n; i++) {
+    py::object item = requests[i];
+    if (!py::isinstance<py::sequence>(item) || py::len(item) != 8)
+      throw py::type_error("read_ranges: requests[" + std::to_string(i) +
+                           "] must be a tuple (path, col_offset, col_length, chunk_bytes, crcs, lo, hi, dst)");
+    py::sequence t = py::reinterpret_borrow<py::sequence>(item);
+    ReadRequest& r = reqs[i];
+    r.path = path_of(t[0]);
+    r.col_offset = int_of(t[1], "col_offset", i);
+    r.col_length = int_of(t[2], "col_length", i);
+    r.chunk_bytes = int_of(t[3], "chunk_bytes", i);
+    crcs_of(t[4], r, i);
+    r.lo = int_of(t[5], "lo", i);
+    r.hi = int_of(t[6], "hi", i);
+    py::object dst = t[7];
+    if (!PyObject_CheckBuffer(dst.ptr()))
+      throw py::type_error("read_ranges: requests[" + std::to_string(i) + "].dst must be a writable buffer, got " +
+                           std::string(py::str(py::type::handle_of(dst).attr("__name__"))));
+    py::buffer_info b;
+    try {
+      b = py::reinterpret_borrow<py::buffer>(dst).request(true);
+    } catch (py::error_already_set&) {
+      throw py::type_error("read_ranges: requests[" + std::to_string(i) + "].dst is not writable");
+    }
+    if (!is_c_contiguous(b))
+      throw py::value_error("read_ranges: requests[" + std::to_string(i) + "].dst must be C-contiguous");
+    r.dst = static_cast<uint8_t*>(b.ptr);
+    r.dst_len = nbytes(b);
+    dsts.push_back(std::move(b));
+  }
+  ReadResult res;
+  {
+    py::gil_scoped_release nogil;
+    res = read_ranges(reqs, threads);
+  }
+  py::list errs;
+  for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
+  return py::make_tuple(res.bytes_read, errs);
+}
+
+}  // namespace
+
+void bind_io(py::module_& m) {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const OsError& e) {
+      py::object exc = py::reinterpret_borrow<py::object>(PyExc_OSError)(e.err, e.describe(), e.path);
+      PyErr_SetObject((PyObject*)Py_TYPE(exc.ptr()), exc.ptr());
+    } catch (const std::logic_error& e) {
+      if (dynamic_cast<const std::invalid_argument*>(&e) || dynamic_cast<const std::length_error*>(&e) ||
+          dynamic_cast<const std::out_of_range*>(&e) || dynamic_cast<const std::domain_error*>(&e))
+        throw;  // pybind11's defaults: ValueError, ValueError, IndexError, ValueError
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  py::class_<PyShardWriter>(m, "ShardWriter",
+                            "Writes bucket-sorted segments to files in parallel, one worker thread per file.")
+      .def(py::init([](const py::sequence& paths, int64_t num_buckets, int64_t chunk_bytes,
+                       int64_t max_inflight_bytes) {
+             if (py::isinstance<py::str>(paths) || py::isinstance<py::bytes>(paths))
+               throw py::type_error("ShardWriter: paths must be a list of paths, not a single path");
+             std::vector<std::string> ps;
+             for (const auto& p : paths) ps.push_back(path_of(p));
+             return std::make_unique<PyShardWriter>(ps, num_buckets, chunk_bytes, max_inflight_bytes);
+           }),
+           py::arg("paths"),
+           py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"))
+      .def("submit", &PyShardWriter::submit, py::arg("table"), py::arg("ids"), py::arg("columns"),
+           "queue a segment; blocks (GIL released) while too many bytes are in flight; returns its id")
+      .def("finish", &PyShardWriter::finish, py::arg("fsync") = true,
+           "wait for every segment, fsync and close the files; per file the records of its segments")
+      .def("abort", &PyShardWriter::abort, "stop the workers and close the files (kept on disk)");
+
+  m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
+        "verified parallel reads: returns (bytes_read, [(request_index, message), ...])");
+}

@@ -1,0 +1,255 @@
+#include "reader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "crc32c.h"
+
+namespace recckpt {
+namespace {
+
+constexpr int64_t kPieceBytes = 8 << 20;  // a worker takes about this many bytes of chunks at a time
+constexpr size_t kMaxIo = size_t(1) << 30;
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+struct Piece {
+  int64_t req;
+  int64_t j0, j1;  // chunk range [j0, j1)
+};
+
+struct OpenFile {
+  int fd = -1;
+  int err = 0;
+  int64_t size = 0;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<ReadRequest>& reqs)
+      : reqs_(reqs), fds_(reqs.size(), -1), err_chunk_(reqs.size()), err_msg_(reqs.size()) {
+    for (auto& c : err_chunk_) c = std::numeric_limits<int64_t>::max();
+  }
+  ~Reader() {
+    for (auto& kv : files_)
+      if (kv.second.fd >= 0) ::close(kv.second.fd);
+  }
+
+  ReadResult run(int threads) {
+    std::vector<char> ok(reqs_.size(), 0);
+    for (size_t i = 0; i < reqs_.size(); i++) ok[i] = validate(i);
+    for (size_t i = 0; i < reqs_.size(); i++)
+      if (ok[i]) plan(i);
+    const int64_t nthreads = std::min<int64_t>(std::max(threads, 1), (int64_t)pieces_.size());
+    if (nthreads <= 1) {
+      work();
+    } else {
+      std::vector<std::thread> pool;
+      pool.reserve((size_t)nthreads - 1);
+      try {
+        for (int64_t t = 1; t < nthreads; t++) pool.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        // could not start more threads: the ones running (and this one) do the work
+      }
+      work();
+      for (auto& t : pool) t.join();
+    }
+    ReadResult r;
+    r.bytes_read = bytes_read_.load();
+    for (size_t i = 0; i < reqs_.size(); i++)
+      if (!err_msg_[i].empty()) r.errors.emplace_back((int64_t)i, err_msg_[i]);
+    return r;
+  }
+
+ private:
+  void report(size_t i, int64_t chunk, std::string msg) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (chunk < err_chunk_[i] || err_msg_[i].empty()) {
+      err_chunk_[i] = chunk;
+      err_msg_[i] = std::move(msg);
+    }
+  }
+
+  bool validate(size_t i) {
+    const ReadRequest& r = reqs_[i];
+    if (!r.invalid.empty()) return report(i, -1, r.invalid), false;
+    if (r.chunk_bytes <= 0)
+      return report(i, -1, "invalid request: chunk_bytes must be > 0, got " + std::to_string(r.chunk_bytes)), false;
+    if (r.col_offset < 0 || r.col_length < 0)
+      return report(i, -1, "invalid request: col_offset and col_length must be >= 0, got " +
+                               std::to_string(r.col_offset) + " and " + std::to_string(r.col_length)),
+             false;
+    if (r.col_length > std::numeric_limits<int64_t>::max() - r.col_offset)
+      return report(i, -1, "invalid request: col_offset + col_length overflows"), false;
+    if (!(0 <= r.lo && r.lo <= r.hi && r.hi <= r.col_length))
+      return report(i, -1, "invalid request: need 0 <= lo <= hi <= col_length, got lo=" +
+                               std::to_string(r.lo) + " hi=" + std::to_string(r.hi) +
+                               " col_length=" + std::to_string(r.col_length)),
+             false;
+    const int64_t k = r.col_length / r.chunk_bytes + (r.col_length % r.chunk_bytes != 0);
+    if ((int64_t)r.crcs.size() != k)
+      return report(i, -1, "invalid request: crcs has " + std::to_string(r.crcs.size()) +
+                               " entries, expected ceil(col_length / chunk_bytes) = " + std::to_string(k)),
+             false;
+    if (r.dst_len != r.hi - r.lo)
+      return report(i, -1, "invalid request: dst has " + std::to_string(r.dst_len) +
+                               " bytes, expected hi - lo = " + std::to_string(r.hi - r.lo)),
+             false;
+    auto it = files_.find(r.path);
+    if (it == files_.end()) {
+      OpenFile of;
+      of.fd = ::open(r.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (of.fd < 0) {
+        of.err = errno;
+      } else {
+        struct stat st;
+        if (::fstat(of.fd, &st) != 0) {
+          of.err = errno;
+          ::close(of.fd);
+          of.fd = -1;
+        } else {
+          of.size = (int64_t)st.st_size;
+        }
+      }
+      it = files_.emplace(r.path, of).first;
+    }
+    const OpenFile& f = it->second;
+    if (f.fd < 0) return report(i, -1, std::string("open error: ") + std::strerror(f.err)), false;
+    if (f.size < r.col_offset + r.col_length)
+      return report(i, -1, "file too small: " + std::to_string(f.size) +
+                               " bytes, the column needs col_offset + col_length = " +
+                               std::to_string(r.col_offset + r.col_length)),
+             false;
+    fds_[i] = f.fd;
+    return true;
+  }
+
+  void plan(size_t i) {
+    const ReadRequest& r = reqs_[i];
+    if (r.lo == r.hi) return;
+    const int64_t cb = r.chunk_bytes;
+    const int64_t j0 = r.lo / cb, j1 = (r.hi - 1) / cb + 1;
+    const int64_t per = std::max<int64_t>(1, kPieceBytes / cb);
+    for (int64_t j = j0; j < j1; j += per) pieces_.push_back({(int64_t)i, j, std::min(j1, j + per)});
+  }
+
+  // Reads n bytes at off; returns bytes read (short on EOF); -errno on error.
+  static int64_t pread_all(int fd, uint8_t* p, int64_t n, int64_t off) {
+    int64_t got = 0;
+    while (got < n) {
+      ssize_t r = ::pread(fd, p + got, (size_t)std::min<int64_t>(n - got, (int64_t)kMaxIo), (off_t)(off + got));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return -errno;
+      }
+      if (r == 0) break;
+      got += r;
+    }
+    return got;
+  }
+
+  // Reads column bytes [a, b) (chunk-aligned: covering chunks jfirst..) into buf, checks crcs.
+  bool read_checked(size_t i, int64_t jfirst, int64_t a, int64_t b, uint8_t* buf) {
+    const ReadRequest& r = reqs_[i];
+    const int64_t want = b - a;
+    const int64_t got = pread_all(fds_[i], buf, want, r.col_offset + a);
+    if (got > 0) bytes_read_.fetch_add(got, std::memory_order_relaxed);
+    if (got < 0) {
+      report(i, jfirst, "read error in chunk " + std::to_string(jfirst) + " at file offset " +
+                            std::to_string(r.col_offset + a) + ": " + std::strerror((int)-got));
+      return false;
+    }
+    if (got < want) {
+      const int64_t jbad = jfirst + got / r.chunk_bytes;
+      report(i, jbad, "short read in chunk " + std::to_string(jbad) + ": got " + std::to_string(got) +
+                          " of " + std::to_string(want) + " bytes at file offset " +
+                          std::to_string(r.col_offset + a) + " (file truncated?)");
+      return false;
+    }
+    int64_t j = jfirst;
+    for (int64_t s = a; s < b; s += r.chunk_bytes, j++) {
+      const int64_t e = std::min(s + r.chunk_bytes, b);
+      const uint32_t c = crc32c(0, buf + (s - a), (size_t)(e - s));
+      if (c != r.crcs[(size_t)j]) {
+        report(i, j, "CRC mismatch in chunk " + std::to_string(j) + " (column bytes [" + std::to_string(s) +
+                         ", " + std::to_string(e) + "), file offset " + std::to_string(r.col_offset + s) +
+                         "): expected " + hex32(r.crcs[(size_t)j]) + ", computed " + hex32(c));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void do_piece(const Piece& p, std::vector<uint8_t>& scratch) {
+    const ReadRequest& r = reqs_[(size_t)p.req];
+    const int64_t cb = r.chunk_bytes, L = r.col_length;
+    int64_t j = p.j0;
+    while (j < p.j1) {
+      const int64_t s = j * cb, e = std::min(s + cb, L);
+      if (s >= r.lo && e <= r.hi) {
+        // A run of chunks wholly inside [lo, hi): one read straight into dst.
+        int64_t k = j + 1;
+        while (k < p.j1 && std::min((k + 1) * cb, L) <= r.hi) k++;
+        const int64_t end = std::min(k * cb, L);
+        if (!read_checked((size_t)p.req, j, s, end, r.dst + (s - r.lo))) return;
+        j = k;
+      } else {
+        if ((int64_t)scratch.size() < e - s) scratch.resize((size_t)(e - s));
+        if (!read_checked((size_t)p.req, j, s, e, scratch.data())) return;
+        const int64_t a = std::max(s, r.lo), b = std::min(e, r.hi);
+        std::memcpy(r.dst + (a - r.lo), scratch.data() + (a - s), (size_t)(b - a));
+        j++;
+      }
+    }
+  }
+
+  void work() {
+    std::vector<uint8_t> scratch;
+    for (;;) {
+      const size_t k = next_.fetch_add(1, std::memory_order_relaxed);
+      if (k >= pieces_.size()) return;
+      try {
+        do_piece(pieces_[k], scratch);
+      } catch (const std::bad_alloc&) {
+        report((size_t)pieces_[k].req, pieces_[k].j0,
+               "out of memory for a chunk of " + std::to_string(reqs_[(size_t)pieces_[k].req].chunk_bytes) +
+                   " bytes");
+      }
+    }
+  }
+
+  const std::vector<ReadRequest>& reqs_;
+  std::map<std::string, OpenFile> files_;
+  std::vector<int> fds_;
+  std::vector<Piece> pieces_;
+  std::atomic<size_t> next_{0};
+  std::atomic<int64_t> bytes_read_{0};
+  std::mutex mu_;
+  std::vector<int64_t> err_chunk_;
+  std::vector<std::string> err_msg_;
+};
+
+}  // namespace
+
+ReadResult read_ranges(const std::vector<ReadRequest>& requests, int threads) {
+  Reader r(requests);
+  return r.run(threads);
+}
+
+}  // namespace recckpt

@@ -1,0 +1,29 @@
+// read_ranges: verified parallel positioned reads of checksummed columns (see docs/ENGINE.md).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace recckpt {
+
+struct ReadRequest {
+  std::string path;
+  int64_t col_offset = 0, col_length = 0, chunk_bytes = 0;
+  std::vector<uint32_t> crcs;
+  int64_t lo = 0, hi = 0;
+  uint8_t* dst = nullptr;
+  int64_t dst_len = 0;
+  std::string invalid;  // set by the caller when an argument could not be used (reported, not raised)
+};
+
+struct ReadResult {
+  int64_t bytes_read = 0;
+  std::vector<std::pair<int64_t, std::string>> errors;  // (request index, message), sorted by index
+};
+
+// Validates every request, opens each path once, then reads [lo, hi) of each column with `threads`
+// threads, checking the crc of every chunk touched. Never throws for data errors.
+ReadResult read_ranges(const std::vector<ReadRequest>& requests, int threads);
+
+}  // namespace recckpt

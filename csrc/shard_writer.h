@@ -1,0 +1,102 @@
+// ShardWriter: bucket-sorted segment writes, one worker thread per file (see docs/ENGINE.md).
+// Pure C++: the caller keeps the input buffers alive until the segment's `done` flag is set.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "os_error.h"
+
+namespace recckpt {
+
+struct ColumnRecord {
+  int64_t offset = 0;  // absolute file offset of the column's first byte
+  int64_t length = 0;  // bytes
+  std::vector<uint32_t> crcs;  // crc32c of each chunk_bytes piece of the column
+};
+
+struct SegmentRecord {
+  int64_t segment = 0, table = 0, rows = 0, offset = 0;
+  int64_t buckets_offset = 0, buckets_length = 0;
+  uint32_t buckets_crc = 0;
+  std::vector<ColumnRecord> columns;  // column 0 = the ids
+};
+
+struct SegmentInput {
+  int64_t table = 0;
+  const int64_t* ids = nullptr;
+  int64_t n = 0;
+  std::vector<const uint8_t*> columns;  // each C-contiguous [n, row_bytes]
+  std::vector<int64_t> row_bytes;
+  // Set (release) once the writer no longer reads the buffers: written, discarded or rejected.
+  std::shared_ptr<std::atomic<bool>> done;
+};
+
+class ShardWriter {
+ public:
+  // Creates (truncates) every path and starts one worker per path. Throws OsError.
+  ShardWriter(const std::vector<std::string>& paths, int64_t num_buckets, int64_t chunk_bytes,
+              int64_t max_inflight_bytes);
+  ~ShardWriter();  // aborts if neither finish() nor abort() was called
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  // Queues a segment (blocking while too many bytes are in flight) and returns its id. Throws the
+  // first worker failure (OsError), or std::logic_error after finish()/abort().
+  int64_t submit(SegmentInput seg);
+  // Waits for every segment, fsyncs (optionally) and closes every file; records per file in file order.
+  std::vector<std::vector<SegmentRecord>> finish(bool fsync);
+  // Stops the workers (dropping queued segments) and closes the files, keeping them.
+  void abort();
+
+  int64_t segment_bytes(const SegmentInput& seg) const;
+  int64_t num_buckets() const { return num_buckets_; }
+
+ private:
+  struct Job {
+    SegmentInput in;
+    int64_t id = 0;
+    int64_t bytes = 0;
+  };
+  struct File {
+    std::string path;
+    int fd = -1;
+    std::deque<Job> queue;
+    int64_t queued_bytes = 0;  // queued + being written
+    int64_t end = 0;           // next write offset (worker-owned)
+    bool failed = false;
+    std::vector<SegmentRecord> records;  // worker-owned until joined
+    std::thread thread;
+  };
+
+  void worker(File* f);
+  void write_segment(File& f, const Job& job);  // throws OsError
+  template <class Idx>
+  void write_sorted(File& f, const Job& job, SegmentRecord& rec);
+  void write_all(File& f, const void* data, size_t n, int64_t off);
+  void fail(File& f, const OsError& e);  // requires mu_
+  void stop_and_join(bool discard);
+  void check_stopping() const;
+
+  const int64_t num_buckets_, chunk_bytes_, max_inflight_;
+  std::vector<std::unique_ptr<File>> files_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, space_cv_;
+  int64_t inflight_ = 0;
+  int64_t next_segment_ = 0;
+  bool closing_ = false;      // finish(): drain queues then exit
+  bool do_fsync_ = false;
+  std::atomic<bool> stop_{false};  // abort(): exit as soon as possible
+  bool ended_ = false;        // finish() or abort() ran
+  std::optional<OsError> error_;  // first failure
+  size_t staging_bytes_ = 0;
+};
+
+}  // namespace recckpt

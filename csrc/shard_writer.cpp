@@ -139,9 +139,18 @@ int64_t ShardWriter::submit(SegmentInput seg) {
     reject();
     throw OsError(*error_);
   }
+  // The file with the fewest queued bytes; ties go round-robin so idle files share the work.
   File* best = nullptr;
-  for (auto& f : files_)
-    if (!best || f->queued_bytes < best->queued_bytes) best = f.get();
+  const size_t nf = files_.size();
+  size_t best_i = 0;
+  for (size_t k = 0; k < nf; k++) {
+    const size_t i = (next_file_ + k) % nf;
+    if (!best || files_[i]->queued_bytes < best->queued_bytes) {
+      best = files_[i].get();
+      best_i = i;
+    }
+  }
+  next_file_ = (best_i + 1) % nf;
   Job job;
   job.in = std::move(seg);
   job.id = next_segment_++;

@@ -91,6 +91,7 @@ class ShardWriter {
   std::condition_variable work_cv_, space_cv_;
   int64_t inflight_ = 0;
   int64_t next_segment_ = 0;
+  size_t next_file_ = 0;  // round-robin start for ties
   bool closing_ = false;      // finish(): drain queues then exit
   bool do_fsync_ = false;
   std::atomic<bool> stop_{false};  // abort(): exit as soon as possible

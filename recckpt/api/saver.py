@@ -316,6 +316,7 @@ class _LoadPlan:
         self.m = reader.manifest
         self.problems_missing: list[str] = []
         self.problems_unexpected: list[str] = []
+        self.incompatible: list[str] = []
 
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
@@ -325,6 +326,7 @@ class _LoadPlan:
         self.sparse_jobs = []   # (ckpt name, table, [(slot, SlotInfo, SlotSpec)])
         want_sparse, want_opt = conf.wants("sparse"), conf.wants("sparse_opt")
         if want_sparse or want_opt:
+            self.reader.verify_worker_indexes()
             matched_model = set()
             for name, info in m.tables.items():
                 if not conf.table_selected(name):
@@ -399,6 +401,10 @@ class _LoadPlan:
                 for name in self.saver._io:
                     if name not in self.io_tree:
                         self.problems_missing.append(f"IO state {name!r} is not in the checkpoint")
+        if self.incompatible:
+            raise IncompatibleCheckpointError(
+                f"checkpoint {self.reader.describe()} cannot be applied: " + "; ".join(self.incompatible)
+                + ". Nothing was loaded.")
         problems = self.problems_missing + self.problems_unexpected
         self.result.missing, self.result.unexpected = self.problems_missing, self.problems_unexpected
         if problems:
@@ -410,15 +416,14 @@ class _LoadPlan:
 
     def _check_compatible(self, what: str, ck_dtype: str, ck_shape, dtype: torch.dtype, shape):
         if tuple(ck_shape) != tuple(shape):
-            raise IncompatibleCheckpointError(
-                f"{what}: checkpoint shape {tuple(ck_shape)} vs model shape {tuple(shape)} in "
-                f"{self.reader.describe()}; nothing was loaded")
+            self.incompatible.append(f"{what}: checkpoint shape {tuple(ck_shape)} vs model shape {tuple(shape)}")
+            return
         model_name = dtypes.name_of(dtype)
         if ck_dtype != model_name and not (self.conf.cast and dtypes.is_float(ck_dtype) and dtypes.is_float(model_name)):
-            raise IncompatibleCheckpointError(
+            self.incompatible.append(
                 f"{what}: checkpoint dtype {ck_dtype} vs model dtype {model_name}"
-                + ("" if self.conf.cast else " (casting is off: load_conf 'cast': False)")
-                + "; only float-to-float casts are done. Nothing was loaded")
+                + (" (casting is off: load_conf 'cast': False)" if not self.conf.cast else
+                   " (only float-to-float casts are done)"))
 
     # ------------------------------------------------------------------------------------ apply
     def apply(self, shard_id: int, world: int):

@@ -155,6 +155,13 @@ class CheckpointReader:
                 self._index = index_from_json(obj, where, self.manifest)
         return self._index
 
+    def verify_worker_indexes(self) -> None:
+        """The per-worker indexes are not needed to read (index.json merges them) but are part of the
+        checkpoint; check them so that no byte of a checkpoint goes unverified by a full load."""
+        for rel in self.manifest.files:
+            if rel.startswith(f"{names.SPARSE_DIR}/") and rel.endswith(".index.json"):
+                checked_json.loads(self.read_file(rel), self.describe(rel), names.MAX_INDEX_BYTES)
+
     @property
     def segments(self) -> SegmentReader:
         if self._segments is None:

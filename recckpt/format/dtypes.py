@@ -18,6 +18,9 @@ _TABLE: dict[str, tuple[torch.dtype, np.dtype, int]] = {
     "I16": (torch.int16, np.dtype("<i2"), 2),
     "I8": (torch.int8, np.dtype("i1"), 1),
     "U8": (torch.uint8, np.dtype("u1"), 1),
+    "U16": (torch.uint16, np.dtype("<u2"), 2),
+    "U32": (torch.uint32, np.dtype("<u4"), 4),
+    "U64": (torch.uint64, np.dtype("<u8"), 8),
     "BOOL": (torch.bool, np.dtype("?"), 1),
 }
 _BY_TORCH = {v[0]: k for k, v in _TABLE.items()}

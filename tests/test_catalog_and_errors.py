@@ -1,0 +1,162 @@
+"""Version file, max_keep across restarts, and bad input: missing paths, garbled version files,
+unsafe checkpoint ids, corrupted bytes."""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from recckpt import HashTable, Saver, SaveOptions
+from recckpt.errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
+                            IncompatibleCheckpointError, InvalidCheckpointIdError)
+from sparse_fixtures import assert_tables_equal
+
+OPTS = SaveOptions(num_buckets=16, chunk_bytes=128, segment_bytes=2048, fsync=False)
+
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.t = HashTable("t", dim=8)
+        self.lin = torch.nn.Linear(3, 2)
+
+
+def model(n=50, offset=0):
+    m = M()
+    with torch.no_grad():
+        m.t(torch.arange(n) + offset)
+    return m
+
+
+def version_ids(d):
+    return open(os.path.join(d, "checkpoint")).read().split()
+
+
+def test_version_file_lists_committed_oldest_first(tmp_path):
+    s = Saver(model(), output_dir=tmp_path, max_keep=None, options=OPTS)
+    for k in (5, 1, 3):
+        s.save(f"ckpt_{k}")
+    assert version_ids(tmp_path) == ["ckpt_5", "ckpt_1", "ckpt_3"] == s.checkpoints()
+    assert s.load().ckpt_id == "ckpt_3"
+
+
+def test_max_keep_counts_checkpoints_from_before_a_restart(tmp_path):
+    s = Saver(model(), output_dir=tmp_path, max_keep=3, options=OPTS)
+    for k in range(3):
+        s.save(f"a{k}")
+    # the job restarts: a new Saver, same directory, smaller max_keep
+    s2 = Saver(model(), output_dir=tmp_path, max_keep=2, options=OPTS)
+    assert s2.checkpoints() == ["a0", "a1", "a2"], "nothing pruned before the first new commit"
+    s2.save("b0")
+    assert s2.checkpoints() == ["a2", "b0"] and version_ids(tmp_path) == ["a2", "b0"]
+    assert sorted(os.listdir(tmp_path)) == ["a2", "b0", "checkpoint"]
+
+
+def test_max_keep_never_deletes_before_commit(tmp_path):
+    s = Saver(model(), output_dir=tmp_path, max_keep=1, options=OPTS)
+    s.save("good")
+    s.register_for_checkpointing("bad", object())  # makes the next save fail mid-way
+    with pytest.raises(Exception):
+        s.save("next")
+    assert s.checkpoints() == ["good"] and os.path.isdir(tmp_path / "good")
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".staging")], "staging removed"
+    m2 = model(0)
+    Saver(m2, output_dir=tmp_path).load()
+    assert len(m2.t) == 50
+
+
+def test_missing_output_dir(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match="does not exist"):
+        Saver(model(), output_dir=tmp_path / "nope").load()
+
+
+def test_empty_output_dir_and_unknown_id(tmp_path):
+    s = Saver(model(), output_dir=tmp_path)
+    with pytest.raises(CheckpointNotFoundError, match="no committed checkpoint"):
+        s.load()
+    Saver(model(), output_dir=tmp_path, options=OPTS).save("c1")
+    with pytest.raises(CheckpointNotFoundError, match=r"c2.*committed: \['c1'\]"):
+        s.load(ckpt_id="c2")
+    with pytest.raises(CheckpointNotFoundError, match="not a committed checkpoint"):
+        s.load(ckpt_path=str(tmp_path), direct_path=True)
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b"\xff\xfe garbage \x00", b"../../etc\n", b"ckpt/1\n",
+                                     b"does_not_exist\n"])
+def test_empty_or_garbage_version_file_is_rebuilt_from_disk(tmp_path, content):
+    src = model()
+    s = Saver(src, output_dir=tmp_path, max_keep=None, options=OPTS)
+    s.save("c1")
+    s.save("c2")
+    (tmp_path / "checkpoint").write_bytes(content)
+    m2 = model(0)
+    res = Saver(m2, output_dir=tmp_path).load()
+    assert res.ckpt_id == "c2"
+    assert_tables_equal(src.t, m2.t)
+    s.save("c3")
+    assert version_ids(tmp_path) == ["c1", "c2", "c3"]
+
+
+def test_garbage_version_file_with_no_checkpoints(tmp_path):
+    (tmp_path / "checkpoint").write_bytes(b"\x00\x01garbage")
+    with pytest.raises(CheckpointNotFoundError, match="no committed checkpoint"):
+        Saver(model(), output_dir=tmp_path).load()
+
+
+@pytest.mark.parametrize("bad", ["a/b", "..", "a..b", "x\x00y", "", ".hidden", "/abs", "a\\b", "é", "x" * 201, 7])
+def test_unsafe_checkpoint_ids_are_rejected(tmp_path, bad):
+    s = Saver(model(), output_dir=tmp_path, options=OPTS)
+    with pytest.raises(InvalidCheckpointIdError):
+        s.save(bad)
+    with pytest.raises(InvalidCheckpointIdError):
+        s.load(ckpt_id=bad)
+    assert os.listdir(tmp_path) == []
+
+
+def test_committed_checkpoint_is_never_overwritten(tmp_path):
+    s = Saver(model(), output_dir=tmp_path, options=OPTS)
+    s.save("c")
+    before = (tmp_path / "c" / "manifest.json").read_bytes()
+    with pytest.raises(CheckpointExistsError, match="already exists"):
+        s.save("c")
+    assert (tmp_path / "c" / "manifest.json").read_bytes() == before
+
+
+def all_files(ckpt):
+    return sorted(os.path.join(r, f) for r, _, fs in os.walk(ckpt) for f in fs)
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_a_flipped_byte_fails_the_load_naming_the_file(tmp_path, trial):
+    rng = random.Random(trial)
+    src = model(300)
+    s = Saver(src, output_dir=tmp_path, options=OPTS)
+    s.register_for_checkpointing("x", {"v": torch.arange(10)})
+    s.register_io_state("io", type("IO", (), {"dump_io_state": lambda self: {"p": 1},
+                                              "load_io_state": lambda self, st: None})())
+    s.save("c")
+    files = all_files(tmp_path / "c")
+    path = files[trial % len(files)]
+    data = bytearray(open(path, "rb").read())
+    pos = rng.randrange(len(data))
+    data[pos] ^= 1 << rng.randrange(8)
+    open(path, "wb").write(bytes(data))
+    m2 = model(0)
+    s2 = Saver(m2, output_dir=tmp_path)
+    s2.register_for_checkpointing("x", {})
+    s2.register_io_state("io", type("IO", (), {"dump_io_state": lambda self: {},
+                                               "load_io_state": lambda self, st: None})())
+    with pytest.raises((CorruptCheckpointError, CheckpointNotFoundError, IncompatibleCheckpointError)) as ei:
+        s2.load(ckpt_id="c")
+    rel = os.path.relpath(path, tmp_path / "c")
+    assert rel in str(ei.value) or os.path.basename(path) in str(ei.value), (rel, str(ei.value))
+
+
+def test_truncated_shard_file(tmp_path):
+    Saver(model(300), output_dir=tmp_path, options=OPTS).save("c")
+    shard = next(p for p in all_files(tmp_path / "c") if p.endswith(".bin"))
+    os.truncate(shard, os.path.getsize(shard) - 1)
+    with pytest.raises(CorruptCheckpointError, match=r"shard-00000-000\.bin.*truncated"):
+        Saver(model(0), output_dir=tmp_path).load()

@@ -1,0 +1,238 @@
+"""Selective loading: categories, globs, renames, casts, strictness, model-bank warm start."""
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import pytest
+import torch
+
+from recckpt import HashTable, LoadConfig, Saver, SaveOptions, SparseAdam
+from recckpt.errors import IncompatibleCheckpointError, LoadConfigError
+from sparse_fixtures import assert_tables_equal, table_contents
+
+OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=4096, fsync=False)
+CATS = ["sparse", "sparse_opt", "dense", "extra", "io_state"]
+
+
+class M(torch.nn.Module):
+    def __init__(self, dim=4, seed=0, dtype=torch.float32):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.user = HashTable("user", dim=dim, dtype=dtype)
+        self.item = HashTable("item", dim=dim)
+        self.lin = torch.nn.Linear(2 * dim, 1)
+
+    def forward(self, u, i):
+        return self.lin(torch.cat([self.user(u).float(), self.item(i)], 1)).sum()
+
+
+class IO:
+    def __init__(self):
+        self.pos = 0
+
+    def dump_io_state(self):
+        return {"pos": self.pos}
+
+    def load_io_state(self, s):
+        self.pos = s["pos"]
+
+
+def trained(seed=0, dtype=torch.float32):
+    m = M(seed=seed, dtype=dtype)
+    opt = SparseAdam(m, lr=0.1)
+    for k in range(3):
+        m(torch.arange(10) + 100 * k, torch.arange(10) % 5).backward()
+        opt.step()
+        opt.zero_grad()
+    return m, opt
+
+
+def saved(tmp_path, seed=0, dtype=torch.float32):
+    m, opt = trained(seed, dtype)
+    s = Saver(m, sparse_optim=opt, output_dir=tmp_path, options=OPTS)
+    extra, io = {"step": 3}, IO()
+    io.pos = 42
+    s.register_for_checkpointing("meta", extra)
+    s.register_io_state("reader", io)
+    s.save("c")
+    return m, opt
+
+
+def fresh(tmp_path, dtype=torch.float32):
+    m = M(seed=99, dtype=dtype)
+    opt = SparseAdam(m, lr=0.1)
+    s = Saver(m, sparse_optim=opt, output_dir=tmp_path)
+    extra, io = {}, IO()
+    s.register_for_checkpointing("meta", extra)
+    s.register_io_state("reader", io)
+    return m, opt, s, extra, io
+
+
+def combos():
+    subsets = [list(c) for r in range(0, len(CATS) + 1) for c in itertools.combinations(CATS, r)]
+    yield from ({"load": ["*"], "exclude": ex} for ex in subsets)
+    yield from ({"load": ld} for ld in subsets if ld)
+
+
+@pytest.mark.parametrize("conf", list(combos()), ids=lambda c: f"load={c.get('load')}-exclude={c.get('exclude', [])}")
+def test_every_load_exclude_combination(tmp_path, conf):
+    src, src_opt = saved(tmp_path)
+    m, opt, s, extra, io = fresh(tmp_path)
+    before_w = m.lin.weight.detach().clone()
+    cfg = LoadConfig.coerce(conf)
+    s.load(load_conf=conf)
+    want = {c: cfg.wants(c) for c in CATS}
+    for name in ("user", "item"):
+        got, exp = table_contents(getattr(m, name)), table_contents(getattr(src, name))
+        if want["sparse"]:
+            assert set(got["embedding"]) == set(exp["embedding"])
+            for i, row in exp["embedding"].items():
+                assert torch.equal(got["embedding"][i], row)
+        else:
+            assert len(got["embedding"]) == (len(exp["embedding"]) if want["sparse_opt"] else 0)
+        for slot in ("adam.m", "adam.v"):
+            for i, row in got[slot].items():
+                if want["sparse_opt"]:
+                    assert torch.equal(row, exp[slot][i]), (name, slot, i)
+                else:
+                    assert torch.count_nonzero(row) == 0, "excluded optimizer state must be fresh"
+    if want["sparse_opt"]:
+        assert opt.state_dict() == src_opt.state_dict()
+    else:
+        assert opt.state_dict() != src_opt.state_dict()
+    assert torch.equal(m.lin.weight, src.lin.weight) == want["dense"]
+    if not want["dense"]:
+        assert torch.equal(m.lin.weight, before_w)
+    assert (extra == {"step": 3}) == want["extra"]
+    assert (io.pos == 42) == want["io_state"]
+
+
+def test_rename_and_table_glob(tmp_path):
+    src, _ = saved(tmp_path)
+
+    class Renamed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.customer = HashTable("customer", dim=4)
+            self.item = HashTable("item", dim=4)
+            self.head = torch.nn.Linear(8, 1)
+
+    m = Renamed()
+    s = Saver(m, output_dir=tmp_path)
+    res = s.load(load_conf={"rename": {"user": "customer", "lin.": "head."}, "load": ["sparse", "dense"],
+                            "tables": ["user"]})
+    assert res.tables == ["customer"]
+    assert len(m.item) == 0, "tables glob excluded 'item'"
+    assert_tables_equal(src.user, m.customer, slots=["embedding"])
+    assert torch.equal(m.head.weight, src.lin.weight) and sorted(res.dense_keys) == ["head.bias", "head.weight"]
+
+
+def test_slot_glob(tmp_path):
+    src, _ = saved(tmp_path)
+    m, opt, s, _, _ = fresh(tmp_path)
+    s.load(load_conf={"slots": ["embedding", "adam.m"], "load": ["sparse", "sparse_opt"]})
+    got, exp = table_contents(m.user), table_contents(src.user)
+    assert all(torch.equal(got["adam.m"][i], exp["adam.m"][i]) for i in exp["adam.m"])
+    assert all(torch.count_nonzero(r) == 0 for r in got["adam.v"].values())
+
+
+@pytest.mark.parametrize("src_dtype,dst_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                 (torch.float32, torch.float16)])
+def test_cast(tmp_path, src_dtype, dst_dtype):
+    src, _ = saved(tmp_path, dtype=src_dtype)
+    m, _, s, _, _ = fresh(tmp_path, dtype=dst_dtype)
+    s.load(load_conf={"load": ["sparse"]})
+    exp = table_contents(src.user)["embedding"]
+    got = table_contents(m.user)["embedding"]
+    for i, row in exp.items():
+        assert got[i].dtype == dst_dtype
+        assert torch.equal(got[i], row.to(dst_dtype))
+
+
+def test_cast_refused_when_off(tmp_path):
+    saved(tmp_path, dtype=torch.float32)
+    m, _, s, _, _ = fresh(tmp_path, dtype=torch.bfloat16)
+    with pytest.raises(IncompatibleCheckpointError, match=r"'user'.*F32.*BF16.*cast"):
+        s.load(load_conf={"load": ["sparse"], "cast": False})
+
+
+def test_dimension_mismatch_names_table_and_shapes(tmp_path):
+    saved(tmp_path)
+
+    class Wide(M):
+        def __init__(self):
+            super().__init__(dim=6)
+
+    m = Wide()
+    before = table_contents(m.item)
+    with pytest.raises(IncompatibleCheckpointError) as ei:
+        Saver(m, output_dir=tmp_path).load(load_conf={"load": ["sparse"]})
+    for t in ("user", "item"):
+        assert f"table {t!r} slot 'embedding': checkpoint shape (4,) vs model shape (6,)" in str(ei.value)
+    assert table_contents(m.item) == before, "a failed load leaves the model unchanged"
+
+
+def test_strict_lists_everything_missing_nonstrict_warns_once(tmp_path):
+    saved(tmp_path)
+
+    class Other(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.user = HashTable("user", dim=4)
+            self.extra_table = HashTable("extra_table", dim=4)
+            self.other = torch.nn.Linear(8, 1)
+
+    m = Other()
+    s = Saver(m, output_dir=tmp_path)
+    s.register_for_checkpointing("not_saved", {})
+    with pytest.raises(IncompatibleCheckpointError) as ei:
+        s.load()
+    msg = str(ei.value)
+    for needle in ("'extra_table'", "'item'", "'other.weight'", "'lin.weight'", "'not_saved'", "'meta'"):
+        assert needle in msg
+    assert len(m.user) == 0, "strict failure loads nothing"
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        res = s.load(load_conf={"strict": False})
+    assert len([x for x in w if "does not match" in str(x.message)]) == 1
+    assert len(m.user) > 0 and res.tables == ["user"]
+    assert any("extra_table" in x for x in res.missing) and any("'item'" in x for x in res.unexpected)
+
+
+def test_model_bank_direct_path_merge(tmp_path):
+    a_dir, b_dir = tmp_path / "run_a", tmp_path / "run_b"
+    src_a, _ = saved(a_dir, seed=1)
+    src_b, _ = saved(b_dir, seed=2)
+    m, _, s, _, _ = fresh(tmp_path / "new_run")
+    s.load(ckpt_path=str(a_dir / "c"), direct_path=True, load_conf={"load": ["sparse"], "tables": ["user"]})
+    s.load(ckpt_path=str(b_dir / "c"), direct_path=True, load_conf={"load": ["sparse", "dense"], "tables": ["item"]})
+    assert_tables_equal(src_a.user, m.user, slots=["embedding"])
+    assert_tables_equal(src_b.item, m.item, slots=["embedding"])
+    assert torch.equal(m.lin.weight, src_b.lin.weight)
+    # merge: a second source adds rows instead of replacing the table
+    extra = HashTable("user", dim=4)
+    with torch.no_grad():
+        extra(torch.tensor([10 ** 12]))
+    Saver(torch.nn.ModuleDict({"u": extra}), output_dir=tmp_path / "run_c", options=OPTS).save("c")
+    s.load(ckpt_path=str(tmp_path / "run_c" / "c"), direct_path=True,
+           load_conf={"load": ["sparse"], "merge": True, "strict": False})
+    assert len(m.user) == len(src_a.user) + 1
+
+
+def test_load_by_config(tmp_path):
+    src, _ = saved(tmp_path)
+    m, _, s, _, _ = fresh(tmp_path / "elsewhere")
+    res = s.load_by_config({"path": str(tmp_path / "c"), "direct_path": True, "load": ["dense"]})
+    assert res.dense_keys and torch.equal(m.lin.weight, src.lin.weight)
+    with pytest.raises(LoadConfigError, match="unknown keys.*'lod'"):
+        s.load_by_config({"path": str(tmp_path), "lod": ["dense"]})
+
+
+@pytest.mark.parametrize("bad,match", [({"load": ["sprase"]}, "unknown categories"),
+                                       ({"strict": "yes"}, "strict must be a bool"),
+                                       ({"rename": {"a": 1}}, "rename"),
+                                       ({"tables": 3}, "tables")])
+def test_invalid_load_config(bad, match):
+    with pytest.raises(LoadConfigError, match=match):
+        LoadConfig.coerce(bad)

@@ -1,0 +1,606 @@
+"""``HashTable``: a growable embedding table keyed by arbitrary int64 ids.
+
+The table is the reference implementation of :class:`~recckpt.state.protocol.SparseState`.
+
+Storage
+    One C-contiguous CPU tensor per slot with ``capacity`` rows (``[capacity, *shape]``), plus an
+    ``int64`` tensor of ids in row order: row ``i`` of every slot belongs to ``ids[i]``, the ``i``-th
+    distinct id inserted (the engine's ``recckpt._C.IdMap`` assigns rows densely in insertion order).
+    All slots grow together, geometrically (x1.5), when new ids need more rows. Rows are never
+    removed one by one; :meth:`HashTable.clear_rows` removes all of them.
+
+Gradients
+    Embeddings are not ``nn.Parameter``s, so a dense optimizer over ``model.parameters()`` never
+    sees them. In a forward pass with autograd enabled the unique rows looked up are gathered into
+    a fresh leaf tensor (in the table's compute dtype, float32 for low-precision tables) that
+    requires grad; the output is gathered from that leaf and cast to the embedding dtype. When
+    ``backward()`` reaches the leaf, a post-accumulate-grad hook moves its gradient (one row per
+    unique looked-up row, duplicates already summed by autograd) onto the table as a pending
+    ``(rows, grad)`` pair and clears ``leaf.grad``. Several forwards/backwards before an optimizer
+    step accumulate (pairs are summed per row when read). Sparse optimizers
+    (:mod:`recckpt.state.optim`) consume the pending pairs in ``step()``.
+"""
+from __future__ import annotations
+
+import numbers
+import weakref
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from recckpt import _C
+from recckpt.state import initializers
+from recckpt.state.protocol import SlotSpec, SparseState, SparseTableMeta
+
+__all__ = ["HashTable", "EMBEDDING"]
+
+#: Name of the embedding slot (always the first slot of a HashTable).
+EMBEDDING = "embedding"
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+SlotInit = Union[float, Callable[[torch.Tensor], object]]
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.numpy()
+
+
+def _unique_inverse(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(unique values in first-occurrence order, inverse) of a 1-D int64 CPU tensor, hash based."""
+    local = _C.IdMap(x.numel())
+    inv, is_new = local.insert(_np(x))
+    return x[torch.from_numpy(is_new)], torch.from_numpy(inv)
+
+
+class HashTable(nn.Module):
+    """An embedding table over arbitrary int64 ids that grows as new ids arrive.
+
+    Args:
+        name: the table's name, unique among the tables of a checkpoint (the key it is saved and
+            loaded under).
+        dim: embedding dimension (>= 1).
+        dtype: floating dtype of the embedding (float32, bfloat16, float16 or float64).
+        initializer: callable filling a tensor of new embedding rows in place, like the
+            ``torch.nn.init`` functions (see :mod:`recckpt.state.initializers`). ``None`` means
+            the default ``initializers.normal(0.0, 0.01)``.
+        capacity: number of rows to allocate up front.
+
+    Calling the table (``table(ids)``) maps int64 ids of any shape and any value to embeddings of
+    shape ``[*ids.shape, dim]`` in the embedding dtype:
+
+    * in training mode (``table.train()``, the default) unseen ids are inserted and their rows
+      initialised (the embedding by the initializer, every other slot by its init value) -- also
+      under ``torch.no_grad()``;
+    * in eval mode (``table.eval()``) unseen ids are *not* inserted and their output rows are zeros
+      (no gradient is recorded for them).
+
+    When autograd is enabled the output requires grad and ``backward()`` records gradients for the
+    looked-up rows on the table (see the module docstring); use :class:`recckpt.state.optim.SparseAdagrad`
+    or :class:`~recckpt.state.optim.SparseAdam` to apply them. Storage always lives on the CPU;
+    ids on another device are copied to the CPU and the output is moved back to their device.
+    ``Module.to()``/``.half()`` do not affect the table.
+
+    ``model.state_dict()`` holds the table itself under ``<prefix>_extra_state`` (see
+    :meth:`get_extra_state`), which is how recckpt finds it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        dim: int,
+        dtype: torch.dtype = torch.float32,
+        initializer: Optional[Callable[[torch.Tensor], object]] = None,
+        capacity: int = 0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"HashTable: name must be a non-empty str, got {name!r}")
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 1:
+            raise ValueError(f"HashTable {name!r}: dim must be an int >= 1, got {dim!r}")
+        if dtype not in _FLOAT_DTYPES:
+            raise ValueError(
+                f"HashTable {name!r}: dtype must be one of {_FLOAT_DTYPES}, got {dtype!r}"
+            )
+        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 0:
+            raise ValueError(f"HashTable {name!r}: capacity must be an int >= 0, got {capacity!r}")
+        if initializer is None:
+            initializer = initializers.default()
+        if not callable(initializer):
+            raise TypeError(f"HashTable {name!r}: initializer must be callable, got {initializer!r}")
+        self.name = name
+        self.dim = int(dim)
+        self.initializer = initializer
+        capacity = int(capacity)
+        self._specs: Dict[str, SlotSpec] = {EMBEDDING: SlotSpec(dtype, (self.dim,), "sparse")}
+        self._inits: Dict[str, SlotInit] = {EMBEDDING: initializer}
+        with torch.inference_mode(False):  # see _realloc
+            self._data: Dict[str, torch.Tensor] = {EMBEDDING: torch.empty(capacity, self.dim, dtype=dtype)}
+            self._ids = torch.empty(capacity, dtype=torch.int64)
+        self._capacity = capacity
+        self._size = 0
+        self._map = _C.IdMap(capacity)
+        # Pending gradients: list of (rows int64[k] unique, grad [k, dim] in compute_dtype).
+        self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self._version = 0  # bumped by every modification (checked by export_chunks)
+        self._epoch = 0  # bumped by clear_rows: gradients recorded before it are dropped
+
+    # ------------------------------------------------------------------ basic properties
+    @property
+    def dtype(self) -> torch.dtype:
+        """dtype of the embedding slot."""
+        return self._specs[EMBEDDING].dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """dtype gradients and optimizer updates are computed in: float64 for a float64 table,
+        else float32."""
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    @property
+    def capacity(self) -> int:
+        """Number of rows allocated (>= ``len(self)``)."""
+        return self._capacity
+
+    def __len__(self) -> int:
+        """Number of ids (rows) in the table."""
+        return self._size
+
+    def __bool__(self) -> bool:  # a Module is truthy even when the table is empty
+        return True
+
+    @property
+    def slot_names(self) -> List[str]:
+        """Slot names in order (``"embedding"`` first)."""
+        return list(self._specs)
+
+    def slot_spec(self, name: str) -> SlotSpec:
+        """The :class:`SlotSpec` of slot ``name``."""
+        self._check_slot(name)
+        return self._specs[name]
+
+    def slot(self, name: str) -> torch.Tensor:
+        """Live view ``[len(self), *shape]`` of slot ``name``, row ``i`` belonging to ``ids()[i]``.
+
+        Writes through the view change the table (e.g. counters). The view is invalidated (stops
+        aliasing the table) when the table grows or is cleared.
+        """
+        self._check_slot(name)
+        return self._data[name][: self._size]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Live view of the embedding slot, ``[len(self), dim]`` (same caveats as :meth:`slot`)."""
+        return self.slot(EMBEDDING)
+
+    def ids(self) -> torch.Tensor:
+        """Copy of the ids in row order (``int64[len(self)]``)."""
+        return self._ids[: self._size].clone()
+
+    def extra_repr(self) -> str:
+        return (
+            f"name={self.name!r}, dim={self.dim}, dtype={self.dtype}, rows={self._size}, "
+            f"capacity={self._capacity}, slots={self.slot_names}, initializer={self.initializer!r}"
+        )
+
+    def _check_slot(self, name: str) -> None:
+        if name not in self._specs:
+            raise ValueError(
+                f"table {self.name!r}: no slot {name!r} (slots: {', '.join(self._specs)})"
+            )
+
+    # ------------------------------------------------------------------ slots
+    def add_slot(
+        self,
+        name: str,
+        dtype: torch.dtype,
+        shape: Sequence[int],
+        init: SlotInit = 0.0,
+        category: str = "sparse_opt",
+        *,
+        exist_ok: bool = False,
+    ) -> None:
+        """Add a per-id column ``name`` with rows of ``shape`` in ``dtype``.
+
+        ``init`` is a number (every row set to it) or a callable filling a tensor of rows in place;
+        it initialises the rows of existing ids now and of ids inserted later. ``category`` is
+        ``"sparse_opt"`` for optimizer state or ``"sparse"`` for model state such as counters.
+
+        If the slot exists: with ``exist_ok=True`` and the same dtype, shape and category the
+        existing values are kept and ``init`` becomes the slot's init for future rows; otherwise
+        ``ValueError``.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"table {self.name!r}: slot name must be a non-empty str, got {name!r}")
+        spec = SlotSpec(dtype, tuple(shape) if not isinstance(shape, int) else (shape,), category)
+        if not callable(init) and (isinstance(init, bool) or not isinstance(init, numbers.Number)):
+            raise TypeError(
+                f"table {self.name!r}: slot {name!r} init must be a number or a callable, got {init!r}"
+            )
+        if name in self._specs:
+            old = self._specs[name]
+            if exist_ok and old == spec:
+                self._inits[name] = init
+                return
+            raise ValueError(
+                f"table {self.name!r}: slot {name!r} already exists as {old}"
+                + ("" if not exist_ok else f", requested {spec}")
+            )
+        with torch.inference_mode(False):  # see _realloc
+            data = torch.empty((self._capacity, *spec.shape), dtype=spec.dtype)
+            self._init_rows(data[: self._size], init)
+        self._specs[name] = spec
+        self._inits[name] = init
+        self._data[name] = data
+        self._version += 1
+
+    @staticmethod
+    def _init_rows(view: torch.Tensor, init: SlotInit) -> None:
+        if view.numel() == 0 and view.shape[0] == 0:
+            return
+        if callable(init):
+            init(view)
+        else:
+            view.fill_(init)
+
+    # ------------------------------------------------------------------ growth and insertion
+    def reserve(self, rows: int) -> None:
+        """Make room for at least ``rows`` rows in total without further reallocation."""
+        if rows > self._capacity:
+            self._realloc(int(rows))
+
+    def _grow_for(self, rows: int) -> None:
+        if rows > self._capacity:
+            self._realloc(max(rows, self._capacity + self._capacity // 2, 64))
+
+    def _realloc(self, cap: int) -> None:
+        n = self._size
+        new_data = {}
+        # Storage must be normal tensors even when growth happens under torch.inference_mode()
+        # (inference tensors cannot be updated in place outside it, e.g. by an optimizer step).
+        with torch.inference_mode(False):
+            for k, t in self._data.items():
+                nt = torch.empty((cap, *t.shape[1:]), dtype=t.dtype)
+                nt[:n].copy_(t[:n])
+                new_data[k] = nt
+            new_ids = torch.empty(cap, dtype=torch.int64)
+            new_ids[:n].copy_(self._ids[:n])
+        self._map.reserve(cap)
+        self._data, self._ids, self._capacity = new_data, new_ids, cap
+        self._version += 1
+
+    def _rollback(self, size: int) -> None:
+        """Forget rows >= size (after a failure part-way through an insertion)."""
+        self._size = size
+        self._map.clear()
+        if size:
+            self._map.insert(_np(self._ids[:size]))
+        self._version += 1
+
+    def _insert_raw(self, ids: torch.Tensor) -> Tuple[torch.Tensor, int, int]:
+        """Insert ``ids`` (1-D contiguous int64, repeats allowed) into the map, grow the storage
+        and record the new ids. Returns (rows, old_size, new_size); rows ``[old, new)`` are new
+        and NOT initialised: the caller initialises them or calls ``_rollback(old)``."""
+        old = self._size
+        if ids.numel() == 0:
+            return torch.empty(0, dtype=torch.int64), old, old
+        rows_np, is_new_np = self._map.insert(_np(ids))
+        rows = torch.from_numpy(rows_np)
+        new = len(self._map)
+        if new != old:
+            try:
+                self._grow_for(new)
+                self._ids[old:new] = ids[torch.from_numpy(is_new_np)]
+            except BaseException:
+                self._rollback(old)
+                raise
+            self._size = new
+            self._version += 1
+        return rows, old, new
+
+    def _insert(self, ids: torch.Tensor) -> torch.Tensor:
+        """Insert ids and initialise every slot of the new rows; returns the rows of ``ids``."""
+        rows, old, new = self._insert_raw(ids)
+        if new != old:
+            try:
+                for k, t in self._data.items():
+                    self._init_rows(t[old:new], self._inits[k])
+            except BaseException:
+                self._rollback(old)
+                raise
+        return rows
+
+    @staticmethod
+    def _flat_ids(ids: torch.Tensor, what: str, table: str) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"table {table!r}: {what} must be a torch.Tensor, got {type(ids)}")
+        if ids.dtype != torch.int64:
+            raise TypeError(f"table {table!r}: {what} must be int64, got {ids.dtype}")
+        return ids.detach().reshape(-1).cpu().contiguous()
+
+    def lookup(self, ids: torch.Tensor, insert: bool = False) -> torch.Tensor:
+        """Rows of ``ids`` (int64, any shape) as an int64 tensor of the same shape, -1 where absent.
+
+        With ``insert=True`` absent ids are inserted (and initialised) first, whatever the mode.
+        """
+        flat = self._flat_ids(ids, "ids", self.name)
+        if insert:
+            rows = self._insert(flat)
+        elif flat.numel() == 0:
+            rows = torch.empty(0, dtype=torch.int64)
+        else:
+            rows = torch.from_numpy(self._map.lookup(_np(flat)))
+        return rows.reshape(ids.shape)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings ``[*ids.shape, dim]`` of int64 ``ids`` (see the class docstring)."""
+        flat = self._flat_ids(ids, "ids", self.name)
+        n = flat.numel()
+        if self.training:
+            rows = self._insert(flat)
+        elif n:
+            rows = torch.from_numpy(self._map.lookup(_np(flat)))
+        else:
+            rows = torch.empty(0, dtype=torch.int64)
+        emb = self._data[EMBEDDING]  # after insertion: it may have been reallocated
+
+        if torch.is_grad_enabled():
+            uniq, inv = _unique_inverse(rows) if n else (rows, rows)
+            values, valid = self._gather_masked(emb, uniq)
+            # The leaf is in the compute dtype so that autograd sums the gradients of repeated ids
+            # in float32 (a hot id can occur thousands of times in a batch), not in bf16/fp16.
+            leaf = values.to(self.compute_dtype).requires_grad_(True)
+            self._attach_grad_hook(leaf, uniq if valid is None else uniq[valid], valid)
+            out = leaf.index_select(0, inv).to(emb.dtype)
+        else:
+            out, _ = self._gather_masked(emb, rows)
+        out = out.view(*ids.shape, self.dim)
+        if ids.device != out.device:
+            out = out.to(ids.device)
+        return out
+
+    def _gather_masked(
+        self, data: torch.Tensor, rows: torch.Tensor
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``data[rows]`` with zero rows where ``rows == -1``; also returns the mask of valid rows
+        (None when all are valid)."""
+        if rows.numel() == 0:
+            return data.new_empty((0, *data.shape[1:])), None
+        valid = rows >= 0
+        if bool(valid.all()):
+            return data.index_select(0, rows), None
+        out = torch.zeros((rows.numel(), *data.shape[1:]), dtype=data.dtype)
+        if bool(valid.any()):
+            out[valid] = data.index_select(0, rows[valid])
+        return out, valid
+
+    def _attach_grad_hook(
+        self, leaf: torch.Tensor, rows: torch.Tensor, valid: Optional[torch.Tensor]
+    ) -> None:
+        table_ref = weakref.ref(self)
+        epoch = self._epoch
+        cdtype = self.compute_dtype
+
+        def hook(t: torch.Tensor) -> None:
+            g = t.grad
+            t.grad = None
+            table = table_ref()
+            if g is None or table is None or table._epoch != epoch:
+                return
+            if valid is not None:
+                g = g[valid]
+            table._pending.append((rows, g.detach().to(cdtype).contiguous()))
+
+        leaf.register_post_accumulate_grad_hook(hook)
+
+    # ------------------------------------------------------------------ gradients
+    def has_grad(self) -> bool:
+        """True when gradients are pending (recorded by backward, not yet consumed)."""
+        return bool(self._pending)
+
+    def sparse_grad(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """The pending gradient, coalesced, without consuming it.
+
+        Returns ``(rows, grad)``: unique rows (int64[k], in no particular order) and the summed
+        gradient of each (``[k, dim]`` in :attr:`compute_dtype`), or ``None`` when nothing is
+        pending. Map rows to ids with ``table.ids()[rows]``.
+        """
+        if not self._pending:
+            return None
+        return self._coalesce(self._pending)
+
+    def pop_sparse_grad(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """Like :meth:`sparse_grad` but also drops the pending gradient (what optimizers call)."""
+        out = self.sparse_grad()
+        self._pending = []
+        return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop pending sparse gradients (and clear grads of any parameters, as ``Module`` does)."""
+        super().zero_grad(set_to_none=set_to_none)
+        self._pending = []
+
+    def _coalesce(
+        self, pending: List[Tuple[torch.Tensor, torch.Tensor]]
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if len(pending) == 1:  # rows of one backward are already unique
+            return pending[0]
+        rows = torch.cat([r for r, _ in pending])
+        grads = torch.cat([g for _, g in pending])
+        if rows.numel() == 0:
+            return rows, grads
+        uniq, inv = _unique_inverse(rows)
+        out = torch.zeros((uniq.numel(), self.dim), dtype=grads.dtype)
+        out.index_add_(0, inv, grads)
+        return uniq, out
+
+    # ------------------------------------------------------------------ row access for optimizers
+    def read_rows(self, slot: str, rows: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Copy of slot ``slot`` at ``rows`` (int64[k], each in ``[0, len(self))``), optionally cast."""
+        self._check_slot(slot)
+        out = self._data[slot].index_select(0, rows)
+        return out if dtype is None else out.to(dtype)
+
+    def write_rows(self, slot: str, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Set slot ``slot`` at ``rows`` (unique, in range) to ``values`` (cast to the slot dtype)."""
+        self._check_slot(slot)
+        data = self._data[slot]
+        data.index_copy_(0, rows, values.to(data.dtype))
+        self._version += 1
+
+    # ------------------------------------------------------------------ SparseState
+    def sparse_meta(self) -> SparseTableMeta:
+        """Name, slots (``"embedding"`` first, then in the order added) and number of rows."""
+        return SparseTableMeta(self.name, dict(self._specs), self._size)
+
+    def export_chunks(
+        self, slots: Sequence[str], max_rows: int
+    ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
+        """Zero-copy views of the storage in row order, ``max_rows`` rows at a time.
+
+        See :meth:`recckpt.state.protocol.SparseState.export_chunks`. Arguments are checked when
+        called; iterating after the table was modified raises ``RuntimeError``.
+        """
+        slots = list(slots)
+        for s in slots:
+            self._check_slot(s)
+        if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
+            raise ValueError(f"table {self.name!r}: max_rows must be an int >= 1, got {max_rows!r}")
+        return self._export(slots, int(max_rows), self._version)
+
+    def _export(
+        self, slots: List[str], max_rows: int, version: int
+    ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
+        n = self._size
+        for start in range(0, n, max_rows):
+            if self._version != version:
+                raise RuntimeError(
+                    f"table {self.name!r} was modified while export_chunks was being iterated"
+                )
+            end = min(n, start + max_rows)
+            yield self._ids[start:end], {s: self._data[s][start:end] for s in slots}
+
+    def import_rows(self, ids: torch.Tensor, columns: Mapping[str, torch.Tensor]) -> None:
+        """Upsert rows; see :meth:`recckpt.state.protocol.SparseState.import_rows`.
+
+        Columns on another device are copied to the CPU. Slots not in ``columns`` are set to their
+        initial value also for ids that already existed.
+        """
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
+            got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids)
+            raise ValueError(f"table {self.name!r}: import_rows ids must be int64 [n], got {got}")
+        n = ids.numel()
+        for k, col in columns.items():
+            if k not in self._specs:
+                raise ValueError(
+                    f"table {self.name!r}: import_rows got unknown slot {k!r} "
+                    f"(slots: {', '.join(self._specs)})"
+                )
+            spec = self._specs[k]
+            want = (n, *spec.shape)
+            if not isinstance(col, torch.Tensor):
+                raise ValueError(
+                    f"table {self.name!r}, slot {k!r}: expected a tensor of shape {want} "
+                    f"dtype {spec.dtype}, got {type(col)}"
+                )
+            if tuple(col.shape) != want or col.dtype != spec.dtype:
+                raise ValueError(
+                    f"table {self.name!r}, slot {k!r}: expected shape {want} dtype {spec.dtype}, "
+                    f"got shape {tuple(col.shape)} dtype {col.dtype}"
+                )
+        if n == 0:
+            return
+        ids = ids.detach().cpu().contiguous()
+        local = _C.IdMap(n)
+        local.insert(_np(ids))
+        if len(local) != n:
+            raise ValueError(
+                f"table {self.name!r}: import_rows ids contain {n - len(local)} repeated id(s)"
+            )
+        rows, old, new = self._insert_raw(ids)
+        all_new = new - old == n  # then rows == arange(old, new)
+        try:
+            for k, data in self._data.items():
+                col = columns.get(k)
+                if all_new:
+                    if col is None:
+                        self._init_rows(data[old:new], self._inits[k])
+                    else:
+                        data[old:new].copy_(col)
+                else:
+                    if col is None:
+                        col = torch.empty((n, *data.shape[1:]), dtype=data.dtype)
+                        self._init_rows(col, self._inits[k])
+                    data.index_copy_(0, rows, col.detach().cpu())
+        except BaseException:
+            if new != old:
+                self._rollback(old)
+            raise
+        self._version += 1
+
+    def clear_rows(self) -> None:
+        """Remove every id (capacity is kept). Pending gradients are dropped, and gradients of
+        forwards run before the clear are ignored when their backward runs."""
+        self._map.clear()
+        self._size = 0
+        self._pending = []
+        self._epoch += 1
+        self._version += 1
+
+    # ------------------------------------------------------------------ state_dict integration
+    def get_extra_state(self) -> "HashTable":
+        """Return the table itself, so ``model.state_dict()`` holds it under
+        ``<prefix>_extra_state`` (recckpt saves it through :class:`SparseState`)."""
+        return self
+
+    def set_extra_state(self, state: object) -> None:
+        """Replace this table's rows with those of another :class:`SparseState` (``load_state_dict``).
+
+        Slots of ``state`` this table lacks are added (same dtype, shape, category; init 0); values
+        are cast to this table's slot dtypes; slots this table has and ``state`` lacks get their
+        initial values. Row shapes must match (``ValueError`` otherwise). Passing the table itself
+        is a no-op.
+        """
+        if state is self:
+            return
+        if not isinstance(state, SparseState):
+            raise TypeError(
+                f"table {self.name!r}: set_extra_state expects a SparseState, got {type(state)}"
+            )
+        meta = state.sparse_meta()
+        for k, spec in meta.slots.items():
+            mine = self._specs.get(k)
+            if mine is not None and mine.shape != spec.shape:
+                raise ValueError(
+                    f"table {self.name!r}, slot {k!r}: row shape {mine.shape} here, "
+                    f"{spec.shape} in the state being loaded (table {meta.name!r})"
+                )
+        for k, spec in meta.slots.items():
+            if k not in self._specs:
+                self.add_slot(k, spec.dtype, spec.shape, 0.0, spec.category)
+        self.clear_rows()
+        self.reserve(meta.num_rows)
+        for ids, cols in state.export_chunks(list(meta.slots), 1 << 16):
+            self.import_rows(
+                ids, {k: v.to(self._specs[k].dtype) for k, v in cols.items()}
+            )
+
+    # ------------------------------------------------------------------ pickling / deepcopy
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        n = self._size
+        state["_map"] = None
+        state["_data"] = {k: v[:n].clone() for k, v in self._data.items()}
+        state["_ids"] = self._ids[:n].clone()
+        state["_capacity"] = n
+        state["_pending"] = []
+        return state
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self._map = _C.IdMap(self._capacity)
+        if self._size:
+            self._map.insert(_np(self._ids[: self._size]))

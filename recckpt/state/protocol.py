@@ -1,0 +1,207 @@
+"""The ``SparseState`` protocol: what a sparse embedding table must provide to be checkpointed.
+
+A *sparse table* maps int64 ids (the full signed range) to rows of named columns called *slots*:
+the embedding itself, optimizer state (``adagrad.acc``, ``adam.m``, ...), counters. Every slot has
+its own dtype and row shape; all slots of a table share one id order.
+
+Any object implementing :class:`SparseState` can be saved and loaded by recckpt. The library never
+special-cases a concrete implementation: :class:`recckpt.state.hashtable.HashTable` is simply the
+first user of this protocol. Objects are discovered inside a ``state_dict`` (usually as the
+``<prefix>_extra_state`` entry of a module whose ``get_extra_state()`` returns the table) by
+:func:`split_sparse_dense_state_dict`.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Mapping, Protocol, Sequence, Tuple, runtime_checkable
+
+import torch
+
+__all__ = [
+    "SLOT_CATEGORIES",
+    "SlotSpec",
+    "SparseTableMeta",
+    "SparseState",
+    "split_sparse_dense_state_dict",
+]
+
+#: Allowed values of :attr:`SlotSpec.category`.
+SLOT_CATEGORIES = ("sparse", "sparse_opt")
+
+
+def _as_shape(shape: Any, what: str) -> Tuple[int, ...]:
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise TypeError(f"{what}: shape must be a sequence of ints, got {shape!r}")
+    out = []
+    for d in shape:
+        if isinstance(d, bool):
+            raise TypeError(f"{what}: shape entries must be ints, got {d!r} in {shape!r}")
+        try:
+            d = operator.index(d)
+        except TypeError:
+            raise TypeError(f"{what}: shape entries must be ints, got {d!r} in {shape!r}") from None
+        if d < 0:
+            raise ValueError(f"{what}: shape entries must be non-negative, got {tuple(shape)!r}")
+        out.append(d)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """Description of one named column (slot) of a sparse table.
+
+    Attributes:
+        dtype: the ``torch.dtype`` every row of this slot is stored and exchanged in.
+        shape: the shape of one row, e.g. ``(dim,)`` for an embedding; ``()`` for one scalar per
+            row (a counter). A column of ``n`` rows has shape ``(n, *shape)``. Normalised to a tuple
+            of non-negative Python ints on construction.
+        category: ``"sparse"`` for the model's own per-id state (embeddings, counters) or
+            ``"sparse_opt"`` for optimizer state (``adagrad.acc``, ``adam.m``, ...). Loaders use it
+            to load or skip optimizer state as a group.
+
+    Construction raises ``TypeError`` for a dtype that is not a ``torch.dtype`` or a non-integer
+    shape entry, and ``ValueError`` for a negative shape entry or an unknown category.
+    """
+
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    category: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dtype, torch.dtype):
+            raise TypeError(f"SlotSpec.dtype must be a torch.dtype, got {self.dtype!r}")
+        object.__setattr__(self, "shape", _as_shape(self.shape, "SlotSpec"))
+        if self.category not in SLOT_CATEGORIES:
+            raise ValueError(
+                f"SlotSpec.category must be one of {SLOT_CATEGORIES}, got {self.category!r}"
+            )
+
+    @property
+    def row_numel(self) -> int:
+        """Number of elements in one row (1 for a scalar slot)."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row: ``row_numel * element size of dtype``."""
+        return self.row_numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class SparseTableMeta:
+    """A snapshot of a sparse table's schema and size.
+
+    Attributes:
+        name: the table's name, unique among the sparse tables of one checkpoint; the key under
+            which the table is saved and matched on load.
+        slots: slot name -> :class:`SlotSpec`, in a stable order (insertion order). For
+            :class:`~recckpt.state.hashtable.HashTable` ``"embedding"`` is always first. The mapping
+            is copied on construction, so later changes to the table do not change this snapshot.
+        num_rows: number of ids in the table at the time of the call.
+    """
+
+    name: str
+    slots: Dict[str, SlotSpec]
+    num_rows: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"SparseTableMeta.name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.slots, Mapping):
+            raise TypeError(f"table {self.name!r}: slots must be a mapping, got {type(self.slots)}")
+        slots = dict(self.slots)
+        for k, v in slots.items():
+            if not isinstance(k, str) or not k:
+                raise ValueError(f"table {self.name!r}: slot names must be non-empty str, got {k!r}")
+            if not isinstance(v, SlotSpec):
+                raise TypeError(f"table {self.name!r}: slot {k!r} must be a SlotSpec, got {v!r}")
+        object.__setattr__(self, "slots", slots)
+        if isinstance(self.num_rows, bool):
+            raise TypeError(f"table {self.name!r}: num_rows must be an int")
+        n = operator.index(self.num_rows)
+        if n < 0:
+            raise ValueError(f"table {self.name!r}: num_rows must be >= 0, got {n}")
+        object.__setattr__(self, "num_rows", n)
+
+
+@runtime_checkable
+class SparseState(Protocol):
+    """What a sparse table implements to be checkpointed by recckpt.
+
+    All tensors exchanged through this protocol are CPU tensors. Ids are ``torch.int64`` and cover
+    the full signed 64-bit range (no value is reserved). Within one table every id appears at most
+    once. An implementation need not be thread-safe: recckpt calls it from one thread at a time and
+    does not modify the table while iterating :meth:`export_chunks`.
+    """
+
+    def sparse_meta(self) -> SparseTableMeta:
+        """Return the table's name, slot schema (in a stable order) and current number of rows."""
+        ...
+
+    def export_chunks(
+        self, slots: Sequence[str], max_rows: int
+    ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
+        """Iterate over the whole table in chunks.
+
+        Each item is ``(ids, columns)``: ``ids`` is a C-contiguous CPU ``int64`` tensor of shape
+        ``[n]`` and ``columns`` maps each requested slot name (in the order given) to a C-contiguous
+        CPU tensor of shape ``[n, *spec.shape]`` in the slot's dtype, row ``i`` belonging to
+        ``ids[i]``. ``1 <= n <= max_rows`` for every chunk; across all chunks every id of the table
+        appears exactly once; an empty table yields nothing. ``max_rows`` must be >= 1 and every
+        name in ``slots`` must be a slot of the table (``ValueError`` otherwise).
+
+        Chunks may be views of the table's live storage: they are valid until the table is next
+        modified, and the caller must not write to them.
+        """
+        ...
+
+    def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
+        """Insert or overwrite (upsert) the rows of ``ids``.
+
+        ``ids`` is an ``int64`` tensor of shape ``[n]`` with no repeated id. For every slot of the
+        table, the row of each id is set to the given column's row when the slot is in ``columns``,
+        otherwise to the slot's initial value (the table's initializer for the embedding, the
+        slot's own init value for other slots) -- also for ids that already existed. A column must
+        have exactly the slot's dtype and shape ``[n, *spec.shape]`` (the caller casts); a mismatch,
+        an unknown slot name, or bad ``ids`` raises ``ValueError`` naming the table, the slot and
+        both the expected and the given shape/dtype, before anything is modified.
+        """
+        ...
+
+    def clear_rows(self) -> None:
+        """Remove every id from the table (called before a load that replaces its contents)."""
+        ...
+
+
+def split_sparse_dense_state_dict(
+    state_dict: Mapping[str, Any],
+) -> Tuple[Dict[str, SparseState], Dict[str, Any]]:
+    """Split a ``state_dict`` into sparse tables and everything else.
+
+    Returns ``(sparse, dense)``. Every value that implements :class:`SparseState` goes to
+    ``sparse`` under its table name (``value.sparse_meta().name``), not under its state_dict key;
+    every other entry goes to ``dense`` under its original key, unchanged and in the original
+    order. The input mapping is not modified. Two values with the same table name raise
+    ``ValueError`` naming both state_dict keys. The same table object reachable under two keys is
+    also rejected: each table must appear once.
+    """
+    sparse: Dict[str, SparseState] = {}
+    sparse_keys: Dict[str, str] = {}
+    dense: Dict[str, Any] = {}
+    for key, value in state_dict.items():
+        if not isinstance(value, torch.Tensor) and isinstance(value, SparseState):
+            name = value.sparse_meta().name
+            if name in sparse:
+                raise ValueError(
+                    f"two sparse tables named {name!r} in the state_dict: keys "
+                    f"{sparse_keys[name]!r} and {key!r}; give every table a unique name"
+                )
+            sparse[name] = value
+            sparse_keys[name] = key
+        else:
+            dense[key] = value
+    return sparse, dense

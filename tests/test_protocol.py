@@ -1,0 +1,196 @@
+"""The SparseState protocol, SlotSpec/SparseTableMeta validation and split_sparse_dense_state_dict.
+
+The protocol is exercised with a small dict-backed implementation defined here, to show that nothing
+in the protocol layer depends on HashTable.
+"""
+import copy
+from typing import Dict, Iterator, Sequence, Tuple
+
+import numpy as np
+import pytest
+import torch
+
+from recckpt.state.protocol import (
+    SlotSpec,
+    SparseState,
+    SparseTableMeta,
+    split_sparse_dense_state_dict,
+)
+
+
+class DictTable:
+    """Minimal SparseState: a dict id -> {slot: tensor row}. Deliberately not a torch Module."""
+
+    def __init__(self, name: str, slots: Dict[str, SlotSpec], inits: Dict[str, float] = None):
+        self.name = name
+        self.slots = dict(slots)
+        self.inits = inits or {k: 0.0 for k in slots}
+        self.rows: Dict[int, Dict[str, torch.Tensor]] = {}
+
+    def sparse_meta(self) -> SparseTableMeta:
+        return SparseTableMeta(self.name, self.slots, len(self.rows))
+
+    def export_chunks(self, slots: Sequence[str], max_rows: int) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
+        keys = list(self.rows)
+        for s in range(0, len(keys), max_rows):
+            part = keys[s : s + max_rows]
+            ids = torch.tensor(part, dtype=torch.int64)
+            cols = {
+                k: torch.stack([self.rows[i][k] for i in part]).contiguous() for k in slots
+            }
+            yield ids, cols
+
+    def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
+        for j, i in enumerate(ids.tolist()):
+            row = {}
+            for k, spec in self.slots.items():
+                if k in columns:
+                    row[k] = columns[k][j].clone()
+                else:
+                    row[k] = torch.full(spec.shape, self.inits[k], dtype=spec.dtype)
+            self.rows[i] = row
+
+    def clear_rows(self) -> None:
+        self.rows.clear()
+
+
+EMB = SlotSpec(torch.float32, (4,), "sparse")
+
+
+# ---------------------------------------------------------------- SlotSpec
+def test_slotspec_normalises_shape_and_allows_scalar_rows():
+    s = SlotSpec(torch.float32, [3, np.int64(2)], "sparse")
+    assert s.shape == (3, 2) and all(type(d) is int for d in s.shape)
+    assert s.row_numel == 6 and s.row_bytes == 24
+    scalar = SlotSpec(torch.int64, (), "sparse")
+    assert scalar.shape == () and scalar.row_numel == 1 and scalar.row_bytes == 8
+    assert SlotSpec(torch.bfloat16, (0,), "sparse_opt").row_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "args, exc",
+    [
+        ((torch.float32, (4,), "dense"), ValueError),
+        ((torch.float32, (4,), "Sparse"), ValueError),
+        ((torch.float32, (-1,), "sparse"), ValueError),
+        ((torch.float32, (2.0,), "sparse"), TypeError),
+        ((torch.float32, (True,), "sparse"), TypeError),
+        ((torch.float32, 4, "sparse"), TypeError),
+        ((torch.float32, "4", "sparse"), TypeError),
+        (("float32", (4,), "sparse"), TypeError),
+        ((np.float32, (4,), "sparse"), TypeError),
+    ],
+)
+def test_slotspec_rejects_invalid(args, exc):
+    with pytest.raises(exc):
+        SlotSpec(*args)
+
+
+def test_slotspec_is_frozen_and_comparable():
+    a = SlotSpec(torch.float32, (4,), "sparse")
+    assert a == SlotSpec(torch.float32, (4,), "sparse")
+    assert a != SlotSpec(torch.float32, (4,), "sparse_opt")
+    with pytest.raises(Exception):
+        a.dtype = torch.float64
+
+
+# ---------------------------------------------------------------- SparseTableMeta
+def test_meta_copies_slots_and_validates():
+    slots = {"embedding": EMB}
+    m = SparseTableMeta("t", slots, 3)
+    slots["other"] = EMB
+    assert list(m.slots) == ["embedding"]
+    with pytest.raises(ValueError):
+        SparseTableMeta("", {"embedding": EMB}, 0)
+    with pytest.raises(ValueError):
+        SparseTableMeta("t", {"embedding": EMB}, -1)
+    with pytest.raises(TypeError):
+        SparseTableMeta("t", {"embedding": "float32"}, 0)
+    with pytest.raises(TypeError):
+        SparseTableMeta("t", {"embedding": EMB}, True)
+
+
+# ---------------------------------------------------------------- protocol
+def test_runtime_protocol_check():
+    assert isinstance(DictTable("a", {"embedding": EMB}), SparseState)
+    assert not isinstance(torch.zeros(3), SparseState)
+    assert not isinstance({"a": 1}, SparseState)
+
+    class Partial:
+        def sparse_meta(self):
+            return None
+
+        def export_chunks(self, slots, max_rows):
+            return iter(())
+
+    assert not isinstance(Partial(), SparseState)
+
+
+def test_dict_table_round_trip_through_protocol():
+    """The documented contract works for a non-HashTable implementation."""
+    a = DictTable("a", {"embedding": EMB, "cnt": SlotSpec(torch.int64, (), "sparse")}, {"embedding": 0.0, "cnt": 7})
+    a.import_rows(torch.tensor([5, -3]), {"embedding": torch.ones(2, 4)})
+    assert a.rows[5]["cnt"].item() == 7
+    chunks = list(a.export_chunks(["embedding", "cnt"], 1))
+    assert [c[0].tolist() for c in chunks] == [[5], [-3]]
+    a.clear_rows()
+    assert a.sparse_meta().num_rows == 0
+
+
+# ---------------------------------------------------------------- split_sparse_dense_state_dict
+def test_split_routes_by_type_keeps_order_and_does_not_mutate():
+    t1 = DictTable("users", {"embedding": EMB})
+    t2 = DictTable("items", {"embedding": EMB})
+    w = torch.randn(3)
+    sd = {
+        "mlp.weight": w,
+        "emb.u._extra_state": t1,
+        "step": 5,
+        "emb.i._extra_state": t2,
+        "mlp.bias": torch.zeros(2),
+        "nested": {"x": [1, 2]},
+    }
+    before_keys = list(sd)
+    before_ids = {k: id(v) for k, v in sd.items()}
+    nested_copy = copy.deepcopy(sd["nested"])
+
+    sparse, dense = split_sparse_dense_state_dict(sd)
+
+    assert list(sd) == before_keys
+    assert {k: id(v) for k, v in sd.items()} == before_ids
+    assert sd["nested"] == nested_copy
+    assert list(sparse) == ["users", "items"]
+    assert sparse["users"] is t1 and sparse["items"] is t2
+    assert list(dense) == ["mlp.weight", "step", "mlp.bias", "nested"]
+    assert dense["mlp.weight"] is w and dense["nested"] is sd["nested"]
+    assert dense is not sd
+
+
+def test_split_rejects_duplicate_table_names_naming_both_keys():
+    sd = {
+        "a._extra_state": DictTable("same", {"embedding": EMB}),
+        "dense": torch.zeros(1),
+        "b._extra_state": DictTable("same", {"embedding": EMB}),
+    }
+    with pytest.raises(ValueError) as e:
+        split_sparse_dense_state_dict(sd)
+    msg = str(e.value)
+    assert "a._extra_state" in msg and "b._extra_state" in msg and "same" in msg
+
+
+def test_split_empty_and_all_dense():
+    assert split_sparse_dense_state_dict({}) == ({}, {})
+    sparse, dense = split_sparse_dense_state_dict({"x": torch.ones(1)})
+    assert sparse == {} and list(dense) == ["x"]
+
+
+def test_split_finds_hashtable_in_module_state_dict():
+    hashtable = pytest.importorskip("recckpt.state.hashtable")
+    model = torch.nn.ModuleDict(
+        {"users": hashtable.HashTable("users", 4), "mlp": torch.nn.Linear(4, 1)}
+    )
+    sd = model.state_dict()
+    sparse, dense = split_sparse_dense_state_dict(sd)
+    assert list(sparse) == ["users"] and sparse["users"] is model["users"]
+    assert list(dense) == ["mlp.weight", "mlp.bias"]
+    assert "users._extra_state" in sd

@@ -393,7 +393,7 @@ def test_import_rows_upsert_and_default_init():
     t.add_slot("cnt", torch.int64, (), init=lambda x: x.fill_(9), category="sparse")
     t.lookup(T([1, 2, 3]), insert=True)
     t.slot("acc")[:] = 7.0
-    # upsert: 2 exists, 10 and 11 new; acc not given -> init value, also for id 2
+    # upsert: 2 exists, 10 and 11 new; acc not given -> init value for new ids, kept for id 2
     t.import_rows(T([10, 2, 11]), {"embedding": torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]),
                                    "cnt": T([4, 5, 6])})
     assert len(t) == 5 and t.ids().tolist() == [1, 2, 3, 10, 11]
@@ -401,11 +401,12 @@ def test_import_rows_upsert_and_default_init():
     assert by_id("embedding", 2) == [2.0, 2.0] and by_id("embedding", 10) == [1.0, 1.0]
     assert by_id("embedding", 1) == [0.5, 0.5]
     assert by_id("cnt", 2) == 5 and by_id("cnt", 11) == 6 and by_id("cnt", 3) == 9
-    assert by_id("acc", 2) == pytest.approx([0.1, 0.1]) and by_id("acc", 11) == pytest.approx([0.1, 0.1])
+    assert by_id("acc", 2) == [7.0, 7.0] and by_id("acc", 11) == pytest.approx([0.1, 0.1])
     assert by_id("acc", 1) == [7.0, 7.0]
-    # only the embedding missing: initializer used for new and existing ids
+    # only the embedding missing: existing id 3 keeps its embedding, new id 12 gets the initializer
+    t.slot("embedding")[t.lookup(T([3]))[0]] = 4.0
     t.import_rows(T([3, 12]), {"acc": torch.ones(2, 2), "cnt": T([0, 0])})
-    assert by_id("embedding", 3) == [0.5, 0.5] and by_id("embedding", 12) == [0.5, 0.5]
+    assert by_id("embedding", 3) == [4.0, 4.0] and by_id("embedding", 12) == [0.5, 0.5]
     assert by_id("acc", 12) == [1.0, 1.0]
     # all-new fast path, contiguous
     t.import_rows(T([20, 21]), {"embedding": torch.full((2, 2), 8.0)})

@@ -236,3 +236,15 @@ def test_load_by_config(tmp_path):
 def test_invalid_load_config(bad, match):
     with pytest.raises(LoadConfigError, match=match):
         LoadConfig.coerce(bad)
+
+
+def test_loading_only_optimizer_state_keeps_trained_embeddings(tmp_path):
+    src, src_opt = saved(tmp_path)
+    m, opt = trained(seed=5)             # same ids, different embeddings and optimizer state
+    before = table_contents(m.user)["embedding"]
+    Saver(m, sparse_optim=opt, output_dir=tmp_path).load(load_conf={"load": ["sparse_opt"]})
+    after = table_contents(m.user)
+    assert all(torch.equal(after["embedding"][i], row) for i, row in before.items())
+    exp = table_contents(src.user)
+    assert all(torch.equal(after["adam.m"][i], exp["adam.m"][i]) for i in exp["adam.m"])
+    assert opt.state_dict() == src_opt.state_dict()

@@ -436,6 +436,10 @@ class _LoadPlan:
             try:
                 if conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots):
                     table.clear_rows()
+                reserve = getattr(table, "reserve", None)
+                if callable(reserve):  # optional protocol hint: allocate once, not grow per chunk
+                    expected = self.m.tables[name].rows * (hi - lo) // self.m.num_buckets
+                    reserve(len(table) + expected + expected // 8)
                 names = [s for s, _, _ in slots]
                 rbs = [si.row_bytes for _, si, _ in slots]
                 for ids, cols in self.reader.segments.iter_table(name, names, rbs, lo, hi):

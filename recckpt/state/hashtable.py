@@ -486,8 +486,8 @@ class HashTable(nn.Module):
     def import_rows(self, ids: torch.Tensor, columns: Mapping[str, torch.Tensor]) -> None:
         """Upsert rows; see :meth:`recckpt.state.protocol.SparseState.import_rows`.
 
-        Columns on another device are copied to the CPU. Slots not in ``columns`` are set to their
-        initial value also for ids that already existed.
+        Columns on another device are copied to the CPU. Slots not in ``columns`` keep their values
+        for ids that already existed and start at their initial value for new ids.
         """
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
             got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids)
@@ -530,10 +530,10 @@ class HashTable(nn.Module):
                         self._init_rows(data[old:new], self._inits[k])
                     else:
                         data[old:new].copy_(col)
+                elif col is None:
+                    # existing ids keep their values; only the new rows [old, new) start fresh
+                    self._init_rows(data[old:new], self._inits[k])
                 else:
-                    if col is None:
-                        col = torch.empty((n, *data.shape[1:]), dtype=data.dtype)
-                        self._init_rows(col, self._inits[k])
                     data.index_copy_(0, rows, col.detach().cpu())
         except BaseException:
             if new != old:

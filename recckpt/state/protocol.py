@@ -162,10 +162,11 @@ class SparseState(Protocol):
     def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
         """Insert or overwrite (upsert) the rows of ``ids``.
 
-        ``ids`` is an ``int64`` tensor of shape ``[n]`` with no repeated id. For every slot of the
-        table, the row of each id is set to the given column's row when the slot is in ``columns``,
-        otherwise to the slot's initial value (the table's initializer for the embedding, the
-        slot's own init value for other slots) -- also for ids that already existed. A column must
+        ``ids`` is an ``int64`` tensor of shape ``[n]`` with no repeated id. For every slot in
+        ``columns`` the row of each id is set to the given row. A slot not in ``columns`` keeps its
+        value for ids that already existed and starts at its initial value (the table's
+        initializer for the embedding, the slot's own init value for other slots) for new ids, so
+        loading only optimizer slots never resets trained embeddings. A column must
         have exactly the slot's dtype and shape ``[n, *spec.shape]`` (the caller casts); a mismatch,
         an unknown slot name, or bad ``ids`` raises ``ValueError`` naming the table, the slot and
         both the expected and the given shape/dtype, before anything is modified.
@@ -175,6 +176,9 @@ class SparseState(Protocol):
     def clear_rows(self) -> None:
         """Remove every id from the table (called before a load that replaces its contents)."""
         ...
+
+    # Optional: ``reserve(rows: int) -> None``. If present, loaders call it with the number of rows
+    # the table is about to hold, so an implementation can allocate once instead of growing.
 
 
 def split_sparse_dense_state_dict(

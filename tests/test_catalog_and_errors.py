@@ -105,7 +105,8 @@ def test_garbage_version_file_with_no_checkpoints(tmp_path):
         Saver(model(), output_dir=tmp_path).load()
 
 
-@pytest.mark.parametrize("bad", ["a/b", "..", "a..b", "x\x00y", "", ".hidden", "/abs", "a\\b", "é", "x" * 201, 7])
+@pytest.mark.parametrize("bad", ["a/b", "..", "a..b", "x\x00y", "", ".hidden", "/abs", "a\\b", "é", "x" * 201, 7,
+                                 "checkpoint"])
 def test_unsafe_checkpoint_ids_are_rejected(tmp_path, bad):
     s = Saver(model(), output_dir=tmp_path, options=OPTS)
     with pytest.raises(InvalidCheckpointIdError):
@@ -160,3 +161,11 @@ def test_truncated_shard_file(tmp_path):
     os.truncate(shard, os.path.getsize(shard) - 1)
     with pytest.raises(CorruptCheckpointError, match=r"shard-00000-000\.bin.*truncated"):
         Saver(model(0), output_dir=tmp_path).load()
+
+
+def test_dense_key_reserved_by_safetensors_is_refused_at_save(tmp_path):
+    m = model()
+    m.register_buffer("__metadata__", torch.ones(2))
+    with pytest.raises(Exception, match="__metadata__"):
+        Saver(m, output_dir=tmp_path, options=OPTS).save("c")
+    assert Saver(model(), output_dir=tmp_path).checkpoints() == []

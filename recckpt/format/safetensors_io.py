@@ -37,6 +37,9 @@ def write(fileobj, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | 
     offset = 0
     order = sorted(tensors)
     for name in order:
+        if name == "__metadata__":
+            raise ValueError("a tensor named '__metadata__' cannot be stored: safetensors reserves that "
+                             "key for the header's metadata; rename the buffer or parameter")
         t = tensors[name]
         n = t.numel() * t.element_size()
         header[name] = {"dtype": dtypes.name_of(t.dtype), "shape": list(t.shape),

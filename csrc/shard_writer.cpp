@@ -13,6 +13,7 @@
 #include "crc32c.h"
 #include "gather.h"
 #include "hash.h"
+#include "pwrite_thread.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "recckpt's shard format is little-endian; big-endian hosts are not supported"
@@ -21,9 +22,9 @@
 namespace recckpt {
 namespace {
 
-constexpr size_t kStagingBytes = size_t(8) << 20;  // per-worker gather buffer
+constexpr size_t kStagingBytes = size_t(8) << 20;  // per-worker gather buffer (two of them)
 constexpr int64_t kCrcBlock = 256 << 10;           // gather this much, then checksum it while hot
-constexpr size_t kMaxIo = size_t(1) << 30;         // largest single pwrite
+constexpr int64_t kAsyncMin = 1 << 20;             // smaller pieces are written inline
 
 struct StopRequested {};
 
@@ -173,38 +174,114 @@ void ShardWriter::check_stopping() const {
   if (stop_.load(std::memory_order_relaxed)) throw StopRequested{};
 }
 
-void ShardWriter::write_all(File& f, const void* data, size_t n, int64_t off) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    ssize_t w = ::pwrite(f.fd, p, std::min(n, kMaxIo), (off_t)off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw OsError(errno, f.path,
-                    "ShardWriter: pwrite of " + std::to_string(n) + " bytes at offset " + std::to_string(off));
-    }
-    if (w == 0)
-      throw OsError(EIO, f.path, "ShardWriter: pwrite wrote nothing at offset " + std::to_string(off));
-    p += w;
-    n -= (size_t)w;
-    off += w;
+// A worker's output stream: segments are appended to a staging buffer that is written (by the
+// pwrite thread, double-buffered) when full, or when the worker runs out of queued segments. Many
+// small segments thus become few large writes, and a segment's arrays are released as soon as they
+// are copied.
+struct ShardWriter::WorkerCtx {
+  File& f;
+  const size_t cap;
+  PwriteThread io;
+  std::unique_ptr<uint8_t[]> buf[2];
+  int cur = 0;
+  size_t fill = 0;  // bytes staged in buf[cur]
+  int64_t off = 0;  // file offset of buf[cur][0]
+
+  WorkerCtx(File& file, size_t capacity) : f(file), cap(capacity), io(file.fd, file.path) {}
+
+  int64_t pos() const { return off + (int64_t)fill; }  // file offset of the next byte
+  uint8_t* space(size_t& avail) {
+    if (!buf[cur]) buf[cur].reset(new uint8_t[cap]);
+    avail = cap - fill;
+    return buf[cur].get() + fill;
   }
-}
+  void commit(size_t n) {
+    fill += n;
+    if (fill == cap) flush();
+  }
+  void flush() {
+    if (fill == 0) return;
+    if ((int64_t)fill >= kAsyncMin) {
+      io.write(buf[cur].get(), fill, off);  // waits for the other buffer's write first
+      cur ^= 1;
+    } else {
+      pwrite_all(f.fd, f.path, buf[cur].get(), fill, off);
+    }
+    off += (int64_t)fill;
+    fill = 0;
+  }
+  void append(const void* data, size_t n) {
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    while (n > 0) {
+      size_t avail;
+      uint8_t* dst = space(avail);
+      const size_t m = std::min(avail, n);
+      std::memcpy(dst, p, m);
+      commit(m);
+      p += m;
+      n -= m;
+    }
+  }
+  // Writes caller memory in place (it must stay valid until io.wait()).
+  void write_direct(const void* data, size_t n) {
+    flush();
+    io.write(data, n, off);
+    off += (int64_t)n;
+    direct_pending = true;
+  }
+  // Waits until no caller memory is being written (before a segment's arrays may be released).
+  void wait_direct() {
+    if (!direct_pending) return;
+    direct_pending = false;
+    io.wait();
+  }
+  bool direct_pending = false;
+  void discard() { fill = 0; }
+};
 
 void ShardWriter::worker(File* f) {
+  std::unique_ptr<WorkerCtx> ctx;
+  try {
+    ctx = std::make_unique<WorkerCtx>(*f, staging_bytes_);
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lk(mu_);
+    fail(*f, OsError(EAGAIN, f->path, std::string("ShardWriter: cannot start the pwrite thread: ") + e.what()));
+  }
+  // Writes out what is staged and waits for it; false (and the file marked failed) on error.
+  auto drain = [&]() {
+    try {
+      ctx->flush();
+      ctx->io.wait();
+      return true;
+    } catch (const OsError& e) {
+      ctx->discard();
+      std::lock_guard<std::mutex> lk(mu_);
+      fail(*f, e);
+      return false;
+    }
+  };
   for (;;) {
     Job job;
-    bool failed;
+    bool failed, idle_flush = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      work_cv_.wait(lk, [&] { return stop_ || closing_ || !f->queue.empty(); });
-      if (stop_ || f->queue.empty()) break;
-      job = std::move(f->queue.front());
-      f->queue.pop_front();
+      if (ctx && ctx->fill > 0 && f->queue.empty() && !stop_ && !f->failed) {
+        idle_flush = true;  // nothing queued: write out the staged bytes before sleeping
+      } else {
+        work_cv_.wait(lk, [&] { return stop_ || closing_ || !f->queue.empty(); });
+        if (stop_ || f->queue.empty()) break;
+        job = std::move(f->queue.front());
+        f->queue.pop_front();
+      }
       failed = f->failed;
     }
-    if (!failed) {
+    if (idle_flush) {
+      drain();
+      continue;
+    }
+    if (!failed && ctx) {
       try {
-        write_segment(*f, job);
+        write_segment(*f, job, *ctx);
       } catch (const OsError& e) {
         std::lock_guard<std::mutex> lk(mu_);
         fail(*f, e);
@@ -217,6 +294,16 @@ void ShardWriter::worker(File* f) {
         std::lock_guard<std::mutex> lk(mu_);
         fail(*f, OsError(EIO, f->path, std::string("ShardWriter: ") + e.what()));
       }
+      try {
+        ctx->wait_direct();
+      } catch (const OsError& e) {
+        std::lock_guard<std::mutex> lk(mu_);
+        fail(*f, e);
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (f->failed) ctx->discard();
+      }
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -226,8 +313,22 @@ void ShardWriter::worker(File* f) {
     }
     space_cv_.notify_all();
   }
-  // Exit: fsync (finish with fsync=True) and close, here so that files are synced in parallel.
-  bool sync, failed;
+  bool stopping, failed;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping = stop_;
+    failed = f->failed;
+  }
+  if (ctx) {
+    if (!stopping && !failed) drain();
+    try {
+      ctx->io.wait();
+    } catch (const OsError&) {
+    }
+    ctx.reset();  // joins the pwrite thread
+  }
+  // fsync (finish with fsync=True) and close here, so that files are synced in parallel.
+  bool sync;
   {
     std::lock_guard<std::mutex> lk(mu_);
     sync = !stop_ && do_fsync_;
@@ -246,21 +347,21 @@ void ShardWriter::worker(File* f) {
   f->fd = -1;
 }
 
-void ShardWriter::write_segment(File& f, const Job& job) {
+void ShardWriter::write_segment(File& f, const Job& job, WorkerCtx& ctx) {
   SegmentRecord rec;
   rec.segment = job.id;
   rec.table = job.in.table;
   rec.rows = job.in.n;
-  rec.offset = f.end;
+  rec.offset = ctx.pos();
   if ((uint64_t)job.in.n <= UINT32_MAX)
-    write_sorted<uint32_t>(f, job, rec);
+    write_sorted<uint32_t>(f, job, ctx, rec);
   else
-    write_sorted<uint64_t>(f, job, rec);
+    write_sorted<uint64_t>(f, job, ctx, rec);
   f.records.push_back(std::move(rec));
 }
 
 template <class Idx>
-void ShardWriter::write_sorted(File& f, const Job& job, SegmentRecord& rec) {
+void ShardWriter::write_sorted(File& f, const Job& job, WorkerCtx& ctx, SegmentRecord& rec) {
   const int64_t B = num_buckets_, n = job.in.n;
   const int64_t* ids = job.in.ids;
   const Bucketer bucket((uint64_t)B);
@@ -275,15 +376,12 @@ void ShardWriter::write_sorted(File& f, const Job& job, SegmentRecord& rec) {
     for (int64_t i = 0; i < n; i++) perm[pos[bucket(ids[i])]++] = (Idx)i;
   }
 
-  int64_t off = f.end;
-  rec.buckets_offset = off;
+  rec.buckets_offset = ctx.pos();
   rec.buckets_length = 8 * (B + 1);
   rec.buckets_crc = crc32c(0, offsets.data(), (size_t)rec.buckets_length);
-  write_all(f, offsets.data(), (size_t)rec.buckets_length, off);
-  off += rec.buckets_length;
+  ctx.append(offsets.data(), (size_t)rec.buckets_length);
   offsets = std::vector<int64_t>();
 
-  std::unique_ptr<uint8_t[]> staging;
   const int64_t ncols = 1 + (int64_t)job.in.columns.size();
   rec.columns.resize((size_t)ncols);
   for (int64_t c = 0; c < ncols; c++) {
@@ -291,41 +389,43 @@ void ShardWriter::write_sorted(File& f, const Job& job, SegmentRecord& rec) {
     const uint8_t* src = c == 0 ? reinterpret_cast<const uint8_t*>(ids) : job.in.columns[c - 1];
     const int64_t rb = c == 0 ? 8 : job.in.row_bytes[c - 1];
     ColumnRecord& col = rec.columns[c];
-    col.offset = off;
+    col.offset = ctx.pos();
     col.length = rb * n;
     if (col.length == 0) continue;
     col.crcs.reserve((size_t)((col.length + chunk_bytes_ - 1) / chunk_bytes_));
     ChunkCrc crc(chunk_bytes_, col.crcs);
     if ((size_t)rb > staging_bytes_) {
-      // Rows larger than the staging buffer go straight from the source.
+      // Rows larger than the staging buffer are written straight from the source.
       for (int64_t i = 0; i < n; i++) {
         check_stopping();
         const uint8_t* row = src + (size_t)perm[i] * rb;
         crc.feed(row, rb);
-        write_all(f, row, (size_t)rb, off);
-        off += rb;
+        ctx.write_direct(row, (size_t)rb);
       }
     } else {
-      if (!staging) staging.reset(new uint8_t[staging_bytes_]);
-      const int64_t rows_per_stage = (int64_t)staging_bytes_ / rb;
       const int64_t rows_per_block = std::max<int64_t>(1, kCrcBlock / rb);
       for (int64_t i = 0; i < n;) {
         check_stopping();
-        const int64_t k = std::min(rows_per_stage, n - i);
+        size_t avail;
+        uint8_t* stage = ctx.space(avail);
+        const int64_t k = std::min<int64_t>(n - i, (int64_t)avail / rb);
+        if (k == 0) {  // the next row does not fit: write out what is staged
+          ctx.flush();
+          continue;
+        }
         for (int64_t j = 0; j < k; j += rows_per_block) {
           const int64_t m = std::min(rows_per_block, k - j);
-          uint8_t* dst = staging.get() + j * rb;
+          uint8_t* dst = stage + j * rb;
           gather_rows(dst, src, rb, perm.get() + i + j, m);
           crc.feed(dst, m * rb);
         }
-        write_all(f, staging.get(), (size_t)(k * rb), off);
-        off += k * rb;
+        ctx.commit((size_t)(k * rb));
         i += k;
       }
     }
     crc.end();
   }
-  f.end = off;
+  ctx.wait_direct();
 }
 
 void ShardWriter::stop_and_join(bool discard) {

@@ -70,17 +70,16 @@ class ShardWriter {
     int fd = -1;
     std::deque<Job> queue;
     int64_t queued_bytes = 0;  // queued + being written
-    int64_t end = 0;           // next write offset (worker-owned)
     bool failed = false;
     std::vector<SegmentRecord> records;  // worker-owned until joined
     std::thread thread;
   };
 
+  struct WorkerCtx;  // a worker's pwrite thread and staging buffers
   void worker(File* f);
-  void write_segment(File& f, const Job& job);  // throws OsError
+  void write_segment(File& f, const Job& job, WorkerCtx& ctx);  // throws OsError
   template <class Idx>
-  void write_sorted(File& f, const Job& job, SegmentRecord& rec);
-  void write_all(File& f, const void* data, size_t n, int64_t off);
+  void write_sorted(File& f, const Job& job, WorkerCtx& ctx, SegmentRecord& rec);
   void fail(File& f, const OsError& e);  // requires mu_
   void stop_and_join(bool discard);
   void check_stopping() const;

@@ -98,6 +98,7 @@ class SegmentReader:
         self.threads, self.batch_bytes = max(1, threads), batch_bytes
         self.bytes_read = 0
         self._checked_sizes: set[int] = set()
+        self._scratch = np.empty(0, dtype=np.uint8)
 
     def _path(self, file_idx: int) -> str:
         return f"{self.ckpt_dir}/{self.index.files[file_idx][0]}" if self.ckpt_dir else self.index.files[file_idx][0]
@@ -116,9 +117,24 @@ class SegmentReader:
                                          f"recorded {want}; the file is truncated or replaced", self._path(fi))
         self._checked_sizes.add(fi)
 
-    def _read(self, table: str, reqs: list[tuple[int, Column, int, int, str, int]]) -> list[np.ndarray]:
-        """reqs: (file, column, lo, hi, what, checksum step) → verified bytes [lo, hi) of each column."""
-        out = [np.empty(hi - lo, dtype=np.uint8) for _, _, lo, hi, _, _ in reqs]
+    def _scratch_views(self, sizes: list[int]) -> list[np.ndarray]:
+        """Views into one buffer reused across batches. Fresh memory is expensive to fault in (on some
+        machines slower than the disk), so a load touches new pages only for the table it fills."""
+        total = sum(sizes)
+        if self._scratch.size < total:
+            self._scratch = np.empty(total, dtype=np.uint8)
+        out, pos = [], 0
+        for n in sizes:
+            out.append(self._scratch[pos:pos + n])
+            pos += n
+        return out
+
+    def _read(self, table: str, reqs: list[tuple[int, Column, int, int, str, int]],
+              reuse: bool = False) -> list[np.ndarray]:
+        """reqs: (file, column, lo, hi, what, checksum step) → verified bytes [lo, hi) of each column.
+        With reuse, the arrays are views of the scratch buffer, valid until the next reusing read."""
+        sizes = [hi - lo for _, _, lo, hi, _, _ in reqs]
+        out = self._scratch_views(sizes) if reuse else [np.empty(n, dtype=np.uint8) for n in sizes]
         for fi, *_ in reqs:
             self._check_size(fi)
         if self.storage.is_local:
@@ -164,7 +180,8 @@ class SegmentReader:
     def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
                    bucket_lo: int = 0, bucket_hi: int | None = None
                    ) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
-        """Yield (ids, [uint8[n, row_bytes] per requested slot]) per segment, for buckets [lo, hi)."""
+        """Yield (ids, [uint8[n, row_bytes] per requested slot]) per segment, for buckets [lo, hi).
+        The arrays are views of a reused buffer: consume (copy) them before taking the next item."""
         all_slots, segs = self.index.tables[table]
         col_of = [1 + all_slots.index(s) for s in slots]
         nb = self.index.num_buckets
@@ -175,7 +192,7 @@ class SegmentReader:
 
         def flush():
             flat = [r for _, _, rs in pending for r in rs]
-            data = self._read(table, flat) if flat else []
+            data = self._read(table, flat, reuse=True) if flat else []
             pos = 0
             for _, n, rs in pending:
                 part = data[pos:pos + len(rs)]

@@ -66,13 +66,26 @@ py::array_t<int64_t> py_bucket_of(const py::object& ids, int64_t num_buckets) {
   return out;
 }
 
+// The map's lock is only taken with the GIL released and dropped before the GIL is retaken, so a
+// thread holding the lock never waits for the GIL.
+int64_t locked_size(const IdMap& s) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lk(s.mutex());
+  return s.size();
+}
+
 void bind_idmap(py::module_& m) {
   py::class_<IdMap>(m, "IdMap",
                     "int64 id -> dense row map (open addressing). The i-th distinct id inserted gets row i.")
       .def(py::init<int64_t>(), py::arg("capacity") = 0)
-      .def("__len__", [](const IdMap& s) { return s.size(); })
-      .def_property_readonly("size", [](const IdMap& s) { return s.size(); })
-      .def_property_readonly("capacity", [](const IdMap& s) { return s.capacity(); },
+      .def("__len__", [](const IdMap& s) { return locked_size(s); })
+      .def_property_readonly("size", [](const IdMap& s) { return locked_size(s); })
+      .def_property_readonly("capacity",
+                             [](const IdMap& s) {
+                               py::gil_scoped_release nogil;
+                               std::lock_guard<std::mutex> lk(s.mutex());
+                               return s.capacity();
+                             },
                              "number of slots in the table (a power of two)")
       .def(
           "lookup",
@@ -109,11 +122,27 @@ void bind_idmap(py::module_& m) {
           "insert absent ids in first-occurrence order; returns (rows, is_new)")
       .def("keys",
            [](const IdMap& s) {
-             std::lock_guard<std::mutex> lk(s.mutex());
-             const auto& k = s.keys();
-             py::array_t<int64_t> out((py::ssize_t)k.size());
-             if (!k.empty()) std::memcpy(out.mutable_data(), k.data(), k.size() * sizeof(int64_t));
-             return out;
+             // The map's lock is only ever taken with the GIL released (and dropped before the GIL is
+             // retaken); the array is allocated with the GIL, so size it first and retry on a race.
+             for (;;) {
+               size_t n;
+               {
+                 py::gil_scoped_release nogil;
+                 std::lock_guard<std::mutex> lk(s.mutex());
+                 n = s.keys().size();
+               }
+               py::array_t<int64_t> out((py::ssize_t)n);
+               int64_t* o = out.mutable_data();
+               bool ok;
+               {
+                 py::gil_scoped_release nogil;
+                 std::lock_guard<std::mutex> lk(s.mutex());
+                 const auto& k = s.keys();
+                 ok = k.size() == n;
+                 if (ok && n) std::memcpy(o, k.data(), n * sizeof(int64_t));
+               }
+               if (ok) return out;
+             }
            })
       .def(
           "reserve",

@@ -477,13 +477,16 @@ def test_read_ranges_whole_columns_and_list_crcs(written):
 
 
 def test_read_ranges_dst_outside_range_untouched(written):
-    # Partial chunks are read into scratch: dst gets exactly [lo, hi) and the caller's typed view works.
+    # Partial chunks are read into scratch: dst gets exactly [lo, hi), nothing around it is written,
+    # and a typed (int64) destination works.
     path, cols = written
-    col, exp = cols[3]  # 3000 x 8-byte column
-    dst = np.full(10, -7, np.int64)  # rows 11..20 as int64
+    col, exp = cols[3]  # 3000 x 8-byte column, chunks of 100 bytes
+    guard = np.full(14, -7, np.int64)
+    dst = guard[2:12]  # 80 bytes: column bytes [88, 168) straddle chunks 0 and 1
     nbytes, errors = _C.read_ranges([req(path, col, 88, 168, dst=dst)], 1)
     assert errors == []
     assert dst.tobytes() == exp[88:168]
+    assert (guard[:2] == -7).all() and (guard[12:] == -7).all()
     assert nbytes == chunk_expanded(88, 168, col["length"], 100) == 200
 
 

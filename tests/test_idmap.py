@@ -154,3 +154,27 @@ def test_idmap_concurrent_inserts_are_consistent():
     keys = m.keys()
     for b, r in zip(batches, out):
         np.testing.assert_array_equal(keys[r], b)
+
+
+def test_idmap_keys_and_len_while_another_thread_inserts():
+    m = _C.IdMap()
+    batches = [np.arange(k * 20_000, (k + 1) * 20_000, dtype=np.int64) * -3 for k in range(50)]
+    expected = np.concatenate(batches)
+    done = threading.Event()
+
+    def writer():
+        for b in batches:
+            m.insert(b)
+        done.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    snapshots = 0
+    while not done.is_set() or snapshots == 0:
+        n = len(m)
+        keys = m.keys()
+        assert len(keys) >= n and len(keys) % 20_000 == 0  # whole batches only: insert is atomic
+        np.testing.assert_array_equal(keys, expected[: len(keys)])
+        snapshots += 1
+    t.join()
+    np.testing.assert_array_equal(m.keys(), expected)

@@ -354,14 +354,14 @@ void ShardWriter::write_segment(File& f, const Job& job, WorkerCtx& ctx) {
   rec.rows = job.in.n;
   rec.offset = ctx.pos();
   if ((uint64_t)job.in.n <= UINT32_MAX)
-    write_sorted<uint32_t>(f, job, ctx, rec);
+    write_sorted<uint32_t>(job, ctx, rec);
   else
-    write_sorted<uint64_t>(f, job, ctx, rec);
+    write_sorted<uint64_t>(job, ctx, rec);
   f.records.push_back(std::move(rec));
 }
 
 template <class Idx>
-void ShardWriter::write_sorted(File& f, const Job& job, WorkerCtx& ctx, SegmentRecord& rec) {
+void ShardWriter::write_sorted(const Job& job, WorkerCtx& ctx, SegmentRecord& rec) {
   const int64_t B = num_buckets_, n = job.in.n;
   const int64_t* ids = job.in.ids;
   const Bucketer bucket((uint64_t)B);

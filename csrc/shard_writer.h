@@ -79,7 +79,7 @@ class ShardWriter {
   void worker(File* f);
   void write_segment(File& f, const Job& job, WorkerCtx& ctx);  // throws OsError
   template <class Idx>
-  void write_sorted(File& f, const Job& job, WorkerCtx& ctx, SegmentRecord& rec);
+  void write_sorted(const Job& job, WorkerCtx& ctx, SegmentRecord& rec);
   void fail(File& f, const OsError& e);  // requires mu_
   void stop_and_join(bool discard);
   void check_stopping() const;

@@ -46,6 +46,17 @@ class LoadResult:
 
 
 @dataclass
+class Snapshot:
+    """One worker's part of a save before it is written: sparse tables (anything with `sparse_meta()`
+    and `export_chunks()`), dense tensors, the extras tree and the IO-state tree (None: not written
+    by this worker)."""
+    tables: list
+    dense: dict[str, torch.Tensor] | None
+    extras: Any
+    io_state: Any
+
+
+@dataclass
 class SaveStats:
     ckpt_id: str
     path: str
@@ -184,6 +195,21 @@ class Saver:
         With shard_num > 1 each worker writes its own shard files and IO state; worker 0 also writes the
         dense state and extras, and the checkpoint commits once all shards are written. Nothing is
         visible before the commit, and older checkpoints are untouched if anything fails."""
+        return self._write(ckpt_id, None, shard_id, shard_num)
+
+    def _capture(self, shard_id: int = 0) -> Snapshot:
+        """What a save of this worker writes, read from the live objects (no copies: the sync path).
+        `recckpt.api.snapshot.capture_copy` makes the same thing from host buffers for async saves."""
+        sparse, dense = self._state()
+        io_tree = {name: obj.dump_io_state() for name, obj in self._io.items()} if self._io else None
+        return Snapshot(tables=list(sparse.values()), dense=dense if shard_id == 0 else None,
+                        extras=self._extras_tree() if shard_id == 0 else None, io_state=io_tree)
+
+    def _write(self, ckpt_id: str, snap: "Snapshot | None", shard_id: int = 0, shard_num: int = 1, *,
+               metadata: dict[str, str] | None = None, retention: bool = True) -> str:
+        """Write `snap` (None: capture the live state now) as checkpoint `ckpt_id` and commit it.
+        `metadata` goes into the manifest; `retention=False` leaves pruning to the caller (the
+        CheckpointManager, which has its own keep policy)."""
         validate_ckpt_id(ckpt_id)
         t0 = time.perf_counter()
         coord = coordinator_for(shard_id, shard_num)
@@ -196,23 +222,24 @@ class Saver:
         stage = catalog.new_staging_dir(ckpt_id, nonce)
         try:
             self.storage.makedirs("")
-            sparse, dense = self._state()
-            tables = [self._table_source(t) for t in sparse.values()]
-            io_tree = {name: obj.dump_io_state() for name, obj in self._io.items()} if self._io else None
+            if snap is None:
+                snap = self._capture(shard_id)
+            tables = [self._table_source(t) for t in snap.tables]
             part = write_worker_part(
                 self.storage, stage, shard_id, tables=tables,
-                dense=dense if shard_id == 0 else None,
-                extras=self._extras_tree() if shard_id == 0 else None,
-                io_state=io_tree, opts=self._write_options())
+                dense=snap.dense if shard_id == 0 else None,
+                extras=snap.extras if shard_id == 0 else None,
+                io_state=snap.io_state, opts=self._write_options())
             parts = coord.submit(key, part.to_json())
             if parts is not None:
                 if shard_num == 1 or shard_id == coord.rank:
                     catalog.clean_stale(self.storage, keep=stage)
                 manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
-                                    opts=self._write_options())
+                                    opts=self._write_options(), metadata=metadata)
                 ids = [i for i, _ in catalog.committed(self.storage)]
                 catalog.write_version_file(self.storage, ids, self.options.fsync)
-                self._apply_retention(ids, ckpt_id)
+                if retention:
+                    self._apply_retention(ids, ckpt_id)
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),
                                            sum(f.size for f in manifest.files.values()) + sum(

@@ -1,0 +1,120 @@
+"""A consistent copy of everything a save writes, taken into host buffers that are reused across saves.
+
+An async save must not let training change what is being written, so the step that saves copies every
+part (sparse tables with all slots, dense tensors, extras, IO state) and returns. The copies land in
+buffers kept from one save to the next: on a CPU the first touch of fresh memory costs several times
+a copy into memory already mapped, so reuse is what keeps the stall small. Buffers grow (with
+headroom) only when a table grows; at most one save is in flight, so one set suffices.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointSaveError
+from ..state.protocol import SparseTableMeta
+from .saver import Saver, Snapshot
+
+_HEADROOM = 1.25  # a table that grows a little between saves does not reallocate every time
+
+
+class HostBuffers:
+    """Named byte buffers, handed out as typed views and reused by later requests for the same name."""
+
+    def __init__(self):
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self._bufs.values())
+
+    def get(self, key: str, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+        shape = tuple(shape)
+        numel = 1
+        for d in shape:
+            numel *= d
+        need = numel * torch.empty((), dtype=dtype).element_size()
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < need:
+            cap = need if buf is None else max(need, int(buf.numel() * _HEADROOM))
+            buf = torch.empty(max(cap, 1), dtype=torch.uint8)
+            self._bufs[key] = buf
+        return buf[:need].view(dtype).view(shape)
+
+
+class SnapshotTable:
+    """A sparse table frozen at capture time; `export_chunks` yields views of the host buffers."""
+
+    def __init__(self, meta: SparseTableMeta, ids: torch.Tensor, cols: dict[str, torch.Tensor]):
+        self._meta, self._ids, self._cols = meta, ids, cols
+
+    def sparse_meta(self) -> SparseTableMeta:
+        return self._meta
+
+    def export_chunks(self, slots: Sequence[str], max_rows: int) -> Iterator[tuple[torch.Tensor, dict]]:
+        n = self._ids.shape[0]
+        for s in range(0, n, max_rows):
+            yield self._ids[s:s + max_rows], {k: self._cols[k][s:s + max_rows] for k in slots}
+
+
+def _copy_table(table, bufs: HostBuffers) -> SnapshotTable:
+    meta = table.sparse_meta()
+    n, name = meta.num_rows, meta.name
+    ids = bufs.get(f"sparse/{name}/ids", torch.int64, (n,))
+    cols = {k: bufs.get(f"sparse/{name}/{k}", s.dtype, (n, *s.shape)) for k, s in meta.slots.items()}
+    off = 0
+    # One chunk per table for implementations that can hand out views of their storage.
+    for cids, ccols in table.export_chunks(list(meta.slots), max(1, n)):
+        m = cids.shape[0]
+        if off + m > n:
+            raise CheckpointSaveError(f"table {name!r}: export_chunks gave more than the {n} rows its "
+                                      f"sparse_meta() reported; the table changed during the snapshot")
+        ids[off:off + m].copy_(cids)
+        for k, c in ccols.items():
+            try:
+                cols[k][off:off + m].copy_(c)
+            except RuntimeError as e:
+                spec = meta.slots[k]
+                raise CheckpointSaveError(
+                    f"table {name!r}, slot {k!r}: export_chunks gave {c.dtype} {tuple(c.shape)}; the table's "
+                    f"metadata says {spec.dtype} {(m, *spec.shape)} ({e})") from None
+        off += m
+    if off != n:
+        raise CheckpointSaveError(f"table {name!r}: export_chunks gave {off} rows, sparse_meta() reported {n}")
+    return SnapshotTable(meta, ids, cols)
+
+
+def _freeze(obj, bufs: HostBuffers, path: str):
+    """A copy of a state tree that later training cannot change: containers rebuilt, tensors copied into
+    host buffers, numpy arrays copied; immutable leaves shared."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if t.layout != torch.strided:
+            return t.clone()  # tree_codec rejects it at write time with the key path
+        return bufs.get(path, t.dtype, t.shape).copy_(t)
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    if isinstance(obj, dict):
+        return {k: _freeze(v, bufs, f"{path}/{k}") for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_freeze(v, bufs, f"{path}/{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return tuple(_freeze(v, bufs, f"{path}/{i}") for i, v in enumerate(obj))
+    if isinstance(obj, bytearray):
+        return bytes(obj)
+    return obj
+
+
+def capture_copy(saver: Saver, bufs: HostBuffers, shard_id: int = 0) -> Snapshot:
+    """`saver._capture(shard_id)` with every part copied into `bufs`."""
+    live = saver._capture(shard_id)
+    return Snapshot(
+        tables=[_copy_table(t, bufs) for t in live.tables],
+        dense=None if live.dense is None else {k: _freeze(v, bufs, f"dense/{k}") for k, v in live.dense.items()},
+        extras=_freeze(live.extras, bufs, "extras"),
+        io_state=_freeze(live.io_state, bufs, "io"))
+
+
+__all__ = ["HostBuffers", "SnapshotTable", "capture_copy"]

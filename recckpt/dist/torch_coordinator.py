@@ -28,22 +28,25 @@ from .coordinator import Coordinator
 _groups: dict[float, object] = {}   # timeout_s → live gloo group
 
 
+# Building a group is a rendezvous of every rank; ranks reach their first save at quite different
+# times (model construction, data loading), so it gets at least this long. Each operation on the group
+# is bounded by the coordination timeout itself (Work.wait), not by the group's timeout.
+RENDEZVOUS_MIN_S = 120.0
+
+
 def _group(timeout_s: float):
     g = _groups.get(timeout_s)
     if g is None:
         # new_group is itself collective: every rank reaches it in the same save, in the same order.
-        g = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        g = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_MIN_S)))
         _groups[timeout_s] = g
     return g
 
 
 def _drop_group(timeout_s: float) -> None:
-    g = _groups.pop(timeout_s, None)
-    if g is not None:
-        try:
-            dist.destroy_process_group(g)
-        except Exception:  # best effort: the group is unusable either way
-            pass
+    # Forget it, do not destroy it: destroying waits for the timed-out operation, i.e. for the rank
+    # that stopped responding. Its threads end at the group's own timeout.
+    _groups.pop(timeout_s, None)
 
 
 def _encode(obj) -> torch.Tensor:
@@ -61,7 +64,8 @@ class TorchCoordinator(Coordinator):
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.group = _group(timeout_s)
+        self.group = None
+        self._wait = timedelta(seconds=timeout_s)
         self._phase: dict[tuple, str] = {}    # key → "writing" | "submitted" | "done"
 
     # ---------------------------------------------------------------------------- collectives
@@ -78,47 +82,55 @@ class TorchCoordinator(Coordinator):
                 f"(timeout {self.timeout_s:g}s; another rank failed or stopped responding): "
                 f"{type(e).__name__}: {e}") from e
 
+    def _run(self, op, *args, **kw):
+        """One collective on the coordination group, bounded by the coordination timeout."""
+        op(*args, group=self.group, async_op=True, **kw).wait(timeout=self._wait)
+
     def _all_gather(self, obj) -> list:
         t = _encode(obj)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([t.numel()], dtype=torch.int64), group=self.group)
+        self._run(dist.all_gather, sizes, torch.tensor([t.numel()], dtype=torch.int64))
         n = max(int(s) for s in sizes)
         buf = torch.zeros(n, dtype=torch.uint8)
         buf[:t.numel()] = t
         out = [torch.empty(n, dtype=torch.uint8) for _ in range(self.world)]
-        dist.all_gather(out, buf, group=self.group)
+        self._run(dist.all_gather, out, buf)
         return [_decode(o[:int(s)]) for o, s in zip(out, sizes)]
 
     def _gather0(self, obj) -> list | None:
         t = _encode(obj)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        dist.all_gather(sizes, torch.tensor([t.numel()], dtype=torch.int64), group=self.group)
+        self._run(dist.all_gather, sizes, torch.tensor([t.numel()], dtype=torch.int64))
         n = max(int(s) for s in sizes)
         buf = torch.zeros(n, dtype=torch.uint8)
         buf[:t.numel()] = t
         out = [torch.empty(n, dtype=torch.uint8) for _ in range(self.world)] if self.rank == 0 else None
-        dist.gather(buf, out, dst=0, group=self.group)
+        self._run(dist.gather, buf, out, dst=0)
         return None if out is None else [_decode(o[:int(s)]) for o, s in zip(out, sizes)]
 
     def _broadcast0(self, obj):
         t = _encode(obj) if self.rank == 0 else None
         size = torch.tensor([t.numel() if t is not None else 0], dtype=torch.int64)
-        dist.broadcast(size, src=0, group=self.group)
+        self._run(dist.broadcast, size, src=0)
         buf = t.clone() if t is not None else torch.empty(int(size), dtype=torch.uint8)
-        dist.broadcast(buf, src=0, group=self.group)
+        self._run(dist.broadcast, buf, src=0)
         return _decode(buf)
 
     # ------------------------------------------------------------------------------- protocol
     def begin(self, key):
         mine = {"ckpt_id": key[1], "nonce": uuid.uuid4().hex[:12]}
-        got = self._collective(key, "begin", lambda: self._all_gather(mine))
+
+        def start():
+            self.group = _group(self.timeout_s)
+            return self._all_gather(mine)
+        got = self._collective(key, "begin", start)
         ids = {g["ckpt_id"] for g in got}
         if len(ids) != 1:
             self._phase[key] = "done"
+            which = ", ".join(f"rank {r}: {g['ckpt_id']!r}" for r, g in enumerate(got))
             raise CheckpointSaveError(
-                f"rank {self.rank}: the ranks are saving different checkpoints at once "
-                f"({', '.join(f'rank {r}: {g['ckpt_id']!r}' for r, g in enumerate(got))}); every rank must "
-                f"call save() with the same ckpt_id")
+                f"rank {self.rank}: the ranks are saving different checkpoints at once ({which}); every "
+                f"rank must call save() with the same ckpt_id")
         self._phase[key] = "writing"
         return got[0]["nonce"]
 

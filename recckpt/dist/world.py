@@ -32,7 +32,7 @@ def resolve_shard(shard_id: int | None, shard_num: int | None, *, saving: bool =
 
     A save on several workers needs the process group to gather their parts, so `saving` with
     RANK / WORLD_SIZE > 1 but no process group is an error rather than a save that never commits."""
-    found = process_group_world()
+    found = (0, 1) if shard_id is not None and shard_num is not None else process_group_world()
     if found is None:
         rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
         found = (rank if rank is not None else 0, world if world is not None else 1)

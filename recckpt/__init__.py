@@ -29,6 +29,8 @@ _EXPORTS = {
     "split_sparse_dense_state_dict": "recckpt.state.protocol",
     "initializers": "recckpt.state.initializers",
     "errors": "recckpt.errors",
+    "partition": "recckpt.routing",
+    "split_by_owner": "recckpt.routing",
 }
 
 

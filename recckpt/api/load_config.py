@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field, fields
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..errors import LoadConfigError
 
@@ -56,7 +56,31 @@ class LoadConfig:
     """Sparse tables: insert the checkpoint's rows into what the table already holds (model-bank warm
     start from several sources) instead of replacing its contents."""
 
+    duplicates: str = "error"
+    """An id stored by more than one worker (a job that ran with a bad routing): 'error' (default)
+    raises, naming the table and how many ids; 'newest' keeps the copy from the worker that saved at
+    the highest step (`Saver.save(step=...)`) and still raises when the steps are equal or unknown.
+    Never are both copies kept silently. See docs/DISTRIBUTED.md."""
+
+    io_state_on_resize: str = "error"
+    """IO state is per worker; loading on a different number of workers than saved it: 'error'
+    (default) raises naming both sizes, before anything is loaded; 'drop' loads everything else and
+    leaves the registered IO-state objects untouched (listed in LoadResult.io_state_dropped)."""
+
+    ownership: Callable | None = None
+    """Which ids this rank keeps, when training routed ids with its own function instead of
+    `recckpt.partition`: `ownership(ids: int64 tensor, world: int) -> ranks` (e.g.
+    `lambda ids, world: ids % world`). Loads correctly but every rank reads every row (slower)."""
+
     def __post_init__(self):
+        if self.duplicates not in ("error", "newest"):
+            raise LoadConfigError(f"LoadConfig.duplicates must be 'error' or 'newest', got {self.duplicates!r}")
+        if self.io_state_on_resize not in ("error", "drop"):
+            raise LoadConfigError(f"LoadConfig.io_state_on_resize must be 'error' or 'drop', got "
+                                  f"{self.io_state_on_resize!r}")
+        if self.ownership is not None and not callable(self.ownership):
+            raise LoadConfigError(f"LoadConfig.ownership must be a function (ids, world) -> ranks, got "
+                                  f"{type(self.ownership).__name__}")
         for name in ("load", "exclude", "tables", "slots", "dense_keys"):
             object.__setattr__(self, name, _tuple_of_str(getattr(self, name), name))
         for name in ("load", "exclude"):

@@ -197,7 +197,7 @@ class CheckpointManager:
 
             def write():
                 path = self.saver._write(handle.ckpt_id, snap, self.shard_id, self.shard_num,
-                                         metadata=metadata, retention=False)
+                                         metadata=metadata, retention=False, step=step)
                 self._prune()
                 return path, self._bytes_of_last()
 
@@ -205,7 +205,7 @@ class CheckpointManager:
         else:
             try:
                 path = self.saver._write(handle.ckpt_id, None, self.shard_id, self.shard_num,
-                                         metadata=metadata, retention=False)
+                                         metadata=metadata, retention=False, step=step)
                 self._prune()
             except BaseException as e:
                 handle._finish(None, e)

@@ -26,11 +26,19 @@ class SaveOptions:
     fsync: bool = True
     """fsync files and directories before the commit. Turn off only for tests on throwaway disks."""
 
+    coordination_timeout_s: float = 1800.0
+    """Distributed saves: how long a rank waits for the others at each step of the commit protocol
+    (gathering the parts, hearing the outcome). When one rank fails or stops responding, every other
+    rank raises within this time and nothing is committed. Must cover the slowest rank's writing."""
+
     def __post_init__(self):
         for name, lo in (("num_buckets", 1), ("chunk_bytes", 64), ("segment_bytes", 1), ("max_inflight_bytes", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"SaveOptions.{name} must be an integer >= {lo}, got {v!r}")
+        t = self.coordination_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise ValueError(f"SaveOptions.coordination_timeout_s must be a number of seconds > 0, got {t!r}")
         if self.num_buckets > 1 << 24:
             raise ValueError(f"SaveOptions.num_buckets={self.num_buckets} is above the format's cap of 2**24")
         if self.chunk_bytes >= 1 << 31:

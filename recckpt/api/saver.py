@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..dist import coordinator_for
+from ..dist import coordinator_for, resolve_shard
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError,
                       CorruptCheckpointError, IncompatibleCheckpointError, InvalidCheckpointIdError,
                       RecckptError)
@@ -25,6 +25,7 @@ from ..state.protocol import SparseState, split_sparse_dense_state_dict
 from ..storage import open_storage
 from .load_config import LoadConfig
 from .options import SaveOptions
+from .row_filter import RowFilter
 
 log = logging.getLogger("recckpt")
 
@@ -38,6 +39,7 @@ class LoadResult:
     dense_keys: list[str] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)
     io_state: list[str] = field(default_factory=list)
+    io_state_dropped: list[str] = field(default_factory=list)
     sparse_rows: int = 0
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
@@ -189,13 +191,17 @@ class Saver:
                     f"register it with register_for_checkpointing instead")
         return sparse, dense
 
-    def save(self, ckpt_id: str, shard_id: int = 0, shard_num: int = 1) -> str:
+    def save(self, ckpt_id: str, shard_id: int | None = None, shard_num: int | None = None, *,
+             step: int | None = None) -> str:
         """Write checkpoint `ckpt_id` and commit it; returns its location.
 
         With shard_num > 1 each worker writes its own shard files and IO state; worker 0 also writes the
         dense state and extras, and the checkpoint commits once all shards are written. Nothing is
-        visible before the commit, and older checkpoints are untouched if anything fails."""
-        return self._write(ckpt_id, None, shard_id, shard_num)
+        visible before the commit, and older checkpoints are untouched if anything fails.
+        shard_id/shard_num default to this process's rank and world size in torch.distributed (every
+        rank calls save; see docs/DISTRIBUTED.md), else RANK/WORLD_SIZE, else 0 of 1. `step` (the
+        training step) is recorded per worker and decides duplicate ids under duplicates='newest'."""
+        return self._write(ckpt_id, None, shard_id, shard_num, step=step)
 
     def _capture(self, shard_id: int = 0) -> Snapshot:
         """What a save of this worker writes, read from the live objects (no copies: the sync path).
@@ -205,14 +211,18 @@ class Saver:
         return Snapshot(tables=list(sparse.values()), dense=dense if shard_id == 0 else None,
                         extras=self._extras_tree() if shard_id == 0 else None, io_state=io_tree)
 
-    def _write(self, ckpt_id: str, snap: "Snapshot | None", shard_id: int = 0, shard_num: int = 1, *,
-               metadata: dict[str, str] | None = None, retention: bool = True) -> str:
+    def _write(self, ckpt_id: str, snap: "Snapshot | None", shard_id: int | None = None,
+               shard_num: int | None = None, *, metadata: dict[str, str] | None = None,
+               retention: bool = True, step: int | None = None) -> str:
         """Write `snap` (None: capture the live state now) as checkpoint `ckpt_id` and commit it.
         `metadata` goes into the manifest; `retention=False` leaves pruning to the caller (the
         CheckpointManager, which has its own keep policy)."""
         validate_ckpt_id(ckpt_id)
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+            raise ValueError(f"save: step must be an integer (the training step) or None, got {step!r}")
+        shard_id, shard_num = resolve_shard(shard_id, shard_num, saving=True)
         t0 = time.perf_counter()
-        coord = coordinator_for(shard_id, shard_num)
+        coord = coordinator_for(shard_id, shard_num, self.options.coordination_timeout_s)
         key = (self.storage.describe(), ckpt_id)
         if self.storage.exists(ckpt_id):
             raise CheckpointExistsError(
@@ -229,7 +239,7 @@ class Saver:
                 self.storage, stage, shard_id, tables=tables,
                 dense=snap.dense if shard_id == 0 else None,
                 extras=snap.extras if shard_id == 0 else None,
-                io_state=snap.io_state, opts=self._write_options())
+                io_state=snap.io_state, opts=self._write_options(), step=step)
             parts = coord.submit(key, part.to_json())
             if parts is not None:
                 if shard_num == 1 or shard_id == coord.rank:
@@ -245,8 +255,9 @@ class Saver:
                                            sum(f.size for f in manifest.files.values()) + sum(
                                                f["size"] for p in parts for f in p["index"]["files"]),
                                            time.perf_counter() - t0)
+            coord.end(key, None)   # other ranks learn the outcome (and raise if it was not committed)
         except BaseException as e:
-            coord.abort(key)
+            coord.abort(key, f"{type(e).__name__}: {e}")
             try:
                 if self.storage.exists(stage):
                     self.storage.remove_tree(stage)
@@ -311,18 +322,19 @@ class Saver:
         return storage, ckpt_id, ckpt_id
 
     def load(self, ckpt_path: str | None = None, ckpt_id: str | None = None, load_conf=None,
-             shard_id: int = 0, direct_path: bool = False, *, shard_num: int | None = None) -> LoadResult:
+             shard_id: int | None = None, direct_path: bool = False, *, shard_num: int | None = None
+             ) -> LoadResult:
         """Load a checkpoint into the registered model, optimizer, objects and IO state.
 
         Resolves `ckpt_path` (default output_dir) + `ckpt_id` (default: newest committed), or with
         `direct_path=True` takes `ckpt_path` as one checkpoint directory (model-bank warm start).
         Everything is read and verified before the model is touched except sparse rows, which stream
-        table by table; if one fails mid-way the error names what was already applied."""
+        table by table; if one fails mid-way the error names what was already applied.
+        shard_id/shard_num (the loading world, any size) default like `save`'s; rank r loads the ids
+        that `recckpt.partition(ids, shard_num) == r`, or that LoadConfig.ownership assigns to it."""
         t0 = time.perf_counter()
         conf = LoadConfig.coerce(load_conf)
-        world = shard_num or 1
-        if not 0 <= shard_id < world:
-            raise ValueError(f"shard_id={shard_id} is not in [0, shard_num={world})")
+        shard_id, world = resolve_shard(shard_id, shard_num)
         storage, ckpt_dir, resolved_id = self._resolve(ckpt_path, ckpt_id, direct_path)
         reader = CheckpointReader(storage, ckpt_dir, threads=self.concurrency)
         result = LoadResult(reader.describe(), resolved_id)
@@ -419,7 +431,18 @@ class _LoadPlan:
                 if name not in self.saver._extras:
                     self.problems_unexpected.append(f"checkpoint object {name!r} is not registered")
         self.io_tree = None
-        if conf.wants("io_state") and self.saver._io:
+        resized = conf.wants("io_state") and self.saver._io and self.m.io_state and world != self.m.shard_num
+        if resized and conf.io_state_on_resize == "error":
+            raise IncompatibleCheckpointError(
+                f"checkpoint {self.reader.describe()} was saved by {self.m.shard_num} worker(s) and is loaded "
+                f"on {world}: IO state (reader positions) is per worker and cannot be split or merged. Nothing "
+                f"was loaded. Pass load_conf {{'io_state_on_resize': 'drop'}} to load everything else and "
+                f"restart the readers, or exclude 'io_state'.")
+        if resized:
+            self.result.io_state_dropped = list(self.saver._io)
+            log.warning("recckpt: IO state of %s not loaded: saved by %d worker(s), loading on %d "
+                        "(io_state_on_resize='drop')", self.reader.describe(), self.m.shard_num, world)
+        elif conf.wants("io_state") and self.saver._io:
             self.io_tree = self.reader.io_state(shard_id)
             if self.io_tree is None:
                 self.problems_missing.append(f"IO state of worker {shard_id} is not in the checkpoint "
@@ -457,6 +480,8 @@ class _LoadPlan:
         applied = []
         conf = self.conf
         lo, hi = bucket_range(shard_id, world, self.m.num_buckets)
+        if conf.ownership is not None:   # a foreign ownership function: read everything, keep own rows
+            lo, hi = 0, self.m.num_buckets
         for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue
@@ -465,20 +490,35 @@ class _LoadPlan:
                     table.clear_rows()
                 reserve = getattr(table, "reserve", None)
                 if callable(reserve):  # optional protocol hint: allocate once, not grow per chunk
-                    expected = self.m.tables[name].rows * (hi - lo) // self.m.num_buckets
+                    expected = (self.m.tables[name].rows // world if conf.ownership is not None else
+                                self.m.tables[name].rows * (hi - lo) // self.m.num_buckets)
                     reserve(len(table) + expected + expected // 8)
                 names = [s for s, _, _ in slots]
                 rbs = [si.row_bytes for _, si, _ in slots]
-                for ids, cols in self.reader.segments.iter_table(name, names, rbs, lo, hi):
+                rf = RowFilter(name, self.reader.describe(), rank=shard_id, world=world,
+                               ownership=conf.ownership, rule=conf.duplicates,
+                               files=self.reader.index.files, worker_steps=self.m.worker_steps)
+                for ids, cols, fi in self.reader.segments.iter_table(name, names, rbs, lo, hi, with_file=True):
+                    keep = rf.keep(ids, fi)
+                    if keep is not None:
+                        ids, cols = ids[keep], [c[keep] for c in cols]
                     n = len(ids)
+                    if n == 0:
+                        continue
                     tensors = {}
                     for (slot, si, spec), raw in zip(slots, cols):
                         t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
                         tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
                     table.import_rows(torch.from_numpy(ids), tensors)
                     self.result.sparse_rows += n
-            except (CorruptCheckpointError, OSError) as e:
+                self.result.sparse_rows -= rf.replaced
+                rf.check()
+            except (CorruptCheckpointError, OSError, IncompatibleCheckpointError) as e:
                 done = ", ".join(applied) or "none"
+                if isinstance(e, IncompatibleCheckpointError):
+                    raise type(e)(f"{e}. Loading stopped in table {target!r}, which is partially loaded; "
+                                  f"tables fully loaded before it: {done}; dense state, extras and IO state "
+                                  f"were not applied") from e
                 raise CorruptCheckpointError(
                     f"{e}. Loading stopped in table {target!r}, which is partially loaded; tables fully "
                     f"loaded before it: {done}; dense state, extras and IO state were not applied",

@@ -7,6 +7,7 @@ the commit happened). Implementations differ only in how the parts travel.
 - SingleCoordinator: one worker, nothing travels.
 - InProcessCoordinator: all shards of a save are written from one process, one `save(shard_id=i)` call
   after another (offline conversion, tests); the last shard to arrive commits.
+- TorchCoordinator (torch_coordinator.py): one shard per rank of an initialised torch.distributed job.
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ class Coordinator:
     def end(self, key: tuple, error: str | None) -> None:
         """Called by every worker after the commit attempt (error: None when this worker succeeded)."""
 
-    def abort(self, key: tuple) -> None:
-        """Forget a save that failed on this worker."""
+    def abort(self, key: tuple, error: str | None = None) -> None:
+        """Forget a save that failed on this worker (`error` says why, for the other workers)."""
 
 
 class SingleCoordinator(Coordinator):
@@ -69,14 +70,22 @@ class InProcessCoordinator(Coordinator):
             del self._saves[key]
             return [s["parts"][r] for r in sorted(s["parts"])]
 
-    def abort(self, key):
+    def abort(self, key, error=None):
         with self._lock:
             self._saves.pop(key, None)
 
 
-def coordinator_for(shard_id: int, shard_num: int) -> Coordinator:
+def coordinator_for(shard_id: int, shard_num: int, timeout_s: float = 1800.0) -> Coordinator:
+    """The coordinator for worker `shard_id` of `shard_num`: collectives on a dedicated gloo group when
+    this process is rank `shard_id` of an initialised torch.distributed world of `shard_num`, else all
+    shards are expected from this one process (see InProcessCoordinator)."""
     if shard_num < 1 or not 0 <= shard_id < shard_num:
         raise ValueError(f"shard_id={shard_id} is not in [0, shard_num={shard_num})")
     if shard_num == 1:
         return SingleCoordinator()
+    from .world import process_group_world
+    pg = process_group_world()
+    if pg == (shard_id, shard_num):
+        from .torch_coordinator import TorchCoordinator
+        return TorchCoordinator(timeout_s)
     return InProcessCoordinator(shard_id, shard_num)

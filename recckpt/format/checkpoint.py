@@ -25,6 +25,7 @@ class WorkerPart:
     io_state: str | None = None
     dense: str | None = None
     extras: str | None = None
+    step: int | None = None       # the training step the worker saved at (duplicate-id resolution)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -42,12 +43,13 @@ def _write_safetensors(storage: Storage, rel_path: str, tensors, metadata, fsync
 
 def write_worker_part(storage: Storage, stage: str, worker: int, *, tables: list[TableSource],
                       dense: dict[str, torch.Tensor] | None, extras: object | None,
-                      io_state: object | None, opts: SparseWriteOptions) -> WorkerPart:
+                      io_state: object | None, opts: SparseWriteOptions,
+                      step: int | None = None) -> WorkerPart:
     """Write this worker's shard files, index and IO state (and, for the dense and extras the caller
     passes, those files) into the staging directory `stage`."""
     storage.makedirs(stage)
     doc = write_tables(storage, stage, worker, tables, opts)
-    part = WorkerPart(worker, doc.to_json())
+    part = WorkerPart(worker, doc.to_json(), step=step)
     # Rows as exported, not as the table's metadata claimed: the index must agree with the manifest.
     part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1])).to_json()
                    for t in tables}
@@ -98,6 +100,8 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
             m.files[rel] = FileInfo(size, crc)
         if p.io_state:
             m.io_state[p.worker] = p.io_state
+        if p.step is not None:
+            m.worker_steps[p.worker] = p.step
         m.dense = m.dense or p.dense
         m.extras = m.extras or p.extras
     if m.tables:

@@ -47,6 +47,15 @@ def shard_file(worker: int, part: int) -> str:
     return f"{SPARSE_DIR}/shard-{worker:05d}-{part:03d}.bin"
 
 
+_SHARD_FILE = re.compile(re.escape(SPARSE_DIR) + r"/shard-(\d{5,})-\d{3,}\.bin")
+
+
+def shard_file_worker(rel: str) -> int | None:
+    """The worker that wrote a shard file, from its name (None if the name is not a shard file's)."""
+    m = _SHARD_FILE.fullmatch(rel)
+    return int(m.group(1)) if m else None
+
+
 def worker_index(worker: int) -> str:
     return f"{SPARSE_DIR}/worker-{worker:05d}.index.json"
 

@@ -64,6 +64,7 @@ class Manifest:
     extras: str | None = None
     io_state: dict[int, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+    worker_steps: dict[int, int] = field(default_factory=dict)  # worker → training step it saved at
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict:
@@ -77,6 +78,8 @@ class Manifest:
             "index": self.index, "dense": self.dense, "extras": self.extras,
             "io_state": {str(k): v for k, v in sorted(self.io_state.items())},
             "metadata": dict(self.metadata),
+            **({"worker_steps": {str(k): v for k, v in sorted(self.worker_steps.items())}}
+               if self.worker_steps else {}),
         }
 
 
@@ -231,6 +234,11 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
             v.fail("io_state", f"worker key {w!r:.20} is not a number")
         io_state[int(w)] = v.relpath(rel, f"io_state[{w}]")
     meta = v.dict(obj.get("metadata", {}), "metadata")
+    worker_steps = {}
+    for w, st in v.dict(obj.get("worker_steps", {}), "worker_steps").items():
+        if not (isinstance(w, str) and w.isdigit()):
+            v.fail("worker_steps", f"worker key {w!r:.20} is not a number")
+        worker_steps[int(w)] = v.int(st, f"worker_steps[{w}]", -_I63, _I63)
     m = Manifest(
         ckpt_id=v.str(v.get(obj, "ckpt_id", ""), "ckpt_id"),
         created_ns=v.int(v.get(obj, "created_ns", ""), "created_ns"),
@@ -244,6 +252,7 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         extras=v.opt_relpath(v.get(obj, "extras", ""), "extras"),
         io_state=io_state,
         metadata={v.str(k, "metadata"): v.str(x, f"metadata[{k!r}]") for k, x in meta.items()},
+        worker_steps=worker_steps,
     )
     for rel in [m.index, m.dense, m.extras, *m.io_state.values()]:
         if rel is not None and rel not in m.files:

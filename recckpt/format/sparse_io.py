@@ -178,9 +178,10 @@ class SegmentReader:
         return off
 
     def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
-                   bucket_lo: int = 0, bucket_hi: int | None = None
+                   bucket_lo: int = 0, bucket_hi: int | None = None, *, with_file: bool = False
                    ) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
-        """Yield (ids, [uint8[n, row_bytes] per requested slot]) per segment, for buckets [lo, hi).
+        """Yield (ids, [uint8[n, row_bytes] per requested slot]) per segment, for buckets [lo, hi);
+        with_file=True adds a third element, the segment's position in `index.files`.
         The arrays are views of a reused buffer: consume (copy) them before taking the next item."""
         all_slots, segs = self.index.tables[table]
         col_of = [1 + all_slots.index(s) for s in slots]
@@ -194,11 +195,12 @@ class SegmentReader:
             flat = [r for _, _, rs in pending for r in rs]
             data = self._read(table, flat, reuse=True) if flat else []
             pos = 0
-            for _, n, rs in pending:
+            for fi, n, rs in pending:
                 part = data[pos:pos + len(rs)]
                 pos += len(rs)
                 ids = part[0].view("<i8")
-                yield ids, [p.reshape(n, rb) for p, rb in zip(part[1:], row_bytes)]
+                cols = [p.reshape(n, rb) for p, rb in zip(part[1:], row_bytes)]
+                yield (ids, cols, fi) if with_file else (ids, cols)
 
         for seg in segs:
             if full:

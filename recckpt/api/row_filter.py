@@ -1,0 +1,104 @@
+"""Per table, on one loading rank: which of the rows streamed from the checkpoint this rank keeps.
+
+Two questions, answered with vectorised work per segment chunk (never per row in Python):
+- ownership: with `recckpt.partition` the reader already fetched only this rank's bucket range, so
+  every row is kept; with a user ownership function every row was read and the function picks.
+- duplicates: every kept id goes into one engine IdMap (memory ~ the rank's share of the table); an
+  id seen a second time came from two workers. The LoadConfig `duplicates` rule decides.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .. import _C
+from ..errors import IncompatibleCheckpointError
+from ..format.names import shard_file_worker
+
+
+class DuplicateIdsError(IncompatibleCheckpointError):
+    """The same id is stored by more than one worker of a checkpoint and the duplicate rule could not
+    pick one copy."""
+
+
+class RowFilter:
+    def __init__(self, table: str, where: str, *, rank: int, world: int, ownership: Callable | None,
+                 rule: str, files: list[tuple[str, int]], worker_steps: dict[int, int]):
+        self.table, self.where, self.rank, self.world = table, where, rank, world
+        self.ownership, self.rule, self.steps = ownership, rule, worker_steps
+        self.file_worker = [shard_file_worker(rel) for rel, _ in files]
+        self.seen = _C.IdMap()
+        self.row_worker = np.empty(0, dtype=np.int64)   # IdMap row → worker whose copy is loaded
+        self.duplicates = 0        # ids met more than once
+        self.undecided = 0         # duplicates the rule could not resolve
+        self.example: tuple[int, int, int] | None = None   # (id, worker a, worker b)
+        self.replaced = 0          # rows loaded and later replaced by a newer copy
+
+    def keep(self, ids: np.ndarray, file_idx: int) -> np.ndarray | None:
+        """Row indices of this chunk to import (None: all of them)."""
+        sel = None
+        if self.ownership is not None:
+            owners = self.ownership(torch.from_numpy(ids), self.world)
+            owners = torch.as_tensor(owners).reshape(-1)
+            if owners.numel() != ids.shape[0]:
+                raise ValueError(f"LoadConfig.ownership returned {owners.numel()} ranks for {ids.shape[0]} ids")
+            sel = np.nonzero((owners == self.rank).cpu().numpy())[0]
+            ids = ids[sel]
+        rows, is_new = self.seen.insert(np.ascontiguousarray(ids))
+        rows, is_new = np.asarray(rows), np.asarray(is_new, dtype=bool)
+        if len(self.row_worker) < len(self.seen):
+            grown = np.full(max(len(self.seen), 2 * len(self.row_worker)), -1, dtype=np.int64)
+            grown[:len(self.row_worker)] = self.row_worker
+            self.row_worker = grown
+        worker = self.file_worker[file_idx]
+        w = -1 if worker is None else worker
+        self.row_worker[rows[is_new]] = w
+        if is_new.all():
+            return sel
+        dup = np.nonzero(~is_new)[0]
+        self.duplicates += dup.size
+        prev = self.row_worker[rows[dup]]
+        if self.example is None:
+            self.example = (int(ids[dup[0]]), int(prev[0]), w)
+        keep_mask = is_new.copy()
+        if self.rule == "newest":
+            mine = self.steps.get(w) if w >= 0 else None
+            uniq, inv = np.unique(prev, return_inverse=True)      # a few workers, not rows
+            known = np.array([p >= 0 and int(p) in self.steps for p in uniq])[inv]
+            ps = np.array([self.steps.get(int(p), 0) for p in uniq], dtype=np.int64)[inv]
+            if mine is None:
+                decidable = np.zeros(dup.size, dtype=bool)
+            else:
+                decidable = known & (prev != w) & (ps != mine)
+            newer = decidable & (ps < (mine if mine is not None else 0))
+            self.undecided += int((~decidable).sum())
+            keep_mask[dup[newer]] = True
+            self.row_worker[rows[dup[newer]]] = w
+            self.replaced += int(newer.sum())
+        else:
+            self.undecided += dup.size
+        if self.undecided:   # an error is coming: stop importing, keep counting
+            return np.empty(0, dtype=np.int64)
+        idx = np.nonzero(keep_mask)[0]
+        return idx if sel is None else sel[idx]
+
+    def check(self) -> None:
+        """Raise if any duplicate was left undecided (call after the table's last chunk)."""
+        if not self.undecided:
+            return
+        i, a, b = self.example
+        wa = f"worker {a}" if a >= 0 else "an unknown worker"
+        wb = f"worker {b}" if b >= 0 else "an unknown worker"
+        if self.rule == "newest":
+            why = (f"{self.undecided} of them cannot be resolved by load_conf duplicates='newest' because "
+                   f"the workers' steps are equal or were not recorded (steps: {self.steps or 'none'}; "
+                   f"save with Saver.save(..., step=...))")
+        else:
+            why = ("load_conf {'duplicates': 'newest'} keeps the copy of the worker that saved at the "
+                   "highest step, if the workers recorded different steps")
+        raise DuplicateIdsError(
+            f"checkpoint {self.where}: table {self.table!r} stores {self.duplicates} id(s) in more than one "
+            f"worker's shard (e.g. id {i} in {wa} and {wb}; among the ids loading rank {self.rank} of "
+            f"{self.world} owns); the job that saved it probably routed ids inconsistently. {why}")

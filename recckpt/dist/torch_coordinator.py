@@ -1,0 +1,192 @@
+"""Coordinating one save across the ranks of a torch.distributed job.
+
+Everything travels on a dedicated gloo group (created once per timeout value, so it works beside NCCL
+training and never queues behind training collectives), as JSON in uint8 tensors (no pickle):
+
+    begin  : all-gather (ckpt id, candidate nonce)  → every rank checks the ids agree, takes rank 0's nonce
+    submit : gather of each rank's part *or its error* to rank 0
+    end    : rank 0 broadcasts the outcome ("committed" or why not)
+
+A rank that fails while writing still joins `submit` (with its error) and `end`, so the others learn
+of the failure at once and the group stays in step for the next save. A rank that stops responding
+makes every collective time out after `timeout_s`: the ranks that time out raise, mark the group
+broken, and the next save builds a fresh group (a timed-out gloo group may hold half-finished
+messages that would otherwise be read by the next save).
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CheckpointSaveError
+from .coordinator import Coordinator
+
+_groups: dict[float, object] = {}   # timeout_s → live gloo group
+
+
+# Building a group is a rendezvous of every rank; ranks reach their first save at quite different
+# times (model construction, data loading), so it gets at least this long. Each operation on the group
+# is bounded by the coordination timeout itself (Work.wait), not by the group's timeout.
+RENDEZVOUS_MIN_S = 120.0
+
+
+def _group(timeout_s: float):
+    g = _groups.get(timeout_s)
+    if g is None:
+        # new_group is itself collective: every rank reaches it in the same save, in the same order.
+        g = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_MIN_S)))
+        _groups[timeout_s] = g
+    return g
+
+
+def _drop_group(timeout_s: float) -> None:
+    # Forget it, do not destroy it: destroying waits for the timed-out operation, i.e. for the rank
+    # that stopped responding. Its threads end at the group's own timeout.
+    _groups.pop(timeout_s, None)
+
+
+def _encode(obj) -> torch.Tensor:
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def _decode(t: torch.Tensor):
+    return json.loads(bytes(t.numpy().tobytes()).decode())
+
+
+class TorchCoordinator(Coordinator):
+    """One save on all ranks of the default process group (see the module docstring)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.group = None
+        self._wait = timedelta(seconds=timeout_s)
+        self._phase: dict[tuple, str] = {}    # key → "writing" | "submitted" | "done"
+
+    # ---------------------------------------------------------------------------- collectives
+    def _collective(self, key, what: str, fn):
+        try:
+            return fn()
+        except CheckpointSaveError:
+            raise
+        except Exception as e:
+            self._phase[key] = "done"
+            _drop_group(self.timeout_s)
+            raise CheckpointSaveError(
+                f"rank {self.rank}: coordination of checkpoint {key[1]!r} failed during {what} "
+                f"(timeout {self.timeout_s:g}s; another rank failed or stopped responding): "
+                f"{type(e).__name__}: {e}") from e
+
+    def _run(self, op, *args, **kw):
+        """One collective on the coordination group, bounded by the coordination timeout."""
+        op(*args, group=self.group, async_op=True, **kw).wait(timeout=self._wait)
+
+    def _all_gather(self, obj) -> list:
+        t = _encode(obj)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        self._run(dist.all_gather, sizes, torch.tensor([t.numel()], dtype=torch.int64))
+        n = max(int(s) for s in sizes)
+        buf = torch.zeros(n, dtype=torch.uint8)
+        buf[:t.numel()] = t
+        out = [torch.empty(n, dtype=torch.uint8) for _ in range(self.world)]
+        self._run(dist.all_gather, out, buf)
+        return [_decode(o[:int(s)]) for o, s in zip(out, sizes)]
+
+    def _gather0(self, obj) -> list | None:
+        t = _encode(obj)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        self._run(dist.all_gather, sizes, torch.tensor([t.numel()], dtype=torch.int64))
+        n = max(int(s) for s in sizes)
+        buf = torch.zeros(n, dtype=torch.uint8)
+        buf[:t.numel()] = t
+        out = [torch.empty(n, dtype=torch.uint8) for _ in range(self.world)] if self.rank == 0 else None
+        self._run(dist.gather, buf, out, dst=0)
+        return None if out is None else [_decode(o[:int(s)]) for o, s in zip(out, sizes)]
+
+    def _broadcast0(self, obj):
+        t = _encode(obj) if self.rank == 0 else None
+        size = torch.tensor([t.numel() if t is not None else 0], dtype=torch.int64)
+        self._run(dist.broadcast, size, src=0)
+        buf = t.clone() if t is not None else torch.empty(int(size), dtype=torch.uint8)
+        self._run(dist.broadcast, buf, src=0)
+        return _decode(buf)
+
+    # ------------------------------------------------------------------------------- protocol
+    def begin(self, key):
+        mine = {"ckpt_id": key[1], "nonce": uuid.uuid4().hex[:12]}
+
+        def start():
+            self.group = _group(self.timeout_s)
+            return self._all_gather(mine)
+        got = self._collective(key, "begin", start)
+        ids = {g["ckpt_id"] for g in got}
+        if len(ids) != 1:
+            self._phase[key] = "done"
+            which = ", ".join(f"rank {r}: {g['ckpt_id']!r}" for r, g in enumerate(got))
+            raise CheckpointSaveError(
+                f"rank {self.rank}: the ranks are saving different checkpoints at once ({which}); every "
+                f"rank must call save() with the same ckpt_id")
+        self._phase[key] = "writing"
+        return got[0]["nonce"]
+
+    def _submit(self, key, msg):
+        got = self._collective(key, "gathering worker parts", lambda: self._gather0(msg))
+        self._phase[key] = "submitted"
+        return got
+
+    def submit(self, key, part):
+        got = self._submit(key, {"part": part, "error": None})
+        if got is None:
+            return None
+        failed = [(r, g["error"]) for r, g in enumerate(got) if g["error"] is not None]
+        if failed:
+            raise CheckpointSaveError(
+                f"checkpoint {key[1]!r} was not committed because " + "; ".join(
+                    f"rank {r} failed: {err}" for r, err in failed))
+        return [g["part"] for g in got]
+
+    def end(self, key, error):
+        """Rank 0 announces the outcome; the other ranks raise if the commit did not happen."""
+        if self._phase.get(key) != "submitted":
+            return
+        if self.rank == 0:
+            try:
+                self._collective(key, "announcing the outcome", lambda: self._broadcast0({"error": error}))
+            except CheckpointSaveError:
+                if error is None:   # committed: the checkpoint is valid whatever the others heard
+                    return
+                raise
+            finally:
+                self._phase[key] = "done"
+            return
+        outcome = self._collective(key, "waiting for the outcome", lambda: self._broadcast0(None))
+        self._phase[key] = "done"
+        if outcome["error"] is not None:
+            raise CheckpointSaveError(f"rank {self.rank}: checkpoint {key[1]!r} was not committed: "
+                                      f"{outcome['error']}")
+
+    def abort(self, key, error: str | None = None):
+        """This rank failed: take part in the steps the other ranks are waiting in, carrying the error."""
+        error = error or "failed"
+        phase = self._phase.get(key)
+        try:
+            if phase == "writing":
+                got = self._submit(key, {"part": None, "error": error})
+                if got is not None:
+                    error = "; ".join(f"rank {r} failed: {g['error']}" for r, g in enumerate(got)
+                                      if g["error"] is not None)
+                phase = "submitted"
+            if phase == "submitted":
+                if self.rank == 0:
+                    self.end(key, error)
+                else:
+                    self.end(key, None)   # hears rank 0's failure announcement and raises; swallowed below
+        except CheckpointSaveError:
+            pass
+        finally:
+            self._phase.pop(key, None)

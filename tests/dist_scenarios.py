@@ -1,0 +1,123 @@
+"""What each rank runs in the multi-process tests (spawned processes import this module by name)."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from recckpt import LoadConfig, SaveOptions, Saver, partition
+from recckpt.errors import CheckpointSaveError, IncompatibleCheckpointError
+from dist_helpers import (FaultyTable, Holder, Reader, all_ids, check_rows, owned_table, save_npy)
+
+# Small checksum chunks so the partial-read overhead (<= 2 chunks per column and segment) stays small
+# next to a rank's share of the table; see docs/DISTRIBUTED.md for the bound.
+OPTS = SaveOptions(chunk_bytes=16 << 10, fsync=False, coordination_timeout_s=60)
+
+
+def save_sharded(rank, world, out, ckpt_id, n_ids):
+    """Every rank saves the ids it owns; dense values differ per rank so a test can tell whose copy
+    of the replicated dense state was written."""
+    from recckpt.dist import torch_coordinator
+    t = owned_table(rank, world, all_ids(n_ids))
+    s = Saver(Holder(t, dense_value=float(rank)), output_dir=out, options=OPTS, max_keep=None)
+    s.register_io_state("reader", Reader(pos=100 * rank))
+    s.register_for_checkpointing("note", {"world": world})
+    path = s.save(ckpt_id, step=7)      # shard_id / shard_num from the process group
+    groups = list(torch_coordinator._groups.values())
+    return {"path": path, "rows": int(t.ids.numel()), "committed": s.checkpoints(),
+            "dedicated_group": len(groups) == 1 and groups[0] is not dist.group.WORLD
+                               and dist.get_backend(groups[0]) == "gloo"}
+
+
+def _load(out, ckpt_id, rank, world, npy, **conf):
+    from dist_helpers import DictTable, SPEC
+    t = DictTable("emb", SPEC)
+    s = Saver(Holder(t, dense_value=-1.0), output_dir=out)
+    res = s.load(ckpt_id=ckpt_id, shard_id=rank, shard_num=world, load_conf={"load": ["sparse", "sparse_opt"], **conf})
+    check_rows(t)
+    save_npy(npy, t.ids)
+    return {"bytes_read": res.bytes_read, "rows": int(t.ids.numel()),
+            "partition_ok": bool((partition(t.ids, world) == rank).all())}
+
+
+def load_everywhere(rank, world, out, tmp):
+    """Run on 3 ranks: resharded loads of 'n4' (4 → 3, 4 → 2, 4 → 1) and 'n2' (2 → 3, 2 → 2)."""
+    from dist_helpers import DictTable, SPEC
+    res = {}
+    # defaults come from the process group (rank, 3)
+    t = DictTable("emb", SPEC)
+    s = Saver(Holder(t, dense_value=-1.0), output_dir=out)
+    r = s.load(ckpt_id="n4", load_conf={"load": ["sparse", "sparse_opt", "dense"]})
+    check_rows(t)
+    save_npy(os.path.join(tmp, f"n4-3-{rank}.npy"), t.ids)
+    res["n4-3"] = {"bytes_read": r.bytes_read, "rows": int(t.ids.numel()),
+                   "partition_ok": bool((partition(t.ids, 3) == rank).all()),
+                   "dense": float(s.model.lin.weight[0, 0])}
+    res["n2-3"] = _load(out, "n2", rank, 3, os.path.join(tmp, f"n2-3-{rank}.npy"))
+    res["own-3"] = _load(out, "n4", rank, 3, os.path.join(tmp, f"own-3-{rank}.npy"),
+                         ownership=lambda ids, w: ids % w)
+    if rank < 2:
+        res["n4-2"] = _load(out, "n4", rank, 2, os.path.join(tmp, f"n4-2-{rank}.npy"))
+        # same world size as the save: IO state loads
+        rd = Reader(pos=-1)
+        s = Saver(Holder(DictTable("emb", SPEC)), output_dir=out)
+        s.register_io_state("reader", rd)
+        s.register_for_checkpointing("note", {})
+        s.load(ckpt_id="n2", shard_id=rank, shard_num=2)
+        res["n2-io"] = rd.pos
+    if rank == 0:
+        res["n4-1"] = _load(out, "n4", 0, 1, os.path.join(tmp, "n4-1-0.npy"))
+        # IO state on a resize: error by default (naming both sizes), or dropped on request
+        rd = Reader(pos=-1)
+        s = Saver(Holder(DictTable("emb", SPEC)), output_dir=out)
+        s.register_io_state("reader", rd)
+        s.register_for_checkpointing("note", {})
+        try:
+            s.load(ckpt_id="n4")
+            res["io_error"] = None
+        except IncompatibleCheckpointError as e:
+            res["io_error"] = str(e)
+        res["io_untouched_after_error"] = rd.pos == -1 and len(s.model.emb.ids) == 0
+        r = s.load(ckpt_id="n4", load_conf={"io_state_on_resize": "drop"})
+        res["io_drop"] = {"dropped": r.io_state_dropped, "pos": rd.pos, "rows": len(s.model.emb.ids)}
+    return res
+
+
+def failures(rank, world, out, timeout_s, sleep_s):
+    """ok1 → a rank raising mid-write → a rank sleeping past the timeout → ok2."""
+    opts = SaveOptions(chunk_bytes=16 << 10, fsync=False, coordination_timeout_s=timeout_s)
+    ids = all_ids(4000, seed=5)
+    report = {}
+
+    def attempt(ckpt_id, fault=None, sleep=0.0, who=-1):
+        t = owned_table(rank, world, ids, cls=FaultyTable, fault=fault if rank == who else None,
+                        sleep_s=sleep)
+        s = Saver(Holder(t), output_dir=out, options=opts, max_keep=None)
+        t0 = time.monotonic()
+        try:
+            s.save(ckpt_id)
+            err = None
+        except CheckpointSaveError as e:
+            err = str(e)
+        return {"error": err, "seconds": time.monotonic() - t0, "committed": s.checkpoints()}
+
+    report["ok1"] = attempt("ok1")
+    report["raise"] = attempt("boom", "raise", who=1)
+    report["sleep"] = attempt("slow", "sleep", sleep_s, who=2)
+    report["ok2"] = attempt("ok2")
+    report["staging_left"] = sorted(n for n in os.listdir(out) if n.startswith(".staging"))
+    return report
+
+
+def save_duplicates(rank, world, out):
+    """A job with a bad routing: ids 5 and 6 live on both ranks, with rank-specific values."""
+    from dist_helpers import SPEC, DictTable, rows_for
+    ids = torch.tensor([5, 6, 100 + rank, 200 + rank], dtype=torch.int64)
+    t = DictTable("emb", SPEC)
+    t.set_rows(ids, rows_for(ids, salt=1000.0 * rank))
+    s = Saver(Holder(t), output_dir=out, options=OPTS, max_keep=None)
+    s.save("dup", step=10 + rank)       # rank 1 saved at the newer step
+    s.save("dup_tie", step=3)
+    return True

@@ -1,0 +1,147 @@
+"""Multi-process tests: real ranks (spawned processes, gloo on 127.0.0.1) saving and loading together."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import dist_scenarios as sc
+from dist_helpers import ROW_BYTES, all_ids, ok, run_ranks
+from recckpt import partition
+
+N_IDS = 60_000
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """'n4' saved by 4 ranks and 'n2' by 2 ranks into one output dir."""
+    base = tmp_path_factory.mktemp("dist")
+    out = str(base / "run")
+    r4 = ok(run_ranks(4, sc.save_sharded, out, "n4", N_IDS, out_dir=str(base / "r4")))
+    r2 = ok(run_ranks(2, sc.save_sharded, out, "n2", N_IDS, out_dir=str(base / "r2")))
+    return base, out, r4, r2
+
+
+def test_sharded_save_commits_once_with_every_rank(saved):
+    base, out, r4, r2 = saved
+    ids = all_ids(N_IDS)
+    assert sum(r["rows"] for r in r4) == sum(r["rows"] for r in r2) == ids.numel()
+    assert all(r["dedicated_group"] for r in r4 + r2), "coordination must run on its own gloo group"
+    assert r2[0]["committed"] == ["n4", "n2"]
+    with open(os.path.join(out, "n4", "manifest.json")) as f:
+        m = json.load(f)
+    assert m["shard_num"] == 4 and m["tables"]["emb"]["rows"] == ids.numel()
+    assert m["worker_steps"] == {str(w): 7 for w in range(4)}
+    assert sorted(m["io_state"]) == ["0", "1", "2", "3"]
+    files = sorted(os.listdir(os.path.join(out, "n4", "sparse")))
+    assert [f for f in files if f.endswith(".index.json")] == [f"worker-{w:05d}.index.json" for w in range(4)]
+    assert {f.split("-")[1] for f in files if f.endswith(".bin")} == {f"{w:05d}" for w in range(4)}
+    # replicated dense state is written once, by rank 0 (the ranks held different values on purpose)
+    assert [f for f in os.listdir(os.path.join(out, "n4")) if "dense" in f] == ["dense.safetensors"]
+    assert not [n for n in os.listdir(out) if n.startswith(".staging")]
+
+
+@pytest.fixture(scope="module")
+def loaded(saved):
+    base, out, _, _ = saved
+    tmp = str(base / "loads")
+    os.makedirs(tmp)
+    res = ok(run_ranks(3, sc.load_everywhere, out, tmp, out_dir=str(base / "r3")))
+    return tmp, res
+
+
+def _union(tmp, tag, world):
+    return [np.load(os.path.join(tmp, f"{tag}-{world}-{r}.npy")) for r in range(world)]
+
+
+@pytest.mark.parametrize("tag,world", [("n4", 3), ("n4", 2), ("n4", 1), ("n2", 3)])
+def test_reshard_every_id_exactly_once_reading_only_own_buckets(loaded, tag, world):
+    tmp, res = loaded
+    ids = all_ids(N_IDS).numpy()
+    parts = _union(tmp, tag, world)
+    got = np.concatenate(parts)
+    assert got.size == ids.size and np.array_equal(np.sort(got), np.sort(ids)), "each id on exactly one rank"
+    saved_by = 4 if tag == "n4" else 2
+    table_bytes = ids.size * ROW_BYTES
+    # what the bound allows beyond a fair share: the bucket-offset block of every segment (the index
+    # part of a shard file); here one segment per saving worker
+    index_bytes = saved_by * 8 * (4096 + 1)
+    for r in range(world):
+        info = res[r][f"{tag}-{world}"]
+        assert info["rows"] == parts[r].size and info["partition_ok"], f"rank {r} got ids it does not own"
+        bound = 1.2 * table_bytes / world + index_bytes
+        assert info["bytes_read"] <= bound, f"rank {r} of {world} read {info['bytes_read']} > {bound:.0f}"
+        assert info["bytes_read"] >= table_bytes / world * 0.8   # the counter counts real reads
+
+
+def test_loaded_dense_is_rank0s_and_defaults_come_from_the_process_group(loaded):
+    _, res = loaded
+    assert [r["n4-3"]["dense"] for r in res] == [0.0, 0.0, 0.0]   # rank 0's copy, on every rank
+
+
+def test_user_ownership_function_loads_correctly_but_reads_everything(loaded):
+    tmp, res = loaded
+    ids = all_ids(N_IDS).numpy()
+    parts = _union(tmp, "own", 3)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.sort(ids))
+    for r, p in enumerate(parts):
+        assert (p % 3 == r).all()
+        assert res[r]["own-3"]["bytes_read"] >= ids.size * ROW_BYTES   # every row was read
+
+
+def test_io_state_resize_rule(loaded):
+    _, res = loaded
+    assert [r["n2-io"] for r in res[:2]] == [0, 100], "same world size: each worker gets its own IO state"
+    err = res[0]["io_error"]
+    assert err is not None and "4 worker(s)" in err and "on 3" in err and "io_state_on_resize" in err
+    assert res[0]["io_untouched_after_error"], "the failed load must leave the model unchanged"
+    assert res[0]["io_drop"] == {"dropped": ["reader"], "pos": -1, "rows": res[0]["n4-3"]["rows"]}
+
+
+def test_failures_never_hang_and_the_next_save_works(tmp_path):
+    timeout, sleep = 4.0, 9.0
+    out = str(tmp_path / "run")
+    rep = ok(run_ranks(3, sc.failures, out, timeout, sleep, out_dir=str(tmp_path / "r")))
+    for rank, r in enumerate(rep):
+        r["rank"] = rank
+        assert r["ok1"]["error"] is None
+        # a rank raising mid-write: every rank raises, quickly, naming the failed rank
+        assert "injected failure" in r["raise"]["error"]
+        assert r["rank"] == 1 or "rank 1 failed" in r["raise"]["error"], r["raise"]
+        assert r["raise"]["seconds"] < timeout, r["raise"]
+        assert r["raise"]["committed"] == ["ok1"]
+        # a rank sleeping past the timeout: every rank raises, nothing is committed
+        assert r["sleep"]["error"] is not None and r["sleep"]["committed"] == ["ok1"]
+        assert r["ok2"]["error"] is None and r["ok2"]["committed"] == ["ok1", "ok2"]
+    for r in rep[:2]:   # the ranks that kept responding gave up within the timeout (+ start-up slack)
+        assert r["sleep"]["seconds"] < timeout + 3.0, r["sleep"]
+        assert "timeout" in r["sleep"]["error"]
+    assert rep[0]["staging_left"] == []
+    assert not os.path.exists(os.path.join(out, "boom")) and not os.path.exists(os.path.join(out, "slow"))
+
+
+def test_duplicate_ids_across_ranks(tmp_path):
+    from dist_helpers import SPEC, DictTable, Holder, rows_for
+    from recckpt import Saver
+    from recckpt.api.row_filter import DuplicateIdsError
+    import torch
+    out = str(tmp_path / "run")
+    ok(run_ranks(2, sc.save_duplicates, out, out_dir=str(tmp_path / "r")))
+
+    def load(ckpt, **conf):
+        t = DictTable("emb", SPEC)
+        Saver(Holder(t), output_dir=out).load(ckpt_id=ckpt, load_conf={"load": ["sparse", "sparse_opt"], **conf})
+        return t
+
+    with pytest.raises(DuplicateIdsError, match=r"table 'emb' stores 2 id\(s\) in more than one worker") as e:
+        load("dup")
+    assert "dup" in str(e.value) and "newest" in str(e.value)
+    t = load("dup", duplicates="newest")
+    got = dict(zip(t.ids.tolist(), t.cols["embedding"][:, 0].tolist()))
+    assert sorted(got) == [5, 6, 100, 101, 200, 201]
+    want = rows_for(torch.tensor([5, 6]), salt=1000.0)["embedding"][:, 0].tolist()   # rank 1's copy
+    assert [got[5], got[6]] == want
+    with pytest.raises(DuplicateIdsError, match="steps are equal"):
+        load("dup_tie", duplicates="newest")

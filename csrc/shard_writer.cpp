@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "crc32c.h"
+#include "fault.h"
 #include "gather.h"
 #include "hash.h"
 
@@ -176,7 +177,8 @@ void ShardWriter::check_stopping() const {
 void ShardWriter::write_all(File& f, const void* data, size_t n, int64_t off) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
   while (n > 0) {
-    ssize_t w = ::pwrite(f.fd, p, std::min(n, kMaxIo), (off_t)off);
+    const int injected = fault::check(fault::kWrite);
+    ssize_t w = injected ? (errno = injected, -1) : ::pwrite(f.fd, p, std::min(n, kMaxIo), (off_t)off);
     if (w < 0) {
       if (errno == EINTR) continue;
       throw OsError(errno, f.path,
@@ -233,8 +235,9 @@ void ShardWriter::worker(File* f) {
     sync = !stop_ && do_fsync_;
     failed = f->failed;
   }
-  if (sync && !failed && ::fsync(f->fd) != 0) {
-    int e = errno;
+  int injected = 0;
+  if (sync && !failed && ((injected = fault::check(fault::kFsync)) != 0 || ::fsync(f->fd) != 0)) {
+    int e = injected ? injected : errno;
     std::lock_guard<std::mutex> lk(mu_);
     fail(*f, OsError(e, f->path, "ShardWriter: fsync"));
   }

@@ -19,6 +19,8 @@ _EXPORTS = {
     "split_sparse_dense_state_dict": "recckpt.state.protocol",
     "initializers": "recckpt.state.initializers",
     "errors": "recckpt.errors",
+    "verify": "recckpt.format.verifier",
+    "VerifyReport": "recckpt.format.verifier",
 }
 
 

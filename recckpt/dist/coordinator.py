@@ -33,6 +33,11 @@ class Coordinator:
     def abort(self, key: tuple) -> None:
         """Forget a save that failed on this worker."""
 
+    def active_nonces(self, root: str) -> dict[str, str]:
+        """ckpt_id -> nonce of saves into `root` that this process has begun and not finished; their
+        staging directories must survive start-up cleanup."""
+        return {}
+
 
 class SingleCoordinator(Coordinator):
     rank, world = 0, 1
@@ -72,6 +77,10 @@ class InProcessCoordinator(Coordinator):
     def abort(self, key):
         with self._lock:
             self._saves.pop(key, None)
+
+    def active_nonces(self, root):
+        with self._lock:
+            return {k[1]: s["nonce"] for k, s in self._saves.items() if k[0] == root}
 
 
 def coordinator_for(shard_id: int, shard_num: int) -> Coordinator:

@@ -33,8 +33,13 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
 def read_version_file(storage: Storage) -> list[str] | None:
     """Ids listed in the version file; None when it is missing or garbled (then the caller rebuilds)."""
     try:
-        raw = storage.read_bytes(names.VERSION_FILE)
+        too_big = storage.size(names.VERSION_FILE) > names.MAX_VERSION_FILE_BYTES
+        raw = None if too_big else storage.read_bytes(names.VERSION_FILE)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    if raw is None:
+        log.warning("recckpt: version file %s is too large to be one; rebuilding it from the committed "
+                    "checkpoints", storage.describe(names.VERSION_FILE))
         return None
     try:
         ids = [line.strip() for line in raw.decode("utf-8").splitlines() if line.strip()]

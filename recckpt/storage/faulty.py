@@ -51,6 +51,7 @@ class FaultyStorage(Storage):
         self.is_local = inner.is_local
         self.atomic_rename = inner.atomic_rename
         self._armed: dict[str, tuple[int, int]] = {}
+        self._engine_armed: tuple[str, int] | None = None
         self._seen: dict[str, int] = dict.fromkeys(PYTHON_OPS, 0)
         self.fired: list[tuple[str, int, str]] = []   # (op, errno, path) of every fault raised
 
@@ -65,6 +66,7 @@ class FaultyStorage(Storage):
         if op in ENGINE_OPS:
             from .. import _C
             _C._inject_fault(op[len("engine_"):], at, err)
+            self._engine_armed = (op, at)
         else:
             self._armed[op] = (at, err)
         return self
@@ -73,6 +75,7 @@ class FaultyStorage(Storage):
         """Turn every fault off and reset the operation counts."""
         from .. import _C
         self._armed.clear()
+        self._engine_armed = None
         self._seen = dict.fromkeys(PYTHON_OPS, 0)
         for op in ENGINE_OPS:
             _C._inject_fault(op[len("engine_"):], 0)
@@ -84,6 +87,14 @@ class FaultyStorage(Storage):
         for op in ENGINE_OPS:
             out[op] = _C._fault_seen(op[len("engine_"):])
         return out
+
+    @property
+    def triggered(self) -> bool:
+        """Whether the armed fault has fired (Python operations, or the engine reached its position)."""
+        if self._engine_armed is not None:
+            op, at = self._engine_armed
+            return self.counts()[op] >= at
+        return bool(self.fired)
 
     def _tick(self, op: str, path: str = "") -> int:
         self._seen[op] += 1

@@ -234,9 +234,15 @@ def run_kill(n: int, work_dir: str, seed: int = 0, max_delay: float = 0.4) -> Tr
 # ------------------------------------------------------------------------------------- corruption
 def build_template(out_dir: str) -> str:
     """A checkpoint written by 2 workers with every kind of file; returns its directory."""
-    m, e, r = Model(), {}, Reader()
-    set_step_state(m, e, r, 7)
     for w in range(2):
+        m, e, r = Model(), {}, Reader()
+        set_step_state(m, e, r, 7)
+        for t in (m.user, m.item):   # each worker holds its own half of the ids
+            ids = t.ids()
+            keep = ids % 2 == w
+            emb = t.weight[keep].clone()
+            t.clear_rows()
+            t.import_rows(ids[keep], {"embedding": emb})
         s = make_saver(out_dir, m, e, r, opts=SaveOptions(num_buckets=16, chunk_bytes=256,
                                                           segment_bytes=2048, fsync=False))
         s.save("c", shard_id=w, shard_num=2)

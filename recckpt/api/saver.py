@@ -396,6 +396,8 @@ class _LoadPlan:
         want_sparse, want_opt = conf.wants("sparse"), conf.wants("sparse_opt")
         if want_sparse or want_opt:
             self.reader.verify_worker_indexes()
+            if m.index is not None:
+                _ = self.reader.segments  # parse the index and check every shard size before touching tables
             matched_model = set()
             for name, info in m.tables.items():
                 if not conf.table_selected(name):

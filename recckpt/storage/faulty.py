@@ -33,7 +33,7 @@ class _FaultyFile:
         self._f, self._s, self._path = f, storage, path
 
     def write(self, data) -> int:
-        err = self._s._tick("write")
+        err = self._s._tick("write", self._path)
         if err:
             view = memoryview(data).cast("B")
             self._f.write(view[:len(view) // 2])

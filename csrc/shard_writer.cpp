@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "crc32c.h"
+#include "fault.h"
 #include "gather.h"
 #include "hash.h"
 #include "pwrite_thread.h"
@@ -334,8 +335,9 @@ void ShardWriter::worker(File* f) {
     sync = !stop_ && do_fsync_;
     failed = f->failed;
   }
-  if (sync && !failed && ::fsync(f->fd) != 0) {
-    int e = errno;
+  int injected = 0;
+  if (sync && !failed && ((injected = fault::check(fault::kFsync)) != 0 || ::fsync(f->fd) != 0)) {
+    int e = injected ? injected : errno;
     std::lock_guard<std::mutex> lk(mu_);
     fail(*f, OsError(e, f->path, "ShardWriter: fsync"));
   }

@@ -31,6 +31,8 @@ _EXPORTS = {
     "errors": "recckpt.errors",
     "partition": "recckpt.routing",
     "split_by_owner": "recckpt.routing",
+    "verify": "recckpt.format.verifier",
+    "VerifyReport": "recckpt.format.verifier",
 }
 
 

@@ -149,10 +149,10 @@ def test_a_flipped_byte_fails_the_load_naming_the_file(tmp_path, trial):
     s2.register_for_checkpointing("x", {})
     s2.register_io_state("io", type("IO", (), {"dump_io_state": lambda self: {},
                                                "load_io_state": lambda self, st: None})())
-    with pytest.raises((CorruptCheckpointError, CheckpointNotFoundError, IncompatibleCheckpointError)) as ei:
+    with pytest.raises(CorruptCheckpointError) as ei:
         s2.load(ckpt_id="c")
     rel = os.path.relpath(path, tmp_path / "c")
-    assert rel in str(ei.value) or os.path.basename(path) in str(ei.value), (rel, str(ei.value))
+    assert rel in str(ei.value), (rel, str(ei.value))
 
 
 def test_truncated_shard_file(tmp_path):

@@ -15,7 +15,7 @@ from ..dist import coordinator_for, resolve_shard
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError,
                       CorruptCheckpointError, IncompatibleCheckpointError, InvalidCheckpointIdError,
                       RecckptError)
-from ..format import catalog, dtypes
+from ..format import catalog, dtypes, extras as extras_fmt, names as fmt_names, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.hashing import bucket_range
 from ..format.names import validate_ckpt_id
@@ -103,17 +103,28 @@ class Saver:
         self.concurrency = concurrency
         self.options = options or SaveOptions()
         self._extras: dict[str, Any] = {}
+        self._allow_pickle: set[str] = set()
+        self._recovered = False  # start-up recovery of output_dir done (first save on worker 0)
         self._io: dict[str, Any] = {}
         self.last_save: SaveStats | None = None
 
     # ------------------------------------------------------------------------------------ registry
-    def register_for_checkpointing(self, name: str, obj: Any) -> None:
+    def register_for_checkpointing(self, name: str, obj: Any, *, allow_pickle: bool = False) -> None:
         """Save `obj` with every checkpoint under `name` (category 'extra'): an object with
         `state_dict()`/`load_state_dict()` (optimizer, LR scheduler, ...), or a plain value (numbers,
         strings, tensors, lists, dicts). After a load, plain values are available from `extra(name)`;
-        dicts and lists are also updated in place."""
+        dicts and lists are also updated in place.
+
+        allow_pickle: state that cannot be stored without pickle is then stored with torch.save and
+        loaded only with torch.load(weights_only=True) (register your own classes with
+        torch.serialization.add_safe_globals). Off by default: a checkpoint from a stranger must not run
+        code, and a load refuses pickled state unless the receiving object also allows it."""
         self._check_name(name, self._extras, "register_for_checkpointing")
+        if not isinstance(allow_pickle, bool):
+            raise TypeError(f"register_for_checkpointing({name!r}): allow_pickle must be a bool")
         self._extras[name] = obj
+        if allow_pickle:
+            self._allow_pickle.add(name)
 
     def register_io_state(self, name: str, obj: Any) -> None:
         """Save `obj.dump_io_state()` per worker under `name`; a load calls `obj.load_io_state(state)`."""
@@ -176,9 +187,9 @@ class Saver:
         objects = {}
         for name, obj in self._extras.items():
             if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
-                objects[name] = {"kind": "state_dict", "state": obj.state_dict()}
+                objects[name] = extras_fmt.entry(name, "state_dict", obj.state_dict(), name in self._allow_pickle)
             else:
-                objects[name] = {"kind": "value", "state": obj}
+                objects[name] = extras_fmt.entry(name, "value", obj, name in self._allow_pickle)
         opt = self.sparse_optim.state_dict() if self.sparse_optim is not None else None
         return {"objects": objects, "sparse_optimizer": opt}
 
@@ -230,8 +241,11 @@ class Saver:
                 f"overwritten: choose another ckpt_id or delete it first")
         nonce = coord.begin(key)
         stage = catalog.new_staging_dir(ckpt_id, nonce)
+        manifest = None
         try:
             self.storage.makedirs("")
+            if shard_id == 0 and not self._recovered:
+                self._recover(coord, stage)
             if snap is None:
                 snap = self._capture(shard_id)
             tables = [self._table_source(t) for t in snap.tables]
@@ -242,14 +256,9 @@ class Saver:
                 io_state=snap.io_state, opts=self._write_options(), step=step)
             parts = coord.submit(key, part.to_json())
             if parts is not None:
-                if shard_num == 1 or shard_id == coord.rank:
-                    catalog.clean_stale(self.storage, keep=stage)
                 manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
                                     opts=self._write_options(), metadata=metadata)
-                ids = [i for i, _ in catalog.committed(self.storage)]
-                catalog.write_version_file(self.storage, ids, self.options.fsync)
-                if retention:
-                    self._apply_retention(ids, ckpt_id)
+                self._after_commit(ckpt_id, retention)
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),
                                            sum(f.size for f in manifest.files.values()) + sum(
@@ -265,10 +274,54 @@ class Saver:
                 pass
             if isinstance(e, (RecckptError, KeyboardInterrupt)) and not isinstance(e, CorruptCheckpointError):
                 raise
+            hint = _os_error_hint(e)
+            if manifest is None and self._is_committed(ckpt_id):
+                # The commit (rename) happened and a step right after it (fsync of output_dir) failed.
+                raise CheckpointSaveError(
+                    f"checkpoint {self.storage.describe(ckpt_id)} was committed, but making the commit durable "
+                    f"failed: {type(e).__name__}: {e}. It is listed and loadable, but may be lost if the machine "
+                    f"loses power now.{hint}") from e
+            try:
+                # Stores without atomic rename move the data to <ckpt_id>/ before writing the manifest; that
+                # directory did not exist when this save started (checked above), so it is this save's.
+                if manifest is None and self.storage.exists(ckpt_id):
+                    self.storage.remove_tree(ckpt_id)
+            except OSError:
+                pass  # start-up recovery of the next Saver removes it
             raise CheckpointSaveError(
                 f"saving checkpoint {ckpt_id!r} to {self.storage.describe()} failed: {type(e).__name__}: {e}. "
-                f"Nothing was committed and earlier checkpoints are intact.") from e
+                f"Nothing was committed and earlier checkpoints are intact.{hint}") from e
         return self.storage.describe(ckpt_id)
+
+    def _is_committed(self, ckpt_id: str) -> bool:
+        try:
+            catalog.read_manifest(self.storage, ckpt_id)
+            return True
+        except (OSError, RecckptError):
+            return False
+
+    def _recover(self, coord, stage: str) -> None:
+        """Once per Saver, before its first save on worker 0: remove what crashed saves and deletes left in
+        output_dir and fix the version file. Staging directories of saves this process has in flight
+        (other workers of this save included) are kept."""
+        keep = {stage} | {catalog.new_staging_dir(i, n)
+                          for i, n in coord.active_nonces(self.storage.describe()).items()}
+        recovery.recover(self.storage, keep, self.options.fsync)
+        self._recovered = True
+
+    def _after_commit(self, ckpt_id: str, retention: bool = True) -> None:
+        """Version file and retention. The checkpoint is committed already; these are housekeeping that the
+        next save (or start-up recovery) redoes, so a failure here is a warning, not a failed save."""
+        try:
+            ids = [i for i, _ in catalog.committed(self.storage)]
+            catalog.write_version_file(self.storage, ids, self.options.fsync)
+            if retention:
+                self._apply_retention(ids, ckpt_id)
+        except OSError as e:
+            msg = (f"checkpoint {self.storage.describe(ckpt_id)} is committed, but updating the version file or "
+                   f"deleting old checkpoints failed: {type(e).__name__}: {e}. The next save retries.{_os_error_hint(e)}")
+            log.warning("recckpt: %s", msg)
+            warnings.warn(msg, stacklevel=3)
 
     def _apply_retention(self, ids: list[str], newest: str) -> None:
         if self.max_keep is None or len(ids) <= self.max_keep:
@@ -346,6 +399,22 @@ class Saver:
         return result
 
 
+def _os_error_hint(e: BaseException) -> str:
+    """What to do about the storage error behind a failed save, if it is one we can name."""
+    import errno
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    if e is None:
+        return ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return " The disk or quota is full: free space (or lower max_keep) and save again."
+    if e.errno == errno.EIO:
+        return " The storage reported an I/O error: check the device or mount, then save again."
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return " The output directory is not writable: fix its permissions or mount, then save again."
+    return ""
+
+
 class _LoadPlan:
     """Matches a checkpoint against the live objects, checks everything that can be checked up front,
     then applies it."""
@@ -366,6 +435,8 @@ class _LoadPlan:
         want_sparse, want_opt = conf.wants("sparse"), conf.wants("sparse_opt")
         if want_sparse or want_opt:
             self.reader.verify_worker_indexes()
+            if m.index is not None:
+                _ = self.reader.segments  # parse the index and check every shard size before touching tables
             matched_model = set()
             for name, info in m.tables.items():
                 if not conf.table_selected(name):
@@ -421,7 +492,15 @@ class _LoadPlan:
                     self.problems_missing.append(f"model dense key {key!r} is not in the checkpoint")
         self.extras_tree = None
         if conf.wants("extra") or conf.wants("sparse_opt"):
-            self.extras_tree = self.reader.extras() or {"objects": {}, "sparse_optimizer": None}
+            tree = self.reader.extras()
+            if tree is None:
+                self.extras_tree = {"objects": {}, "sparse_optimizer": None}
+            else:
+                where = self.reader.describe(self.m.extras)
+                tree = extras_fmt.validate(tree, where)
+                wanted = ({n: n in self.saver._allow_pickle for n in self.saver._extras}
+                          if conf.wants("extra") else {})
+                self.extras_tree = extras_fmt.unpickle_allowed(tree, wanted, where)
         if conf.wants("extra"):
             objs = self.extras_tree.get("objects", {})
             for name in self.saver._extras:

@@ -34,6 +34,11 @@ class Coordinator:
     def abort(self, key: tuple, error: str | None = None) -> None:
         """Forget a save that failed on this worker (`error` says why, for the other workers)."""
 
+    def active_nonces(self, root: str) -> dict[str, str]:
+        """ckpt_id -> nonce of saves into `root` that this process has begun and not finished; their
+        staging directories must survive start-up cleanup."""
+        return {}
+
 
 class SingleCoordinator(Coordinator):
     rank, world = 0, 1
@@ -73,6 +78,10 @@ class InProcessCoordinator(Coordinator):
     def abort(self, key, error=None):
         with self._lock:
             self._saves.pop(key, None)
+
+    def active_nonces(self, root):
+        with self._lock:
+            return {k[1]: s["nonce"] for k, s in self._saves.items() if k[0] == root}
 
 
 def coordinator_for(shard_id: int, shard_num: int, timeout_s: float = 1800.0) -> Coordinator:

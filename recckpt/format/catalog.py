@@ -33,8 +33,13 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
 def read_version_file(storage: Storage) -> list[str] | None:
     """Ids listed in the version file; None when it is missing or garbled (then the caller rebuilds)."""
     try:
-        raw = storage.read_bytes(names.VERSION_FILE)
+        too_big = storage.size(names.VERSION_FILE) > names.MAX_VERSION_FILE_BYTES
+        raw = None if too_big else storage.read_bytes(names.VERSION_FILE)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    if raw is None:
+        log.warning("recckpt: version file %s is too large to be one; rebuilding it from the committed "
+                    "checkpoints", storage.describe(names.VERSION_FILE))
         return None
     try:
         ids = [line.strip() for line in raw.decode("utf-8").splitlines() if line.strip()]
@@ -72,8 +77,15 @@ def committed(storage: Storage) -> list[tuple[str, Manifest]]:
 def write_version_file(storage: Storage, ids: list[str], fsync: bool = True) -> None:
     """Atomic where the store can rename: temp file, fsync, rename over, fsync the directory."""
     tmp = f".{names.VERSION_FILE}.tmp-{uuid.uuid4().hex[:8]}"
-    storage.write_bytes(tmp, "".join(f"{i}\n" for i in ids).encode(), fsync=fsync)
-    storage.replace_file(tmp, names.VERSION_FILE)
+    try:
+        storage.write_bytes(tmp, "".join(f"{i}\n" for i in ids).encode(), fsync=fsync)
+        storage.replace_file(tmp, names.VERSION_FILE)
+    except BaseException:
+        try:
+            storage.remove_file(tmp)
+        except OSError:
+            pass  # start-up recovery removes it
+        raise
     if fsync and storage.is_local:
         storage.fsync_dir("")
 

@@ -169,7 +169,11 @@ class CheckpointReader:
     @property
     def segments(self) -> SegmentReader:
         if self._segments is None:
-            self._segments = SegmentReader(self.storage, self.ckpt_dir, self.index, self.threads)
+            seg = SegmentReader(self.storage, self.ckpt_dir, self.index, self.threads)
+            # Every offset and length of the index lies inside the size it records for its file; checking
+            # those sizes against the files now bounds every later allocation by what is really on disk.
+            seg.check_sizes()
+            self._segments = seg
         return self._segments
 
     def dense(self) -> dict[str, torch.Tensor]:

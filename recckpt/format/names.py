@@ -23,6 +23,7 @@ IO_STATE_DIR = "io_state"
 # Caps on metadata sizes: a hostile or garbled file can never make us allocate more than this.
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_INDEX_BYTES = 1 << 30
+MAX_VERSION_FILE_BYTES = 16 << 20   # ~80k ids of 200 characters
 
 _CKPT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
 

@@ -230,7 +230,7 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
                               v.int(v.get(f, "crc32c", f"files[{rel!r}]"), f"files[{rel!r}].crc32c", 0, _U32))
     io_state = {}
     for w, rel in v.dict(v.get(obj, "io_state", ""), "io_state").items():
-        if not (isinstance(w, str) and w.isdigit()):
+        if not (isinstance(w, str) and w.isascii() and w.isdigit() and len(w) <= 7):
             v.fail("io_state", f"worker key {w!r:.20} is not a number")
         io_state[int(w)] = v.relpath(rel, f"io_state[{w}]")
     meta = v.dict(obj.get("metadata", {}), "metadata")

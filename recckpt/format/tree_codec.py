@@ -81,7 +81,11 @@ def decode(text: str, tensors: dict[str, torch.Tensor], where: str):
             t = tensors[node["__ndarray__"]]
             return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
         if "__npscalar__" in node:
-            return np.dtype(node["__npscalar__"]).type(dec(node["value"]))
+            dt = np.dtype(node["__npscalar__"]) if isinstance(node["__npscalar__"], str) else None
+            # Only numbers: a hostile 'V<huge>' or object dtype must not allocate or build anything.
+            if dt is None or dt.kind not in "biufc" or dt.itemsize > 16:
+                raise ValueError(f"unsupported numpy scalar dtype {node['__npscalar__']!r:.40}")
+            return dt.type(dec(node["value"]))
         if "__float__" in node:
             return float(node["__float__"])
         if "__bigint__" in node:
@@ -97,8 +101,10 @@ def decode(text: str, tensors: dict[str, torch.Tensor], where: str):
         return {k: dec(v) for k, v in node.items()}
 
     try:
+        if not isinstance(text, str):
+            raise TypeError(f"the tree is a {type(text).__name__}, not JSON text")
         return dec(json.loads(text))
-    except (KeyError, ValueError, TypeError) as e:
+    except (KeyError, ValueError, TypeError, RecursionError, OverflowError) as e:
         from ..errors import CorruptCheckpointError
         raise CorruptCheckpointError(f"{where}: invalid state tree ({e!r})", where) from None
 

@@ -1,0 +1,43 @@
+// Test-only fault injection for the engine's writes: "fail the N-th pwrite (or fsync) from now with
+// errno E". Lets tests prove that a full disk or an I/O error in the middle of writing shard files
+// fails the save cleanly. Off by default; when off, a check is one relaxed atomic load and increment.
+#pragma once
+#include <atomic>
+#include <cstdint>
+
+namespace recckpt {
+namespace fault {
+
+enum Op { kWrite = 0, kFsync = 1, kNumOps = 2 };
+
+struct Slot {
+  std::atomic<int64_t> seen{0};     // operations of this kind since the last arm() (always counted)
+  std::atomic<int64_t> fail_at{0};  // 1-based operation number to fail; 0 = off
+  std::atomic<int> err{0};          // errno to fail with
+};
+
+inline Slot* slots() {
+  static Slot s[kNumOps];
+  return s;
+}
+
+// Counts one operation; returns the errno it must fail with, or 0.
+inline int check(Op op) {
+  Slot& s = slots()[op];
+  const int64_t n = s.seen.fetch_add(1, std::memory_order_relaxed) + 1;
+  const int64_t at = s.fail_at.load(std::memory_order_relaxed);
+  return (at != 0 && n == at) ? s.err.load(std::memory_order_relaxed) : 0;
+}
+
+inline void arm(Op op, int64_t fail_at, int err) {
+  Slot& s = slots()[op];
+  s.fail_at.store(0, std::memory_order_relaxed);
+  s.seen.store(0, std::memory_order_relaxed);
+  s.err.store(err, std::memory_order_relaxed);
+  s.fail_at.store(fail_at, std::memory_order_relaxed);
+}
+
+inline int64_t seen(Op op) { return slots()[op].seen.load(std::memory_order_relaxed); }
+
+}  // namespace fault
+}  // namespace recckpt

@@ -1,0 +1,35 @@
+// Private bindings of the test-only fault hook (csrc/fault.h): recckpt._C._inject_fault / _fault_seen.
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "fault.h"
+
+namespace py = pybind11;
+using namespace recckpt;
+
+namespace {
+
+fault::Op op_of(const std::string& op) {
+  if (op == "write") return fault::kWrite;
+  if (op == "fsync") return fault::kFsync;
+  throw py::value_error("fault op must be 'write' or 'fsync', got '" + op + "'");
+}
+
+}  // namespace
+
+void bind_fault(py::module_& m) {
+  m.def(
+      "_inject_fault",
+      [](const std::string& op, int64_t fail_at, int err) {
+        if (fail_at < 0) throw py::value_error("_inject_fault: fail_at must be >= 0 (0 turns it off)");
+        if (fail_at > 0 && err <= 0) throw py::value_error("_inject_fault: errno must be > 0");
+        fault::arm(op_of(op), fail_at, err);
+      },
+      py::arg("op"), py::arg("fail_at"), py::arg("errno") = 0,
+      "test hook: fail the fail_at-th engine 'write' (pwrite) or 'fsync' from now with errno; 0 = off. "
+      "Also resets the operation counter.");
+  m.def(
+      "_fault_seen", [](const std::string& op) { return fault::seen(op_of(op)); }, py::arg("op"),
+      "test hook: engine operations of this kind since the last _inject_fault");
+}

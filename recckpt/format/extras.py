@@ -1,0 +1,89 @@
+"""The extras tree (registered objects + sparse-optimizer state): structural validation on read, and the
+opt-in pickle path for objects the tree codec cannot represent.
+
+Pickle is never used unless a user registers an object with `allow_pickle=True`, and even then it is
+read only through `torch.load(weights_only=True)`, which refuses to build arbitrary classes or call
+arbitrary functions: a hostile checkpoint can make such a load fail, never run code. An object saved
+this way is loaded only into an object registered with `allow_pickle=True` under the same name; every
+other load refuses it without unpickling a byte.
+"""
+from __future__ import annotations
+
+import io
+
+import torch
+
+from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
+from . import tree_codec
+
+#: kinds of an entry of extras["objects"]; the pickled ones carry a uint8 tensor of torch.save bytes.
+PLAIN_KINDS = ("state_dict", "value")
+PICKLED_PREFIX = "pickled_"
+KINDS = PLAIN_KINDS + tuple(PICKLED_PREFIX + k for k in PLAIN_KINDS)
+
+
+def entry(name: str, kind: str, state, allow_pickle: bool) -> dict:
+    """The tree entry of one registered object. With allow_pickle, state the tree codec refuses is stored
+    as torch.save bytes instead (state it can represent never is)."""
+    if allow_pickle:
+        try:
+            tree_codec.encode(state, f"extras[{name!r}]")
+        except TypeError:
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            return {"kind": PICKLED_PREFIX + kind,
+                    "state": torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)}
+    return {"kind": kind, "state": state}
+
+
+def validate(tree, where: str) -> dict:
+    """Check the shape of a decoded extras tree before anything in it is used."""
+    def bad(problem):
+        raise CorruptCheckpointError(f"{where}: invalid extras tree: {problem}", where)
+
+    if not isinstance(tree, dict) or set(tree) - {"objects", "sparse_optimizer"}:
+        bad("expected an object with keys 'objects' and 'sparse_optimizer'")
+    objects = tree.get("objects", {})
+    if not isinstance(objects, dict):
+        bad("'objects' is not an object")
+    for name, e in objects.items():
+        if not isinstance(name, str) or not isinstance(e, dict) or set(e) != {"kind", "state"}:
+            bad(f"entry {name!r:.80} is not {{'kind', 'state'}}")
+        if e["kind"] not in KINDS:
+            bad(f"entry {name!r:.80} has unknown kind {e['kind']!r:.40}")
+        if e["kind"].startswith(PICKLED_PREFIX) and not (
+                isinstance(e["state"], torch.Tensor) and e["state"].dtype == torch.uint8 and e["state"].dim() == 1):
+            bad(f"pickled entry {name!r:.80} does not hold a uint8 byte tensor")
+    sp = tree.get("sparse_optimizer")
+    if sp is not None and not isinstance(sp, dict):
+        bad("'sparse_optimizer' is neither null nor an object")
+    return {"objects": objects, "sparse_optimizer": sp}
+
+
+def unpickle_allowed(tree: dict, wanted: dict[str, bool], where: str) -> dict:
+    """Replace pickled entries of the objects in `wanted` (name -> registered with allow_pickle) by their
+    plain form. Refuses (IncompatibleCheckpointError) a pickled entry whose object does not allow pickle;
+    a payload that torch.load(weights_only=True) rejects is a CorruptCheckpointError. Entries of names
+    not in `wanted` are left as they are and never unpickled."""
+    objects = dict(tree["objects"])
+    for name, allowed in wanted.items():
+        e = objects.get(name)
+        if e is None or not e["kind"].startswith(PICKLED_PREFIX):
+            continue
+        if not allowed:
+            raise IncompatibleCheckpointError(
+                f"{where}: object {name!r} was saved with pickle (allow_pickle=True) and the object "
+                f"registered under that name does not allow pickle. If you trust this checkpoint, register "
+                f"it with register_for_checkpointing({name!r}, obj, allow_pickle=True); it is then read "
+                f"with torch.load(weights_only=True). Nothing was loaded.")
+        data = e["state"].numpy().tobytes()
+        try:
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:  # weights_only raises UnpicklingError, RuntimeError, ... on refusal
+            raise CorruptCheckpointError(
+                f"{where}: object {name!r}: its pickled state was refused by torch.load(weights_only=True) "
+                f"({type(exc).__name__}: {str(exc)[:300]}). The checkpoint is corrupt or untrusted; if the "
+                f"state holds your own classes, allow them with torch.serialization.add_safe_globals",
+                where) from None
+        objects[name] = {"kind": e["kind"][len(PICKLED_PREFIX):], "state": state}
+    return {"objects": objects, "sparse_optimizer": tree["sparse_optimizer"]}

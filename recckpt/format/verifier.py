@@ -1,0 +1,249 @@
+"""`recckpt.verify(path)` (defined here): check every byte of one checkpoint without loading it into a model.
+
+Reads the manifest, every file it lists (size and CRC), the merged and per-worker indexes (schema, and
+that the merged index is exactly the merge of the workers'), the dense/extras/IO-state files (header
+and state tree, never unpickling), and every shard file: size, that its segments tile it with no gap or
+overlap, every chunk checksum of every column, that each segment's bucket offsets partition its rows
+and that every id sits in the bucket its hash says. Memory stays bounded (columns are read in windows).
+
+    python -m recckpt.format.verifier <checkpoint dir>   # exit status 0 when the checkpoint is intact
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _C
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, IncompatibleCheckpointError
+from ..storage import Storage, open_storage
+from . import checked_json, extras as extras_fmt, names, safetensors_io
+from .checkpoint import CheckpointReader
+from .schema import IndexDoc, index_from_json
+from .sparse_io import SegmentReader
+
+_WINDOW = 64 << 20  # bytes of one column read at a time
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` found. `ok` is True exactly when `problems` is empty."""
+    path: str
+    ckpt_id: str | None = None
+    problems: list[str] = field(default_factory=list)
+    """One line per defect, each naming the file (and table) concerned."""
+    unlisted: list[str] = field(default_factory=list)
+    """Files inside the checkpoint that its manifest and index do not mention (ignored by loads)."""
+    files_checked: int = 0
+    bytes_checked: int = 0
+    tables: dict[str, int] = field(default_factory=dict)
+    """Table name -> rows verified."""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_if_failed(self) -> None:
+        if self.problems:
+            more = f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else ""
+            raise CorruptCheckpointError(f"{self.problems[0]}{more}", self.path)
+
+    def __str__(self) -> str:
+        head = (f"{self.path}: {'OK' if self.ok else 'CORRUPT'}: {self.files_checked} files, "
+                f"{self.bytes_checked} bytes, {sum(self.tables.values())} rows in {len(self.tables)} tables "
+                f"checked in {self.seconds:.2f}s")
+        lines = [head] + [f"  problem: {p}" for p in self.problems] + [f"  unlisted: {u}" for u in self.unlisted]
+        return "\n".join(lines)
+
+
+def verify(path: str, *, threads: int = 4) -> VerifyReport:
+    """Check the committed checkpoint directory `path` (a local path or fsspec URL) completely.
+
+    Returns a report; raises CheckpointNotFoundError only when `path` has no manifest.json at all.
+    `report.raise_if_failed()` turns a failed report into a CorruptCheckpointError."""
+    t0 = time.perf_counter()
+    storage = open_storage(path)
+    report = VerifyReport(storage.describe())
+    if not storage.exists(names.MANIFEST):
+        raise CheckpointNotFoundError(
+            f"{storage.describe()} is not a committed checkpoint (no {names.MANIFEST}); pass a checkpoint "
+            f"directory, e.g. <output_dir>/<ckpt_id>")
+    try:
+        reader = CheckpointReader(storage, "", threads=threads)
+    except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
+        report.problems.append(str(e))
+        report.seconds = time.perf_counter() - t0
+        return report
+    m = reader.manifest
+    report.ckpt_id = m.ckpt_id
+    report.files_checked += 1
+    report.bytes_checked += storage.size(names.MANIFEST)
+    _Checker(storage, reader, report).run()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+class _Checker:
+    def __init__(self, storage: Storage, reader: CheckpointReader, report: VerifyReport):
+        self.storage, self.reader, self.report, self.m = storage, reader, report, reader.manifest
+
+    def problem(self, e: Exception) -> None:
+        self.report.problems.append(str(e))
+
+    def run(self) -> None:
+        worker_docs: dict[int, IndexDoc] = {}
+        for rel, info in sorted(self.m.files.items()):
+            try:
+                data = self.reader.read_file(rel)
+                self.report.files_checked += 1
+                self.report.bytes_checked += len(data)
+                self.check_file(rel, data, worker_docs)
+            except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
+                self.problem(e)
+        self.check_worker_indexes(worker_docs)
+        if self.m.index is not None:
+            self.check_shards()
+        self.find_unlisted()
+
+    def check_file(self, rel: str, data: bytes, worker_docs: dict[int, IndexDoc]) -> None:
+        where = self.reader.describe(rel)
+        if rel == self.m.index:
+            self.reader.index  # noqa: B018 - parses and validates against the manifest
+        elif rel.startswith(f"{names.SPARSE_DIR}/worker-") and rel.endswith(".index.json"):
+            doc = index_from_json(checked_json.loads(data, where, names.MAX_INDEX_BYTES), where)
+            worker = rel[len(f"{names.SPARSE_DIR}/worker-"):-len(".index.json")]
+            if not worker.isdigit():
+                raise CorruptCheckpointError(f"{where}: not a worker index name", where)
+            worker_docs[int(worker)] = doc
+        elif rel == self.m.dense:
+            safetensors_io.read(data, where)
+        elif rel == self.m.extras:
+            extras_fmt.validate(self.reader._tree(rel), where)  # pickled entries stay bytes: never unpickled
+        elif rel in self.m.io_state.values():
+            self.reader._tree(rel)
+
+    def check_worker_indexes(self, docs: dict[int, IndexDoc]) -> None:
+        if not self.m.tables:
+            return
+        where = self.reader.describe(names.SPARSE_DIR)
+        if sorted(docs) != list(range(self.m.shard_num)):
+            self.problem(CorruptCheckpointError(
+                f"{where}: worker indexes {sorted(docs)} do not cover workers 0..{self.m.shard_num - 1}", where))
+            return
+        try:
+            merged = self.reader.index
+        except (CorruptCheckpointError, IncompatibleCheckpointError):
+            return  # already reported
+        try:
+            again = IndexDoc.merge([docs[w] for w in range(self.m.shard_num)])
+        except ValueError as e:
+            self.problem(CorruptCheckpointError(f"{where}: worker indexes do not merge: {e}", where))
+            return
+        if again.to_json() != merged.to_json():
+            idx = self.reader.describe(self.m.index)
+            self.problem(CorruptCheckpointError(
+                f"{idx}: the merged index differs from the merge of the worker indexes in {where}", idx))
+
+    def check_shards(self) -> None:
+        try:
+            index = self.reader.index
+        except (CorruptCheckpointError, IncompatibleCheckpointError):
+            return  # already reported
+        seg_reader = SegmentReader(self.storage, "", index, self.reader.threads)
+        bad_files: set[int] = set()
+        for fi in range(len(index.files)):
+            try:
+                seg_reader._check_size(fi)
+            except CorruptCheckpointError as e:
+                self.problem(e)
+                bad_files.add(fi)
+        self.check_tiling(index, bad_files)
+        self.report.files_checked += len(index.files) - len(bad_files)
+        for table, (slots, segs) in index.tables.items():
+            info = self.m.tables[table]
+            rbs = [8] + [info.slots[s].row_bytes for s in slots]
+            rows = 0
+            for seg in segs:
+                if seg.file in bad_files:
+                    continue
+                try:
+                    self.check_segment(seg_reader, index, table, seg, rbs)
+                    rows += seg.rows
+                except CorruptCheckpointError as e:
+                    self.problem(e)
+                    bad_files.add(seg.file)
+            self.report.tables[table] = rows
+        self.report.bytes_checked += seg_reader.bytes_read
+
+    def check_tiling(self, index: IndexDoc, bad_files: set[int]) -> None:
+        blocks: dict[int, list[tuple[int, int]]] = {fi: [] for fi in range(len(index.files))}
+        for _, segs in index.tables.values():
+            for s in segs:
+                blocks[s.file].extend((c.offset, c.length) for c in (s.buckets, *s.columns))
+        for fi, bl in blocks.items():
+            pos = 0
+            for off, ln in sorted(bl):
+                if off != pos:
+                    break
+                pos += ln
+            if pos != index.files[fi][1] and fi not in bad_files:
+                where = self.storage.describe(index.files[fi][0])
+                self.problem(CorruptCheckpointError(
+                    f"{where}: the index's blocks do not tile the file (gap or overlap at byte {pos} of "
+                    f"{index.files[fi][1]})", where))
+                bad_files.add(fi)
+
+    def check_segment(self, seg_reader, index: IndexDoc, table: str, seg, rbs: list[int]) -> None:
+        off = seg_reader.bucket_offsets(table, seg)  # CRC + partition check
+        cb = index.chunk_bytes
+        window = max(cb, _WINDOW // cb * cb)
+        for k, (col, rb) in enumerate(zip(seg.columns, rbs)):
+            what = "ids" if k == 0 else f"column {k}"
+            for lo in range(0, col.length, window):
+                hi = min(col.length, lo + window)
+                (data,) = seg_reader._read(table, [(seg.file, col, lo, hi, what, cb)])
+                if k == 0:
+                    self.check_ids(table, seg, data.view("<i8"), off, lo // 8, index)
+
+    def check_ids(self, table, seg, ids: np.ndarray, off: np.ndarray, first_row: int, index: IndexDoc) -> None:
+        """Rows [first_row, first_row + len(ids)) must sit in the buckets their ids hash to."""
+        buckets = _C.bucket_of(ids, index.num_buckets)
+        rows = np.arange(first_row, first_row + len(ids))
+        expected = np.searchsorted(off, rows, side="right") - 1
+        if not np.array_equal(buckets, expected):
+            where = self.storage.describe(index.files[seg.file][0])
+            raise CorruptCheckpointError(f"{where}: table {table!r}: ids are not in the buckets the index "
+                                         f"records for them", where)
+
+    def find_unlisted(self) -> None:
+        listed = set(self.m.files) | {names.MANIFEST}
+        try:
+            listed |= {p for p, _ in self.reader.index.files}
+        except (CorruptCheckpointError, IncompatibleCheckpointError):
+            pass
+        stack = [""]
+        while stack:
+            d = stack.pop()
+            for name in self.storage.listdir(d):
+                rel = f"{d}/{name}" if d else name
+                if self.storage.isdir(rel):
+                    stack.append(rel)
+                elif rel not in listed:
+                    self.report.unlisted.append(rel)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m recckpt.format.verifier <checkpoint dir>", file=sys.stderr)
+        return 2
+    report = verify(args[0])
+    print(report)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Bounded fuzzing (hypothesis) of every parser that reads checkpoint bytes: checked JSON, manifest and
+index validation, safetensors parsing, the state-tree decoder, the extras tree and the version file.
+Each may only return a value or raise the documented errors; anything else (KeyError, TypeError,
+RecursionError, MemoryError, a hang) is a bug. RECCKPT_SLOW=1 runs 20x more examples."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import struct
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import stress_harness as h
+from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
+from recckpt.format import catalog, checked_json, extras, safetensors_io, tree_codec
+from recckpt.format.schema import index_from_json, manifest_from_json
+from recckpt.storage import open_storage
+
+N = 200 * (20 if os.environ.get("RECCKPT_SLOW") == "1" else 1)
+FUZZ = settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+DOCUMENTED = (CorruptCheckpointError, IncompatibleCheckpointError)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.text(max_size=12)
+    | st.sampled_from(["F32", "I64", "sparse", "index.json", "../x", "/abs", "a\x00b", "recckpt", 1 << 62, -1]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    ckpt = h.build_template(str(tmp_path_factory.mktemp("fuzz")))
+    read = lambda rel: open(os.path.join(ckpt, rel), "rb").read()  # noqa: E731
+    return {"manifest": checked_json.loads(read("manifest.json"), "m", 1 << 30),
+            "index": checked_json.loads(read("index.json"), "i", 1 << 30),
+            "dense": read("dense.safetensors"), "extras": read("extras.safetensors")}
+
+
+def _paths(obj, prefix=()):
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _paths(v, prefix + (i,))
+
+
+def _mutate(obj, data):
+    """Replace, delete or retype one node of a copy of obj."""
+    obj = copy.deepcopy(obj)
+    paths = [p for p in _paths(obj) if p]
+    path = data.draw(st.sampled_from(paths))
+    parent = obj
+    for k in path[:-1]:
+        parent = parent[k]
+    action = data.draw(st.sampled_from(["replace", "delete", "replace"]))
+    if action == "delete" and isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = data.draw(json_values)
+    return obj
+
+
+@FUZZ
+@given(raw=st.binary(max_size=300))
+def test_checked_json_random_bytes(raw):
+    try:
+        assert isinstance(checked_json.loads(raw, "f", 1 << 20), dict)
+    except CorruptCheckpointError:
+        pass
+
+
+@FUZZ
+@given(data=st.data())
+def test_manifest_validation(template, data):
+    obj = _mutate(template["manifest"], data)
+    try:
+        manifest_from_json(obj, "manifest.json")
+    except DOCUMENTED:
+        pass
+
+
+@FUZZ
+@given(data=st.data())
+def test_index_validation(template, data):
+    m = manifest_from_json(template["manifest"], "manifest.json")
+    obj = _mutate(template["index"], data)
+    try:
+        index_from_json(obj, "index.json", m)
+    except DOCUMENTED:
+        pass
+    try:
+        index_from_json(obj, "index.json")
+    except DOCUMENTED:
+        pass
+
+
+@FUZZ
+@given(data=st.data())
+def test_safetensors_parsing(template, data):
+    raw = bytearray(data.draw(st.sampled_from([template["dense"], template["extras"]])))
+    for _ in range(data.draw(st.integers(1, 4))):
+        kind = data.draw(st.sampled_from(["flip", "cut", "header_len", "header_json"]))
+        if kind == "flip" and raw:
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw[i] ^= data.draw(st.integers(1, 255))
+        elif kind == "cut":
+            raw = raw[:data.draw(st.integers(0, len(raw)))]
+        elif kind == "header_len" and len(raw) >= 8:
+            raw[:8] = struct.pack("<Q", data.draw(st.integers(0, (1 << 64) - 1)))
+        elif kind == "header_json":
+            head = json.dumps(data.draw(json_values)).encode()
+            raw = bytearray(struct.pack("<Q", len(head)) + head + bytes(raw[8:]))
+    try:
+        tensors, meta = safetensors_io.read(bytes(raw), "f.safetensors")
+    except CorruptCheckpointError:
+        return
+    assert isinstance(meta, dict) and all(isinstance(t, torch.Tensor) for t in tensors.values())
+
+
+tree_nodes = st.recursive(
+    json_values,
+    lambda inner: st.one_of(
+        st.fixed_dictionaries({"__tensor__": st.sampled_from(["t0", "nope", 3])}),
+        st.fixed_dictionaries({"__ndarray__": st.sampled_from(["t0", "t1"])}),
+        st.fixed_dictionaries({"__npscalar__": st.sampled_from(["<f4", "<i8", "V100000000000", "O", "|b1", "x", 5]),
+                               "value": inner}),
+        st.fixed_dictionaries({"__float__": st.sampled_from(["nan", "inf", "1e999", "x", 3])}),
+        st.fixed_dictionaries({"__bigint__": st.sampled_from(["12", "9" * 5000, "x", 1])}),
+        st.fixed_dictionaries({"__bytes__": st.sampled_from(["AAAA", "!!", 3])}),
+        st.fixed_dictionaries({"__dtype__": st.sampled_from(["F32", "F99", 1])}),
+        st.fixed_dictionaries({"__tuple__": inner}),
+        st.fixed_dictionaries({"__dict__": st.lists(st.lists(inner, max_size=3), max_size=3)}),
+    ), max_leaves=10)
+
+
+@FUZZ
+@given(node=tree_nodes)
+def test_tree_decode(node):
+    tensors = {"t0": torch.arange(3), "t1": torch.ones(2, dtype=torch.bfloat16)}
+    try:
+        tree_codec.decode(json.dumps(node), tensors, "f")
+    except CorruptCheckpointError:
+        pass
+
+
+@FUZZ
+@given(text=st.text(max_size=200) | st.sampled_from(["[" * 100000, '{"a":' * 50000]))
+def test_tree_decode_raw_text(text):
+    try:
+        tree_codec.decode(text, {}, "f")
+    except CorruptCheckpointError:
+        pass
+
+
+@FUZZ
+@given(tree=json_values)
+def test_extras_tree(tree):
+    try:
+        t = extras.validate(tree, "f")
+        extras.unpickle_allowed(t, {k: True for k in t["objects"]}, "f")
+    except DOCUMENTED:
+        pass
+
+
+@settings(max_examples=N // 2, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(raw=st.binary(max_size=200) | st.lists(st.text(max_size=30), max_size=5).map(lambda x: "\n".join(x).encode()))
+def test_version_file(tmp_path_factory, raw):
+    d = tmp_path_factory.mktemp("vf")
+    (d / "checkpoint").write_bytes(raw)
+    ids = catalog.read_version_file(open_storage(str(d)))
+    assert ids is None or all(isinstance(i, str) and "/" not in i and ".." not in i for i in ids)

@@ -25,6 +25,7 @@ from ..state.protocol import SparseState, split_sparse_dense_state_dict
 from ..storage import open_storage
 from .load_config import LoadConfig
 from .options import SaveOptions
+from .sparse_load import load_table_rows
 
 log = logging.getLogger("recckpt")
 
@@ -434,22 +435,15 @@ class _LoadPlan:
             if not slots:
                 continue
             try:
-                if conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots):
+                cleared = conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)
+                if cleared:
                     table.clear_rows()
                 reserve = getattr(table, "reserve", None)
                 if callable(reserve):  # optional protocol hint: allocate once, not grow per chunk
                     expected = self.m.tables[name].rows * (hi - lo) // self.m.num_buckets
                     reserve(len(table) + expected + expected // 8)
-                names = [s for s, _, _ in slots]
-                rbs = [si.row_bytes for _, si, _ in slots]
-                for ids, cols in self.reader.segments.iter_table(name, names, rbs, lo, hi):
-                    n = len(ids)
-                    tensors = {}
-                    for (slot, si, spec), raw in zip(slots, cols):
-                        t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-                        tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
-                    table.import_rows(torch.from_numpy(ids), tensors)
-                    self.result.sparse_rows += n
+                self.result.sparse_rows += load_table_rows(self.reader.segments, name, target, table, slots,
+                                                           lo, hi, cleared)
             except (CorruptCheckpointError, OSError) as e:
                 done = ", ".join(applied) or "none"
                 raise CorruptCheckpointError(

@@ -97,4 +97,23 @@ void IdMap::insert(const int64_t* ids, int64_t n, int64_t* rows, uint8_t* is_new
   }
 }
 
+int64_t IdMap::insert_new(const int64_t* ids, int64_t n) {
+  if (n <= 0) return 0;
+  reserve((int64_t)keys_.size() + n);  // one rehash at most, none inside the loop
+  int64_t* s = slots_.data();
+  const size_t mask = mask_;
+  for (int64_t j = 0; j < n; j++) {
+    if (j + kPrefetch < n) __builtin_prefetch(s + (mix64((uint64_t)ids[j + kPrefetch]) & mask));
+    const int64_t id = ids[j];
+    const int64_t* k = keys_.data();
+    size_t i = mix64((uint64_t)id) & mask;
+    int64_t r;
+    while ((r = s[i]) >= 0 && k[r] != id) i = (i + 1) & mask;
+    if (r >= 0) return j;
+    s[i] = (int64_t)keys_.size();
+    keys_.push_back(id);  // capacity reserved above: never reallocates
+  }
+  return n;
+}
+
 }  // namespace recckpt

@@ -18,6 +18,11 @@ class IdMap {
   void lookup(const int64_t* ids, int64_t n, int64_t* rows) const;
   // rows[i] = row of ids[i]; is_new[i] = 1 only where ids[i] was inserted by this call (first occurrence).
   void insert(const int64_t* ids, int64_t n, int64_t* rows, uint8_t* is_new);
+  // Bulk load of ids expected to be absent (a table being filled from a checkpoint): inserts ids in
+  // order, growing at most once up front, with no per-id output. Stops at the first id that is
+  // already present (or repeated) and returns its index; returns n when every id was new. Ids
+  // before the returned index stay inserted.
+  int64_t insert_new(const int64_t* ids, int64_t n);
   const std::vector<int64_t>& keys() const { return keys_; }
   void reserve(int64_t n);
   void clear();

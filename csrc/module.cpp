@@ -120,6 +120,17 @@ void bind_idmap(py::module_& m) {
           },
           py::arg("ids"),
           "insert absent ids in first-occurrence order; returns (rows, is_new)")
+      .def(
+          "insert_new",
+          [](IdMap& s, const py::object& ids) {
+            py::buffer_info b = int64_vector(ids, "IdMap.insert_new: ids");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lk(s.mutex());
+            return s.insert_new(static_cast<const int64_t*>(b.ptr), b.shape[0]);
+          },
+          py::arg("ids"),
+          "insert ids expected to be absent (presized, no per-id output); returns the index of the first "
+          "id already present or repeated (ids before it stay inserted), or len(ids) when all were new")
       .def("keys",
            [](const IdMap& s) {
              // The map's lock is only ever taken with the GIL released (and dropped before the GIL is

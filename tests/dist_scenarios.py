@@ -25,7 +25,7 @@ def save_sharded(rank, world, out, ckpt_id, n_ids):
     s.register_io_state("reader", Reader(pos=100 * rank))
     s.register_for_checkpointing("note", {"world": world})
     path = s.save(ckpt_id, step=7)      # shard_id / shard_num from the process group
-    groups = list(torch_coordinator._groups.values())
+    groups = [g for _, g in torch_coordinator._groups.values()]
     return {"path": path, "rows": int(t.ids.numel()), "committed": s.checkpoints(),
             "dedicated_group": len(groups) == 1 and groups[0] is not dist.group.WORLD
                                and dist.get_backend(groups[0]) == "gloo"}

@@ -71,6 +71,9 @@ class Reader:
         self.pos = state["pos"]
 
 
+# Operations whose count per save varies from run to run (see run_faults).
+TIMING_DEPENDENT_OPS = frozenset({"engine_write"})
+
 def set_step_state(model: Model, extras: dict, reader: Reader, step: int) -> None:
     """Deterministic contents for `step`: a different id set and different values every step."""
     g = torch.Generator().manual_seed(step)
@@ -338,10 +341,14 @@ def run_faults(work_dir: str, errnos=(errno.ENOSPC, errno.EIO), limit_per_op: in
     set_step_state(m, e, r, 0)
     s.save("s000000")
     s.storage = fs = FaultyStorage(s.storage)
-    fs.disarm()
-    set_step_state(m, e, r, 1)
-    s.save("s000001")
-    counts = fs.counts()
+    counts: dict = {}
+    for k in range(3):
+        # The engine merges small writes and flushes when a writer thread goes idle, so its write count
+        # depends on timing: take the minimum over a few saves as the positions every save reaches.
+        fs.disarm()
+        set_step_state(m, e, r, 1 + k)
+        s.save(f"p{k:06d}")
+        counts = {op: min(n, counts.get(op, n)) for op, n in fs.counts().items()}
     fs.disarm()
     cases = []
     for op in OPS:
@@ -374,6 +381,9 @@ def run_faults(work_dir: str, errnos=(errno.ENOSPC, errno.EIO), limit_per_op: in
             saved = False
         fired = fs.triggered
         fs.disarm()
+        if not fired and op in TIMING_DEPENDENT_OPS and at > 1:
+            rec.trials -= 1   # this save happened to merge writes and did fewer; not a trial of this position
+            continue
         if not fired:
             rec.fail(f"{where}: the fault never fired (the save does fewer operations than counted)")
         listed = Saver(Model(), output_dir=out).checkpoints()

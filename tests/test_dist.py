@@ -135,7 +135,7 @@ def test_duplicate_ids_across_ranks(tmp_path):
         Saver(Holder(t), output_dir=out).load(ckpt_id=ckpt, load_conf={"load": ["sparse", "sparse_opt"], **conf})
         return t
 
-    with pytest.raises(DuplicateIdsError, match=r"table 'emb' stores 2 id\(s\) in more than one worker") as e:
+    with pytest.raises(DuplicateIdsError, match=r"table 'emb' stores 2 id\(s\) more than once") as e:
         load("dup")
     assert "dup" in str(e.value) and "newest" in str(e.value)
     t = load("dup", duplicates="newest")

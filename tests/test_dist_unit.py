@@ -91,7 +91,7 @@ def _load(out, **conf):
 
 def test_duplicate_id_saved_by_two_workers_in_one_process(tmp_path):
     _save_two_workers(tmp_path, [[5, 1, 2], [5, 3]])
-    with pytest.raises(DuplicateIdsError, match=r"table 'emb' stores 1 id\(s\).*e\.g\. id 5 in worker 0 and worker 1"):
+    with pytest.raises(DuplicateIdsError, match=r"table 'emb' stores 1 id\(s\).*e\.g\. id 5 in worker 0 and in worker 1"):
         _load(tmp_path)
     with pytest.raises(DuplicateIdsError, match="were not recorded"):
         _load(tmp_path, duplicates="newest")

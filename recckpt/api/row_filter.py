@@ -99,6 +99,6 @@ class RowFilter:
             why = ("load_conf {'duplicates': 'newest'} keeps the copy of the worker that saved at the "
                    "highest step, if the workers recorded different steps")
         raise DuplicateIdsError(
-            f"checkpoint {self.where}: table {self.table!r} stores {self.duplicates} id(s) in more than one "
-            f"worker's shard (e.g. id {i} in {wa} and {wb}; among the ids loading rank {self.rank} of "
+            f"checkpoint {self.where}: table {self.table!r} stores {self.duplicates} id(s) more than once "
+            f"(e.g. id {i} in {wa} and in {wb}; among the ids loading rank {self.rank} of "
             f"{self.world} owns); the job that saved it probably routed ids inconsistently. {why}")

@@ -26,6 +26,7 @@ from ..storage import open_storage
 from .load_config import LoadConfig
 from .options import SaveOptions
 from .row_filter import RowFilter
+from .sparse_load import direct_load_possible, load_table_rows
 
 log = logging.getLogger("recckpt")
 
@@ -565,7 +566,8 @@ class _LoadPlan:
             if not slots:
                 continue
             try:
-                if conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots):
+                cleared = conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)
+                if cleared:
                     table.clear_rows()
                 reserve = getattr(table, "reserve", None)
                 if callable(reserve):  # optional protocol hint: allocate once, not grow per chunk
@@ -574,24 +576,29 @@ class _LoadPlan:
                     reserve(len(table) + expected + expected // 8)
                 names = [s for s, _, _ in slots]
                 rbs = [si.row_bytes for _, si, _ in slots]
-                rf = RowFilter(name, self.reader.describe(), rank=shard_id, world=world,
-                               ownership=conf.ownership, rule=conf.duplicates,
-                               files=self.reader.index.files, worker_steps=self.m.worker_steps)
-                for ids, cols, fi in self.reader.segments.iter_table(name, names, rbs, lo, hi, with_file=True):
-                    keep = rf.keep(ids, fi)
-                    if keep is not None:
-                        ids, cols = ids[keep], [c[keep] for c in cols]
-                    n = len(ids)
-                    if n == 0:
-                        continue
-                    tensors = {}
-                    for (slot, si, spec), raw in zip(slots, cols):
-                        t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-                        tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
-                    table.import_rows(torch.from_numpy(ids), tensors)
-                    self.result.sparse_rows += n
-                self.result.sparse_rows -= rf.replaced
-                rf.check()
+                if conf.ownership is None and conf.duplicates == "error" and \
+                        direct_load_possible(table, slots, cleared):
+                    self.result.sparse_rows += load_table_rows(self.reader.segments, name, target, table,
+                                                               slots, lo, hi, self.reader.describe())
+                else:
+                    rf = RowFilter(name, self.reader.describe(), rank=shard_id, world=world,
+                                   ownership=conf.ownership, rule=conf.duplicates,
+                                   files=self.reader.index.files, worker_steps=self.m.worker_steps)
+                    for ids, cols, fi in self.reader.segments.iter_table(name, names, rbs, lo, hi, with_file=True):
+                        keep = rf.keep(ids, fi)
+                        if keep is not None:
+                            ids, cols = ids[keep], [c[keep] for c in cols]
+                        n = len(ids)
+                        if n == 0:
+                            continue
+                        tensors = {}
+                        for (slot, si, spec), raw in zip(slots, cols):
+                            t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
+                            tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
+                        table.import_rows(torch.from_numpy(ids), tensors)
+                        self.result.sparse_rows += n
+                    self.result.sparse_rows -= rf.replaced
+                    rf.check()
             except (CorruptCheckpointError, OSError, IncompatibleCheckpointError) as e:
                 done = ", ".join(applied) or "none"
                 if isinstance(e, IncompatibleCheckpointError):

@@ -15,6 +15,8 @@ messages that would otherwise be read by the next save).
 """
 from __future__ import annotations
 
+import atexit
+
 import json
 import uuid
 from datetime import timedelta
@@ -25,7 +27,17 @@ import torch.distributed as dist
 from ..errors import CheckpointSaveError
 from .coordinator import Coordinator
 
-_groups: dict[float, object] = {}   # timeout_s → live gloo group
+# timeout_s → (the default group it was built under, the gloo group). Tied to the default group so a
+# job that destroys and re-creates its process group never reuses a destroyed group.
+_groups: dict[float, tuple[object, object]] = {}
+
+
+@atexit.register
+def _release_groups() -> None:
+    # Drop our references while the interpreter is intact: if a user's destroy_process_group() left us
+    # the last one, the group's C++ destructor would otherwise run during interpreter teardown, where
+    # gloo's threads have been seen to abort the process ("terminate called without an active exception").
+    _groups.clear()
 
 
 # Building a group is a rendezvous of every rank; ranks reach their first save at quite different
@@ -35,11 +47,12 @@ RENDEZVOUS_MIN_S = 120.0
 
 
 def _group(timeout_s: float):
-    g = _groups.get(timeout_s)
-    if g is None:
+    world = dist.group.WORLD
+    world_then, g = _groups.get(timeout_s, (None, None))
+    if g is None or world_then is not world:
         # new_group is itself collective: every rank reaches it in the same save, in the same order.
         g = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_MIN_S)))
-        _groups[timeout_s] = g
+        _groups[timeout_s] = (world, g)
     return g
 
 

@@ -135,11 +135,10 @@ class SegmentReader:
         return out
 
     def _read(self, table: str, reqs: list[tuple[int, Column, int, int, str, int]],
-              reuse: bool = False) -> list[np.ndarray]:
-        """reqs: (file, column, lo, hi, what, checksum step) → verified bytes [lo, hi) of each column.
-        With reuse, the arrays are views of the scratch buffer, valid until the next reusing read."""
-        sizes = [hi - lo for _, _, lo, hi, _, _ in reqs]
-        out = self._scratch_views(sizes) if reuse else [np.empty(n, dtype=np.uint8) for n in sizes]
+              dsts: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """reqs: (file, column, lo, hi, what, checksum step) → verified bytes [lo, hi) of each column,
+        written into `dsts` (writable uint8 arrays of hi - lo bytes) or into fresh arrays."""
+        out = dsts if dsts is not None else [np.empty(hi - lo, dtype=np.uint8) for _, _, lo, hi, _, _ in reqs]
         for fi, *_ in reqs:
             self._check_size(fi)
         if self.storage.is_local:
@@ -182,31 +181,17 @@ class SegmentReader:
                                          self._path(seg.file))
         return off
 
-    def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
-                   bucket_lo: int = 0, bucket_hi: int | None = None, *, with_file: bool = False
-                   ) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
-        """Yield (ids, [uint8[n, row_bytes] per requested slot]) per segment, for buckets [lo, hi);
-        with_file=True adds a third element, the segment's position in `index.files`.
-        The arrays are views of a reused buffer: consume (copy) them before taking the next item."""
+    def batches(self, table: str, slots: list[str], row_bytes: list[int],
+                bucket_lo: int = 0, bucket_hi: int | None = None) -> Iterator["ReadBatch"]:
+        """Plan the reads of buckets [lo, hi) of `table` in batches of about `batch_bytes`: each batch
+        is one or more segments' row ranges, read together so the engine's threads share the work."""
         all_slots, segs = self.index.tables[table]
         col_of = [1 + all_slots.index(s) for s in slots]
         nb = self.index.num_buckets
         hi_b = nb if bucket_hi is None else bucket_hi
         full = bucket_lo == 0 and hi_b == nb
-        pending: list[tuple[int, int, list]] = []
-        pending_bytes = 0
-
-        def flush():
-            flat = [r for _, _, rs in pending for r in rs]
-            data = self._read(table, flat, reuse=True) if flat else []
-            pos = 0
-            for fi, n, rs in pending:
-                part = data[pos:pos + len(rs)]
-                pos += len(rs)
-                ids = part[0].view("<i8")
-                cols = [p.reshape(n, rb) for p, rb in zip(part[1:], row_bytes)]
-                yield (ids, cols, fi) if with_file else (ids, cols)
-
+        cb = self.index.chunk_bytes
+        batch = ReadBatch(table, row_bytes)
         for seg in segs:
             if full:
                 # Not needed to read every row, but part of the file: verify it so that no byte of a
@@ -218,13 +203,72 @@ class SegmentReader:
                 r0, r1 = int(off[bucket_lo]), int(off[hi_b])
             if r1 == r0:
                 continue
-            cb = self.index.chunk_bytes
             rs = [(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb)]
             for s, c, rb in zip(slots, col_of, row_bytes):
                 rs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb))
-            pending.append((seg.file, r1 - r0, rs))
-            pending_bytes += sum(r[3] - r[2] for r in rs)
-            if pending_bytes >= self.batch_bytes:
-                yield from flush()
-                pending, pending_bytes = [], 0
-        yield from flush()
+            batch.add(r1 - r0, rs)
+            if batch.nbytes >= self.batch_bytes:
+                yield batch
+                batch = ReadBatch(table, row_bytes)
+        if batch.rows:
+            yield batch
+
+    def read_batch(self, batch: "ReadBatch", dst: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Read and verify one batch. `dst`: one writable, C-contiguous buffer per column (ids, then the
+        slots), `rows * row_bytes` bytes each, filled in segment order; None reads into the reused
+        scratch buffer. Returns the per-column uint8 arrays (`dst` viewed as bytes, or scratch views
+        valid until the next read)."""
+        widths = [8] + list(batch.row_bytes)
+        if dst is None:
+            out = self._scratch_views([batch.rows * w for w in widths])
+        else:
+            if len(dst) != len(widths):
+                raise ValueError(f"table {batch.table!r}: read_batch got {len(dst)} destinations for "
+                                 f"{len(widths)} columns")
+            out = []
+            for d, w in zip(dst, widths):
+                flat = np.frombuffer(d, dtype=np.uint8) if not isinstance(d, np.ndarray) else d.reshape(-1).view(np.uint8)
+                if flat.size != batch.rows * w:
+                    raise ValueError(f"table {batch.table!r}: read_batch destination of {flat.size} bytes for "
+                                     f"{batch.rows} rows of {w} bytes")
+                out.append(flat)
+        flat_reqs, flat_dst = [], []
+        pos = [0] * len(widths)
+        for n, rs in batch.parts:
+            for c, r in enumerate(rs):
+                nb = n * widths[c]
+                flat_reqs.append(r)
+                flat_dst.append(out[c][pos[c]:pos[c] + nb])
+                pos[c] += nb
+        self._read(batch.table, flat_reqs, dsts=flat_dst)
+        return out
+
+    def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
+                   bucket_lo: int = 0, bucket_hi: int | None = None, *, with_file: bool = False
+                   ) -> Iterator[tuple]:
+        """Yield (ids, [uint8[n, row_bytes] per requested slot]) per segment, for buckets [lo, hi);
+        with_file=True adds a third element, the segment's position in `index.files`. Segments are
+        read in batches; the arrays are views of a reused buffer: consume (copy) them before the next."""
+        for batch in self.batches(table, slots, row_bytes, bucket_lo, bucket_hi):
+            cols = self.read_batch(batch)
+            pos = 0
+            for n, reqs in batch.parts:
+                ids = cols[0][8 * pos:8 * (pos + n)].view("<i8")
+                parts = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols[1:], row_bytes)]
+                pos += n
+                yield (ids, parts, reqs[0][0]) if with_file else (ids, parts)
+
+
+class ReadBatch:
+    """Row ranges of one or more segments of a table, read together by `SegmentReader.read_batch`."""
+
+    def __init__(self, table: str, row_bytes: list[int]):
+        self.table, self.row_bytes = table, list(row_bytes)
+        self.parts: list[tuple[int, list]] = []  # (rows, [request per column])
+        self.rows = 0
+        self.nbytes = 0
+
+    def add(self, rows: int, reqs: list) -> None:
+        self.parts.append((rows, reqs))
+        self.rows += rows
+        self.nbytes += sum(r[3] - r[2] for r in reqs)

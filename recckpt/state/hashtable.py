@@ -550,6 +550,60 @@ class HashTable(nn.Module):
         self._epoch += 1
         self._version += 1
 
+    # ------------------------------------------------------------------ bulk load (optional protocol)
+    def append_views(
+        self, n: int, slots: Sequence[str]
+    ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """Writable storage for ``n`` rows after the last one; see
+        :meth:`recckpt.state.protocol.BulkAppend.append_views`.
+
+        The views are rows ``[len(self), len(self) + n)`` of the table's own storage (grown if
+        needed), so a loader reads the checkpoint straight into the table with no staging copy.
+        """
+        slots = list(slots)
+        for s in slots:
+            self._check_slot(s)
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"table {self.name!r}: append_views n must be an int >= 0, got {n!r}")
+        n = int(n)
+        old = self._size
+        self._grow_for(old + n)
+        self._version += 1  # a pending append invalidates running exports
+        self._append = (n, tuple(slots), self._version)
+        return self._ids[old:old + n], {s: self._data[s][old:old + n] for s in slots}
+
+    def commit_append(self) -> None:
+        """Make the rows filled through the last :meth:`append_views` part of the table; see
+        :meth:`recckpt.state.protocol.BulkAppend.commit_append`."""
+        pending, self._append = getattr(self, "_append", None), None
+        if pending is None or pending[2] != self._version:
+            raise RuntimeError(
+                f"table {self.name!r}: commit_append without a matching append_views (or the table "
+                f"changed in between)"
+            )
+        n, slots, _ = pending
+        old = self._size
+        new = old + n
+        if n == 0:
+            return
+        bad = self._map.insert_new(_np(self._ids[old:new]))
+        if bad != n:
+            dup = int(self._ids[old + bad])
+            self._rollback(old)
+            raise ValueError(
+                f"table {self.name!r}: commit_append: id {dup} (row {bad} of {n} appended) is already "
+                f"in the table or repeated; nothing was appended"
+            )
+        try:
+            for k, data in self._data.items():
+                if k not in slots:
+                    self._init_rows(data[old:new], self._inits[k])
+        except BaseException:
+            self._rollback(old)
+            raise
+        self._size = new
+        self._version += 1
+
     # ------------------------------------------------------------------ state_dict integration
     def get_extra_state(self) -> "HashTable":
         """Return the table itself, so ``model.state_dict()`` holds it under

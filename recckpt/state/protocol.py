@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, Mapping, Protocol, Sequence, Tuple, runt
 import torch
 
 __all__ = [
+    "BulkAppend",
     "SLOT_CATEGORIES",
     "SlotSpec",
     "SparseTableMeta",
@@ -179,6 +180,34 @@ class SparseState(Protocol):
 
     # Optional: ``reserve(rows: int) -> None``. If present, loaders call it with the number of rows
     # the table is about to hold, so an implementation can allocate once instead of growing.
+
+
+@runtime_checkable
+class BulkAppend(Protocol):
+    """Optional extension of :class:`SparseState`: let a loader read rows straight into storage.
+
+    A table being replace-loaded (emptied by ``clear_rows``) receives ids it does not hold yet, so
+    it can lend the loader the memory those rows will live in; the loader reads checkpoint bytes
+    directly into it instead of into a staging buffer that ``import_rows`` would copy again. Loaders
+    use it only when no dtype cast is needed and the table was cleared (not with ``merge``); any
+    other case goes through ``import_rows``. Both methods are called from one thread.
+    """
+
+    def append_views(
+        self, n: int, slots: Sequence[str]
+    ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """Return writable, C-contiguous CPU tensors for ``n`` rows that are not yet in the table:
+        ``ids`` (``int64[n]``) and, for each slot named in ``slots``, ``[n, *spec.shape]`` in the
+        slot's dtype. The caller fills every element, then calls :meth:`commit_append`. Until then
+        the rows are not part of the table (``len`` and lookups are unchanged); a caller that gives
+        up simply never commits, and the next ``append_views`` or modification discards them."""
+        ...
+
+    def commit_append(self) -> None:
+        """Add the rows filled since the last :meth:`append_views` to the table. Slots not named
+        there start at their initial value. If an appended id is already in the table or repeated,
+        raise ``ValueError`` naming the table and the id, leaving the table as it was before."""
+        ...
 
 
 def split_sparse_dense_state_dict(

@@ -1,0 +1,466 @@
+"""recckpt next to torch.save, safetensors, torch.distributed.checkpoint and raw numpy, same state, same run.
+
+The state is a recommendation model: N ids x D float32 embeddings in a HashTable with two Adam slots
+(adam.m, adam.v), plus dense tensors. Every method saves the same bytes and fsyncs them; every peer
+first exports the table to arrays (ids + one tensor per slot, as a user of that peer must) and on load
+rebuilds a fresh HashTable from what it read. `raw` is numpy.tofile + fsync of those same arrays and
+np.fromfile back (no rebuild): the limit of this disk. For each method: sync save time, load time into
+a fresh model, peak extra RSS during each (sampled from /proc/self/status), bytes written.
+
+    python benchmarks/compare.py                                   # default: 8M ids x 64 x 3 slots = 6.3 GB
+    python benchmarks/compare.py --ids 4000000 --methods recckpt,torch,safetensors   # the core issue's comparison
+    python benchmarks/compare.py --ids 200000 --repeat 1           # quick smoke run
+    python benchmarks/compare.py --scale                           # 10 GB: 13M ids, recckpt + raw, source freed before loads
+
+Loads read files after POSIX_FADV_DONTNEED (best effort: pages may stay cached), the same for every
+method. Methods run interleaved, `--repeat` times; the table reports medians.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from recckpt import HashTable, Saver
+from recckpt.state.optim import SparseAdam
+
+ALL_METHODS = ("recckpt", "torch", "safetensors", "dcp", "raw")
+SLOTS = ("embedding", "adam.m", "adam.v")
+
+
+# ------------------------------------------------------------------------------------------ state
+class Model(torch.nn.Module):
+    def __init__(self, dim: int, dense_keys=()):
+        super().__init__()
+        self.table = HashTable("table", dim=dim)
+        self.dense = torch.nn.ParameterDict({k: torch.nn.Parameter(torch.empty(1 << 20)) for k in dense_keys})
+
+
+def build(ids: int, dim: int, dense_mb: int, seed: int = 0) -> tuple[Model, SparseAdam]:
+    torch.manual_seed(seed)
+    m = Model(dim)
+    opt = SparseAdam(m, lr=0.01)  # adds the adam.m / adam.v slots
+    m.table.reserve(ids)
+    step = 1 << 20
+    with torch.no_grad():
+        for s in range(0, ids, step):
+            m.table(torch.arange(s, min(ids, s + step), dtype=torch.int64) * 2654435761)
+    for slot in ("adam.m", "adam.v"):
+        m.table.slot(slot).normal_()
+    for k in range(max(1, dense_mb // 4)):  # 4 MB tensors
+        m.dense[f"w{k}"] = torch.nn.Parameter(torch.randn(1 << 20))
+    return m, opt
+
+
+def fresh_model(src_dense_keys, dim) -> tuple[Model, SparseAdam]:
+    m = Model(dim, src_dense_keys)
+    return m, SparseAdam(m, lr=0.01)
+
+
+def exported(m: Model) -> dict[str, torch.Tensor]:
+    """What a user of a generic tensor checkpointer saves: the table as arrays plus the dense state.
+    Slot views are used as they are (no copy) unless they do not own their whole storage, because
+    torch.save would then write the unused capacity too."""
+    t = m.table
+    out = {"table.ids": t.ids()}
+    for s in SLOTS:
+        v = t.slot(s)
+        out[f"table.{s}"] = v if v.untyped_storage().nbytes() == v.nbytes else v.clone()
+    out.update({f"dense.{k}": v.detach() for k, v in m.dense.items()})
+    return out
+
+
+def rebuild(m: Model, tensors: dict[str, torch.Tensor]) -> None:
+    """What a user of a generic tensor checkpointer does on load: refill the table from the arrays."""
+    t = m.table
+    t.clear_rows()
+    ids = tensors["table.ids"]
+    t.reserve(ids.numel())
+    t.import_rows(ids, {s: tensors[f"table.{s}"] for s in SLOTS})
+    with torch.no_grad():
+        for k, p in m.dense.items():
+            p.copy_(tensors[f"dense.{k}"])
+
+
+def fingerprint(m: Model, k: int = 4096) -> tuple[int, torch.Tensor, dict[str, torch.Tensor]]:
+    ids = m.table.ids()
+    pick = ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(1))[:k]]
+    rows = m.table.lookup(pick)
+    return len(m.table), pick, {s: m.table.read_rows(s, rows) for s in SLOTS}
+
+
+def check(m: Model, fp, method: str) -> None:
+    n, pick, vals = fp
+    if len(m.table) != n:
+        raise SystemExit(f"{method}: loaded {len(m.table)} rows, saved {n}")
+    rows = m.table.lookup(pick)
+    if bool((rows < 0).any()):
+        raise SystemExit(f"{method}: sampled ids missing after load")
+    for s in SLOTS:
+        if not torch.equal(m.table.read_rows(s, rows), vals[s]):
+            raise SystemExit(f"{method}: slot {s} differs after load")
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class PeakRss:
+    """Samples VmRSS every few ms on a thread; `extra` = peak minus RSS at entry."""
+
+    def __init__(self, period: float = 0.002):
+        self.period = period
+
+    def __enter__(self):
+        gc.collect()
+        self.base = self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.period):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, rss_bytes())
+        self.extra = self.peak - self.base
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tree_files(path: str):
+    if os.path.isfile(path):
+        yield path
+        return
+    for root, _, files in os.walk(path):
+        for f in files:
+            yield os.path.join(root, f)
+
+
+def fsync_tree(path: str) -> None:
+    for p in tree_files(path):
+        fsync_path(p)
+    if os.path.isdir(path):
+        fsync_path(path)
+    fsync_path(os.path.dirname(path) or ".")
+
+
+def drop_cache(path: str) -> None:
+    """Best effort: ask the kernel to drop these files' cached pages (no root needed)."""
+    for p in tree_files(path):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def du(path: str) -> int:
+    return sum(os.path.getsize(p) for p in tree_files(path))
+
+
+def remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+# ---------------------------------------------------------------------------------------- methods
+# Each method: save(src, opt, path, threads) and load(dst, dst_opt, path, threads). Saves include
+# fsync of every file written; loads end with the model holding the state.
+
+def recckpt_save(src, opt, path, threads):
+    Saver(src, sparse_optim=opt, output_dir=path, concurrency=threads, max_keep=None).save("c")
+
+
+def recckpt_load(dst, dst_opt, path, threads):
+    Saver(dst, sparse_optim=dst_opt, output_dir=path, concurrency=threads).load(ckpt_id="c")
+
+
+def torch_save(src, opt, path, threads):
+    torch.save(exported(src), path)
+    fsync_tree(path)
+
+
+def torch_load(dst, dst_opt, path, threads):
+    rebuild(dst, torch.load(path, weights_only=True))
+
+
+def st_save(src, opt, path, threads):
+    from safetensors.torch import save_file
+    save_file(exported(src), path)
+    fsync_tree(path)
+
+
+def st_load(dst, dst_opt, path, threads):
+    from safetensors.torch import load_file
+    rebuild(dst, load_file(path))
+
+
+def dcp_save(src, opt, path, threads):
+    import torch.distributed.checkpoint as dcp
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: running single-process"
+        dcp.save(exported(src), storage_writer=dcp.FileSystemWriter(path, thread_count=threads, sync_files=True))
+    fsync_tree(path)
+
+
+def dcp_load(dst, dst_opt, path, threads):
+    import torch.distributed.checkpoint as dcp
+    reader = dcp.FileSystemReader(path)
+    meta = reader.read_metadata()
+    # A DCP user must preallocate every tensor before loading into it.
+    sd = {k: torch.empty(tuple(md.size), dtype=md.properties.dtype) for k, md in meta.state_dict_metadata.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(sd, storage_reader=reader)
+    rebuild(dst, sd)
+
+
+def raw_arrays(src):
+    return [v.contiguous().view(torch.uint8).numpy() if v.dim() else v.reshape(1).view(torch.uint8).numpy()
+            for v in exported(src).values()]
+
+
+def raw_save(src, opt, path, threads):
+    with open(path, "wb") as f:
+        for a in raw_arrays(src):
+            a.tofile(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def raw_load(dst, dst_opt, path, threads):
+    # The disk's read limit: the same bytes into fresh arrays, no table rebuild.
+    raw_load.last = np.fromfile(path, dtype=np.uint8)
+
+
+METHODS = {
+    "recckpt": (recckpt_save, recckpt_load, "ckpt"),
+    "torch": (torch_save, torch_load, "state.pt"),
+    "safetensors": (st_save, st_load, "state.safetensors"),
+    "dcp": (dcp_save, dcp_load, "dcp"),
+    "raw": (raw_save, raw_load, "state.raw"),
+}
+
+
+# ------------------------------------------------------------------------------------------- main
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ids", type=int, default=8_000_000, help="ids in the table (default 8M)")
+    ap.add_argument("--dim", type=int, default=64, help="embedding dimension (default 64)")
+    ap.add_argument("--dense-mb", type=int, default=64, help="MB of dense tensors (default 64)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2,
+                    help="recckpt concurrency and DCP thread_count (default: CPU count)")
+    ap.add_argument("--methods", default=",".join(ALL_METHODS), help=f"comma list of {ALL_METHODS}")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of every method, interleaved (median)")
+    ap.add_argument("--scale", action="store_true",
+                    help="the 10 GB scale run: 13M ids (x 64 x 3 slots = 10 GB) unless --ids is given, recckpt and raw only, "
+                         "source freed before loading, 1 round unless --repeat is given")
+    ap.add_argument("--free-source", action="store_true",
+                    help="save every method first, then free the source model before loading (less memory)")
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir under /tmp)")
+    ap.add_argument("--json", default=None, help="write the results here as JSON")
+    args = ap.parse_args(argv)
+    explicit = set(a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]))
+    if args.scale:
+        if "--ids" not in explicit:
+            args.ids = 13_000_000  # x 64 x 3 float32 slots + ids = 10.0 GB
+        if "--methods" not in explicit:
+            args.methods = "recckpt,raw"
+        if "--repeat" not in explicit:
+            args.repeat = 1
+        args.free_source = True
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in args.methods:
+        if m not in METHODS:
+            ap.error(f"--methods: unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
+    if args.ids < 1 or args.dim < 1 or args.threads < 1 or args.repeat < 1 or args.dense_mb < 0:
+        ap.error("--ids, --dim, --threads, --repeat must be >= 1 and --dense-mb >= 0")
+    return args
+
+
+def run(args) -> dict:
+    root = args.dir or tempfile.mkdtemp(prefix="recckpt-compare-")
+    os.makedirs(root, exist_ok=True)
+    t0 = time.perf_counter()
+    src, opt = build(args.ids, args.dim, args.dense_mb)
+    build_s = time.perf_counter() - t0
+    state_bytes = sum(v.numel() * v.element_size() for v in exported(src).values())
+    dense_keys = list(src.dense.keys())
+    fp = fingerprint(src)
+    state = {"src": src, "opt": opt}
+    del src, opt  # only `state` holds the source model, so --free-source can drop it
+    print(f"state: {args.ids:,} ids x {args.dim} f32 x 3 slots + {args.dense_mb} MB dense = "
+          f"{state_bytes / 1e9:.2f} GB (built in {build_s:.0f} s, RSS {rss_bytes() / 1e9:.2f} GB); "
+          f"threads {args.threads}; {os.cpu_count()} CPUs; methods {', '.join(args.methods)}", flush=True)
+    runs = {m: [] for m in args.methods}
+
+    def path_of(m, r):
+        return os.path.join(root, f"{m}-{r}-{METHODS[m][2]}")
+
+    def do_save(m, r):
+        p = path_of(m, r)
+        remove(p)
+        gc.collect()
+        with PeakRss() as pk:
+            t = time.perf_counter()
+            METHODS[m][0](state["src"], state["opt"], p, args.threads)
+            dt = time.perf_counter() - t
+        rec = {"save_s": dt, "save_peak_extra_bytes": pk.extra, "bytes_written": du(p)}
+        print(f"  round {r} {m:<12} save {dt:7.2f} s  peak +{pk.extra / 2**20:7.0f} MiB", flush=True)
+        return rec
+
+    def do_load(m, r, rec):
+        p = path_of(m, r)
+        drop_cache(p)
+        dst, dst_opt = fresh_model(dense_keys, args.dim)
+        gc.collect()
+        with PeakRss() as pk:
+            t = time.perf_counter()
+            METHODS[m][1](dst, dst_opt, p, args.threads)
+            dt = time.perf_counter() - t
+        if m == "raw":
+            if raw_load.last.size != rec["bytes_written"]:
+                raise SystemExit("raw: read back a different number of bytes")
+            raw_load.last = None
+        else:
+            check(dst, fp, m)
+        rec.update(load_s=dt, load_peak_extra_bytes=pk.extra)
+        print(f"  round {r} {m:<12} load {dt:7.2f} s  peak +{pk.extra / 2**20:7.0f} MiB", flush=True)
+        del dst, dst_opt
+        remove(p)
+        gc.collect()
+
+    def order_of(r):  # rotate the order every round, so no method always runs first
+        k = r % len(args.methods)
+        return args.methods[k:] + args.methods[:k]
+
+    try:
+        if args.free_source:
+            # Every round's saves first; then the source model is dropped and every file is loaded.
+            for r in range(args.repeat):
+                for m in order_of(r):
+                    runs[m].append(do_save(m, r))
+            state.clear()
+            gc.collect()
+            print(f"  source freed: RSS {rss_bytes() / 1e9:.2f} GB", flush=True)
+            for r in range(args.repeat):
+                for m in order_of(r):
+                    do_load(m, r, runs[m][r])
+        else:
+            for r in range(args.repeat):
+                for m in order_of(r):
+                    rec = do_save(m, r)
+                    do_load(m, r, rec)
+                    runs[m].append(rec)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    return summarize(args, runs, state_bytes, build_s)
+
+
+def summarize(args, runs: dict, state_bytes: int, build_s: float) -> dict:
+    med = {}
+    for m, recs in runs.items():
+        med[m] = {k: statistics.median(r[k] for r in recs) for k in recs[0]}
+        med[m]["save_GBps"] = state_bytes / med[m]["save_s"] / 1e9
+        med[m]["load_GBps"] = state_bytes / med[m]["load_s"] / 1e9
+        med[m]["save_s_all"] = [r["save_s"] for r in recs]
+        med[m]["load_s_all"] = [r["load_s"] for r in recs]
+    # speed ratios: how many times faster method a is than method b (b's seconds / a's seconds)
+    ratios = {a: {b: {"save": med[b]["save_s"] / med[a]["save_s"], "load": med[b]["load_s"] / med[a]["load_s"]}
+                  for b in med if b != a} for a in med}
+    out = {"state_bytes": state_bytes, "ids": args.ids, "dim": args.dim, "dense_mb": args.dense_mb,
+           "threads": args.threads, "cpus": os.cpu_count(), "repeat": args.repeat, "build_s": build_s,
+           "methods": med, "ratios": ratios, "targets": targets(med, state_bytes)}
+    return out
+
+
+def targets(med: dict, state_bytes: int) -> dict:
+    """The issue's targets, as ratios measured in this run (None where a needed method did not run)."""
+    if "recckpt" not in med:
+        return {}
+    r = med["recckpt"]
+    peers = [m for m in med if m not in ("recckpt", "raw")]
+    t = {}
+    if peers:
+        best_save = min(med[p]["save_s"] for p in peers)
+        best_load = min(med[p]["load_s"] for p in peers)
+        t["save_vs_best_peer"] = {"value": best_save / r["save_s"], "target": 1.0}
+        t["load_vs_best_peer"] = {"value": best_load / r["load_s"], "target": 1.5}
+    if "raw" in med:
+        t["save_vs_raw"] = {"value": med["raw"]["save_s"] / r["save_s"], "target": 0.8}
+    limit = (256 << 20) + 0.05 * state_bytes
+    t["save_peak_extra_bytes"] = {"value": r["save_peak_extra_bytes"], "target_max": limit}
+    for v in t.values():
+        v["met"] = v["value"] >= v["target"] if "target" in v else v["value"] <= v["target_max"]
+    return t
+
+
+def print_table(res: dict) -> None:
+    med = res["methods"]
+    gb = res["state_bytes"] / 1e9
+    print(f"\n{res['ids']:,} ids x {res['dim']} x 3 slots + {res['dense_mb']} MB dense = {gb:.2f} GB, "
+          f"{res['threads']} threads, {res['cpus']} CPUs, median of {res['repeat']}")
+    hdr = (f"{'method':<12} {'save s':>7} {'GB/s':>6} {'/raw':>5} {'peak+MiB':>9} {'written GB':>10} "
+           f"{'load s':>7} {'GB/s':>6} {'/raw':>5} {'peak+MiB':>9}")
+    print(hdr)
+    raw = med.get("raw")
+    for m, r in med.items():
+        sr = f"{r['save_GBps'] / raw['save_GBps']:5.2f}" if raw else "    -"
+        lr = f"{r['load_GBps'] / raw['load_GBps']:5.2f}" if raw else "    -"
+        print(f"{m:<12} {r['save_s']:7.2f} {r['save_GBps']:6.3f} {sr} {r['save_peak_extra_bytes'] / 2**20:9.0f} "
+              f"{r['bytes_written'] / 1e9:10.3f} {r['load_s']:7.2f} {r['load_GBps']:6.3f} {lr} "
+              f"{r['load_peak_extra_bytes'] / 2**20:9.0f}")
+    if "recckpt" in med and len(med) > 1:
+        print("\nrecckpt speed ratio (other's seconds / recckpt's seconds; > 1 means recckpt is faster):")
+        for b, v in res["ratios"]["recckpt"].items():
+            print(f"  vs {b:<12} save {v['save']:5.2f}x   load {v['load']:5.2f}x")
+    if res["targets"]:
+        print("\ntargets (issue 6):")
+        for k, v in res["targets"].items():
+            want = f">= {v['target']}" if "target" in v else f"<= {v['target_max'] / 2**20:.0f} MiB"
+            val = f"{v['value']:.2f}" if "target" in v else f"{v['value'] / 2**20:.0f} MiB"
+            print(f"  {k:<22} {val:>10}  (want {want})  {'met' if v['met'] else 'NOT met'}")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    res = run(args)
+    print_table(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -67,11 +67,7 @@ void PwriteThread::write(const void* data, size_t n, int64_t off) {
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return !busy_; });
-    if (error_) {
-      OsError e = *error_;
-      error_.reset();
-      throw e;
-    }
+    rethrow_error_locked();
     data_ = data;
     n_ = n;
     off_ = off;
@@ -83,11 +79,15 @@ void PwriteThread::write(const void* data, size_t n, int64_t off) {
 void PwriteThread::wait() {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return !busy_; });
-  if (error_) {
-    OsError e = *error_;
-    error_.reset();
-    throw e;
-  }
+  rethrow_error_locked();
+}
+
+// The error of the last write, reported once (to the next write() or wait()); mu_ is held.
+void PwriteThread::rethrow_error_locked() {
+  if (!error_) return;
+  OsError e = *error_;
+  error_.reset();
+  throw e;
 }
 
 }  // namespace recckpt

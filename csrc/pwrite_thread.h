@@ -29,6 +29,7 @@ class PwriteThread {
   void wait();
 
  private:
+  void rethrow_error_locked();
   void run();
 
   const int fd_;

@@ -445,8 +445,7 @@ class _LoadPlan:
                 target = conf.renamed(name)
                 table = sparse.get(target)
                 if table is None:
-                    self.problems_unexpected.append(f"sparse table {name!r}" + (
-                        f" (renamed {target!r})" if target != name else "") + " is not in the model")
+                    self._not_in_model("sparse table", name, target)
                     continue
                 matched_model.add(target)
                 meta = table.sparse_meta()
@@ -481,8 +480,7 @@ class _LoadPlan:
                 target = conf.renamed(key)
                 cur = dense.get(target)
                 if cur is None:
-                    self.problems_unexpected.append(f"dense key {key!r}" + (
-                        f" (renamed {target!r})" if target != key else "") + " is not in the model")
+                    self._not_in_model("dense key", key, target)
                     continue
                 self._check_compatible(f"dense key {key!r}", dtypes.name_of(t.dtype), tuple(t.shape),
                                        cur.dtype, tuple(cur.shape))
@@ -543,6 +541,10 @@ class _LoadPlan:
                 raise IncompatibleCheckpointError(text + ". Nothing was loaded. Use load_conf "
                                                   "{'strict': False} to load what matches, or 'rename'/'tables'.")
             warnings.warn(text, stacklevel=3)
+
+    def _not_in_model(self, kind: str, name: str, target: str) -> None:
+        renamed = f" (renamed {target!r})" if target != name else ""
+        self.problems_unexpected.append(f"{kind} {name!r}{renamed} is not in the model")
 
     def _check_compatible(self, what: str, ck_dtype: str, ck_shape, dtype: torch.dtype, shape):
         if tuple(ck_shape) != tuple(shape):

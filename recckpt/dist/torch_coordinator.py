@@ -99,24 +99,25 @@ class TorchCoordinator(Coordinator):
         """One collective on the coordination group, bounded by the coordination timeout."""
         op(*args, group=self.group, async_op=True, **kw).wait(timeout=self._wait)
 
-    def _all_gather(self, obj) -> list:
+    def _padded(self, obj) -> tuple[torch.Tensor, list[torch.Tensor], int]:
+        """This rank's encoded `obj` padded to the longest of all ranks (collectives need equal sizes),
+        every rank's true size, and the padded length."""
         t = _encode(obj)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
         self._run(dist.all_gather, sizes, torch.tensor([t.numel()], dtype=torch.int64))
         n = max(int(s) for s in sizes)
         buf = torch.zeros(n, dtype=torch.uint8)
         buf[:t.numel()] = t
+        return buf, sizes, n
+
+    def _all_gather(self, obj) -> list:
+        buf, sizes, n = self._padded(obj)
         out = [torch.empty(n, dtype=torch.uint8) for _ in range(self.world)]
         self._run(dist.all_gather, out, buf)
         return [_decode(o[:int(s)]) for o, s in zip(out, sizes)]
 
     def _gather0(self, obj) -> list | None:
-        t = _encode(obj)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        self._run(dist.all_gather, sizes, torch.tensor([t.numel()], dtype=torch.int64))
-        n = max(int(s) for s in sizes)
-        buf = torch.zeros(n, dtype=torch.uint8)
-        buf[:t.numel()] = t
+        buf, sizes, n = self._padded(obj)
         out = [torch.empty(n, dtype=torch.uint8) for _ in range(self.world)] if self.rank == 0 else None
         self._run(dist.gather, buf, out, dst=0)
         return None if out is None else [_decode(o[:int(s)]) for o, s in zip(out, sizes)]

@@ -5,8 +5,6 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import pytest
-
 
 def pytest_collection_modifyitems(config, items):
     """Long stress modes run only with RECCKPT_SLOW=1 (see pyproject's `slow` marker)."""

@@ -7,7 +7,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from recckpt import LoadConfig, SaveOptions, Saver, partition
+from recckpt import SaveOptions, Saver, partition
 from recckpt.errors import CheckpointSaveError, IncompatibleCheckpointError
 from dist_helpers import (FaultyTable, Holder, Reader, all_ids, check_rows, owned_table, save_npy)
 

@@ -9,7 +9,6 @@ import pytest
 
 import dist_scenarios as sc
 from dist_helpers import ROW_BYTES, all_ids, ok, run_ranks
-from recckpt import partition
 
 N_IDS = 60_000
 

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from recckpt import (AsyncSaveError, CheckpointManager, EphemeralEveryNSteps, EveryNSteps, KeepPolicy,
+from recckpt import (AsyncSaveError, CheckpointManager, EphemeralEveryNSteps, KeepPolicy,
                      PreemptionHandler, Saver)
 from recckpt.errors import CheckpointNotFoundError, CorruptCheckpointError
-from manager_fixtures import FAST, make_job, run, train_step
+from manager_fixtures import make_job, run, train_step
 from sparse_fixtures import assert_tables_equal
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import recckpt
 from recckpt import HashTable, Saver, SaveOptions, SparseAdagrad, SparseAdam
 from recckpt.state.protocol import SlotSpec
-from sparse_fixtures import DictTable, assert_tables_equal, table_contents
+from sparse_fixtures import DictTable, assert_tables_equal
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16,
               torch.int32, torch.int64, torch.uint8, torch.bool]
@@ -241,7 +241,6 @@ def test_multi_shard_save_in_one_process_and_load_by_bucket_range(tmp_path):
     spec = {"embedding": SlotSpec(torch.float32, (4,), "sparse")}
     all_ids = make_ids(600, gen)
     parts = all_ids.chunk(3)
-    readers = []
     for w, ids in enumerate(parts):
         t = DictTable("t", spec)
         t.set_rows(ids, {"embedding": ids.double().reshape(-1, 1).repeat(1, 4).float()})

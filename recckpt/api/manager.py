@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, RecckptError
 from ..format import catalog
 from ..storage import open_storage
-from .async_save import DURABLE, AsyncWriter, SaveHandle
+from .async_save import AsyncWriter, SaveHandle
 from .load_config import LoadConfig
 from .policies import (EPHEMERAL, CkptEntry, EveryNSteps, KeepPolicy, SavePolicy, SaveSchedule)
 from .preemption import PreemptionHandler

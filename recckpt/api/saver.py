@@ -6,18 +6,16 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
 from ..dist import coordinator_for, resolve_shard
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError,
-                      CorruptCheckpointError, IncompatibleCheckpointError, InvalidCheckpointIdError,
-                      RecckptError)
-from ..format import catalog, dtypes, extras as extras_fmt, names as fmt_names, recovery
+                      CorruptCheckpointError, RecckptError)
+from ..format import catalog, dtypes, extras as extras_fmt, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
-from ..format.hashing import bucket_range
 from ..format.names import validate_ckpt_id
 from ..format.schema import SlotInfo
 from ..format.sparse_io import SparseWriteOptions, TableSource
@@ -25,27 +23,9 @@ from ..state.protocol import SparseState, split_sparse_dense_state_dict
 from ..storage import open_storage
 from .load_config import LoadConfig
 from .options import SaveOptions
-from .row_filter import RowFilter
-from .sparse_load import direct_load_possible, load_table_rows
+from .load_plan import LoadPlan, LoadResult
 
 log = logging.getLogger("recckpt")
-
-
-@dataclass
-class LoadResult:
-    """What a load applied. `missing`/`unexpected` list what strict=False let through."""
-    path: str
-    ckpt_id: str | None
-    tables: list[str] = field(default_factory=list)
-    dense_keys: list[str] = field(default_factory=list)
-    extras: list[str] = field(default_factory=list)
-    io_state: list[str] = field(default_factory=list)
-    io_state_dropped: list[str] = field(default_factory=list)
-    sparse_rows: int = 0
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    bytes_read: int = 0
-    seconds: float = 0.0
 
 
 @dataclass
@@ -392,7 +372,7 @@ class Saver:
         storage, ckpt_dir, resolved_id = self._resolve(ckpt_path, ckpt_id, direct_path)
         reader = CheckpointReader(storage, ckpt_dir, threads=self.concurrency)
         result = LoadResult(reader.describe(), resolved_id)
-        plan = _LoadPlan(self, reader, conf, result)
+        plan = LoadPlan(self, reader, conf, result)
         plan.prepare(shard_id, world)
         plan.apply(shard_id, world)
         result.bytes_read = reader.segments.bytes_read if reader.manifest.index else 0
@@ -414,234 +394,3 @@ def _os_error_hint(e: BaseException) -> str:
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return " The output directory is not writable: fix its permissions or mount, then save again."
     return ""
-
-
-class _LoadPlan:
-    """Matches a checkpoint against the live objects, checks everything that can be checked up front,
-    then applies it."""
-
-    def __init__(self, saver: Saver, reader: CheckpointReader, conf: LoadConfig, result: LoadResult):
-        self.saver, self.reader, self.conf, self.result = saver, reader, conf, result
-        self.m = reader.manifest
-        self.problems_missing: list[str] = []
-        self.problems_unexpected: list[str] = []
-        self.incompatible: list[str] = []
-
-    # ---------------------------------------------------------------------------------- prepare
-    def prepare(self, shard_id: int, world: int):
-        conf, m = self.conf, self.m
-        sparse, dense = split_sparse_dense_state_dict(self.saver.model.state_dict())
-        self.model_sparse, self.model_dense = sparse, dense
-        self.sparse_jobs = []   # (ckpt name, table, [(slot, SlotInfo, SlotSpec)])
-        want_sparse, want_opt = conf.wants("sparse"), conf.wants("sparse_opt")
-        if want_sparse or want_opt:
-            self.reader.verify_worker_indexes()
-            if m.index is not None:
-                _ = self.reader.segments  # parse the index and check every shard size before touching tables
-            matched_model = set()
-            for name, info in m.tables.items():
-                if not conf.table_selected(name):
-                    continue
-                target = conf.renamed(name)
-                table = sparse.get(target)
-                if table is None:
-                    self._not_in_model("sparse table", name, target)
-                    continue
-                matched_model.add(target)
-                meta = table.sparse_meta()
-                slots = []
-                for slot, si in info.slots.items():
-                    if not conf.slot_selected(slot):
-                        continue
-                    if (si.category == "sparse" and not want_sparse) or (si.category == "sparse_opt" and not want_opt):
-                        continue
-                    spec = meta.slots.get(slot)
-                    if spec is None:
-                        self.problems_unexpected.append(f"slot {slot!r} of table {name!r} is not in the model")
-                        continue
-                    self._check_compatible(f"table {name!r} slot {slot!r}", si.dtype, si.shape,
-                                           spec.dtype, tuple(spec.shape))
-                    slots.append((slot, si, spec))
-                for slot, spec in meta.slots.items():
-                    cat_on = (spec.category == "sparse" and want_sparse) or (spec.category == "sparse_opt" and want_opt)
-                    if cat_on and conf.slot_selected(slot) and slot not in info.slots:
-                        self.problems_missing.append(f"slot {slot!r} of model table {target!r} is not in the checkpoint")
-                self.sparse_jobs.append((name, target, table, slots))
-            for target in sparse:
-                if target not in matched_model and conf.table_selected(target):
-                    self.problems_missing.append(f"model sparse table {target!r} is not in the checkpoint")
-        self.dense_out = {}
-        if conf.wants("dense"):
-            ckpt_dense = self.reader.dense()
-            matched = set()
-            for key, t in ckpt_dense.items():
-                if not conf.dense_selected(key):
-                    continue
-                target = conf.renamed(key)
-                cur = dense.get(target)
-                if cur is None:
-                    self._not_in_model("dense key", key, target)
-                    continue
-                self._check_compatible(f"dense key {key!r}", dtypes.name_of(t.dtype), tuple(t.shape),
-                                       cur.dtype, tuple(cur.shape))
-                self.dense_out[target] = t.to(cur.dtype) if t.dtype != cur.dtype else t
-                matched.add(target)
-            for key in dense:
-                if key not in matched and conf.dense_selected(key):
-                    self.problems_missing.append(f"model dense key {key!r} is not in the checkpoint")
-        self.extras_tree = None
-        if conf.wants("extra") or conf.wants("sparse_opt"):
-            tree = self.reader.extras()
-            if tree is None:
-                self.extras_tree = {"objects": {}, "sparse_optimizer": None}
-            else:
-                where = self.reader.describe(self.m.extras)
-                tree = extras_fmt.validate(tree, where)
-                wanted = ({n: n in self.saver._allow_pickle for n in self.saver._extras}
-                          if conf.wants("extra") else {})
-                self.extras_tree = extras_fmt.unpickle_allowed(tree, wanted, where)
-        if conf.wants("extra"):
-            objs = self.extras_tree.get("objects", {})
-            for name in self.saver._extras:
-                if name not in objs:
-                    self.problems_missing.append(f"registered object {name!r} is not in the checkpoint")
-            for name in objs:
-                if name not in self.saver._extras:
-                    self.problems_unexpected.append(f"checkpoint object {name!r} is not registered")
-        self.io_tree = None
-        resized = conf.wants("io_state") and self.saver._io and self.m.io_state and world != self.m.shard_num
-        if resized and conf.io_state_on_resize == "error":
-            raise IncompatibleCheckpointError(
-                f"checkpoint {self.reader.describe()} was saved by {self.m.shard_num} worker(s) and is loaded "
-                f"on {world}: IO state (reader positions) is per worker and cannot be split or merged. Nothing "
-                f"was loaded. Pass load_conf {{'io_state_on_resize': 'drop'}} to load everything else and "
-                f"restart the readers, or exclude 'io_state'.")
-        if resized:
-            self.result.io_state_dropped = list(self.saver._io)
-            log.warning("recckpt: IO state of %s not loaded: saved by %d worker(s), loading on %d "
-                        "(io_state_on_resize='drop')", self.reader.describe(), self.m.shard_num, world)
-        elif conf.wants("io_state") and self.saver._io:
-            self.io_tree = self.reader.io_state(shard_id)
-            if self.io_tree is None:
-                self.problems_missing.append(f"IO state of worker {shard_id} is not in the checkpoint "
-                                             f"(it was written by {self.m.shard_num} worker(s))")
-            else:
-                for name in self.saver._io:
-                    if name not in self.io_tree:
-                        self.problems_missing.append(f"IO state {name!r} is not in the checkpoint")
-        if self.incompatible:
-            raise IncompatibleCheckpointError(
-                f"checkpoint {self.reader.describe()} cannot be applied: " + "; ".join(self.incompatible)
-                + ". Nothing was loaded.")
-        problems = self.problems_missing + self.problems_unexpected
-        self.result.missing, self.result.unexpected = self.problems_missing, self.problems_unexpected
-        if problems:
-            text = (f"checkpoint {self.reader.describe()} does not match the model: " + "; ".join(problems))
-            if self.conf.strict:
-                raise IncompatibleCheckpointError(text + ". Nothing was loaded. Use load_conf "
-                                                  "{'strict': False} to load what matches, or 'rename'/'tables'.")
-            warnings.warn(text, stacklevel=3)
-
-    def _not_in_model(self, kind: str, name: str, target: str) -> None:
-        renamed = f" (renamed {target!r})" if target != name else ""
-        self.problems_unexpected.append(f"{kind} {name!r}{renamed} is not in the model")
-
-    def _check_compatible(self, what: str, ck_dtype: str, ck_shape, dtype: torch.dtype, shape):
-        if tuple(ck_shape) != tuple(shape):
-            self.incompatible.append(f"{what}: checkpoint shape {tuple(ck_shape)} vs model shape {tuple(shape)}")
-            return
-        model_name = dtypes.name_of(dtype)
-        if ck_dtype != model_name and not (self.conf.cast and dtypes.is_float(ck_dtype) and dtypes.is_float(model_name)):
-            self.incompatible.append(
-                f"{what}: checkpoint dtype {ck_dtype} vs model dtype {model_name}"
-                + (" (casting is off: load_conf 'cast': False)" if not self.conf.cast else
-                   " (only float-to-float casts are done)"))
-
-    # ------------------------------------------------------------------------------------ apply
-    def apply(self, shard_id: int, world: int):
-        applied = []
-        conf = self.conf
-        lo, hi = bucket_range(shard_id, world, self.m.num_buckets)
-        if conf.ownership is not None:   # a foreign ownership function: read everything, keep own rows
-            lo, hi = 0, self.m.num_buckets
-        for name, target, table, slots in self.sparse_jobs:
-            if not slots:
-                continue
-            try:
-                cleared = conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)
-                if cleared:
-                    table.clear_rows()
-                reserve = getattr(table, "reserve", None)
-                if callable(reserve):  # optional protocol hint: allocate once, not grow per chunk
-                    expected = (self.m.tables[name].rows // world if conf.ownership is not None else
-                                self.m.tables[name].rows * (hi - lo) // self.m.num_buckets)
-                    reserve(len(table) + expected + expected // 8)
-                names = [s for s, _, _ in slots]
-                rbs = [si.row_bytes for _, si, _ in slots]
-                if conf.ownership is None and conf.duplicates == "error" and \
-                        direct_load_possible(table, slots, cleared):
-                    self.result.sparse_rows += load_table_rows(self.reader.segments, name, target, table,
-                                                               slots, lo, hi, self.reader.describe())
-                else:
-                    rf = RowFilter(name, self.reader.describe(), rank=shard_id, world=world,
-                                   ownership=conf.ownership, rule=conf.duplicates,
-                                   files=self.reader.index.files, worker_steps=self.m.worker_steps)
-                    for ids, cols, fi in self.reader.segments.iter_table(name, names, rbs, lo, hi, with_file=True):
-                        keep = rf.keep(ids, fi)
-                        if keep is not None:
-                            ids, cols = ids[keep], [c[keep] for c in cols]
-                        n = len(ids)
-                        if n == 0:
-                            continue
-                        tensors = {}
-                        for (slot, si, spec), raw in zip(slots, cols):
-                            t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-                            tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
-                        table.import_rows(torch.from_numpy(ids), tensors)
-                        self.result.sparse_rows += n
-                    self.result.sparse_rows -= rf.replaced
-                    rf.check()
-            except (CorruptCheckpointError, OSError, IncompatibleCheckpointError) as e:
-                done = ", ".join(applied) or "none"
-                if isinstance(e, IncompatibleCheckpointError):
-                    raise type(e)(f"{e}. Loading stopped in table {target!r}, which is partially loaded; "
-                                  f"tables fully loaded before it: {done}; dense state, extras and IO state "
-                                  f"were not applied") from e
-                raise CorruptCheckpointError(
-                    f"{e}. Loading stopped in table {target!r}, which is partially loaded; tables fully "
-                    f"loaded before it: {done}; dense state, extras and IO state were not applied",
-                    getattr(e, "path", None)) from e
-            applied.append(target)
-        self.result.tables = applied
-        if self.dense_out:
-            self.saver.model.load_state_dict(self.dense_out, strict=False)
-            self.result.dense_keys = list(self.dense_out)
-        if self.extras_tree is not None:
-            if conf.wants("sparse_opt") and self.saver.sparse_optim is not None:
-                st = self.extras_tree.get("sparse_optimizer")
-                if st is not None:
-                    self.saver.sparse_optim.load_state_dict(st)
-            if conf.wants("extra"):
-                for name, entry in self.extras_tree.get("objects", {}).items():
-                    if name not in self.saver._extras:
-                        continue
-                    self._apply_extra(name, entry)
-                    self.result.extras.append(name)
-        if self.io_tree is not None:
-            for name, obj in self.saver._io.items():
-                if name in self.io_tree:
-                    obj.load_io_state(self.io_tree[name])
-                    self.result.io_state.append(name)
-
-    def _apply_extra(self, name, entry):
-        obj = self.saver._extras[name]
-        state = entry["state"]
-        if entry["kind"] == "state_dict" and callable(getattr(obj, "load_state_dict", None)):
-            obj.load_state_dict(state)
-        elif isinstance(obj, dict) and isinstance(state, dict):
-            obj.clear()
-            obj.update(state)
-        elif isinstance(obj, list) and isinstance(state, list):
-            obj[:] = state
-        else:
-            self.saver._extras[name] = state

@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -48,10 +49,16 @@ def test_step_saves_on_schedule_and_restore_returns_the_step(tmp_path):
     assert job[4].save() is job[4].saves[-1]  # saving the same step twice is one checkpoint
 
     fresh = make_job(tmp_path, interval=4)
-    assert fresh[4].restore() == 10 and fresh[4].global_step == 10 and fresh[4].restored_from == "ckpt_10"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fresh[4].restore() == 10 and fresh[4].global_step == 10 and fresh[4].restored_from == "ckpt_10"
+    assert not [w for w in caught if "newer checkpoints" in str(w.message)]
     assert fresh[3].position == job[3].position
     assert_tables_equal(job[0].user, fresh[0].user)
-    assert fresh[4].restore(global_step=4) == 4 and fresh[3].position == 4
+    # rewinding: the newer checkpoints' steps will come again, and they cannot be overwritten
+    with pytest.warns(UserWarning, match=r"newer checkpoints \['ckpt_8', 'ckpt_10'\].*CheckpointExistsError"):
+        assert fresh[4].restore(global_step=4) == 4
+    assert fresh[3].position == 4
     with pytest.raises(CheckpointNotFoundError, match="global step 5"):
         fresh[4].restore(global_step=5)
 
@@ -218,8 +225,11 @@ def test_restore_on_corrupted_output_dir_falls_back_to_older(tmp_path):
     with open(tmp_path / "checkpoint", "wb") as f:
         f.write(b"\xff\xfe garbage")
     fresh = make_job(tmp_path, interval=3)
-    with pytest.warns(UserWarning, match="ckpt_9.*corrupt"):
+    with pytest.warns(UserWarning) as caught:
         assert fresh[4].restore() == 3       # 9 fails its checksum, 6's manifest is unreadable
+    texts = [str(w.message) for w in caught]
+    assert any("ckpt_9" in t and "corrupt" in t for t in texts)
+    assert any("newer checkpoints ['ckpt_9']" in t for t in texts), "the corrupt newer one still blocks step 9"
     assert fresh[3].position == 3
     with pytest.raises(CorruptCheckpointError, match="ckpt_9"):
         make_job(tmp_path)[4].restore(global_step=9)   # an explicit step never falls back

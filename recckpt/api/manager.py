@@ -308,8 +308,21 @@ class CheckpointManager:
             self.global_step, self.restored_from = step, cid
             self._last_save_time = time.monotonic()
             log.info("recckpt: restored %s (global step %d)", storage.describe(cid), step)
+            self._warn_about_newer(found, step)
             return step
         raise errors[0]  # pragma: no cover - the loop raises or returns
+
+    def _warn_about_newer(self, found, step: int) -> None:
+        """A run rewound to an older step (explicitly, or past a corrupt newest checkpoint) will reach
+        the newer checkpoints' steps again, and committed checkpoints are never overwritten: say so now,
+        not at the first failing save."""
+        newer = [cid for cid, m in found if (s := self._step_of(cid, m.metadata)) is not None and s > step]
+        if newer:
+            warnings.warn(
+                f"recckpt: restored global step {step}, but {self.saver.storage.describe()} also holds newer "
+                f"checkpoints {newer}; saving at their steps again will fail with CheckpointExistsError. "
+                f"Delete them if this run replaces them (recckpt.format.catalog.delete), or restore the newest.",
+                stacklevel=3)
 
     def load_model_bank(self, confs: Sequence[Mapping[str, Any]]) -> list[LoadResult]:
         """Warm start from other runs' checkpoints, in order (a later source overrides an earlier one

@@ -235,3 +235,53 @@ def test_hostile_extras_tree_is_refused(tmp_path):
         extras.validate({"objects": {"x": {"kind": "pickled_value", "state": "abc"}}}, "f")
     with pytest.raises(CorruptCheckpointError, match="'objects' is not an object"):
         extras.validate({"objects": [1]}, "f")
+
+
+# ------------------------------------------------------------------ links inside a checkpoint
+def _linked_checkpoint(tmp_path, target_rel):
+    import torch as _torch
+    from recckpt import HashTable as _HT, Saver as _Saver, SaveOptions as _SO
+
+    m = _torch.nn.Module()
+    m.t = _HT("t", dim=4)
+    m.lin = _torch.nn.Linear(2, 2)
+    with _torch.no_grad():
+        m.t(_torch.arange(100))
+    _Saver(m, output_dir=str(tmp_path / "run"), options=_SO(fsync=False)).save("c")
+    ckpt = tmp_path / "run" / "c"
+    victim = tmp_path / "outside.bin"          # a file the attacker wants read: same bytes, so CRCs match
+    victim.write_bytes((ckpt / target_rel).read_bytes())
+    (ckpt / target_rel).unlink()
+    os.symlink(victim, ckpt / target_rel)
+    return ckpt, m
+
+
+@pytest.mark.parametrize("target_rel", ["dense.safetensors", "index.json", "sparse/shard-00000-000.bin",
+                                        "manifest.json"])
+def test_a_file_linked_out_of_the_checkpoint_is_refused(tmp_path, target_rel):
+    import torch as _torch
+    from recckpt import HashTable as _HT, Saver as _Saver
+
+    ckpt, _ = _linked_checkpoint(tmp_path, target_rel)
+    m2 = _torch.nn.Module()
+    m2.t = _HT("t", dim=4)
+    m2.lin = _torch.nn.Linear(2, 2)
+    with pytest.raises(CorruptCheckpointError, match=r"symbolic link"):
+        _Saver(m2, output_dir=str(tmp_path / "new")).load(ckpt_path=str(ckpt), direct_path=True)
+    assert len(m2.t) == 0
+
+
+def test_a_linked_checkpoint_directory_itself_is_fine(tmp_path):
+    import torch as _torch
+    from recckpt import HashTable as _HT, Saver as _Saver, SaveOptions as _SO
+
+    m = _torch.nn.Module()
+    m.t = _HT("t", dim=4)
+    with _torch.no_grad():
+        m.t(_torch.arange(10))
+    _Saver(m, output_dir=str(tmp_path / "run"), options=_SO(fsync=False)).save("c")
+    os.symlink(tmp_path / "run" / "c", tmp_path / "latest")
+    m2 = _torch.nn.Module()
+    m2.t = _HT("t", dim=4)
+    _Saver(m2, output_dir=str(tmp_path / "new")).load(ckpt_path=str(tmp_path / "latest"), direct_path=True)
+    assert len(m2.t) == 10

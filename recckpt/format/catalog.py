@@ -17,6 +17,14 @@ from .schema import Manifest, manifest_from_json
 log = logging.getLogger("recckpt")
 
 
+def check_inside(storage: Storage, path: str, ckpt_dir: str, where: str) -> None:
+    """Refuse a checkpoint file that is a link, or leads outside its checkpoint directory."""
+    why = storage.why_not_inside(path, ckpt_dir)
+    if why is not None:
+        raise CorruptCheckpointError(f"{where} {why}; every file of a checkpoint must be a regular file inside "
+                                     f"its directory (a checkpoint from elsewhere may be hostile)", where)
+
+
 def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
     path = f"{ckpt_dir}/{names.MANIFEST}" if ckpt_dir else names.MANIFEST
     where = storage.describe(path)
@@ -26,6 +34,7 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
         raise FileNotFoundError(where) from None
     if size > names.MAX_MANIFEST_BYTES:
         raise CorruptCheckpointError(f"{where}: {size} bytes exceeds the manifest size cap", where)
+    check_inside(storage, path, ckpt_dir, where)
     return manifest_from_json(checked_json.loads(storage.read_bytes(path), where, names.MAX_MANIFEST_BYTES),
                               where)
 

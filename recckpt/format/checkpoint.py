@@ -141,6 +141,7 @@ class CheckpointReader:
         if size != info.size:
             raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest recorded {info.size}; the "
                                          f"file is truncated or replaced", where)
+        catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
         data = self.storage.read_bytes(self._rel(rel))
         crc = _C.crc32c(data)
         if len(data) != info.size or crc != info.crc32c:

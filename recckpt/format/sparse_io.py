@@ -19,6 +19,7 @@ from .. import _C
 from ..errors import CorruptCheckpointError
 from ..storage import Storage
 from . import names
+from .catalog import check_inside
 from .schema import Column, IndexDoc, Segment, SlotInfo
 
 
@@ -120,6 +121,7 @@ class SegmentReader:
         if have != want:
             raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: {have} bytes, the index "
                                          f"recorded {want}; the file is truncated or replaced", self._path(fi))
+        check_inside(self.storage, self._path(fi), self.ckpt_dir, self.storage.describe(self._path(fi)))
         self._checked_sizes.add(fi)
 
     def _scratch_views(self, sizes: list[int]) -> list[np.ndarray]:

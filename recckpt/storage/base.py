@@ -69,5 +69,10 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def remove_tree(self, path: str) -> None: ...
 
+    def why_not_inside(self, path: str, root: str) -> str | None:
+        """None when `path` is a regular file whose real location is inside directory `root`; otherwise
+        why not. Stores without links (object stores) have nothing to check."""
+        return None
+
     def fsync_dir(self, path: str) -> None:
         """Make a directory's entries durable (no-op where the store has no such notion)."""

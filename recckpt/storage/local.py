@@ -5,6 +5,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 
 from .base import Storage
 
@@ -69,6 +70,22 @@ class LocalStorage(Storage):
 
     def remove_tree(self, path):
         shutil.rmtree(self.local_path(path), ignore_errors=False)
+
+    def why_not_inside(self, path, root):
+        # A checkpoint from a stranger must not make us read other local files through links: the file
+        # itself may not be a link, and nothing on its way (a linked sub-directory) may lead outside.
+        # The checkpoint directory itself may be a link (e.g. latest -> ckpt_100).
+        p = self.local_path(path)
+        mode = os.lstat(p).st_mode
+        if stat.S_ISLNK(mode):
+            return "is a symbolic link"
+        if not stat.S_ISREG(mode):
+            return "is not a regular file"
+        real_root = os.path.realpath(self.local_path(root))
+        real = os.path.realpath(p)
+        if os.path.commonpath([real, real_root]) != real_root:
+            return f"resolves to {real}, outside the checkpoint"
+        return None
 
     def fsync_dir(self, path):
         fd = os.open(self.local_path(path), os.O_RDONLY | os.O_DIRECTORY)

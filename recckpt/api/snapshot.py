@@ -24,13 +24,15 @@ class HostBuffers:
     """Named byte buffers, handed out as typed views and reused by later requests for the same name."""
 
     def __init__(self):
-        self._bufs: dict[str, torch.Tensor] = {}
+        # Keyed by tuple paths of the real keys, never by joined strings: {1: a, "1": b}, "a/b" vs a→b,
+        # or a slot named "ids" would otherwise share one buffer and corrupt the snapshot silently.
+        self._bufs: dict[tuple, torch.Tensor] = {}
 
     @property
     def nbytes(self) -> int:
         return sum(b.numel() for b in self._bufs.values())
 
-    def get(self, key: str, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+    def get(self, key: tuple, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
         shape = tuple(shape)
         numel = 1
         for d in shape:
@@ -62,8 +64,8 @@ class SnapshotTable:
 def _copy_table(table, bufs: HostBuffers) -> SnapshotTable:
     meta = table.sparse_meta()
     n, name = meta.num_rows, meta.name
-    ids = bufs.get(f"sparse/{name}/ids", torch.int64, (n,))
-    cols = {k: bufs.get(f"sparse/{name}/{k}", s.dtype, (n, *s.shape)) for k, s in meta.slots.items()}
+    ids = bufs.get(("sparse", name, "ids"), torch.int64, (n,))
+    cols = {k: bufs.get(("sparse", name, "slot", k), s.dtype, (n, *s.shape)) for k, s in meta.slots.items()}
     off = 0
     # One chunk per table for implementations that can hand out views of their storage.
     for cids, ccols in table.export_chunks(list(meta.slots), max(1, n)):
@@ -86,7 +88,7 @@ def _copy_table(table, bufs: HostBuffers) -> SnapshotTable:
     return SnapshotTable(meta, ids, cols)
 
 
-def _freeze(obj, bufs: HostBuffers, path: str):
+def _freeze(obj, bufs: HostBuffers, path: tuple):
     """A copy of a state tree that later training cannot change: containers rebuilt, tensors copied into
     host buffers, numpy arrays copied; immutable leaves shared."""
     if isinstance(obj, torch.Tensor):
@@ -97,11 +99,11 @@ def _freeze(obj, bufs: HostBuffers, path: str):
     if isinstance(obj, np.ndarray):
         return obj.copy()
     if isinstance(obj, dict):
-        return {k: _freeze(v, bufs, f"{path}/{k}") for k, v in obj.items()}
+        return {k: _freeze(v, bufs, path + (k,)) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_freeze(v, bufs, f"{path}/{i}") for i, v in enumerate(obj)]
+        return [_freeze(v, bufs, path + (i,)) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        return tuple(_freeze(v, bufs, f"{path}/{i}") for i, v in enumerate(obj))
+        return tuple(_freeze(v, bufs, path + (i,)) for i, v in enumerate(obj))
     if isinstance(obj, bytearray):
         return bytes(obj)
     return obj
@@ -112,9 +114,9 @@ def capture_copy(saver: Saver, bufs: HostBuffers, shard_id: int = 0) -> Snapshot
     live = saver._capture(shard_id)
     return Snapshot(
         tables=[_copy_table(t, bufs) for t in live.tables],
-        dense=None if live.dense is None else {k: _freeze(v, bufs, f"dense/{k}") for k, v in live.dense.items()},
-        extras=_freeze(live.extras, bufs, "extras"),
-        io_state=_freeze(live.io_state, bufs, "io"))
+        dense=None if live.dense is None else {k: _freeze(v, bufs, ("dense", k)) for k, v in live.dense.items()},
+        extras=_freeze(live.extras, bufs, ("extras",)),
+        io_state=_freeze(live.io_state, bufs, ("io",)))
 
 
 __all__ = ["HostBuffers", "SnapshotTable", "capture_copy"]

@@ -248,3 +248,28 @@ def test_loading_only_optimizer_state_keeps_trained_embeddings(tmp_path):
     exp = table_contents(src.user)
     assert all(torch.equal(after["adam.m"][i], exp["adam.m"][i]) for i in exp["adam.m"])
     assert opt.state_dict() == src_opt.state_dict()
+
+
+def test_two_checkpoint_names_renamed_onto_one_model_name_are_refused(tmp_path):
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.user = HashTable("user", dim=4)
+            self.user_v1 = HashTable("user_v1", dim=4)
+            self.a = torch.nn.Linear(2, 2)
+            self.b = torch.nn.Linear(2, 2)
+
+    src = Two()
+    with torch.no_grad():
+        src.user(torch.arange(10))
+        src.user_v1(torch.arange(100, 105))
+    Saver(src, output_dir=tmp_path, options=OPTS).save("c")
+    m = M()
+    before = table_contents(m.user)
+    with pytest.raises(IncompatibleCheckpointError, match=r"'user' and 'user_v1' both map to model sparse table 'user'"):
+        Saver(m, output_dir=tmp_path).load(load_conf={"rename": {"user_v1": "user"}, "load": ["sparse"],
+                                                      "strict": False})
+    assert table_contents(m.user) == before, "nothing was loaded"
+    with pytest.raises(IncompatibleCheckpointError, match=r"'a.weight' and 'b.weight' both map to model dense key"):
+        Saver(torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2)}), output_dir=tmp_path).load(
+            load_conf={"rename": {"b.": "a."}, "load": ["dense"], "strict": False})

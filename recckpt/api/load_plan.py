@@ -64,7 +64,7 @@ class LoadPlan:
             self.reader.verify_worker_indexes()
             if m.index is not None:
                 _ = self.reader.segments  # parse the index and check every shard size before touching tables
-            matched_model = set()
+            matched_model: dict[str, str] = {}   # model table → the checkpoint table loaded into it
             for name, info in m.tables.items():
                 if not conf.table_selected(name):
                     continue
@@ -73,7 +73,8 @@ class LoadPlan:
                 if table is None:
                     self._not_in_model("sparse table", name, target)
                     continue
-                matched_model.add(target)
+                if self._claimed("sparse table", matched_model, name, target):
+                    continue
                 meta = table.sparse_meta()
                 slots = []
                 for slot, si in info.slots.items():
@@ -99,7 +100,7 @@ class LoadPlan:
         self.dense_out = {}
         if conf.wants("dense"):
             ckpt_dense = self.reader.dense()
-            matched = set()
+            matched: dict[str, str] = {}   # model key → the checkpoint key loaded into it
             for key, t in ckpt_dense.items():
                 if not conf.dense_selected(key):
                     continue
@@ -108,10 +109,11 @@ class LoadPlan:
                 if cur is None:
                     self._not_in_model("dense key", key, target)
                     continue
+                if self._claimed("dense key", matched, key, target):
+                    continue
                 self._check_compatible(f"dense key {key!r}", dtypes.name_of(t.dtype), tuple(t.shape),
                                        cur.dtype, tuple(cur.shape))
                 self.dense_out[target] = t.to(cur.dtype) if t.dtype != cur.dtype else t
-                matched.add(target)
             for key in dense:
                 if key not in matched and conf.dense_selected(key):
                     self.problems_missing.append(f"model dense key {key!r} is not in the checkpoint")
@@ -167,6 +169,17 @@ class LoadPlan:
                 raise IncompatibleCheckpointError(text + ". Nothing was loaded. Use load_conf "
                                                   "{'strict': False} to load what matches, or 'rename'/'tables'.")
             warnings.warn(text, stacklevel=3)
+
+    def _claimed(self, kind: str, matched: dict[str, str], name: str, target: str) -> bool:
+        """Record that checkpoint `name` loads into model `target`; two sources for one target (a
+        rename onto a name the checkpoint also has) would silently overwrite each other: refuse."""
+        other = matched.setdefault(target, name)
+        if other != name:
+            first, second = sorted((other, name))
+            self.incompatible.append(f"checkpoint {kind}s {first!r} and {second!r} both map to model {kind} "
+                                     f"{target!r} (check load_conf 'rename' and 'tables'/'dense_keys')")
+            return True
+        return False
 
     def _not_in_model(self, kind: str, name: str, target: str) -> None:
         renamed = f" (renamed {target!r})" if target != name else ""

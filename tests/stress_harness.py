@@ -40,12 +40,14 @@ class Trials:
     trials: int = 0
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    not_reached: int = 0   # fault positions a save happened not to reach (timing-dependent op counts)
 
     def fail(self, msg: str) -> None:
         self.failures.append(msg)
 
     def __str__(self) -> str:
         return (f"{self.name}: trials={self.trials} failures={len(self.failures)} time={self.seconds:.1f}s"
+                + (f" not_reached={self.not_reached}" if self.not_reached else "")
                 + "".join(f"\n  FAIL {f}" for f in self.failures[:20]))
 
 
@@ -383,6 +385,7 @@ def run_faults(work_dir: str, errnos=(errno.ENOSPC, errno.EIO), limit_per_op: in
         fs.disarm()
         if not fired and op in TIMING_DEPENDENT_OPS and at > 1:
             rec.trials -= 1   # this save happened to merge writes and did fewer; not a trial of this position
+            rec.not_reached += 1
             continue
         if not fired:
             rec.fail(f"{where}: the fault never fired (the save does fewer operations than counted)")

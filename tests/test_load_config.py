@@ -273,3 +273,36 @@ def test_two_checkpoint_names_renamed_onto_one_model_name_are_refused(tmp_path):
     with pytest.raises(IncompatibleCheckpointError, match=r"'a.weight' and 'b.weight' both map to model dense key"):
         Saver(torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2)}), output_dir=tmp_path).load(
             load_conf={"rename": {"b.": "a."}, "load": ["dense"], "strict": False})
+
+
+def test_a_registered_object_that_refuses_its_state_leaves_the_model_untouched(tmp_path):
+    saved(tmp_path)
+    m, opt, s, extra, io = fresh(tmp_path)
+    bad = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    bad.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})   # 2 groups; saved has 0 of it
+    s.register_for_checkpointing("opt", bad)
+    s_src = Saver(trained()[0], output_dir=tmp_path / "with_opt", options=OPTS)
+    s_src.register_for_checkpointing("opt", torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    s_src.register_for_checkpointing("meta", {"step": 3})
+    s_src.save("c")
+    before_w, before_rows = m.lin.weight.detach().clone(), len(m.user)
+    with pytest.raises(IncompatibleCheckpointError, match=r"registered object 'opt' failed.*were not touched"):
+        s.load(ckpt_path=str(tmp_path / "with_opt"), load_conf={"exclude": ["io_state"], "strict": False})
+    assert torch.equal(m.lin.weight, before_w) and len(m.user) == before_rows
+
+
+def test_model_bank_of_some_tables_takes_their_optimizer_state(tmp_path):
+    src, src_opt = saved(tmp_path)                  # SparseAdam over 'user' and 'item'
+
+    class UserOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.customer = HashTable("customer", dim=4)
+
+    m = UserOnly()
+    opt = SparseAdam(m, lr=0.1)
+    Saver(m, sparse_optim=opt, output_dir=tmp_path / "new").load(
+        ckpt_path=str(tmp_path / "c"), direct_path=True,
+        load_conf={"load": ["sparse", "sparse_opt"], "tables": ["user"], "rename": {"user": "customer"}})
+    assert len(m.customer) == len(src.user)
+    assert opt.state_dict()["tables"]["customer"] == src_opt.state_dict()["tables"]["user"]

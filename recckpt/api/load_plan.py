@@ -197,9 +197,53 @@ class LoadPlan:
                    " (only float-to-float casts are done)"))
 
     # ------------------------------------------------------------------------------------ apply
+    def _apply_objects(self) -> None:
+        """The sparse optimizer's scalar state and the registered objects. Their load_state_dict can
+        refuse what it is given, and nothing can check that beforehand, so they go first: a refusal
+        leaves the model's tables and dense state untouched and the error says what was applied."""
+        self._opt_loaded = False
+        if self.extras_tree is None:
+            return
+        conf, done, what = self.conf, [], None
+        try:
+            if conf.wants("sparse_opt") and self.saver.sparse_optim is not None:
+                st = self.extras_tree.get("sparse_optimizer")
+                if st is not None:
+                    what = "the sparse optimizer"
+                    self._load_sparse_optimizer(st)
+                    done.append(what)
+                    self._opt_loaded = True
+            if conf.wants("extra"):
+                for name, entry in self.extras_tree.get("objects", {}).items():
+                    if name in self.saver._extras:
+                        what = f"registered object {name!r}"
+                        self._apply_extra(name, entry)
+                        done.append(what)
+                        self.result.extras.append(name)
+        except Exception as e:
+            raise IncompatibleCheckpointError(
+                f"checkpoint {self.reader.describe()}: loading {what} failed: {type(e).__name__}: {e}. "
+                f"Applied before it: {', '.join(done) or 'nothing'}; sparse tables, dense state and IO state "
+                f"were not touched. Exclude the category ('extra' or 'sparse_opt') to load the rest.") from e
+
+    def _load_sparse_optimizer(self, st) -> None:
+        """recckpt's sparse optimizers keep per-table scalars under 'tables': pass only the tables this
+        load applies, under their model names, so a warm start of some tables (or renamed ones) works.
+        Other optimizers get their state as saved."""
+        opt = self.saver.sparse_optim
+        tables = st.get("tables") if isinstance(st, dict) else None
+        if not isinstance(tables, dict):
+            opt.load_state_dict(st)
+            return
+        loaded = {name: target for name, target, _, slots in self.sparse_jobs
+                  if any(si.category == "sparse_opt" for _, si, _ in slots)}
+        narrowed = dict(st, tables={loaded[n]: v for n, v in tables.items() if n in loaded})
+        opt.load_state_dict(narrowed, strict=False)
+
     def apply(self, shard_id: int, world: int):
         applied = []
         conf = self.conf
+        self._apply_objects()
         lo, hi = bucket_range(shard_id, world, self.m.num_buckets)
         if conf.ownership is not None:   # a foreign ownership function: read everything, keep own rows
             lo, hi = 0, self.m.num_buckets
@@ -241,31 +285,18 @@ class LoadPlan:
                     self.result.sparse_rows -= rf.replaced
                     rf.check()
             except (CorruptCheckpointError, OSError, IncompatibleCheckpointError) as e:
-                done = ", ".join(applied) or "none"
+                objects = ", ".join(self.result.extras + (["the sparse optimizer"] if self._opt_loaded else []))
+                msg = (f"{e}. Loading stopped in table {target!r}, which is partially loaded; tables fully "
+                       f"loaded before it: {', '.join(applied) or 'none'}; already applied: "
+                       f"{objects or 'no registered objects'}; dense state and IO state were not applied")
                 if isinstance(e, IncompatibleCheckpointError):
-                    raise type(e)(f"{e}. Loading stopped in table {target!r}, which is partially loaded; "
-                                  f"tables fully loaded before it: {done}; dense state, extras and IO state "
-                                  f"were not applied") from e
-                raise CorruptCheckpointError(
-                    f"{e}. Loading stopped in table {target!r}, which is partially loaded; tables fully "
-                    f"loaded before it: {done}; dense state, extras and IO state were not applied",
-                    getattr(e, "path", None)) from e
+                    raise type(e)(msg) from e
+                raise CorruptCheckpointError(msg, getattr(e, "path", None)) from e
             applied.append(target)
         self.result.tables = applied
         if self.dense_out:
             self.saver.model.load_state_dict(self.dense_out, strict=False)
             self.result.dense_keys = list(self.dense_out)
-        if self.extras_tree is not None:
-            if conf.wants("sparse_opt") and self.saver.sparse_optim is not None:
-                st = self.extras_tree.get("sparse_optimizer")
-                if st is not None:
-                    self.saver.sparse_optim.load_state_dict(st)
-            if conf.wants("extra"):
-                for name, entry in self.extras_tree.get("objects", {}).items():
-                    if name not in self.saver._extras:
-                        continue
-                    self._apply_extra(name, entry)
-                    self.result.extras.append(name)
         if self.io_tree is not None:
             for name, obj in self.saver._io.items():
                 if name in self.io_tree:

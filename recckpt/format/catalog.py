@@ -141,17 +141,3 @@ def delete(storage: Storage, ckpt_id: str) -> None:
     else:
         storage.remove_file(f"{ckpt_id}/{names.MANIFEST}")
         storage.remove_tree(ckpt_id)
-
-
-def clean_stale(storage: Storage, keep: str | None = None) -> list[str]:
-    """Remove staging and trash directories left by crashed saves and deletes (except `keep`)."""
-    removed = []
-    for name in storage.listdir(""):
-        if name.startswith((names.STAGING_PREFIX, names.TRASH_PREFIX)) and name != keep:
-            log.info("recckpt: removing %s left by an interrupted save or delete", storage.describe(name))
-            try:
-                storage.remove_tree(name)
-                removed.append(name)
-            except FileNotFoundError:
-                pass
-    return removed

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes
+from .hashing import HASH_NAME
 from .names import FORMAT_NAME, FORMAT_VERSION, validate_relpath
 
 CATEGORIES = ("sparse", "sparse_opt")
@@ -71,7 +72,7 @@ class Manifest:
         return {
             "format": FORMAT_NAME, "format_version": self.format_version, "ckpt_id": self.ckpt_id,
             "created_ns": self.created_ns, "writer": self.writer, "num_buckets": self.num_buckets,
-            "hash": "splitmix64", "checksum": "crc32c", "chunk_bytes": self.chunk_bytes,
+            "hash": HASH_NAME, "checksum": "crc32c", "chunk_bytes": self.chunk_bytes,
             "shard_num": self.shard_num,
             "tables": {k: v.to_json() for k, v in self.tables.items()},
             "files": {k: {"size": v.size, "crc32c": v.crc32c} for k, v in self.files.items()},
@@ -198,7 +199,7 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         raise IncompatibleCheckpointError(
             f"{path}: format version {ver} is not supported by this recckpt (reads version "
             f"{FORMAT_VERSION}); upgrade recckpt to load it")
-    for key, want in (("hash", "splitmix64"), ("checksum", "crc32c")):
+    for key, want in (("hash", HASH_NAME), ("checksum", "crc32c")):
         if v.get(obj, key, "") != want:
             v.fail(key, f"expected {want!r}")
     tables = {}

@@ -85,7 +85,7 @@ def committed(storage: Storage) -> list[tuple[str, Manifest]]:
 
 def write_version_file(storage: Storage, ids: list[str], fsync: bool = True) -> None:
     """Atomic where the store can rename: temp file, fsync, rename over, fsync the directory."""
-    tmp = f".{names.VERSION_FILE}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
     try:
         storage.write_bytes(tmp, "".join(f"{i}\n" for i in ids).encode(), fsync=fsync)
         storage.replace_file(tmp, names.VERSION_FILE)

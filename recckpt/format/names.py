@@ -12,6 +12,7 @@ FORMAT_VERSION = 1
 VERSION_FILE = "checkpoint"          # <output_dir>/checkpoint: committed ids, oldest first
 STAGING_PREFIX = ".staging-"         # <output_dir>/.staging-<ckpt_id>-<nonce>/ while a save is running
 TRASH_PREFIX = ".deleting-"          # a checkpoint being deleted is renamed here first
+VERSION_TMP_PREFIX = f".{VERSION_FILE}.tmp-"   # the version file being replaced
 
 MANIFEST = "manifest.json"
 INDEX = "index.json"

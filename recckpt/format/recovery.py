@@ -46,14 +46,13 @@ def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) ->
     """Remove what interrupted saves and deletes left in `storage` (except the names in `keep`) and
     rewrite the version file if it is missing, garbled or stale. Returns the names removed."""
     removed = []
-    tmp_prefix = f".{names.VERSION_FILE}.tmp-"
     for name in storage.listdir(""):
         if name in keep:
             continue
         if name.startswith((names.STAGING_PREFIX, names.TRASH_PREFIX)):
             what = "an interrupted save" if name.startswith(names.STAGING_PREFIX) else "an interrupted delete"
             remove = storage.remove_tree
-        elif name.startswith(tmp_prefix):
+        elif name.startswith(names.VERSION_TMP_PREFIX):
             what, remove = "an interrupted version-file update", storage.remove_file
         elif _uncommitted_leftover(storage, name):
             what, remove = "a save or delete interrupted before its manifest was written/after it was removed", \

@@ -223,7 +223,7 @@ void crcs_of(const py::handle& obj, ReadRequest& r, size_t i) {
   }
 }
 
-py::tuple py_read_ranges(const py::sequence& requests, int threads) {
+py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t readahead_bytes) {
   const size_t n = py::len(requests);
   std::vector<ReadRequest> reqs(n);
   std::vector<py::buffer_info> dsts;
@@ -261,7 +261,7 @@ py::tuple py_read_ranges(const py::sequence& requests, int threads) {
   ReadResult res;
   {
     py::gil_scoped_release nogil;
-    res = read_ranges(reqs, threads);
+    res = read_ranges(reqs, threads, readahead_bytes);
   }
   py::list errs;
   for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
@@ -304,5 +304,7 @@ void bind_io(py::module_& m) {
       .def("abort", &PyShardWriter::abort, "stop the workers and close the files (kept on disk)");
 
   m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
-        "verified parallel reads: returns (bytes_read, [(request_index, message), ...])");
+        py::arg("readahead_bytes") = kDefaultReadaheadBytes,
+        "verified parallel reads: returns (bytes_read, [(request_index, message), ...]); the kernel is told "
+        "to start reading up to readahead_bytes ahead of the threads (0: off)");
 }

@@ -23,7 +23,11 @@ struct ReadResult {
 };
 
 // Validates every request, opens each path once, then reads [lo, hi) of each column with `threads`
-// threads, checking the crc of every chunk touched. Never throws for data errors.
-ReadResult read_ranges(const std::vector<ReadRequest>& requests, int threads);
+// threads, checking the crc of every chunk touched. Never throws for data errors. Up to
+// `readahead_bytes` beyond the piece being read are announced to the kernel (POSIX_FADV_WILLNEED);
+// 0 turns that off.
+constexpr int64_t kDefaultReadaheadBytes = int64_t(64) << 20;
+ReadResult read_ranges(const std::vector<ReadRequest>& requests, int threads,
+                       int64_t readahead_bytes = kDefaultReadaheadBytes);
 
 }  // namespace recckpt

@@ -447,8 +447,8 @@ def chunk_expanded(lo, hi, length, chunk):
 
 
 @SETTINGS
-@given(data=st.data(), threads=st.sampled_from([1, 2, 4]))
-def test_read_ranges_subranges(written, data, threads):
+@given(data=st.data(), threads=st.sampled_from([1, 2, 4]), readahead=st.sampled_from([0, 1, 150, 64 << 20]))
+def test_read_ranges_subranges(written, data, threads, readahead):
     path, cols = written
     picks = data.draw(st.lists(st.integers(0, len(cols) - 1), min_size=1, max_size=6))
     reqs, exps, total = [], [], 0
@@ -459,7 +459,7 @@ def test_read_ranges_subranges(written, data, threads):
         reqs.append(req(path, col, lo, hi))
         exps.append(exp[lo:hi])
         total += chunk_expanded(lo, hi, col["length"], 100)
-    nbytes, errors = _C.read_ranges(reqs, threads)
+    nbytes, errors = _C.read_ranges(reqs, threads, readahead_bytes=readahead)
     assert errors == []
     assert nbytes == total
     for r, e in zip(reqs, exps):
@@ -490,7 +490,9 @@ def test_read_ranges_dst_outside_range_untouched(written):
     assert nbytes == chunk_expanded(88, 168, col["length"], 100) == 200
 
 
-def test_read_ranges_large_request_split_across_threads(tmp_path):
+@pytest.mark.parametrize("readahead", [0, 1, 20 << 20, -5])  # -5: treated as 0 (off)
+def test_read_ranges_large_request_split_across_threads(tmp_path, readahead):
+    # 76.8 MB in 8 MiB pieces: the read-ahead hints run ahead of the threads over many pieces.
     path = str(tmp_path / "big")
     n = 300_000
     records, segments = write_segments([path], 4, 64 << 10, [(0, n, (64,))])
@@ -498,7 +500,7 @@ def test_read_ranges_large_request_split_across_threads(tmp_path):
     _, expected = expected_segment(segments[0][0], segments[0][1], 4)
     lo, hi = 12345, col["length"] - 999
     dst = np.empty(hi - lo, np.uint8)
-    nbytes, errors = _C.read_ranges([req(path, col, lo, hi, chunk=64 << 10, dst=dst)], 4)
+    nbytes, errors = _C.read_ranges([req(path, col, lo, hi, chunk=64 << 10, dst=dst)], 4, readahead_bytes=readahead)
     assert errors == []
     assert dst.tobytes() == expected[1][lo:hi]
     assert nbytes == chunk_expanded(lo, hi, col["length"], 64 << 10)

@@ -319,7 +319,11 @@ def test_compare_benchmark_smoke(tmp_path):
     saved = json.loads(out.read_text())
     assert set(saved["methods"]) == set(compare.ALL_METHODS)
     for m, r in saved["methods"].items():
-        assert r["save_s"] > 0 and r["load_s"] > 0 and r["bytes_written"] >= res["state_bytes"] * 0.99, m
-    assert set(saved["targets"]) == {"save_vs_best_peer", "load_vs_best_peer", "save_vs_raw", "save_peak_extra_bytes"}
+        assert r["save_s"] > 0 and r["load_s"] > 0 and r["load_warm_s"] > 0, m
+        assert r["bytes_written"] >= res["state_bytes"] * 0.99, m
+    assert set(saved["targets"]) == {"save_vs_best_peer", "load_cold_vs_best_peer", "load_warm_vs_best_peer",
+                                     "save_vs_raw", "save_peak_extra_bytes"}
+    assert saved["ratios"]["recckpt"]["torch"]["load_warm"] == pytest.approx(
+        saved["methods"]["torch"]["load_warm_s"] / saved["methods"]["recckpt"]["load_warm_s"])
     assert saved["ratios"]["recckpt"]["raw"]["save"] == pytest.approx(
         saved["methods"]["raw"]["save_s"] / saved["methods"]["recckpt"]["save_s"])

@@ -90,6 +90,11 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     return doc
 
 
+#: How far ahead of its reading threads the engine asks the kernel to start reading (local files);
+#: None: the engine's default (64 MiB), 0: off. A knob for benchmarks/bench_readahead.py.
+READAHEAD_BYTES: int | None = None
+
+
 class SegmentReader:
     """Reads rows of one checkpoint's tables, verifying every byte it returns."""
 
@@ -147,7 +152,8 @@ class SegmentReader:
             engine_reqs = [(self.storage.local_path(self._path(fi)), c.offset, c.length, step,
                             np.asarray(c.crc32c, dtype=np.uint32), lo, hi, dst)
                            for (fi, c, lo, hi, _, step), dst in zip(reqs, out)]
-            nread, errors = _C.read_ranges(engine_reqs, self.threads)
+            nread, errors = (_C.read_ranges(engine_reqs, self.threads) if READAHEAD_BYTES is None else
+                             _C.read_ranges(engine_reqs, self.threads, readahead_bytes=READAHEAD_BYTES))
             self.bytes_read += nread
             if errors:
                 i, msg = errors[0]

@@ -375,6 +375,19 @@ def test_export_chunks_are_zero_copy_views_and_detect_modification():
         next(it)
 
 
+def test_export_chunks_detect_modification_after_the_last_chunk():
+    t = HashTable("t", 4)
+    t.lookup(torch.arange(8), insert=True)
+    it = t.export_chunks(["embedding"], 4)
+    next(it)
+    next(it)  # the last chunk: its views are still held by the consumer
+    t.write_rows("embedding", T([5]), torch.ones(1, 4))
+    with pytest.raises(RuntimeError, match="modified"):
+        next(it)
+    unchanged = t.export_chunks(["embedding"], 4)
+    assert len(list(unchanged)) == 2  # without a modification the iteration simply ends
+
+
 def test_export_chunks_errors_and_empty():
     t = HashTable("t", 4)
     assert list(t.export_chunks(["embedding"], 5)) == []

@@ -476,12 +476,16 @@ class HashTable(nn.Module):
     ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
         n = self._size
         for start in range(0, n, max_rows):
-            if self._version != version:
-                raise RuntimeError(
-                    f"table {self.name!r} was modified while export_chunks was being iterated"
-                )
+            self._check_export_version(version)
             end = min(n, start + max_rows)
             yield self._ids[start:end], {s: self._data[s][start:end] for s in slots}
+        # Also after the last chunk: a consumer that reads every chunk and asks for the next one
+        # learns that the last chunk's views changed while it held them.
+        self._check_export_version(version)
+
+    def _check_export_version(self, version: int) -> None:
+        if self._version != version:
+            raise RuntimeError(f"table {self.name!r} was modified while export_chunks was being iterated")
 
     def import_rows(self, ids: torch.Tensor, columns: Mapping[str, torch.Tensor]) -> None:
         """Upsert rows; see :meth:`recckpt.state.protocol.SparseState.import_rows`.

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -149,6 +150,23 @@ class PeakRss:
         self.extra = self.peak - self.base
 
 
+def fresh_memory_floor(nbytes: int, threads: int) -> float:
+    """Seconds to fill `nbytes` of newly allocated memory with `threads` threads: a load that leaves
+    the state in new memory of this process (every method here) cannot be faster than this."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gc.collect()
+        t = time.perf_counter()
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        buf.fill_(1)
+        dt = time.perf_counter() - t
+        del buf
+        return dt
+    finally:
+        torch.set_num_threads(prev)
+
+
 def fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -270,8 +288,27 @@ def raw_save(src, opt, path, threads):
 
 
 def raw_load(dst, dst_opt, path, threads):
-    # The disk's read limit: the same bytes into fresh arrays, no table rebuild.
-    raw_load.last = np.fromfile(path, dtype=np.uint8)
+    # The read limit: the same bytes into one new array with `threads` threads reading 8 MiB pieces
+    # in parallel (os.preadv releases the GIL), no checksums, no table rebuild. A loader has to do at
+    # least this much; np.fromfile, one thread, would understate the limit on this VM by 2-3x.
+    size = os.path.getsize(path)
+    out = np.empty(size, dtype=np.uint8)
+    mv, piece = memoryview(out), 8 << 20
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def work(k):
+            for off in range(k * piece, size, piece * threads):
+                end = min(size, off + piece)
+                if os.preadv(fd, [mv[off:end]], off) != end - off:
+                    raise OSError(f"{path}: short read at {off}")
+        pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    finally:
+        os.close(fd)
+    raw_load.last = out
 
 
 METHODS = {
@@ -303,6 +340,11 @@ def parse_args(argv=None):
                     help="save every method first, then free the source model before loading (less memory)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir under /tmp)")
     ap.add_argument("--json", default=None, help="write the results here as JSON")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every method in this process instead of a fresh process per method and round. "
+                         "Faster to start, but a method's speed then depends on what the methods before it "
+                         "left in the process's memory (on this VM up to 2x)")
+    ap.add_argument("--record", default=None, help=argparse.SUPPRESS)  # a child's raw results (see run)
     args = ap.parse_args(argv)
     explicit = set(a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]))
     if args.scale:
@@ -325,6 +367,51 @@ def parse_args(argv=None):
 
 
 def run(args) -> dict:
+    """Every method and round in a fresh process (the default) or all in this one (--in-process)."""
+    if args.in_process:
+        runs, state_bytes, build_s, floors = run_here(args)
+        return summarize(args, runs, state_bytes, build_s, floors)
+    root = args.dir or tempfile.mkdtemp(prefix="recckpt-compare-")
+    runs, floors, state_bytes, build_s = {m: [] for m in args.methods}, [], 0, 0.0
+    try:
+        for r in range(args.repeat):
+            floors.append(fresh_memory_floor(state_bytes or approx_state_bytes(args), args.threads))
+            print(f"  round {r} fresh-memory floor {floors[-1]:7.2f} s", flush=True)
+            for m in order_of(args.methods, r):
+                rec_path = os.path.join(root, f"record-{m}-{r}.json")
+                cmd = [sys.executable, os.path.abspath(__file__), "--in-process", "--record", rec_path,
+                       "--methods", m, "--repeat", "1", "--ids", str(args.ids), "--dim", str(args.dim),
+                       "--dense-mb", str(args.dense_mb), "--threads", str(args.threads), "--cache", args.cache,
+                       "--dir", os.path.join(root, f"{m}-{r}")] + (["--free-source"] if args.free_source else [])
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode:
+                    raise SystemExit(f"{m}, round {r}: the child process failed:\n{out.stdout}{out.stderr}")
+                with open(rec_path) as f:
+                    child = json.load(f)
+                state_bytes, build_s = child["state_bytes"], child["build_s"]
+                rec = child["runs"][m][0]
+                runs[m].append(rec)
+                print(f"  round {r} {m:<12} " + ", ".join(
+                    f"{k.replace('_s', '')} {rec[k]:.2f} s (peak +{rec[k.replace('_s', '_peak_extra_bytes')] / 2**20:.0f} MiB)"
+                    for k in ("save_s", "load_s", "load_warm_s") if k in rec), flush=True)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    return summarize(args, runs, state_bytes, build_s, floors)
+
+
+def approx_state_bytes(args) -> int:
+    return args.ids * (8 + 3 * 4 * args.dim) + max(1, args.dense_mb // 4) * (4 << 20)
+
+
+def order_of(methods: list[str], r: int) -> list[str]:
+    """Rotate the order every round, so that no method always runs first."""
+    k = r % len(methods)
+    return methods[k:] + methods[:k]
+
+
+def run_here(args):
+    """Every method, every round, in this process: (runs, state_bytes, build_s, floors)."""
     root = args.dir or tempfile.mkdtemp(prefix="recckpt-compare-")
     os.makedirs(root, exist_ok=True)
     t0 = time.perf_counter()
@@ -339,6 +426,7 @@ def run(args) -> dict:
           f"{state_bytes / 1e9:.2f} GB (built in {build_s:.0f} s, RSS {rss_bytes() / 1e9:.2f} GB); "
           f"threads {args.threads}; {os.cpu_count()} CPUs; methods {', '.join(args.methods)}", flush=True)
     runs = {m: [] for m in args.methods}
+    floors = []
 
     def path_of(m, r):
         return os.path.join(root, f"{m}-{r}-{METHODS[m][2]}")
@@ -381,38 +469,45 @@ def run(args) -> dict:
             load_once(m, r, rec, cache)
         remove(path_of(m, r))
 
-    def order_of(r):  # rotate the order every round, so no method always runs first
-        k = r % len(args.methods)
-        return args.methods[k:] + args.methods[:k]
+    def do_floor(r):
+        if args.record:  # a child: the parent measures the floor
+            return
+        floors.append(fresh_memory_floor(state_bytes, args.threads))
+        print(f"  round {r} fresh-memory floor {floors[-1]:7.2f} s", flush=True)
 
     try:
         if args.free_source:
             # Every round's saves first; then the source model is dropped and every file is loaded.
             for r in range(args.repeat):
-                for m in order_of(r):
+                for m in order_of(args.methods, r):
                     runs[m].append(do_save(m, r))
             state.clear()
             gc.collect()
             print(f"  source freed: RSS {rss_bytes() / 1e9:.2f} GB", flush=True)
             for r in range(args.repeat):
-                for m in order_of(r):
+                do_floor(r)
+                for m in order_of(args.methods, r):
                     do_load(m, r, runs[m][r])
         else:
             for r in range(args.repeat):
-                for m in order_of(r):
+                do_floor(r)
+                for m in order_of(args.methods, r):
                     rec = do_save(m, r)
                     do_load(m, r, rec)
                     runs[m].append(rec)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
-    return summarize(args, runs, state_bytes, build_s)
+    if args.record:
+        with open(args.record, "w") as f:
+            json.dump({"runs": runs, "state_bytes": state_bytes, "build_s": build_s}, f)
+    return runs, state_bytes, build_s, floors
 
 
 PHASES = ("save", "load", "load_warm")  # load = cold page cache
 
 
-def summarize(args, runs: dict, state_bytes: int, build_s: float) -> dict:
+def summarize(args, runs: dict, state_bytes: int, build_s: float, floors: list[float]) -> dict:
     med = {}
     for m, recs in runs.items():
         med[m] = {k: statistics.median(r[k] for r in recs) for k in recs[0]}
@@ -425,7 +520,9 @@ def summarize(args, runs: dict, state_bytes: int, build_s: float) -> dict:
                   for b in med if b != a} for a in med}
     out = {"state_bytes": state_bytes, "ids": args.ids, "dim": args.dim, "dense_mb": args.dense_mb,
            "threads": args.threads, "cpus": os.cpu_count(), "repeat": args.repeat, "build_s": build_s,
-           "methods": med, "ratios": ratios, "targets": targets(med, state_bytes)}
+           "methods": med, "ratios": ratios, "targets": targets(med, state_bytes),
+           "fresh_memory_floor_s": statistics.median(floors) if floors else None,
+           "fresh_memory_floor_s_all": floors, "isolated": not args.in_process}
     return out
 
 
@@ -472,6 +569,21 @@ def print_table(res: dict) -> None:
         print("\nrecckpt speed ratio (other's seconds / recckpt's seconds; > 1 means recckpt is faster):")
         for b, v in res["ratios"]["recckpt"].items():
             print(f"  vs {b:<12}" + "".join(f" {title[k]} {v[k]:5.2f}x " for k in phases))
+    floor = res["fresh_memory_floor_s"]
+    peers = [m for m in med if m not in ("recckpt", "raw")]
+    if floor:
+        print(f"\nfresh-memory floor: filling {gb:.2f} GB of new memory with {res['threads']} threads takes "
+              f"{floor:.2f} s ({gb / floor:.2f} GB/s); no load into new memory can be faster.")
+    for k in ("load", "load_warm"):
+        if floor and f"{k}_s" in med.get("recckpt", {}) and peers:
+            best = min(peers, key=lambda p: med[p][f"{k}_s"])
+            line = (f"  {title[k]}: recckpt {med['recckpt'][f'{k}_s'] / floor:.2f}x the floor, best peer ({best}) "
+                    f"{med[best][f'{k}_s'] / floor:.2f}x")
+            if raw:
+                line += (f"; raw (only reading the bytes into new memory) {med['raw'][f'{k}_s'] / floor:.2f}x, so a "
+                         f"loader that reads the bytes can be at most {med[best][f'{k}_s'] / med['raw'][f'{k}_s']:.2f}x "
+                         f"faster than {best}")
+            print(line)
     if res["targets"]:
         print("\ntargets (issue 6):")
         for k, v in res["targets"].items():
@@ -482,6 +594,9 @@ def print_table(res: dict) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.record:  # a child of run(): raw results only
+        run_here(args)
+        return {}
     res = run(args)
     print_table(res)
     if args.json:

@@ -323,6 +323,7 @@ def test_compare_benchmark_smoke(tmp_path):
         assert r["bytes_written"] >= res["state_bytes"] * 0.99, m
     assert set(saved["targets"]) == {"save_vs_best_peer", "load_cold_vs_best_peer", "load_warm_vs_best_peer",
                                      "save_vs_raw", "save_peak_extra_bytes"}
+    assert saved["fresh_memory_floor_s"] > 0 and len(saved["fresh_memory_floor_s_all"]) == 1
     assert saved["ratios"]["recckpt"]["torch"]["load_warm"] == pytest.approx(
         saved["methods"]["torch"]["load_warm_s"] / saved["methods"]["recckpt"]["load_warm_s"])
     assert saved["ratios"]["recckpt"]["raw"]["save"] == pytest.approx(

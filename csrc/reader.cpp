@@ -170,7 +170,9 @@ class Reader {
   void advise_up_to(size_t k) {
     if (readahead_ <= 0 || pieces_.empty()) return;
     const int64_t limit = (k == 0 ? 0 : pieces_[k - 1].end) + readahead_;
-    std::lock_guard<std::mutex> lk(ahead_mu_);
+    // A thread already advising moves the window on; waiting for it would only delay this read.
+    std::unique_lock<std::mutex> lk(ahead_mu_, std::try_to_lock);
+    if (!lk.owns_lock()) return;
     while (ahead_ < pieces_.size()) {
       const Piece& p = pieces_[ahead_];
       const int64_t start = ahead_ == 0 ? 0 : pieces_[ahead_ - 1].end;

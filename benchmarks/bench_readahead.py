@@ -22,14 +22,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compare  # noqa: E402
 
-SETTINGS = {"on": None, "off": 0}  # None: the engine's default (64 MiB)
+from recckpt import _C  # noqa: E402
+
+SETTINGS = {"on": _C.DEFAULT_READAHEAD_BYTES, "off": 0}
 
 
 def child(path: str, setting: str, cache: str, ids: int, dim: int, threads: int) -> None:
     from recckpt.format import sparse_io
     sparse_io.READAHEAD_BYTES = SETTINGS[setting]
-    keys = [f"w{k}" for k in range(16)]  # compare.build's 64 MB of dense tensors
-    dst, dst_opt = compare.fresh_model(keys, dim)
+    dst, dst_opt = compare.fresh_model(compare.dense_keys(64), dim)
     (compare.drop_cache if cache == "cold" else compare.warm_cache)(path)
     t = time.perf_counter()
     compare.recckpt_load(dst, dst_opt, path, threads)

@@ -66,9 +66,14 @@ def build(ids: int, dim: int, dense_mb: int, seed: int = 0) -> tuple[Model, Spar
             m.table(torch.arange(s, min(ids, s + step), dtype=torch.int64) * 2654435761)
     for slot in ("adam.m", "adam.v"):
         m.table.slot(slot).normal_()
-    for k in range(max(1, dense_mb // 4)):  # 4 MB tensors
-        m.dense[f"w{k}"] = torch.nn.Parameter(torch.randn(1 << 20))
+    for k in dense_keys(dense_mb):
+        m.dense[k] = torch.nn.Parameter(torch.randn(1 << 20))
     return m, opt
+
+
+def dense_keys(dense_mb: int) -> list[str]:
+    """Names of the dense tensors `build` makes: one 4 MB float32 tensor per 4 MB, at least one."""
+    return [f"w{k}" for k in range(max(1, dense_mb // 4))]
 
 
 def fresh_model(src_dense_keys, dim) -> tuple[Model, SparseAdam]:
@@ -379,8 +384,6 @@ def run(args) -> dict:
     runs, floors, state_bytes, build_s = {m: [] for m in args.methods}, [], 0, 0.0
     try:
         for r in range(args.repeat):
-            floors.append(fresh_memory_floor(state_bytes or approx_state_bytes(args), args.threads))
-            print(f"  round {r} fresh-memory floor {floors[-1]:7.2f} s", flush=True)
             for m in order_of(args.methods, r):
                 rec_path = os.path.join(root, f"record-{m}-{r}.json")
                 cmd = [sys.executable, os.path.abspath(__file__), "--in-process", "--record", rec_path,
@@ -398,14 +401,12 @@ def run(args) -> dict:
                 print(f"  round {r} {m:<12} " + ", ".join(
                     f"{k.replace('_s', '')} {rec[k]:.2f} s (peak +{rec[k.replace('_s', '_peak_extra_bytes')] / 2**20:.0f} MiB)"
                     for k in ("save_s", "load_s", "load_warm_s") if k in rec), flush=True)
+            floors.append(fresh_memory_floor(state_bytes, args.threads))  # the size the children reported
+            print(f"  round {r} fresh-memory floor {floors[-1]:7.2f} s", flush=True)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
     return summarize(args, runs, state_bytes, build_s, floors)
-
-
-def approx_state_bytes(args) -> int:
-    return args.ids * (8 + 3 * 4 * args.dim) + max(1, args.dense_mb // 4) * (4 << 20)
 
 
 def order_of(methods: list[str], r: int) -> list[str]:

@@ -303,6 +303,7 @@ void bind_io(py::module_& m) {
            "wait for every segment, fsync and close the files; per file the records of its segments")
       .def("abort", &PyShardWriter::abort, "stop the workers and close the files (kept on disk)");
 
+  m.attr("DEFAULT_READAHEAD_BYTES") = kDefaultReadaheadBytes;
   m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
         py::arg("readahead_bytes") = kDefaultReadaheadBytes,
         "verified parallel reads: returns (bytes_read, [(request_index, message), ...]); the kernel is told "

@@ -32,7 +32,7 @@ std::string hex32(uint32_t v) {
 struct Piece {
   int64_t req;
   int64_t j0, j1;  // chunk range [j0, j1)
-  int64_t end;     // bytes of all pieces up to and including this one (read-ahead bookkeeping)
+  int64_t begin;   // bytes of all pieces before this one (read-ahead bookkeeping)
 };
 
 struct OpenFile {
@@ -151,8 +151,8 @@ class Reader {
     const int64_t per = std::max<int64_t>(1, kPieceBytes / cb);
     for (int64_t j = j0; j < j1; j += per) {
       const int64_t e = std::min(j1, j + per);
-      const int64_t before = pieces_.empty() ? 0 : pieces_.back().end;
-      pieces_.push_back({(int64_t)i, j, e, before + piece_bytes(i, j, e)});
+      pieces_.push_back({(int64_t)i, j, e, planned_bytes_});
+      planned_bytes_ += piece_bytes(i, j, e);
     }
   }
 
@@ -169,14 +169,13 @@ class Reader {
   // hint is ignored because the pread that follows reports any real error.
   void advise_up_to(size_t k) {
     if (readahead_ <= 0 || pieces_.empty()) return;
-    const int64_t limit = (k == 0 ? 0 : pieces_[k - 1].end) + readahead_;
+    const int64_t limit = pieces_[k].begin + readahead_;
     // A thread already advising moves the window on; waiting for it would only delay this read.
     std::unique_lock<std::mutex> lk(ahead_mu_, std::try_to_lock);
     if (!lk.owns_lock()) return;
     while (ahead_ < pieces_.size()) {
       const Piece& p = pieces_[ahead_];
-      const int64_t start = ahead_ == 0 ? 0 : pieces_[ahead_ - 1].end;
-      if (start >= limit) break;
+      if (p.begin >= limit) break;
       const ReadRequest& r = reqs_[(size_t)p.req];
       ::posix_fadvise(fds_[(size_t)p.req], (off_t)(r.col_offset + p.j0 * r.chunk_bytes),
                       (off_t)piece_bytes((size_t)p.req, p.j0, p.j1), POSIX_FADV_WILLNEED);
@@ -274,6 +273,7 @@ class Reader {
   std::map<std::string, OpenFile> files_;
   std::vector<int> fds_;
   std::vector<Piece> pieces_;
+  int64_t planned_bytes_ = 0;  // bytes of pieces_
   std::atomic<size_t> next_{0};
   std::atomic<int64_t> bytes_read_{0};
   std::mutex mu_;

@@ -59,8 +59,7 @@ class LoadPlan:
         sparse, dense = split_sparse_dense_state_dict(self.saver.model.state_dict())
         self.model_sparse, self.model_dense = sparse, dense
         self.sparse_jobs = []   # (ckpt name, table, [(slot, SlotInfo, SlotSpec)])
-        want_sparse, want_opt = conf.wants("sparse"), conf.wants("sparse_opt")
-        if want_sparse or want_opt:
+        if conf.wants("sparse") or conf.wants("sparse_opt"):
             self.reader.verify_worker_indexes()
             if m.index is not None:
                 _ = self.reader.segments  # parse the index and check every shard size before touching tables
@@ -80,7 +79,7 @@ class LoadPlan:
                 for slot, si in info.slots.items():
                     if not conf.slot_selected(slot):
                         continue
-                    if (si.category == "sparse" and not want_sparse) or (si.category == "sparse_opt" and not want_opt):
+                    if not conf.wants(si.category):
                         continue
                     spec = meta.slots.get(slot)
                     if spec is None:
@@ -90,8 +89,7 @@ class LoadPlan:
                                            spec.dtype, tuple(spec.shape))
                     slots.append((slot, si, spec))
                 for slot, spec in meta.slots.items():
-                    cat_on = (spec.category == "sparse" and want_sparse) or (spec.category == "sparse_opt" and want_opt)
-                    if cat_on and conf.slot_selected(slot) and slot not in info.slots:
+                    if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
                         self.problems_missing.append(f"slot {slot!r} of model table {target!r} is not in the checkpoint")
                 self.sparse_jobs.append((name, target, table, slots))
             for target in sparse:

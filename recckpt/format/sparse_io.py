@@ -91,8 +91,8 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
 
 
 #: How far ahead of its reading threads the engine asks the kernel to start reading (local files);
-#: None: the engine's default (64 MiB), 0: off. A knob for benchmarks/bench_readahead.py.
-READAHEAD_BYTES: int | None = None
+#: 0: off. A knob for benchmarks/bench_readahead.py.
+READAHEAD_BYTES: int = _C.DEFAULT_READAHEAD_BYTES
 
 
 class SegmentReader:
@@ -152,8 +152,7 @@ class SegmentReader:
             engine_reqs = [(self.storage.local_path(self._path(fi)), c.offset, c.length, step,
                             np.asarray(c.crc32c, dtype=np.uint32), lo, hi, dst)
                            for (fi, c, lo, hi, _, step), dst in zip(reqs, out)]
-            nread, errors = (_C.read_ranges(engine_reqs, self.threads) if READAHEAD_BYTES is None else
-                             _C.read_ranges(engine_reqs, self.threads, readahead_bytes=READAHEAD_BYTES))
+            nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=READAHEAD_BYTES)
             self.bytes_read += nread
             if errors:
                 i, msg = errors[0]

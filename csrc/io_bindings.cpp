@@ -9,6 +9,7 @@
 
 #include "os_error.h"
 #include "pybuf.h"
+#include "mapped_region.h"
 #include "reader.h"
 #include "shard_writer.h"
 
@@ -223,16 +224,18 @@ void crcs_of(const py::handle& obj, ReadRequest& r, size_t i) {
   }
 }
 
-py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t readahead_bytes) {
+py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t readahead_bytes,
+                         std::shared_ptr<MappedRegion> map_into) {
   const size_t n = py::len(requests);
   std::vector<ReadRequest> reqs(n);
   std::vector<py::buffer_info> dsts;
   dsts.reserve(n);
   for (size_t i = 0; i < n; i++) {
     py::object item = requests[i];
-    if (!py::isinstance<py::sequence>(item) || py::len(item) != 8)
+    if (!py::isinstance<py::sequence>(item) || (py::len(item) != 8 && py::len(item) != 9))
       throw py::type_error("read_ranges: requests[" + std::to_string(i) +
-                           "] must be a tuple (path, col_offset, col_length, chunk_bytes, crcs, lo, hi, dst)");
+                           "] must be a tuple (path, col_offset, col_length, chunk_bytes, crcs, lo, hi, dst"
+                           "[, pad_before])");
     py::sequence t = py::reinterpret_borrow<py::sequence>(item);
     ReadRequest& r = reqs[i];
     r.path = path_of(t[0]);
@@ -242,6 +245,7 @@ py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t read
     crcs_of(t[4], r, i);
     r.lo = int_of(t[5], "lo", i);
     r.hi = int_of(t[6], "hi", i);
+    if (py::len(t) == 9) r.pad_before = int_of(t[8], "pad_before", i);
     py::object dst = t[7];
     if (!PyObject_CheckBuffer(dst.ptr()))
       throw py::type_error("read_ranges: requests[" + std::to_string(i) + "].dst must be a writable buffer, got " +
@@ -261,7 +265,7 @@ py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t read
   ReadResult res;
   {
     py::gil_scoped_release nogil;
-    res = read_ranges(reqs, threads, readahead_bytes);
+    res = read_ranges(reqs, threads, readahead_bytes, map_into.get());
   }
   py::list errs;
   for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
@@ -303,9 +307,30 @@ void bind_io(py::module_& m) {
            "wait for every segment, fsync and close the files; per file the records of its segments")
       .def("abort", &PyShardWriter::abort, "stop the workers and close the files (kept on disk)");
 
+  py::class_<MappedRegion, std::shared_ptr<MappedRegion>>(
+      m, "MappedRegion", py::buffer_protocol(),
+      "Zeroed private anonymous memory (a writable buffer of `nbytes` bytes) into which read_ranges(map_into=) "
+      "may map checkpoint pages copy-on-write. Unmapped when the last reference (e.g. a tensor made with "
+      "torch.frombuffer) goes away.")
+      .def(py::init([](int64_t nbytes) {
+             py::gil_scoped_release nogil;
+             return std::make_shared<MappedRegion>(nbytes);
+           }),
+           py::arg("nbytes"))
+      .def_buffer([](MappedRegion& r) {
+        return py::buffer_info(r.data(), 1, py::format_descriptor<uint8_t>::format(), 1, {r.size()}, {1}, false);
+      })
+      .def("__len__", &MappedRegion::size)
+      .def_property_readonly("bytes_mapped", [](const MappedRegion& r) { return r.bytes_mapped.load(); },
+                             "file bytes mapped (not copied) into the region so far")
+      .def_property_readonly_static("page_size", [](py::object) { return MappedRegion::page_size(); });
+
   m.attr("DEFAULT_READAHEAD_BYTES") = kDefaultReadaheadBytes;
+  m.attr("COLUMN_ALIGN") = kColumnAlign;
   m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
-        py::arg("readahead_bytes") = kDefaultReadaheadBytes,
+        py::arg("readahead_bytes") = kDefaultReadaheadBytes, py::arg("map_into") = nullptr,
         "verified parallel reads: returns (bytes_read, [(request_index, message), ...]); the kernel is told "
-        "to start reading up to readahead_bytes ahead of the threads (0: off)");
+        "to start reading up to readahead_bytes ahead of the threads (0: off). With map_into (a MappedRegion), "
+        "whole columns read into that region at page-congruent addresses are mapped copy-on-write instead of "
+        "copied (docs/ENGINE.md)");
 }

@@ -1,6 +1,7 @@
 #include "reader.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,10 +42,17 @@ struct OpenFile {
   int64_t size = 0;
 };
 
+// Pages [a, b) of a request's destination that map its file (a == b: the request is copied).
+struct MappedSpan {
+  uint8_t* a = nullptr;
+  uint8_t* b = nullptr;
+};
+
 class Reader {
  public:
-  explicit Reader(const std::vector<ReadRequest>& reqs)
-      : reqs_(reqs), fds_(reqs.size(), -1), err_chunk_(reqs.size()), err_msg_(reqs.size()) {
+  Reader(const std::vector<ReadRequest>& reqs, MappedRegion* region)
+      : reqs_(reqs), region_(region), fds_(reqs.size(), -1), mapped_(reqs.size()), err_chunk_(reqs.size()),
+        err_msg_(reqs.size()) {
     for (auto& c : err_chunk_) c = std::numeric_limits<int64_t>::max();
   }
   ~Reader() {
@@ -56,7 +64,7 @@ class Reader {
     std::vector<char> ok(reqs_.size(), 0);
     for (size_t i = 0; i < reqs_.size(); i++) ok[i] = validate(i);
     for (size_t i = 0; i < reqs_.size(); i++)
-      if (ok[i]) plan(i);
+      if (ok[i] && (!region_ || map_request(i))) plan(i);
     readahead_ = std::max<int64_t>(0, readahead_bytes);
     advise_up_to(0);
     const int64_t nthreads = std::min<int64_t>(std::max(threads, 1), (int64_t)pieces_.size());
@@ -75,6 +83,8 @@ class Reader {
     }
     ReadResult r;
     r.bytes_read = bytes_read_.load();
+    r.bytes_mapped = bytes_mapped_;
+    if (region_) region_->bytes_mapped.fetch_add(bytes_mapped_);
     for (size_t i = 0; i < reqs_.size(); i++)
       if (!err_msg_[i].empty()) r.errors.emplace_back((int64_t)i, err_msg_[i]);
     return r;
@@ -98,6 +108,9 @@ class Reader {
       return report(i, -1, "invalid request: col_offset and col_length must be >= 0, got " +
                                std::to_string(r.col_offset) + " and " + std::to_string(r.col_length)),
              false;
+    if (r.pad_before < 0 || r.pad_before > r.col_offset)
+      return report(i, -1, "invalid request: pad_before must be in [0, col_offset], got " +
+                               std::to_string(r.pad_before)), false;
     if (r.col_length > std::numeric_limits<int64_t>::max() - r.col_offset)
       return report(i, -1, "invalid request: col_offset + col_length overflows"), false;
     if (!(0 <= r.lo && r.lo <= r.hi && r.hi <= r.col_length))
@@ -183,6 +196,87 @@ class Reader {
     }
   }
 
+  // Maps request i into the region when it can (see read_ranges); false when it failed (reported).
+  // Runs on the calling thread before the workers start, so MAP_FIXED never races with a reader.
+  bool map_request(size_t i) {
+    const ReadRequest& r = reqs_[i];
+    const int64_t P = MappedRegion::page_size();
+    if (r.lo != 0 || r.hi != r.col_length || r.col_length == 0 || !region_->contains(r.dst, r.dst_len)) return true;
+    const uintptr_t d = (uintptr_t)r.dst;
+    if ((int64_t)((d - (uintptr_t)r.col_offset) % (uintptr_t)P) != 0) return true;  // not congruent: copy
+    uint8_t* a = (uint8_t*)((d + (uintptr_t)P - 1) / (uintptr_t)P * (uintptr_t)P);
+    uint8_t* b = (uint8_t*)((d + (uintptr_t)r.col_length) / (uintptr_t)P * (uintptr_t)P);
+    if (b <= a) return true;  // less than one whole page: copy
+    const int64_t foff = r.col_offset + (a - r.dst);
+    void* m = ::mmap(a, (size_t)(b - a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fds_[i], (off_t)foff);
+    if (m == MAP_FAILED || m != (void*)a) {
+      report(i, 0, std::string("mmap error at file offset ") + std::to_string(foff) + ": " + std::strerror(errno));
+      return false;
+    }
+    mapped_[i] = {a, b};
+    bytes_mapped_ += b - a;
+    // The partial pages at either end stay anonymous: read their bytes (verified, and counted in
+    // bytes_read, with the rest by verify_mapped).
+    for (auto [p, q] : {std::make_pair(r.dst, a), std::make_pair(b, r.dst + r.col_length)}) {
+      if (q <= p) continue;
+      const int64_t off = r.col_offset + (p - r.dst);
+      const int64_t got = pread_all(fds_[i], p, q - p, off);
+      if (got != q - p) {
+        report(i, (p - r.dst) / r.chunk_bytes,
+               std::string(got < 0 ? "read error: " + std::string(std::strerror((int)-got)) : "short read (file truncated?)") +
+                   " at file offset " + std::to_string(off));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Chunks [j0, j1) of a mapped request: fault the file pages in (errors reported, not SIGBUS), then
+  // check the crcs on the memory itself.
+  void verify_mapped(const Piece& p) {
+    const size_t i = (size_t)p.req;
+    const ReadRequest& r = reqs_[i];
+    const int64_t cb = r.chunk_bytes, s = p.j0 * cb, e = std::min(p.j1 * cb, r.col_length);
+    const MappedSpan& m = mapped_[i];
+    uint8_t* pa = std::max(m.a, r.dst + s - ((uintptr_t)(r.dst + s) % (uintptr_t)MappedRegion::page_size()));
+    uint8_t* pb = std::min(m.b, r.dst + e);
+    if (pb > pa && populate_ok_.load(std::memory_order_relaxed)) {
+      pb = (uint8_t*)(((uintptr_t)pb + MappedRegion::page_size() - 1) / MappedRegion::page_size() *
+                      MappedRegion::page_size());
+      pb = std::min(pb, m.b);
+      if (::madvise(pa, (size_t)(pb - pa), kPopulateRead) != 0) {
+        const int err = errno;
+        if (err == EINVAL) {
+          populate_ok_.store(false, std::memory_order_relaxed);  // kernel < 5.14: plain faults
+        } else {
+          report(i, p.j0, "read error in chunks " + std::to_string(p.j0) + ".." + std::to_string(p.j1 - 1) +
+                              " (mapped, file offset " + std::to_string(r.col_offset + s) + "): " +
+                              std::strerror(err) + (err == EFAULT ? " (file truncated?)" : ""));
+          return;
+        }
+      }
+    }
+    bytes_read_.fetch_add(e - s, std::memory_order_relaxed);
+    check_crcs(i, p.j0, s, e, r.dst + s);
+  }
+
+  // Checks the crcs of column bytes [a, b) (chunk-aligned, starting with chunk jfirst) held at buf.
+  bool check_crcs(size_t i, int64_t jfirst, int64_t a, int64_t b, const uint8_t* buf) {
+    const ReadRequest& r = reqs_[i];
+    int64_t j = jfirst;
+    for (int64_t s = a; s < b; s += r.chunk_bytes, j++) {
+      const int64_t e = std::min(s + r.chunk_bytes, b);
+      const uint32_t c = crc32c(0, buf + (s - a), (size_t)(e - s));
+      if (c != r.crcs[(size_t)j]) {
+        report(i, j, "CRC mismatch in chunk " + std::to_string(j) + " (column bytes [" + std::to_string(s) +
+                         ", " + std::to_string(e) + "), file offset " + std::to_string(r.col_offset + s) +
+                         "): expected " + hex32(r.crcs[(size_t)j]) + ", computed " + hex32(c));
+        return false;
+      }
+    }
+    return true;
+  }
+
   // Reads n bytes at off; returns bytes read (short on EOF); -errno on error.
   static int64_t pread_all(int fd, uint8_t* p, int64_t n, int64_t off) {
     int64_t got = 0;
@@ -216,22 +310,40 @@ class Reader {
                           std::to_string(r.col_offset + a) + " (file truncated?)");
       return false;
     }
-    int64_t j = jfirst;
-    for (int64_t s = a; s < b; s += r.chunk_bytes, j++) {
-      const int64_t e = std::min(s + r.chunk_bytes, b);
-      const uint32_t c = crc32c(0, buf + (s - a), (size_t)(e - s));
-      if (c != r.crcs[(size_t)j]) {
-        report(i, j, "CRC mismatch in chunk " + std::to_string(j) + " (column bytes [" + std::to_string(s) +
-                         ", " + std::to_string(e) + "), file offset " + std::to_string(r.col_offset + s) +
-                         "): expected " + hex32(r.crcs[(size_t)j]) + ", computed " + hex32(c));
+    return check_crcs(i, jfirst, a, b, buf);
+  }
+
+  // The padding before a column belongs to no checksummed block, so it is checked to be zero
+  // instead: a flipped byte anywhere in a shard file still fails the load that reads it.
+  bool check_padding(size_t i) {
+    const ReadRequest& r = reqs_[i];
+    uint8_t pad[4096];
+    for (int64_t done = 0; done < r.pad_before;) {
+      const int64_t n = std::min<int64_t>((int64_t)sizeof pad, r.pad_before - done);
+      const int64_t off = r.col_offset - r.pad_before + done;
+      const int64_t got = pread_all(fds_[i], pad, n, off);
+      if (got != n) {
+        report(i, 0, std::string(got < 0 ? "read error in the padding before the column: " +
+                                               std::string(std::strerror((int)-got))
+                                         : "short read in the padding before the column (file truncated?)") +
+                         " at file offset " + std::to_string(off));
         return false;
       }
+      bytes_read_.fetch_add(got, std::memory_order_relaxed);
+      for (int64_t k = 0; k < n; k++)
+        if (pad[k] != 0) {
+          report(i, 0, "non-zero byte in the padding before the column, at file offset " + std::to_string(off + k));
+          return false;
+        }
+      done += n;
     }
     return true;
   }
 
   void do_piece(const Piece& p, std::vector<uint8_t>& scratch) {
     const ReadRequest& r = reqs_[(size_t)p.req];
+    if (p.j0 == 0 && r.lo == 0 && r.pad_before > 0 && !check_padding((size_t)p.req)) return;
+    if (mapped_[(size_t)p.req].b != nullptr) return verify_mapped(p);
     const int64_t cb = r.chunk_bytes, L = r.col_length;
     int64_t j = p.j0;
     while (j < p.j1) {
@@ -269,9 +381,19 @@ class Reader {
     }
   }
 
+#ifdef MADV_POPULATE_READ
+  static constexpr int kPopulateRead = MADV_POPULATE_READ;
+#else
+  static constexpr int kPopulateRead = 22;  // Linux 5.14 value, for older headers
+#endif
+
   const std::vector<ReadRequest>& reqs_;
+  MappedRegion* region_;
   std::map<std::string, OpenFile> files_;
   std::vector<int> fds_;
+  std::vector<MappedSpan> mapped_;
+  int64_t bytes_mapped_ = 0;  // written before the workers start
+  std::atomic<bool> populate_ok_{true};
   std::vector<Piece> pieces_;
   int64_t planned_bytes_ = 0;  // bytes of pieces_
   std::atomic<size_t> next_{0};
@@ -286,8 +408,9 @@ class Reader {
 
 }  // namespace
 
-ReadResult read_ranges(const std::vector<ReadRequest>& requests, int threads, int64_t readahead_bytes) {
-  Reader r(requests);
+ReadResult read_ranges(const std::vector<ReadRequest>& requests, int threads, int64_t readahead_bytes,
+                       MappedRegion* map_into) {
+  Reader r(requests, map_into);
   return r.run(threads, readahead_bytes);
 }
 

@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "mapped_region.h"
+
 namespace recckpt {
 
 struct ReadRequest {
@@ -14,11 +16,13 @@ struct ReadRequest {
   int64_t lo = 0, hi = 0;
   uint8_t* dst = nullptr;
   int64_t dst_len = 0;
+  int64_t pad_before = 0;  // zero padding that precedes the column (format v2), checked when lo == 0
   std::string invalid;  // set by the caller when an argument could not be used (reported, not raised)
 };
 
 struct ReadResult {
   int64_t bytes_read = 0;
+  int64_t bytes_mapped = 0;  // of bytes_read, those mapped into `map_into` rather than copied
   std::vector<std::pair<int64_t, std::string>> errors;  // (request index, message), sorted by index
 };
 
@@ -26,8 +30,14 @@ struct ReadResult {
 // threads, checking the crc of every chunk touched. Never throws for data errors. Up to
 // `readahead_bytes` beyond the piece being read are announced to the kernel (POSIX_FADV_WILLNEED);
 // 0 turns that off.
+//
+// With `map_into`, a request that reads a whole column into memory inside that region, at an address
+// congruent to the column's file offset modulo the page size, is *mapped*: its whole pages become a
+// copy-on-write mapping of the file (MAP_PRIVATE|MAP_FIXED), the partial pages at either end are
+// read, and the checksums are verified on the mapped memory (pages populated with
+// MADV_POPULATE_READ first, so an I/O error or a file shortened meanwhile is reported, not SIGBUS).
 constexpr int64_t kDefaultReadaheadBytes = int64_t(64) << 20;
 ReadResult read_ranges(const std::vector<ReadRequest>& requests, int threads,
-                       int64_t readahead_bytes = kDefaultReadaheadBytes);
+                       int64_t readahead_bytes = kDefaultReadaheadBytes, MappedRegion* map_into = nullptr);
 
 }  // namespace recckpt

@@ -211,6 +211,13 @@ struct ShardWriter::WorkerCtx {
     off += (int64_t)fill;
     fill = 0;
   }
+  // Zero bytes up to the next multiple of `align` (format version 2: slot columns start on a page
+  // boundary, so that a load can map them; docs/FORMAT.md).
+  void pad_to(int64_t align) {
+    static const uint8_t zeros[kColumnAlign] = {};
+    const int64_t pad = (align - pos() % align) % align;
+    append(zeros, (size_t)pad);
+  }
   void append(const void* data, size_t n) {
     const uint8_t* p = static_cast<const uint8_t*>(data);
     while (n > 0) {
@@ -391,8 +398,9 @@ void ShardWriter::write_sorted(const Job& job, WorkerCtx& ctx, SegmentRecord& re
     const uint8_t* src = c == 0 ? reinterpret_cast<const uint8_t*>(ids) : job.in.columns[c - 1];
     const int64_t rb = c == 0 ? 8 : job.in.row_bytes[c - 1];
     ColumnRecord& col = rec.columns[c];
-    col.offset = ctx.pos();
     col.length = rb * n;
+    if (c > 0 && col.length > 0) ctx.pad_to(kColumnAlign);
+    col.offset = ctx.pos();
     if (col.length == 0) continue;
     col.crcs.reserve((size_t)((col.length + chunk_bytes_ - 1) / chunk_bytes_));
     ChunkCrc crc(chunk_bytes_, col.crcs);

@@ -16,6 +16,10 @@
 
 namespace recckpt {
 
+// Format version 2: every non-empty slot column starts at a file offset that is a multiple of this,
+// preceded by zero padding (docs/FORMAT.md). 4096 is the page size of the machines we map on.
+constexpr int64_t kColumnAlign = 4096;
+
 struct ColumnRecord {
   int64_t offset = 0;  // absolute file offset of the column's first byte
   int64_t length = 0;  // bytes

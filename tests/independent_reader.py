@@ -364,7 +364,7 @@ def _validate_slot_spec(spec, where: str) -> dict:
 def validate_manifest(m: dict, where: str) -> dict:
     # format_version first, so a newer writer's different layout is reported as incompatible
     fv = _req(m, "format_version", int, where)
-    if fv != 1:
+    if fv not in (1, 2):
         _fail(where, f"unknown format_version {fv}", IncompatibleError)
     for k, t in _MANIFEST_FIELDS.items():
         _req(m, k, t, where)
@@ -517,8 +517,10 @@ def _validate_block(b, where: str, with_list: Optional[int], chunk: int) -> dict
 def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Optional[str]) -> dict:
     """Structure checks of an index (merged or per-worker). Returns a normalised form."""
     fv = _req(ix, "format_version", int, where)
-    if fv != 1:
+    if fv not in (1, 2):
         _fail(where, f"unknown format_version {fv}", IncompatibleError)
+    if fv != manifest["format_version"]:
+        _fail(where, f"format_version {fv} differs from the manifest's {manifest['format_version']}")
     B = _req(ix, "num_buckets", int, where)
     C = _req(ix, "chunk_bytes", int, where)
     if B != manifest["num_buckets"] or C != manifest["chunk_bytes"]:
@@ -568,17 +570,21 @@ def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Opt
     if missing and ckpt_dir is not None:
         # SPEC-GUESS: index.json lists every manifest table (even with 0 rows / no segments)
         _fail(where, f"tables {sorted(missing)} of the manifest are absent from the index")
-    return {"files": files, "tables": out_tables, "raw": ix}
+    return {"files": files, "tables": out_tables, "raw": ix, "format_version": fv}
 
 
 def _check_file_layout(ix: dict, where: str):
-    """'A shard file is a concatenation of segments with no header and no padding':
-    every segment is buckets, ids, slot 0.. contiguous, and the segments tile each file exactly."""
+    """'A shard file is a concatenation of segments with no header': every segment is buckets, ids,
+    slot 0.. contiguous, except that from version 2 on each non-empty slot column is preceded by the
+    zero padding that brings its offset to a multiple of 4096; the segments tile each file exactly."""
+    align = 4096 if ix["format_version"] >= 2 else 1
     per_file: Dict[int, List[Tuple[int, int, str]]] = {i: [] for i in range(len(ix["files"]))}
     for tname, segs in ix["tables"].items():
         for si, s in enumerate(segs):
             pos = s["buckets"]["offset"] + s["buckets"]["length"]
             for ci, c in enumerate(s["columns"]):
+                if ci > 0 and c["length"] > 0:
+                    pos += -pos % align
                 if c["offset"] != pos:
                     _fail(f"{where} table {tname!r} segment {si}",
                           f"column {ci} at offset {c['offset']}, expected {pos} (segment not contiguous)")

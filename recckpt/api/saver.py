@@ -18,7 +18,7 @@ from ..format import catalog, dtypes, extras as extras_fmt, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.names import validate_ckpt_id
 from ..format.schema import SlotInfo
-from ..format.sparse_io import SparseWriteOptions, TableSource
+from ..format.sparse_io import SparseWriteOptions, TableSource, row_granule
 from ..state.protocol import SparseState, split_sparse_dense_state_dict
 from ..storage import open_storage
 from .load_config import LoadConfig
@@ -145,6 +145,10 @@ class Saver:
         slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
         names = list(slots)
         max_rows = max(1, self.options.segment_bytes // (8 + sum(s.row_bytes for s in slots.values())))
+        # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
+        granule = row_granule(s.row_bytes for s in slots.values())
+        if max_rows >= granule:
+            max_rows -= max_rows % granule
 
         def chunks():
             for ids, cols in table.export_chunks(names, max_rows):
@@ -160,7 +164,13 @@ class Saver:
                             f"table {meta.name!r}, slot {k!r}: export_chunks gave {c.dtype} {tuple(c.shape)}; "
                             f"the table's metadata says {spec.dtype} {(n, *spec.shape)}")
                     out.append(_row_bytes_view(c.detach().cpu(), n, slots[k].row_bytes))
-                yield ids.detach().cpu().contiguous().numpy(), out
+                ids_np = ids.detach().cpu().contiguous().numpy()
+                cut = n - n % granule
+                if 0 < cut < n:  # whole granules, then the short rest as its own segment
+                    yield ids_np[:cut], [c[:cut] for c in out]
+                    yield ids_np[cut:], [c[cut:] for c in out]
+                else:
+                    yield ids_np, out
 
         return TableSource(meta.name, slots, meta.num_rows, chunks())
 

@@ -7,7 +7,9 @@ import re
 from ..errors import InvalidCheckpointIdError
 
 FORMAT_NAME = "recckpt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2                   # what this recckpt writes
+READABLE_FORMAT_VERSIONS = (1, 2)    # what it reads: 2 added the slot-column alignment below
+COLUMN_ALIGN = 4096                  # version 2: non-empty slot columns start at multiples of this
 
 VERSION_FILE = "checkpoint"          # <output_dir>/checkpoint: committed ids, oldest first
 STAGING_PREFIX = ".staging-"         # <output_dir>/.staging-<ckpt_id>-<nonce>/ while a save is running

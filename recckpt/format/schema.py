@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes
 from .hashing import HASH_NAME
-from .names import FORMAT_NAME, FORMAT_VERSION, validate_relpath
+from .names import COLUMN_ALIGN, FORMAT_NAME, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, validate_relpath
 
 CATEGORIES = ("sparse", "sparse_opt")
 _U32 = 1 << 32
@@ -101,6 +101,14 @@ class Segment:
     buckets: Column           # int64[B+1] row offsets, one CRC over the whole block
     columns: tuple[Column, ...]  # [ids, slot 0, slot 1, ...]
 
+    def pad_before(self, k: int) -> int:
+        """Zero bytes between column k-1 and column k (format version 2 aligns slot columns; the index
+        validation makes this < COLUMN_ALIGN, and 0 for the ids column)."""
+        if k == 0:
+            return 0
+        prev = self.columns[k - 1]
+        return max(0, self.columns[k].offset - (prev.offset + prev.length))
+
     def to_json(self):
         b = self.buckets
         return {"file": self.file, "rows": self.rows,
@@ -131,7 +139,7 @@ class IndexDoc:
         """One index for the checkpoint: files concatenated in worker order, segments re-pointed."""
         if not parts:
             raise ValueError("nothing to merge")
-        out = IndexDoc(parts[0].num_buckets, parts[0].chunk_bytes)
+        out = IndexDoc(parts[0].num_buckets, parts[0].chunk_bytes, format_version=parts[0].format_version)
         for p in parts:
             if (p.num_buckets, p.chunk_bytes) != (out.num_buckets, out.chunk_bytes):
                 raise ValueError("worker indexes disagree on num_buckets/chunk_bytes")
@@ -195,10 +203,10 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
     if v.get(obj, "format", "") != FORMAT_NAME:
         v.fail("format", f"expected {FORMAT_NAME!r}; this is not a recckpt checkpoint")
     ver = v.int(v.get(obj, "format_version", ""), "format_version")
-    if ver != FORMAT_VERSION:
+    if ver not in READABLE_FORMAT_VERSIONS:
         raise IncompatibleCheckpointError(
-            f"{path}: format version {ver} is not supported by this recckpt (reads version "
-            f"{FORMAT_VERSION}); upgrade recckpt to load it")
+            f"{path}: format version {ver} is not supported by this recckpt (reads versions "
+            f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))}); upgrade recckpt to load it")
     for key, want in (("hash", HASH_NAME), ("checksum", "crc32c")):
         if v.get(obj, key, "") != want:
             v.fail(key, f"expected {want!r}")
@@ -254,6 +262,7 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         io_state=io_state,
         metadata={v.str(k, "metadata"): v.str(x, f"metadata[{k!r}]") for k, x in meta.items()},
         worker_steps=worker_steps,
+        format_version=ver,
     )
     for rel in [m.index, m.dense, m.extras, *m.io_state.values()]:
         if rel is not None and rel not in m.files:
@@ -267,13 +276,15 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
     """Validate an index; with a manifest, also check every column length against the slot specs."""
     v = _V(path)
     ver = v.int(v.get(obj, "format_version", ""), "format_version")
-    if ver != FORMAT_VERSION:
+    if ver not in READABLE_FORMAT_VERSIONS:
         raise IncompatibleCheckpointError(f"{path}: index format version {ver} is not supported")
+    if manifest is not None and ver != manifest.format_version:
+        v.fail("format_version", f"{ver} but the manifest says {manifest.format_version}")
     nb = v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, 1 << 24)
     cb = v.int(v.get(obj, "chunk_bytes", ""), "chunk_bytes", 1, 1 << 31)
     if manifest is not None and (nb, cb) != (manifest.num_buckets, manifest.chunk_bytes):
         v.fail("num_buckets/chunk_bytes", "disagree with the manifest")
-    doc = IndexDoc(nb, cb)
+    doc = IndexDoc(nb, cb, format_version=ver)
     for i, f in enumerate(v.list(v.get(obj, "files", ""), "files")):
         doc.files.append((v.relpath(v.get(f, "path", f"files[{i}]"), f"files[{i}].path"),
                           v.int(v.get(f, "size", f"files[{i}]"), f"files[{i}].size")))
@@ -323,6 +334,14 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
                 if c.offset + c.length > size:
                     v.fail(sw, f"block {k} [{c.offset}, {c.offset + c.length}) lies beyond the end of "
                                f"{doc.files[fi][0]} ({size} bytes)")
+            if ver >= 2:
+                for k, c in enumerate(cols[1:], 1):
+                    end = cols[k - 1].offset + cols[k - 1].length
+                    want = end + (-end % COLUMN_ALIGN if c.length else 0)
+                    if c.offset != want:
+                        v.fail(f"{sw}.columns[{k}].offset", f"{c.offset}, expected {want}: in format version {ver} "
+                                                            f"a slot column follows the previous column, padded "
+                                                            f"to a multiple of {COLUMN_ALIGN} when not empty")
             segs.append(Segment(fi, rows, buckets, cols))
         doc.tables[name] = (slots, segs)
     if manifest is not None:

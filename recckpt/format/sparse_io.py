@@ -7,6 +7,7 @@ are one contiguous range per column, read in parallel and checked against the ch
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -35,6 +36,19 @@ class TableSource:
     @property
     def nbytes(self) -> int:
         return self.rows * (8 + sum(s.row_bytes for s in self.slots.values()))
+
+
+def row_granule(row_bytes: Iterable[int]) -> int:
+    """The smallest row count g such that g rows of every slot fill whole COLUMN_ALIGN blocks.
+
+    Segments of a multiple of g rows keep, in a table's storage, every later segment's rows on the same
+    page offset as in the file (slot columns start page-aligned, format version 2), which is what lets
+    a load map them instead of copying. The saver cuts segments at multiples of g."""
+    g = 1
+    for rb in row_bytes:
+        if rb > 0:
+            g = math.lcm(g, names.COLUMN_ALIGN // math.gcd(rb, names.COLUMN_ALIGN))
+    return g
 
 
 @dataclass(frozen=True)
@@ -141,18 +155,21 @@ class SegmentReader:
             pos += n
         return out
 
-    def _read(self, table: str, reqs: list[tuple[int, Column, int, int, str, int]],
-              dsts: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        """reqs: (file, column, lo, hi, what, checksum step) → verified bytes [lo, hi) of each column,
-        written into `dsts` (writable uint8 arrays of hi - lo bytes) or into fresh arrays."""
-        out = dsts if dsts is not None else [np.empty(hi - lo, dtype=np.uint8) for _, _, lo, hi, _, _ in reqs]
+    def _read(self, table: str, reqs: list[tuple[int, Column, int, int, str, int, int]],
+              dsts: list[np.ndarray] | None = None, map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
+        """reqs: (file, column, lo, hi, what, checksum step, padding before the column) → verified bytes
+        [lo, hi) of each column (and, when lo == 0, zero padding before it),
+        written into `dsts` (writable uint8 arrays of hi - lo bytes) or into fresh arrays. Whole columns
+        whose destination lies in `map_into` at a page-congruent address are mapped, not copied."""
+        out = dsts if dsts is not None else [np.empty(hi - lo, dtype=np.uint8) for _, _, lo, hi, *_ in reqs]
         for fi, *_ in reqs:
             self._check_size(fi)
         if self.storage.is_local:
             engine_reqs = [(self.storage.local_path(self._path(fi)), c.offset, c.length, step,
-                            np.asarray(c.crc32c, dtype=np.uint32), lo, hi, dst)
-                           for (fi, c, lo, hi, _, step), dst in zip(reqs, out)]
-            nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=READAHEAD_BYTES)
+                            np.asarray(c.crc32c, dtype=np.uint32), lo, hi, dst, pad)
+                           for (fi, c, lo, hi, _, step, pad), dst in zip(reqs, out)]
+            nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=READAHEAD_BYTES,
+                                           map_into=map_into)
             self.bytes_read += nread
             if errors:
                 i, msg = errors[0]
@@ -160,7 +177,10 @@ class SegmentReader:
                 raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
                                              f"{what}: {msg}", self._path(fi))
             return out
-        for (fi, c, lo, hi, what, step), dst in zip(reqs, out):
+        for (fi, c, lo, hi, what, step, pad), dst in zip(reqs, out):
+            if pad and lo == 0 and hi > 0 and any(self.storage.read_bytes(self._path(fi), c.offset - pad, pad)):
+                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
+                                             f"{what}: non-zero byte in the padding before the column", self._path(fi))
             k0, k1 = lo // step, -(-hi // step) if hi > lo else lo // step
             start, end = k0 * step, min(k1 * step, c.length)
             data = self.storage.read_bytes(self._path(fi), c.offset + start, end - start)
@@ -179,7 +199,7 @@ class SegmentReader:
 
     def bucket_offsets(self, table: str, seg: Segment) -> np.ndarray:
         (raw,) = self._read(table, [(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
-                                    max(seg.buckets.length, 1))])
+                                    max(seg.buckets.length, 1), 0)])
         off = raw.view("<i8")
         nb = self.index.num_buckets
         if off[0] != 0 or off[nb] != seg.rows or np.any(np.diff(off) < 0):
@@ -210,15 +230,62 @@ class SegmentReader:
                 r0, r1 = int(off[bucket_lo]), int(off[hi_b])
             if r1 == r0:
                 continue
-            rs = [(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb)]
+            rs = [(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb, 0)]
             for s, c, rb in zip(slots, col_of, row_bytes):
-                rs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb))
+                rs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c)))
             batch.add(r1 - r0, rs)
             if batch.nbytes >= self.batch_bytes:
                 yield batch
                 batch = ReadBatch(table, row_bytes)
         if batch.rows:
             yield batch
+
+    def map_table(self, table: str, slots: list[str], row_bytes: list[int], bucket_lo: int = 0,
+                  bucket_hi: int | None = None, spare_rows: int = 0) -> "MappedTable":
+        """Rows of buckets [lo, hi) of `table` for a mapped load: the ids read into a new array, and
+        each slot's rows placed in one `MappedRegion`. A segment whose rows all fall in the range has
+        its slot columns mapped copy-on-write from the shard file wherever the layout allows (format
+        version 2 aligns them); every other row is read into the region. All of it is verified. The
+        storage has room for `spare_rows` more rows. Needs local storage."""
+        if not self.storage.is_local:
+            raise ValueError(f"{self.storage.describe(self.ckpt_dir)}: mapped loads need a local filesystem")
+        all_slots, segs = self.index.tables[table]
+        col_of = [1 + all_slots.index(s) for s in slots]
+        hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
+        parts = []
+        for seg in segs:  # read and verified also when every row is wanted: no byte goes unchecked
+            off = self.bucket_offsets(table, seg)
+            r0, r1 = int(off[bucket_lo]), int(off[hi_b])
+            if r1 > r0:
+                parts.append((seg, r0, r1))
+        # Whole segments of whole granules first: each then starts on the page offset of its file column.
+        g = row_granule(row_bytes)
+        parts.sort(key=lambda p: not (p[1] == 0 and p[2] == p[0].rows and p[0].rows % g == 0))
+        rows = sum(r1 - r0 for _, r0, r1 in parts)
+        cap = rows + spare_rows
+        page = _C.MappedRegion.page_size
+        starts, size = [], 0
+        for rb in row_bytes:  # one region, each slot's storage starting on a page
+            starts.append(size)
+            size += -(-cap * rb // page) * page
+        region = _C.MappedRegion(size)
+        whole = np.frombuffer(region, dtype=np.uint8)
+        ids = np.empty(cap, dtype="<i8")
+        ids_bytes = ids.view(np.uint8)
+        cb = self.index.chunk_bytes
+        reqs, dsts, pos = [], [], 0
+        for seg, r0, r1 in parts:
+            n = r1 - r0
+            reqs.append((seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb, 0))
+            dsts.append(ids_bytes[8 * pos:8 * (pos + n)])
+            for s, c, rb, st in zip(slots, col_of, row_bytes, starts):
+                reqs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c)))
+                dsts.append(whole[st + rb * pos:st + rb * (pos + n)])
+            pos += n
+        if reqs:
+            self._read(table, reqs, dsts, map_into=region)
+        cols = {s: whole[st:st + cap * rb] for s, rb, st in zip(slots, row_bytes, starts)}
+        return MappedTable(rows, ids, cols, region.bytes_mapped)
 
     def read_batch(self, batch: "ReadBatch", dst: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Read and verify one batch. `dst`: one writable, C-contiguous buffer per column (ids, then the
@@ -264,6 +331,16 @@ class SegmentReader:
                 parts = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols[1:], row_bytes)]
                 pos += n
                 yield (ids, parts, reqs[0][0]) if with_file else (ids, parts)
+
+
+@dataclass
+class MappedTable:
+    """What `SegmentReader.map_table` read: `rows` rows of ids (int64[capacity]) and, per slot, the
+    uint8 storage of `capacity` rows, views of one `MappedRegion` that lives as long as any of them."""
+    rows: int
+    ids: np.ndarray
+    columns: dict[str, np.ndarray]
+    bytes_mapped: int
 
 
 class ReadBatch:

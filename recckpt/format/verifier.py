@@ -179,13 +179,20 @@ class _Checker:
         self.report.bytes_checked += seg_reader.bytes_read
 
     def check_tiling(self, index: IndexDoc, bad_files: set[int]) -> None:
-        blocks: dict[int, list[tuple[int, int]]] = {fi: [] for fi in range(len(index.files))}
+        # (offset, length, aligned): from format version 2 on, slot columns are preceded by the zero
+        # padding that brings them to a multiple of COLUMN_ALIGN; nothing else may leave a gap.
+        align = index.format_version >= 2
+        blocks: dict[int, list[tuple[int, int, bool]]] = {fi: [] for fi in range(len(index.files))}
         for _, segs in index.tables.values():
             for s in segs:
-                blocks[s.file].extend((c.offset, c.length) for c in (s.buckets, *s.columns))
+                blocks[s.file].append((s.buckets.offset, s.buckets.length, False))
+                blocks[s.file].extend((c.offset, c.length, align and k > 0 and c.length > 0)
+                                      for k, c in enumerate(s.columns))
         for fi, bl in blocks.items():
             pos = 0
-            for off, ln in sorted(bl):
+            for off, ln, aligned in sorted(bl):
+                if aligned:
+                    pos += -pos % names.COLUMN_ALIGN
                 if off != pos:
                     break
                 pos += ln
@@ -204,7 +211,7 @@ class _Checker:
             what = "ids" if k == 0 else f"column {k}"
             for lo in range(0, col.length, window):
                 hi = min(col.length, lo + window)
-                (data,) = seg_reader._read(table, [(seg.file, col, lo, hi, what, cb)])
+                (data,) = seg_reader._read(table, [(seg.file, col, lo, hi, what, cb, seg.pad_before(k))])
                 if k == 0:
                     self.check_ids(table, seg, data.view("<i8"), off, lo // 8, index)
 

@@ -322,7 +322,11 @@ def test_compare_benchmark_smoke(tmp_path):
         assert r["save_s"] > 0 and r["load_s"] > 0 and r["load_warm_s"] > 0, m
         assert r["bytes_written"] >= res["state_bytes"] * 0.99, m
     assert set(saved["targets"]) == {"save_vs_best_peer", "load_cold_vs_best_peer", "load_warm_vs_best_peer",
+                                     "mmap_load_cold_vs_best_peer", "mmap_load_warm_vs_best_peer",
                                      "save_vs_raw", "save_peak_extra_bytes"}
+    best_warm = min(saved["methods"][p]["load_warm_s"] for p in ("torch", "torch-mmap", "safetensors", "dcp"))
+    assert saved["targets"]["mmap_load_warm_vs_best_peer"]["value"] == pytest.approx(
+        best_warm / saved["methods"]["recckpt-mmap"]["load_warm_s"])
     assert saved["fresh_memory_floor_s"] > 0 and len(saved["fresh_memory_floor_s_all"]) == 1
     assert saved["ratios"]["recckpt"]["torch"]["load_warm"] == pytest.approx(
         saved["methods"]["torch"]["load_warm_s"] / saved["methods"]["recckpt"]["load_warm_s"])

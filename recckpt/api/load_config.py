@@ -67,6 +67,16 @@ class LoadConfig:
     (default) raises naming both sizes, before anything is loaded; 'drop' loads everything else and
     leaves the registered IO-state objects untouched (listed in LoadResult.io_state_dropped)."""
 
+    mmap: bool = False
+    """Sparse tables: map the checkpoint's slot columns into the tables copy-on-write instead of copying
+    them (as torch.load's `mmap` option does for tensors): the load then copies only the ids, and a
+    table's pages stay shared with the page cache until training writes them. Applies to replace loads
+    from a local filesystem into tables implementing `AdoptStorage` (HashTable does) with no dtype
+    cast; other tables are copied as usual, and so are rows of segments this worker owns only partly.
+    `LoadResult.tables_mapped` and `bytes_mapped` say what was mapped. While a table maps a
+    checkpoint, do not truncate or rewrite its files in place (the process would get SIGBUS); deleting
+    it is safe, but its disk space is freed only once no table maps it. See docs/LOADING.md."""
+
     ownership: Callable | None = None
     """Which ids this rank keeps, when training routed ids with its own function instead of
     `recckpt.partition`: `ownership(ids: int64 tensor, world: int) -> ranks` (e.g.
@@ -88,7 +98,7 @@ class LoadConfig:
             if bad:
                 raise LoadConfigError(f"LoadConfig.{name}: unknown categories {bad}; known: "
                                       f"{', '.join(CATEGORIES)} and '*'")
-        for name in ("strict", "cast", "merge"):
+        for name in ("strict", "cast", "merge", "mmap"):
             if not isinstance(getattr(self, name), bool):
                 raise LoadConfigError(f"LoadConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.rename, Mapping) or not all(

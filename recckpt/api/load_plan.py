@@ -16,7 +16,7 @@ from ..format.hashing import bucket_range
 from ..state.protocol import split_sparse_dense_state_dict
 from .load_config import LoadConfig
 from .row_filter import RowFilter
-from .sparse_load import direct_load_possible, load_table_rows
+from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
 
 if TYPE_CHECKING:
     from .saver import Saver
@@ -38,6 +38,10 @@ class LoadResult:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    bytes_mapped: int = 0
+    """Of `bytes_read`, the bytes mapped into tables copy-on-write instead of copied (`LoadConfig.mmap`)."""
+    tables_mapped: list[str] = field(default_factory=list)
+    """Tables (model names) whose storage is now a mapping of the checkpoint (`LoadConfig.mmap`)."""
     seconds: float = 0.0
 
 
@@ -252,15 +256,24 @@ class LoadPlan:
                 cleared = conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)
                 if cleared:
                     table.clear_rows()
-                reserve = getattr(table, "reserve", None)
-                if callable(reserve):  # optional protocol hint: allocate once, not grow per chunk
-                    expected = (self.m.tables[name].rows // world if conf.ownership is not None else
-                                self.m.tables[name].rows * (hi - lo) // self.m.num_buckets)
-                    reserve(len(table) + expected + expected // 8)
+                expected = (self.m.tables[name].rows // world if conf.ownership is not None else
+                            self.m.tables[name].rows * (hi - lo) // self.m.num_buckets)
                 names = [s for s, _, _ in slots]
                 rbs = [si.row_bytes for _, si, _ in slots]
-                if conf.ownership is None and conf.duplicates == "error" and \
-                        direct_load_possible(table, slots, cleared):
+                simple = conf.ownership is None and conf.duplicates == "error"
+                if simple and conf.mmap and mapped_load_possible(table, slots, cleared,
+                                                                 self.reader.segments.storage.is_local):
+                    rows, mapped = map_table_rows(self.reader.segments, name, target, table, slots, lo, hi,
+                                                  expected, self.reader.describe())
+                    self.result.sparse_rows += rows
+                    self.result.bytes_mapped += mapped
+                    self.result.tables_mapped.append(target)
+                    applied.append(target)
+                    continue
+                reserve = getattr(table, "reserve", None)
+                if callable(reserve):  # optional protocol hint: allocate once, not grow per chunk
+                    reserve(len(table) + expected + expected // 8)
+                if simple and direct_load_possible(table, slots, cleared):
                     self.result.sparse_rows += load_table_rows(self.reader.segments, name, target, table,
                                                                slots, lo, hi, self.reader.describe())
                 else:

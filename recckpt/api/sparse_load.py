@@ -5,6 +5,10 @@ no dtype cast, and no ownership function or duplicate rule has to look at rows f
 rows is read by the engine straight into the memory the table lends (`append_views`), then committed.
 No staging buffer and no second copy: on machines where touching memory is as slow as the disk, the
 copy is most of a load's time. Every other load goes through `RowFilter` + `import_rows` (saver.py).
+
+A mapped load (`LoadConfig.mmap`) goes one step further for tables that implement `AdoptStorage`: the
+slot columns are mapped copy-on-write from the shard files and handed to the table as its storage, so
+the load copies nothing but the ids (docs/LOADING.md, "Mapped loads").
 """
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ from typing import Sequence
 
 import torch
 
+from .. import _C
 from ..format import dtypes
 from ..format.schema import SlotInfo
 from ..format.sparse_io import SegmentReader
-from ..state.protocol import BulkAppend, SlotSpec, SparseState
+from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState
 from .row_filter import DuplicateIdsError
 
 
@@ -30,6 +35,35 @@ def direct_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo
                          cleared: bool) -> bool:
     return (cleared and isinstance(table, BulkAppend)
             and all(dtypes.torch_dtype(si.dtype) == spec.dtype for _, si, spec in slots))
+
+
+def mapped_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo, SlotSpec]],
+                         cleared: bool, local: bool) -> bool:
+    return local and isinstance(table, AdoptStorage) and direct_load_possible(table, slots, cleared)
+
+
+def map_table_rows(segments: SegmentReader, name: str, target: str, table: SparseState,
+                   slots: Sequence[tuple[str, SlotInfo, SlotSpec]], bucket_lo: int, bucket_hi: int,
+                   expected_rows: int, where: str) -> tuple[int, int]:
+    """Map buckets [lo, hi) of checkpoint table `name` into `table` (model name `target`), which
+    `mapped_load_possible` accepted; returns (rows, bytes mapped rather than copied). The storage gets
+    room for half as many rows again (of `expected_rows`), the growth a table would allocate anyway,
+    so that the first new ids of training do not copy the whole table out of the mapping."""
+    names = [s for s, _, _ in slots]
+    got = segments.map_table(name, names, [si.row_bytes for _, si, _ in slots], bucket_lo, bucket_hi,
+                             spare_rows=expected_rows // 2)
+    cap = len(got.ids)
+    cols = {s: torch.from_numpy(got.columns[s]).view(spec.dtype).view(cap, *spec.shape) for s, _, spec in slots}
+    try:
+        table.adopt_storage(got.rows, torch.from_numpy(got.ids), cols)
+    except ValueError as e:
+        if _C.IdMap(got.rows).insert_new(got.ids[:got.rows]) == got.rows:
+            raise  # not the checkpoint's ids: the table refused for its own reason
+        raise DuplicateIdsError(
+            f"checkpoint {where}: table {name!r} stores an id more than once ({e}); the job that saved it "
+            f"probably routed ids inconsistently. load_conf {{'duplicates': 'newest'}} keeps the copy of "
+            f"the worker that saved at the highest step, if the workers recorded different steps") from e
+    return got.rows, got.bytes_mapped
 
 
 def load_table_rows(segments: SegmentReader, name: str, target: str, table: SparseState,

@@ -198,15 +198,31 @@ class SegmentReader:
         return out
 
     def bucket_offsets(self, table: str, seg: Segment) -> np.ndarray:
-        (raw,) = self._read(table, [(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
-                                    max(seg.buckets.length, 1), 0)])
-        off = raw.view("<i8")
+        return self.all_bucket_offsets(table, [seg])[0]
+
+    def iter_bucket_offsets(self, table: str, segs: list[Segment], group: int = 256
+                            ) -> Iterator[tuple[Segment, np.ndarray]]:
+        """(segment, verified bucket offsets) for each segment, read `group` segments per parallel call:
+        on a cold disk one small synchronous read per segment would each wait out the device's latency,
+        and all at once would hold 8·(B+1) bytes per segment of a table of any size."""
+        for k in range(0, len(segs), group):
+            part = segs[k:k + group]
+            yield from zip(part, self.all_bucket_offsets(table, part))
+
+    def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list[np.ndarray]:
+        """The verified bucket offsets of each of `segs`, read in one parallel call."""
+        raws = self._read(table, [(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
+                                   max(seg.buckets.length, 1), 0) for seg in segs])
         nb = self.index.num_buckets
-        if off[0] != 0 or off[nb] != seg.rows or np.any(np.diff(off) < 0):
-            raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
-                                         f"bucket offsets are not a valid partition of {seg.rows} rows",
-                                         self._path(seg.file))
-        return off
+        out = []
+        for seg, raw in zip(segs, raws):
+            off = raw.view("<i8")
+            if off[0] != 0 or off[nb] != seg.rows or np.any(np.diff(off) < 0):
+                raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
+                                             f"bucket offsets are not a valid partition of {seg.rows} rows",
+                                             self._path(seg.file))
+            out.append(off)
+        return out
 
     def batches(self, table: str, slots: list[str], row_bytes: list[int],
                 bucket_lo: int = 0, bucket_hi: int | None = None) -> Iterator["ReadBatch"]:
@@ -219,15 +235,10 @@ class SegmentReader:
         full = bucket_lo == 0 and hi_b == nb
         cb = self.index.chunk_bytes
         batch = ReadBatch(table, row_bytes)
-        for seg in segs:
-            if full:
-                # Not needed to read every row, but part of the file: verify it so that no byte of a
-                # checkpoint goes unchecked by a full load (8·(B+1) bytes per segment).
-                self.bucket_offsets(table, seg)
-                r0, r1 = 0, seg.rows
-            else:
-                off = self.bucket_offsets(table, seg)
-                r0, r1 = int(off[bucket_lo]), int(off[hi_b])
+        # A full load does not need them, but they are part of the file: verified so that no byte of a
+        # checkpoint goes unchecked by a full load (8·(B+1) bytes per segment).
+        for seg, off in self.iter_bucket_offsets(table, segs):
+            r0, r1 = (0, seg.rows) if full else (int(off[bucket_lo]), int(off[hi_b]))
             if r1 == r0:
                 continue
             rs = [(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb, 0)]
@@ -253,8 +264,7 @@ class SegmentReader:
         col_of = [1 + all_slots.index(s) for s in slots]
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
         parts = []
-        for seg in segs:  # read and verified also when every row is wanted: no byte goes unchecked
-            off = self.bucket_offsets(table, seg)
+        for seg, off in self.iter_bucket_offsets(table, segs):  # verified even when all rows are wanted
             r0, r1 = int(off[bucket_lo]), int(off[hi_b])
             if r1 > r0:
                 parts.append((seg, r0, r1))

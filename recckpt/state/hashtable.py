@@ -608,6 +608,49 @@ class HashTable(nn.Module):
         self._size = new
         self._version += 1
 
+    def adopt_storage(self, rows: int, ids: torch.Tensor, columns: Mapping[str, torch.Tensor]) -> None:
+        """Take ``ids`` and ``columns`` as the table's storage, their first ``rows`` rows being its
+        contents; see :meth:`recckpt.state.protocol.AdoptStorage.adopt_storage`.
+
+        A mapped load passes copy-on-write mappings of the checkpoint: rows are shared with the page
+        cache until written, and growing past their capacity copies them into ordinary memory."""
+        if self._size:
+            raise ValueError(f"table {self.name!r}: adopt_storage needs an empty table, it holds {self._size} rows")
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
+            got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids)
+            raise ValueError(f"table {self.name!r}: adopt_storage ids must be int64 [capacity], got {got}")
+        cap = ids.numel()
+        if isinstance(rows, bool) or not isinstance(rows, numbers.Integral) or not 0 <= rows <= cap:
+            raise ValueError(f"table {self.name!r}: adopt_storage rows must be an int in [0, {cap}], got {rows!r}")
+        rows = int(rows)
+        for k, col in columns.items():
+            self._check_slot(k)
+            spec = self._specs[k]
+            want = (cap, *spec.shape)
+            if not isinstance(col, torch.Tensor) or tuple(col.shape) != want or col.dtype != spec.dtype \
+                    or col.device.type != "cpu" or not col.is_contiguous():
+                got = f"{tuple(col.shape)} {col.dtype} on {col.device}" if isinstance(col, torch.Tensor) else type(col)
+                raise ValueError(f"table {self.name!r}, slot {k!r}: adopt_storage expects a C-contiguous CPU "
+                                 f"tensor of shape {want} dtype {spec.dtype}, got {got}")
+        if ids.device.type != "cpu" or not ids.is_contiguous():
+            raise ValueError(f"table {self.name!r}: adopt_storage ids must be a C-contiguous CPU tensor")
+        id_map = _C.IdMap(rows)
+        if rows:
+            bad = id_map.insert_new(_np(ids[:rows]))
+            if bad != rows:
+                raise ValueError(f"table {self.name!r}: adopt_storage: id {int(ids[bad])} (row {bad}) is repeated; "
+                                 f"nothing was adopted")
+        data = {}
+        with torch.inference_mode(False):  # see _realloc
+            for k, spec in self._specs.items():
+                if k in columns:
+                    data[k] = columns[k]
+                else:
+                    data[k] = torch.empty((cap, *spec.shape), dtype=spec.dtype)
+                    self._init_rows(data[k][:rows], self._inits[k])
+        self._map, self._data, self._ids, self._capacity, self._size = id_map, data, ids, cap, rows
+        self._version += 1
+
     # ------------------------------------------------------------------ state_dict integration
     def get_extra_state(self) -> "HashTable":
         """Return the table itself, so ``model.state_dict()`` holds it under

@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, Mapping, Protocol, Sequence, Tuple, runt
 import torch
 
 __all__ = [
+    "AdoptStorage",
     "BulkAppend",
     "SLOT_CATEGORIES",
     "SlotSpec",
@@ -207,6 +208,27 @@ class BulkAppend(Protocol):
         """Add the rows filled since the last :meth:`append_views` to the table. Slots not named
         there start at their initial value. If an appended id is already in the table or repeated,
         raise ``ValueError`` naming the table and the id, leaving the table as it was before."""
+        ...
+
+
+@runtime_checkable
+class AdoptStorage(Protocol):
+    """Optional extension of :class:`SparseState`: take storage the loader allocated.
+
+    A mapped load (``LoadConfig(mmap=True)``) builds each slot's storage from the checkpoint file
+    itself, a copy-on-write mapping whose pages are shared with the page cache until written, and
+    hands it over instead of copying the rows into memory the table allocated. Used only for a table
+    being replace-loaded (emptied by ``clear_rows``) with no dtype cast; called from one thread.
+    """
+
+    def adopt_storage(self, rows: int, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
+        """Make these tensors the table's storage. ``ids`` is ``int64[capacity]`` and each column is
+        ``[capacity, *spec.shape]`` in its slot's dtype, all C-contiguous CPU tensors with the same
+        ``capacity >= rows``; their first ``rows`` rows are the table's contents and the rest is room
+        to grow into. The table keeps and writes these tensors (it may replace them when it grows past
+        ``capacity``). Slots not in ``columns`` start at their initial value. The table must be empty;
+        a repeated id, a wrong shape or dtype, or a non-empty table raise ``ValueError`` naming the
+        table and leave it unchanged."""
         ...
 
 

@@ -1,0 +1,366 @@
+"""Mapped loads (LoadConfig.mmap): the engine's read_ranges(map_into=...), format version 2's aligned
+slot columns that make mapping possible, HashTable.adopt_storage, and the load path that ties them
+together. Every mapped load is compared with a copying load of the same checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from recckpt import HashTable, LoadConfig, Saver, SaveOptions, _C, verify
+from recckpt.api.row_filter import DuplicateIdsError
+from recckpt.errors import CorruptCheckpointError, LoadConfigError
+from recckpt.format import names
+from recckpt.format.sparse_io import row_granule
+from recckpt.state.protocol import AdoptStorage
+from sparse_fixtures import DictTable, assert_tables_equal, table_contents
+from test_engine_paths import Holder, empty_like, filled
+
+PAGE = _C.MappedRegion.page_size
+OPTS = SaveOptions(num_buckets=8, chunk_bytes=1000, segment_bytes=256 << 10, fsync=False)
+MMAP = {"mmap": True}
+
+
+def save(tmp_path, *tables, opts=OPTS, concurrency=2, ckpt="c"):
+    Saver(Holder(*tables), output_dir=str(tmp_path), concurrency=concurrency, options=opts).save(ckpt)
+    return tmp_path / ckpt
+
+
+def load(tmp_path, *tables, conf=None, shard=(0, 1), ckpt="c"):
+    dst = Holder(*tables)
+    res = Saver(dst, output_dir=str(tmp_path)).load(ckpt_id=ckpt, load_conf=conf, shard_id=shard[0],
+                                                    shard_num=shard[1])
+    return dst, res
+
+
+# ------------------------------------------------------------------ engine: read_ranges(map_into=)
+def _column_file(tmp_path, offset, nbytes, seed=0):
+    data = np.random.default_rng(seed).integers(0, 256, size=nbytes, dtype=np.uint8)
+    path = str(tmp_path / "col.bin")
+    with open(path, "wb") as f:
+        f.write(bytes(offset))
+        f.write(data.tobytes())
+    return path, data
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("offset", [0, 100, PAGE, 3 * PAGE + 17])
+def test_congruent_column_is_mapped_verified_and_copy_on_write(tmp_path, threads, offset):
+    nbytes = 7 * PAGE + 123
+    path, data = _column_file(tmp_path, offset, nbytes)
+    crcs = _C.crc32c_chunks(data, 1000)
+    region = _C.MappedRegion(nbytes + 2 * PAGE)
+    shift = offset % PAGE
+    dst = np.frombuffer(region, dtype=np.uint8)[shift:shift + nbytes]
+    nread, errors = _C.read_ranges([(path, offset, nbytes, 1000, crcs, 0, nbytes, dst)], threads, map_into=region)
+    assert errors == [] and nread == nbytes
+    np.testing.assert_array_equal(dst, data)
+    whole_pages = ((shift + nbytes) // PAGE - (shift + PAGE - 1) // PAGE) * PAGE
+    assert region.bytes_mapped == whole_pages > 0
+    dst[:] = 0  # private: the file keeps its bytes
+    with open(path, "rb") as f:
+        assert f.read()[offset:] == data.tobytes()
+
+
+def test_only_whole_columns_at_congruent_addresses_inside_the_region_are_mapped(tmp_path):
+    nbytes = 5 * PAGE
+    path, data = _column_file(tmp_path, PAGE, nbytes)
+    crcs = _C.crc32c_chunks(data, 1000)
+    region = _C.MappedRegion(2 * nbytes + PAGE)
+    view = np.frombuffer(region, dtype=np.uint8)
+    skewed = view[1:1 + nbytes]                       # not congruent with the file offset
+    part = view[nbytes + PAGE:nbytes + PAGE + 3000]   # a partial range is always copied
+    outside = np.empty(nbytes, dtype=np.uint8)        # memory the region does not own
+    reqs = [(path, PAGE, nbytes, 1000, crcs, 0, nbytes, skewed),
+            (path, PAGE, nbytes, 1000, crcs, 1000, 4000, part),
+            (path, PAGE, nbytes, 1000, crcs, 0, nbytes, outside)]
+    _, errors = _C.read_ranges(reqs, 2, map_into=region)
+    assert errors == [] and region.bytes_mapped == 0
+    np.testing.assert_array_equal(skewed, data)
+    np.testing.assert_array_equal(part, data[1000:4000])
+    np.testing.assert_array_equal(outside, data)
+
+
+def test_corruption_in_a_mapped_column_is_reported_with_its_chunk(tmp_path):
+    nbytes = 6 * PAGE
+    path, data = _column_file(tmp_path, 0, nbytes)
+    crcs = _C.crc32c_chunks(data, 1000)
+    with open(path, "r+b") as f:
+        f.seek(4 * PAGE + 5)
+        f.write(bytes([data[4 * PAGE + 5] ^ 0x10]))
+    region = _C.MappedRegion(nbytes)
+    dst = np.frombuffer(region, dtype=np.uint8)
+    _, errors = _C.read_ranges([(path, 0, nbytes, 1000, crcs, 0, nbytes, dst)], 2, map_into=region)
+    chunk = (4 * PAGE + 5) // 1000
+    assert region.bytes_mapped == nbytes
+    assert errors and errors[0][0] == 0 and f"CRC mismatch in chunk {chunk}" in errors[0][1]
+
+
+def test_padding_before_a_column_must_be_zero(tmp_path):
+    path, data = _column_file(tmp_path, 300, 2000)
+    crcs = _C.crc32c_chunks(data, 1000)
+    req = lambda pad, lo=0: (path, 300, 2000, 1000, crcs, lo, 2000, np.empty(2000 - lo, np.uint8), pad)
+    assert _C.read_ranges([req(300)], 1)[1] == []
+    with open(path, "r+b") as f:
+        f.seek(123)
+        f.write(b"\x01")
+    _, errors = _C.read_ranges([req(300)], 1)
+    assert errors and "non-zero byte in the padding before the column, at file offset 123" in errors[0][1]
+    assert _C.read_ranges([req(100)], 1)[1] == []        # the flipped byte is before this padding
+    assert _C.read_ranges([req(300, lo=1000)], 1)[1] == []  # a partial read does not read the padding
+    _, errors = _C.read_ranges([req(301)], 1)
+    assert errors and "pad_before must be in [0, col_offset]" in errors[0][1]
+
+
+def test_region_lives_as_long_as_a_tensor_over_it():
+    region = _C.MappedRegion(3 * PAGE + 1)
+    assert len(region) == 3 * PAGE + 1
+    t = torch.frombuffer(region, dtype=torch.uint8)
+    del region
+    t[-1] = 9
+    assert int(t.sum()) == 9  # zeroed memory, still mapped
+    assert len(_C.MappedRegion(0)) == 0
+    with pytest.raises(ValueError):
+        _C.MappedRegion(-1)
+
+
+# ------------------------------------------------------------------ format version 2
+def test_row_granule():
+    assert row_granule([256]) == 16
+    assert row_granule([12, 4]) == 1024
+    assert row_granule([4096, 8192]) == 1
+    assert row_granule([2, 0]) == 2048
+    assert _C.COLUMN_ALIGN == names.COLUMN_ALIGN
+
+
+def test_saved_segments_are_whole_granules_and_slot_columns_aligned(tmp_path):
+    t = filled("t", 5000, dim=16, extra_slot=False)  # 64-byte rows: granule 64
+    ckpt = save(tmp_path, t, opts=SaveOptions(num_buckets=8, segment_bytes=100_000, fsync=False))
+    idx = json.loads((ckpt / "index.json").read_text())
+    assert idx["format_version"] == 2
+    segs = idx["tables"]["t"]["segments"]
+    rows = [s["rows"] for s in segs]
+    assert sum(rows) == 5000 and len(rows) > 3
+    assert sum(r % 64 != 0 for r in rows) == 1, rows  # only the short tail is not whole granules
+    assert all(s["columns"][1]["offset"] % 4096 == 0 for s in segs)
+
+
+def _strip_to_v1(ckpt):
+    """Rewrite a version-2 checkpoint as version 1 (no padding), the layout older recckpt wrote. Only
+    index.json is rewritten (what a load reads); the per-worker indexes keep the old offsets."""
+    from hostile import read_json, write_json
+    idx = read_json(str(ckpt), "index.json")
+    blocks = {}
+    for t in idx["tables"].values():
+        for s in t["segments"]:
+            blocks.setdefault(s["file"], []).extend([s["buckets"], *s["columns"]])
+    for fi, bl in blocks.items():
+        path = ckpt / idx["files"][fi]["path"]
+        data = path.read_bytes()
+        out = bytearray()
+        for b in sorted(bl, key=lambda b: b["offset"]):
+            piece = data[b["offset"]:b["offset"] + b["length"]]
+            b["offset"] = len(out)
+            out += piece
+        path.write_bytes(bytes(out))
+        idx["files"][fi]["size"] = len(out)
+    idx["format_version"] = 1
+    write_json(str(ckpt), "index.json", idx)  # also re-signs it in the manifest
+    man = read_json(str(ckpt), "manifest.json")
+    man["format_version"] = 1
+    write_json(str(ckpt), "manifest.json", man)
+    return idx
+
+
+def test_version_1_checkpoints_still_load_with_and_without_mmap(tmp_path):
+    t = filled("t", 3000, dim=16)
+    ckpt = save(tmp_path, t, concurrency=1)
+    _strip_to_v1(ckpt)
+    assert json.loads((ckpt / "index.json").read_text())["format_version"] == 1
+    a, _ = load(tmp_path, empty_like(t))
+    b, res = load(tmp_path, empty_like(t), conf=MMAP)
+    assert_tables_equal(t, a.tables[0])
+    assert_tables_equal(t, b.tables[0])
+    assert res.tables_mapped == ["t"]  # the path is taken; unaligned columns are read, not mapped
+
+
+def test_misaligned_version_2_column_is_refused(tmp_path):
+    from hostile import read_json, write_json
+    ckpt = save(tmp_path, filled("t", 500, dim=16))
+    idx = read_json(str(ckpt), "index.json")
+    idx["tables"]["t"]["segments"][0]["columns"][1]["offset"] -= 8
+    write_json(str(ckpt), "index.json", idx)
+    with pytest.raises(CorruptCheckpointError, match=r"columns\[1\]\.offset.*padded to a multiple of 4096"):
+        load(tmp_path, empty_like(filled("t", 0, dim=16)))
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_flipped_padding_byte_fails_the_load_and_verify(tmp_path, mmap):
+    t = filled("t", 500, dim=16)
+    ckpt = save(tmp_path, t, concurrency=1)
+    idx = json.loads((ckpt / "index.json").read_text())
+    seg = idx["tables"]["t"]["segments"][0]
+    ids_end = seg["columns"][0]["offset"] + seg["columns"][0]["length"]
+    assert seg["columns"][1]["offset"] > ids_end, "this layout has padding before slot 0"
+    shard = ckpt / idx["files"][seg["file"]]["path"]
+    data = bytearray(shard.read_bytes())
+    data[ids_end] = 0xAA
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match="non-zero byte in the padding"):
+        load(tmp_path, empty_like(t), conf={"mmap": mmap})
+    report = verify(str(ckpt))
+    assert not report.ok and "non-zero byte in the padding" in str(report.problems)
+
+
+# ------------------------------------------------------------------ HashTable.adopt_storage
+def _storage(cap, dim, ids):
+    out = torch.zeros(cap, dtype=torch.int64)
+    out[:len(ids)] = ids
+    return out, {"embedding": torch.arange(cap * dim, dtype=torch.float32).view(cap, dim)}
+
+
+def test_adopt_storage_takes_the_tensors_and_initialises_other_slots():
+    t = HashTable("t", dim=2)
+    t.add_slot("acc", torch.float32, (2,), init=0.25)
+    assert isinstance(t, AdoptStorage)
+    ids, cols = _storage(10, 2, torch.tensor([5, -3, 9]))
+    t.adopt_storage(3, ids, cols)
+    assert len(t) == 3 and t.capacity == 10
+    assert t.slot("embedding").data_ptr() == cols["embedding"].data_ptr()  # no copy
+    assert torch.equal(t.lookup(torch.tensor([9, 5, 7])), torch.tensor([2, 0, -1]))
+    assert torch.equal(t.slot("acc"), torch.full((3, 2), 0.25))
+    t.lookup(torch.arange(100, 120), insert=True)  # grows past the adopted capacity: values kept
+    assert len(t) == 23 and torch.equal(t.read_rows("embedding", torch.tensor([1])), torch.tensor([[2.0, 3.0]]))
+
+
+def test_adopt_storage_refuses_without_changing_the_table():
+    t = HashTable("t", dim=2)
+    ids, cols = _storage(4, 2, torch.tensor([1, 2, 1]))
+    with pytest.raises(ValueError, match="id 1 .*repeated; nothing was adopted"):
+        t.adopt_storage(3, ids, cols)
+    assert len(t) == 0 and t.lookup(torch.tensor([2])).item() == -1
+    with pytest.raises(ValueError, match=r"slot 'embedding'.*shape \(4, 2\)"):
+        t.adopt_storage(1, ids, {"embedding": torch.zeros(4, 3)})
+    with pytest.raises(ValueError, match=r"rows must be an int in \[0, 4\]"):
+        t.adopt_storage(5, ids, cols)
+    t.lookup(torch.tensor([7]), insert=True)
+    with pytest.raises(ValueError, match="needs an empty table"):
+        t.adopt_storage(1, ids, cols)
+
+
+# ------------------------------------------------------------------ the mapped load path
+def _slot_bytes(t):
+    return len(t) * sum(t.slot(s)[:1].nbytes for s in t.slot_names)
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_mapped_load_equals_a_copying_load(tmp_path, concurrency):
+    t = filled("t", 20_000, dim=16)
+    small = filled("small", 7, dim=5, seed=2)
+    save(tmp_path, t, small, concurrency=concurrency)
+    a, ra = load(tmp_path, empty_like(t), empty_like(small))
+    b, rb = load(tmp_path, empty_like(t), empty_like(small), conf=MMAP)
+    for x, y, src in zip(a.tables, b.tables, (t, small)):
+        assert_tables_equal(src, x)
+        assert_tables_equal(src, y)
+    assert ra.bytes_mapped == 0 and ra.tables_mapped == []
+    assert sorted(rb.tables_mapped) == ["small", "t"]
+    # everything but the short tail segment and partial pages at column ends is mapped
+    assert 0.8 * _slot_bytes(t) < rb.bytes_mapped <= _slot_bytes(t)
+    assert b.tables[0].capacity == len(t) + len(t) // 2  # room to grow without copying
+
+
+def test_training_writes_after_a_mapped_load_never_reach_the_checkpoint(tmp_path):
+    t = filled("t", 5000, dim=16)
+    ckpt = save(tmp_path, t)
+    before = {p: p.read_bytes() for p in (ckpt / "sparse").iterdir()}
+    m, _ = load(tmp_path, empty_like(t), conf=MMAP)
+    table = m.tables[0]
+    table.slot("embedding").mul_(-1)
+    table.write_rows("acc", torch.arange(100), torch.zeros(100, 16))
+    table.lookup(torch.arange(10_000, 14_000), insert=True)  # and grows past the mapped capacity
+    assert {p: p.read_bytes() for p in (ckpt / "sparse").iterdir()} == before
+    again, _ = load(tmp_path, empty_like(t), conf=MMAP)
+    assert_tables_equal(t, again.tables[0])
+
+
+def test_mapped_table_survives_its_checkpoint_being_deleted_and_saves_again(tmp_path):
+    t = filled("t", 3000, dim=16)
+    save(tmp_path, t)
+    m, _ = load(tmp_path, empty_like(t), conf=MMAP)
+    import shutil
+    shutil.rmtree(tmp_path / "c")
+    assert_tables_equal(t, m.tables[0])
+    Saver(m, output_dir=str(tmp_path / "next"), options=OPTS).save("d")
+    again, res = load(tmp_path / "next", empty_like(t), conf=MMAP, ckpt="d")
+    assert_tables_equal(t, again.tables[0]) and res.bytes_mapped > 0
+
+
+@pytest.mark.parametrize("saved_world,loaded_world", [(2, 2), (2, 1), (1, 3)])
+def test_mapped_distributed_and_resharded_loads(tmp_path, saved_world, loaded_world):
+    """At the saving world size each rank maps its own workers' segments whole; resharding maps whole
+    segments and reads the rows of partial ones."""
+    full = filled("t", 6000, dim=16)
+    ids = full.ids()
+    buckets = torch.from_numpy(_C.bucket_of(ids.numpy(), 8))
+    for w in range(saved_world):
+        lo, hi = w * 8 // saved_world, (w + 1) * 8 // saved_world
+        mine = ids[(buckets >= lo) & (buckets < hi)]
+        part = empty_like(full)
+        rows = full.lookup(mine)
+        part.import_rows(mine, {s: full.read_rows(s, rows) for s in full.slot_names})
+        Saver(Holder(part), output_dir=str(tmp_path), options=OPTS).save("c", shard_id=w, shard_num=saved_world)
+    seen = {}
+    mapped = 0
+    for r in range(loaded_world):
+        copy, _ = load(tmp_path, empty_like(full), shard=(r, loaded_world))
+        m, res = load(tmp_path, empty_like(full), conf=MMAP, shard=(r, loaded_world))
+        assert_tables_equal(copy.tables[0], m.tables[0])
+        seen.update(table_contents(m.tables[0])["embedding"])
+        mapped += res.bytes_mapped
+    assert set(seen) == set(ids.tolist())
+    if saved_world == loaded_world or loaded_world == 1:
+        assert mapped > 0.5 * _slot_bytes(full)
+
+
+def test_mmap_falls_back_to_copying_where_it_cannot_map(tmp_path):
+    t = filled("t", 2000, dim=16)
+    save(tmp_path, t)
+    cast, res = load(tmp_path, empty_like(t, dtype=torch.bfloat16), conf=MMAP)  # a dtype cast
+    assert res.tables_mapped == [] and res.bytes_mapped == 0 and len(cast.tables[0]) == 2000
+    merged = empty_like(t)
+    merged.lookup(torch.tensor([1]), insert=True)
+    m, res = load(tmp_path, merged, conf={"mmap": True, "merge": True})  # a merge keeps existing rows
+    assert res.tables_mapped == [] and len(m.tables[0]) == 2001
+    dict_table = DictTable("t", {s: t.slot_spec(s) for s in t.slot_names})  # no AdoptStorage
+    d, res = load(tmp_path, dict_table, conf=MMAP)
+    assert res.tables_mapped == [] and len(table_contents(d.tables[0])["embedding"]) == 2000
+
+
+def test_corrupt_mapped_column_fails_the_load_naming_the_file(tmp_path):
+    t = filled("t", 3000, dim=16)
+    ckpt = save(tmp_path, t, concurrency=1)
+    shard = next((ckpt / "sparse").glob("*.bin"))
+    data = bytearray(shard.read_bytes())
+    data[-7] ^= 0x01  # inside the last slot column
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"shard-00000-000\.bin.*table 't'.*CRC mismatch"):
+        load(tmp_path, empty_like(t), conf=MMAP)
+
+
+def test_repeated_id_is_reported_by_a_mapped_load(tmp_path):
+    for w in range(2):  # both workers store id 7: a job that routed ids inconsistently
+        part = HashTable("t", dim=4)
+        part.import_rows(torch.tensor([7, 100 + w]), {"embedding": torch.full((2, 4), float(w))})
+        Saver(Holder(part), output_dir=str(tmp_path), options=OPTS).save("c", shard_id=w, shard_num=2)
+    with pytest.raises(DuplicateIdsError, match=r"table 't' stores an id more than once"):
+        load(tmp_path, HashTable("t", dim=4), conf=MMAP)
+
+
+def test_mmap_option_is_validated():
+    assert LoadConfig(mmap=True).mmap is True
+    with pytest.raises(LoadConfigError, match="mmap must be a bool"):
+        LoadConfig(mmap="yes")

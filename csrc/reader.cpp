@@ -209,9 +209,18 @@ class Reader {
     if (b <= a) return true;  // less than one whole page: copy
     const int64_t foff = r.col_offset + (a - r.dst);
     void* m = ::mmap(a, (size_t)(b - a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fds_[i], (off_t)foff);
-    if (m == MAP_FAILED || m != (void*)a) {
-      report(i, 0, std::string("mmap error at file offset ") + std::to_string(foff) + ": " + std::strerror(errno));
-      return false;
+    if (m == MAP_FAILED) {
+      // E.g. vm.max_map_count reached, strict overcommit, a filesystem without mmap: copy instead.
+      // A failed MAP_FIXED may already have unmapped the range, so put anonymous memory back first.
+      const int err = errno;
+      void* back = ::mmap(a, (size_t)(b - a), PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+      if (back == MAP_FAILED) {
+        report(i, 0, std::string("mmap error at file offset ") + std::to_string(foff) + ": " + std::strerror(err) +
+                         ", and the region could not be restored: " + std::strerror(errno));
+        return false;
+      }
+      return true;
     }
     mapped_[i] = {a, b};
     bytes_mapped_ += b - a;

@@ -14,7 +14,7 @@ from recckpt import HashTable, LoadConfig, Saver, SaveOptions, _C, verify
 from recckpt.api.row_filter import DuplicateIdsError
 from recckpt.errors import CorruptCheckpointError, LoadConfigError
 from recckpt.format import names
-from recckpt.format.sparse_io import row_granule
+from recckpt.format.sparse_io import SegmentReader, row_granule
 from recckpt.state.protocol import AdoptStorage
 from sparse_fixtures import DictTable, assert_tables_equal, table_contents
 from test_engine_paths import Holder, empty_like, filled
@@ -175,16 +175,20 @@ def _strip_to_v1(ckpt):
     return idx
 
 
-def test_version_1_checkpoints_still_load_with_and_without_mmap(tmp_path):
+def test_version_1_checkpoints_still_load_with_and_without_mmap(tmp_path, monkeypatch):
     t = filled("t", 3000, dim=16)
     ckpt = save(tmp_path, t, concurrency=1)
     _strip_to_v1(ckpt)
     assert json.loads((ckpt / "index.json").read_text())["format_version"] == 1
     a, _ = load(tmp_path, empty_like(t))
+    calls = []
+    orig = SegmentReader.map_table
+    monkeypatch.setattr(SegmentReader, "map_table", lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
     b, res = load(tmp_path, empty_like(t), conf=MMAP)
     assert_tables_equal(t, a.tables[0])
     assert_tables_equal(t, b.tables[0])
-    assert res.tables_mapped == ["t"]  # the path is taken; unaligned columns are read, not mapped
+    assert calls == [1]  # the mapped path ran; unaligned columns were read into its storage
+    assert res.bytes_mapped < 0.5 * _slot_bytes(t)
 
 
 def test_misaligned_version_2_column_is_refused(tmp_path):
@@ -267,7 +271,7 @@ def test_mapped_load_equals_a_copying_load(tmp_path, concurrency):
         assert_tables_equal(src, x)
         assert_tables_equal(src, y)
     assert ra.bytes_mapped == 0 and ra.tables_mapped == []
-    assert sorted(rb.tables_mapped) == ["small", "t"]
+    assert rb.tables_mapped == ["t"]  # "small" is copied: none of its columns spans a whole page
     # everything but the short tail segment and partial pages at column ends is mapped
     assert 0.8 * _slot_bytes(t) < rb.bytes_mapped <= _slot_bytes(t)
     assert b.tables[0].capacity == len(t) + len(t) // 2  # room to grow without copying
@@ -343,12 +347,44 @@ def test_mmap_falls_back_to_copying_where_it_cannot_map(tmp_path):
 def test_corrupt_mapped_column_fails_the_load_naming_the_file(tmp_path):
     t = filled("t", 3000, dim=16)
     ckpt = save(tmp_path, t, concurrency=1)
-    shard = next((ckpt / "sparse").glob("*.bin"))
+    _, res = load(tmp_path, empty_like(t), conf=MMAP)
+    assert res.bytes_mapped > 0
+    idx = json.loads((ckpt / "index.json").read_text())
+    seg = next(s for s in idx["tables"]["t"]["segments"] if s["rows"] % 1024 == 0)  # a mapped segment
+    col = seg["columns"][1]
+    shard = ckpt / idx["files"][seg["file"]]["path"]
     data = bytearray(shard.read_bytes())
-    data[-7] ^= 0x01  # inside the last slot column
+    data[col["offset"] + 2 * PAGE + 7] ^= 0x01  # a whole page inside the mapped embedding column
     shard.write_bytes(bytes(data))
-    with pytest.raises(CorruptCheckpointError, match=r"shard-00000-000\.bin.*table 't'.*CRC mismatch"):
+    with pytest.raises(CorruptCheckpointError, match=r"shard-00000-000\.bin.*table 't'.*CRC mismatch.*left empty"):
         load(tmp_path, empty_like(t), conf=MMAP)
+
+
+def test_mapped_load_under_inference_mode_leaves_a_trainable_table(tmp_path):
+    t = filled("t", 3000, dim=16)
+    save(tmp_path, t)
+    with torch.inference_mode():
+        m, res = load(tmp_path, empty_like(t), conf=MMAP)
+    table = m.tables[0]
+    assert res.tables_mapped == ["t"] and not table.slot("embedding").is_inference()
+    table.write_rows("embedding", torch.tensor([0]), torch.ones(1, 16))  # what an optimizer step does
+    table.lookup(torch.tensor([-1, -2]), insert=True)
+    assert len(table) == 3002
+
+
+def test_a_table_with_adopt_storage_alone_is_mapped(tmp_path):
+    class AdoptOnly(HashTable):
+        append_views = None  # no BulkAppend: mapping must not depend on it
+
+    t = filled("t", 3000, dim=16)
+    save(tmp_path, t)
+    dst = AdoptOnly("t", dim=16)
+    for s in t.slot_names[1:]:
+        spec = t.slot_spec(s)
+        dst.add_slot(s, spec.dtype, spec.shape, category=spec.category)
+    m, res = load(tmp_path, dst, conf=MMAP)
+    assert res.tables_mapped == ["t"]
+    assert_tables_equal(t, m.tables[0])
 
 
 def test_repeated_id_is_reported_by_a_mapped_load(tmp_path):

@@ -41,7 +41,7 @@ class LoadResult:
     bytes_mapped: int = 0
     """Of `bytes_read`, the bytes mapped into tables copy-on-write instead of copied (`LoadConfig.mmap`)."""
     tables_mapped: list[str] = field(default_factory=list)
-    """Tables (model names) whose storage is now a mapping of the checkpoint (`LoadConfig.mmap`)."""
+    """Tables (model names) whose storage now maps part of the checkpoint (`LoadConfig.mmap`)."""
     seconds: float = 0.0
 
 
@@ -252,6 +252,7 @@ class LoadPlan:
         for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue
+            left = "partially loaded"
             try:
                 cleared = conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)
                 if cleared:
@@ -263,11 +264,13 @@ class LoadPlan:
                 simple = conf.ownership is None and conf.duplicates == "error"
                 if simple and conf.mmap and mapped_load_possible(table, slots, cleared,
                                                                  self.reader.segments.storage.is_local):
+                    left = "left empty (a mapped load adopts a table's rows all at once)"
                     rows, mapped = map_table_rows(self.reader.segments, name, target, table, slots, lo, hi,
                                                   expected, self.reader.describe())
                     self.result.sparse_rows += rows
                     self.result.bytes_mapped += mapped
-                    self.result.tables_mapped.append(target)
+                    if mapped:
+                        self.result.tables_mapped.append(target)
                     applied.append(target)
                     continue
                 reserve = getattr(table, "reserve", None)
@@ -297,7 +300,7 @@ class LoadPlan:
                     rf.check()
             except (CorruptCheckpointError, OSError, IncompatibleCheckpointError) as e:
                 objects = ", ".join(self.result.extras + (["the sparse optimizer"] if self._opt_loaded else []))
-                msg = (f"{e}. Loading stopped in table {target!r}, which is partially loaded; tables fully "
+                msg = (f"{e}. Loading stopped in table {target!r}, which is {left}; tables fully "
                        f"loaded before it: {', '.join(applied) or 'none'}; already applied: "
                        f"{objects or 'no registered objects'}; dense state and IO state were not applied")
                 if isinstance(e, IncompatibleCheckpointError):

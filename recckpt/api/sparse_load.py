@@ -33,13 +33,23 @@ def _bytes_of(t: torch.Tensor, what: str):
 
 def direct_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo, SlotSpec]],
                          cleared: bool) -> bool:
-    return (cleared and isinstance(table, BulkAppend)
-            and all(dtypes.torch_dtype(si.dtype) == spec.dtype for _, si, spec in slots))
+    return cleared and isinstance(table, BulkAppend) and _same_dtypes(slots)
+
+
+def _same_dtypes(slots: Sequence[tuple[str, SlotInfo, SlotSpec]]) -> bool:
+    return all(dtypes.torch_dtype(si.dtype) == spec.dtype for _, si, spec in slots)
 
 
 def mapped_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo, SlotSpec]],
                          cleared: bool, local: bool) -> bool:
-    return local and isinstance(table, AdoptStorage) and direct_load_possible(table, slots, cleared)
+    return cleared and local and isinstance(table, AdoptStorage) and _same_dtypes(slots)
+
+
+def _duplicates(where: str, name: str, e: Exception) -> DuplicateIdsError:
+    return DuplicateIdsError(
+        f"checkpoint {where}: table {name!r} stores an id more than once ({e}); the job that saved it "
+        f"probably routed ids inconsistently. load_conf {{'duplicates': 'newest'}} keeps the copy of "
+        f"the worker that saved at the highest step, if the workers recorded different steps")
 
 
 def map_table_rows(segments: SegmentReader, name: str, target: str, table: SparseState,
@@ -53,16 +63,15 @@ def map_table_rows(segments: SegmentReader, name: str, target: str, table: Spars
     got = segments.map_table(name, names, [si.row_bytes for _, si, _ in slots], bucket_lo, bucket_hi,
                              spare_rows=expected_rows // 2)
     cap = len(got.ids)
-    cols = {s: torch.from_numpy(got.columns[s]).view(spec.dtype).view(cap, *spec.shape) for s, _, spec in slots}
+    with torch.inference_mode(False):  # the table writes this storage in training, outside any such mode
+        ids = torch.from_numpy(got.ids)
+        cols = {s: torch.from_numpy(got.columns[s]).view(spec.dtype).view(cap, *spec.shape) for s, _, spec in slots}
     try:
-        table.adopt_storage(got.rows, torch.from_numpy(got.ids), cols)
+        table.adopt_storage(got.rows, ids, cols)
     except ValueError as e:
         if _C.IdMap(got.rows).insert_new(got.ids[:got.rows]) == got.rows:
             raise  # not the checkpoint's ids: the table refused for its own reason
-        raise DuplicateIdsError(
-            f"checkpoint {where}: table {name!r} stores an id more than once ({e}); the job that saved it "
-            f"probably routed ids inconsistently. load_conf {{'duplicates': 'newest'}} keeps the copy of "
-            f"the worker that saved at the highest step, if the workers recorded different steps") from e
+        raise _duplicates(where, name, e) from e
     return got.rows, got.bytes_mapped
 
 
@@ -84,9 +93,6 @@ def load_table_rows(segments: SegmentReader, name: str, target: str, table: Spar
         try:
             table.commit_append()
         except ValueError as e:
-            raise DuplicateIdsError(
-                f"checkpoint {where}: table {name!r} stores an id more than once ({e}); the job that saved it "
-                f"probably routed ids inconsistently. load_conf {{'duplicates': 'newest'}} keeps the copy of "
-                f"the worker that saved at the highest step, if the workers recorded different steps") from e
+            raise _duplicates(where, name, e) from e
         rows += n
     return rows

@@ -101,10 +101,10 @@ class Segment:
     buckets: Column           # int64[B+1] row offsets, one CRC over the whole block
     columns: tuple[Column, ...]  # [ids, slot 0, slot 1, ...]
 
-    def pad_before(self, k: int) -> int:
-        """Zero bytes between column k-1 and column k (format version 2 aligns slot columns; the index
-        validation makes this < COLUMN_ALIGN, and 0 for the ids column)."""
-        if k == 0:
+    def pad_before(self, k: int, format_version: int) -> int:
+        """Zero bytes between column k-1 and column k: format version 2's alignment padding (< COLUMN_ALIGN,
+        as the index validation pins the layout); 0 for the ids column and in version 1."""
+        if k == 0 or format_version < 2:
             return 0
         prev = self.columns[k - 1]
         return max(0, self.columns[k].offset - (prev.offset + prev.length))

@@ -200,11 +200,12 @@ class SegmentReader:
     def bucket_offsets(self, table: str, seg: Segment) -> np.ndarray:
         return self.all_bucket_offsets(table, [seg])[0]
 
-    def iter_bucket_offsets(self, table: str, segs: list[Segment], group: int = 256
+    def iter_bucket_offsets(self, table: str, segs: list[Segment], group_bytes: int = 8 << 20
                             ) -> Iterator[tuple[Segment, np.ndarray]]:
-        """(segment, verified bucket offsets) for each segment, read `group` segments per parallel call:
-        on a cold disk one small synchronous read per segment would each wait out the device's latency,
-        and all at once would hold 8·(B+1) bytes per segment of a table of any size."""
+        """(segment, verified bucket offsets) for each segment, about `group_bytes` of them per parallel
+        call: on a cold disk one small synchronous read per segment would each wait out the device's
+        latency, and all at once would hold 8·(B+1) bytes per segment of a table of any size."""
+        group = max(1, group_bytes // (8 * (self.index.num_buckets + 1)))
         for k in range(0, len(segs), group):
             part = segs[k:k + group]
             yield from zip(part, self.all_bucket_offsets(table, part))
@@ -233,7 +234,7 @@ class SegmentReader:
         nb = self.index.num_buckets
         hi_b = nb if bucket_hi is None else bucket_hi
         full = bucket_lo == 0 and hi_b == nb
-        cb = self.index.chunk_bytes
+        cb, ver = self.index.chunk_bytes, self.index.format_version
         batch = ReadBatch(table, row_bytes)
         # A full load does not need them, but they are part of the file: verified so that no byte of a
         # checkpoint goes unchecked by a full load (8·(B+1) bytes per segment).
@@ -243,7 +244,7 @@ class SegmentReader:
                 continue
             rs = [(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb, 0)]
             for s, c, rb in zip(slots, col_of, row_bytes):
-                rs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c)))
+                rs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c, ver)))
             batch.add(r1 - r0, rs)
             if batch.nbytes >= self.batch_bytes:
                 yield batch
@@ -282,14 +283,14 @@ class SegmentReader:
         whole = np.frombuffer(region, dtype=np.uint8)
         ids = np.empty(cap, dtype="<i8")
         ids_bytes = ids.view(np.uint8)
-        cb = self.index.chunk_bytes
+        cb, ver = self.index.chunk_bytes, self.index.format_version
         reqs, dsts, pos = [], [], 0
         for seg, r0, r1 in parts:
             n = r1 - r0
             reqs.append((seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb, 0))
             dsts.append(ids_bytes[8 * pos:8 * (pos + n)])
             for s, c, rb, st in zip(slots, col_of, row_bytes, starts):
-                reqs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c)))
+                reqs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c, ver)))
                 dsts.append(whole[st + rb * pos:st + rb * (pos + n)])
             pos += n
         if reqs:

@@ -211,7 +211,8 @@ class _Checker:
             what = "ids" if k == 0 else f"column {k}"
             for lo in range(0, col.length, window):
                 hi = min(col.length, lo + window)
-                (data,) = seg_reader._read(table, [(seg.file, col, lo, hi, what, cb, seg.pad_before(k))])
+                pad = seg.pad_before(k, index.format_version)
+                (data,) = seg_reader._read(table, [(seg.file, col, lo, hi, what, cb, pad)])
                 if k == 0:
                     self.check_ids(table, seg, data.view("<i8"), off, lo // 8, index)
 

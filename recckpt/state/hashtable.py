@@ -634,6 +634,9 @@ class HashTable(nn.Module):
                                  f"tensor of shape {want} dtype {spec.dtype}, got {got}")
         if ids.device.type != "cpu" or not ids.is_contiguous():
             raise ValueError(f"table {self.name!r}: adopt_storage ids must be a C-contiguous CPU tensor")
+        if ids.is_inference() or any(c.is_inference() for c in columns.values()):
+            raise ValueError(f"table {self.name!r}: adopt_storage got inference tensors (made under "
+                             f"torch.inference_mode()), which training could not update in place")
         id_map = _C.IdMap(rows)
         if rows:
             bad = id_map.insert_new(_np(ids[:rows]))

@@ -48,6 +48,12 @@ struct MappedSpan {
   uint8_t* b = nullptr;
 };
 
+uint8_t* page_down(const uint8_t* p) {
+  const uintptr_t P = (uintptr_t)MappedRegion::page_size();
+  return (uint8_t*)((uintptr_t)p / P * P);
+}
+uint8_t* page_up(const uint8_t* p) { return page_down(p + MappedRegion::page_size() - 1); }
+
 class Reader {
  public:
   Reader(const std::vector<ReadRequest>& reqs, MappedRegion* region)
@@ -83,7 +89,6 @@ class Reader {
     }
     ReadResult r;
     r.bytes_read = bytes_read_.load();
-    r.bytes_mapped = bytes_mapped_;
     if (region_) region_->bytes_mapped.fetch_add(bytes_mapped_);
     for (size_t i = 0; i < reqs_.size(); i++)
       if (!err_msg_[i].empty()) r.errors.emplace_back((int64_t)i, err_msg_[i]);
@@ -200,12 +205,11 @@ class Reader {
   // Runs on the calling thread before the workers start, so MAP_FIXED never races with a reader.
   bool map_request(size_t i) {
     const ReadRequest& r = reqs_[i];
-    const int64_t P = MappedRegion::page_size();
     if (r.lo != 0 || r.hi != r.col_length || r.col_length == 0 || !region_->contains(r.dst, r.dst_len)) return true;
-    const uintptr_t d = (uintptr_t)r.dst;
-    if ((int64_t)((d - (uintptr_t)r.col_offset) % (uintptr_t)P) != 0) return true;  // not congruent: copy
-    uint8_t* a = (uint8_t*)((d + (uintptr_t)P - 1) / (uintptr_t)P * (uintptr_t)P);
-    uint8_t* b = (uint8_t*)((d + (uintptr_t)r.col_length) / (uintptr_t)P * (uintptr_t)P);
+    if (((uintptr_t)r.dst - (uintptr_t)r.col_offset) % (uintptr_t)MappedRegion::page_size() != 0)
+      return true;  // not congruent: copy
+    uint8_t* a = page_up(r.dst);
+    uint8_t* b = page_down(r.dst + r.col_length);
     if (b <= a) return true;  // less than one whole page: copy
     const int64_t foff = r.col_offset + (a - r.dst);
     void* m = ::mmap(a, (size_t)(b - a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fds_[i], (off_t)foff);
@@ -226,17 +230,9 @@ class Reader {
     bytes_mapped_ += b - a;
     // The partial pages at either end stay anonymous: read their bytes (verified, and counted in
     // bytes_read, with the rest by verify_mapped).
-    for (auto [p, q] : {std::make_pair(r.dst, a), std::make_pair(b, r.dst + r.col_length)}) {
-      if (q <= p) continue;
-      const int64_t off = r.col_offset + (p - r.dst);
-      const int64_t got = pread_all(fds_[i], p, q - p, off);
-      if (got != q - p) {
-        report(i, (p - r.dst) / r.chunk_bytes,
-               std::string(got < 0 ? "read error: " + std::string(std::strerror((int)-got)) : "short read (file truncated?)") +
-                   " at file offset " + std::to_string(off));
+    for (auto [p, q] : {std::make_pair(r.dst, a), std::make_pair(b, r.dst + r.col_length)})
+      if (q > p && !read_exact(i, (p - r.dst) / r.chunk_bytes, p, q - p, r.col_offset + (p - r.dst), "a partial page"))
         return false;
-      }
-    }
     return true;
   }
 
@@ -247,12 +243,9 @@ class Reader {
     const ReadRequest& r = reqs_[i];
     const int64_t cb = r.chunk_bytes, s = p.j0 * cb, e = std::min(p.j1 * cb, r.col_length);
     const MappedSpan& m = mapped_[i];
-    uint8_t* pa = std::max(m.a, r.dst + s - ((uintptr_t)(r.dst + s) % (uintptr_t)MappedRegion::page_size()));
-    uint8_t* pb = std::min(m.b, r.dst + e);
+    uint8_t* pa = std::max(m.a, page_down(r.dst + s));
+    uint8_t* pb = std::min(m.b, page_up(r.dst + e));
     if (pb > pa && populate_ok_.load(std::memory_order_relaxed)) {
-      pb = (uint8_t*)(((uintptr_t)pb + MappedRegion::page_size() - 1) / MappedRegion::page_size() *
-                      MappedRegion::page_size());
-      pb = std::min(pb, m.b);
       if (::madvise(pa, (size_t)(pb - pa), kPopulateRead) != 0) {
         const int err = errno;
         if (err == EINVAL) {
@@ -284,6 +277,16 @@ class Reader {
       }
     }
     return true;
+  }
+
+  // Reads exactly n bytes at off into p, or reports why not (`what` names the bytes) and returns false.
+  bool read_exact(size_t i, int64_t chunk, uint8_t* p, int64_t n, int64_t off, const char* what) {
+    const int64_t got = pread_all(fds_[i], p, n, off);
+    if (got == n) return true;
+    report(i, chunk, (got < 0 ? std::string("read error in ") + what + ": " + std::strerror((int)-got)
+                              : std::string("short read in ") + what + " (file truncated?)") +
+                         " at file offset " + std::to_string(off));
+    return false;
   }
 
   // Reads n bytes at off; returns bytes read (short on EOF); -errno on error.
@@ -330,15 +333,8 @@ class Reader {
     for (int64_t done = 0; done < r.pad_before;) {
       const int64_t n = std::min<int64_t>((int64_t)sizeof pad, r.pad_before - done);
       const int64_t off = r.col_offset - r.pad_before + done;
-      const int64_t got = pread_all(fds_[i], pad, n, off);
-      if (got != n) {
-        report(i, 0, std::string(got < 0 ? "read error in the padding before the column: " +
-                                               std::string(std::strerror((int)-got))
-                                         : "short read in the padding before the column (file truncated?)") +
-                         " at file offset " + std::to_string(off));
-        return false;
-      }
-      bytes_read_.fetch_add(got, std::memory_order_relaxed);
+      if (!read_exact(i, 0, pad, n, off, "the padding before the column")) return false;
+      bytes_read_.fetch_add(n, std::memory_order_relaxed);
       for (int64_t k = 0; k < n; k++)
         if (pad[k] != 0) {
           report(i, 0, "non-zero byte in the padding before the column, at file offset " + std::to_string(off + k));

@@ -22,7 +22,6 @@ struct ReadRequest {
 
 struct ReadResult {
   int64_t bytes_read = 0;
-  int64_t bytes_mapped = 0;  // of bytes_read, those mapped into `map_into` rather than copied
   std::vector<std::pair<int64_t, std::string>> errors;  // (request index, message), sorted by index
 };
 

@@ -225,6 +225,15 @@ class SegmentReader:
             out.append(off)
         return out
 
+    def _row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
+                      row_bytes: list[int]) -> list[tuple]:
+        """`_read` requests for rows [r0, r1) of a segment: its ids, then each slot in `slots` (column
+        `col_of[k]`, `row_bytes[k]` bytes a row), slot columns with their alignment padding."""
+        cb, ver = self.index.chunk_bytes, self.index.format_version
+        return [(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb, 0)] + [
+            (seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c, ver))
+            for s, c, rb in zip(slots, col_of, row_bytes)]
+
     def batches(self, table: str, slots: list[str], row_bytes: list[int],
                 bucket_lo: int = 0, bucket_hi: int | None = None) -> Iterator["ReadBatch"]:
         """Plan the reads of buckets [lo, hi) of `table` in batches of about `batch_bytes`: each batch
@@ -234,7 +243,6 @@ class SegmentReader:
         nb = self.index.num_buckets
         hi_b = nb if bucket_hi is None else bucket_hi
         full = bucket_lo == 0 and hi_b == nb
-        cb, ver = self.index.chunk_bytes, self.index.format_version
         batch = ReadBatch(table, row_bytes)
         # A full load does not need them, but they are part of the file: verified so that no byte of a
         # checkpoint goes unchecked by a full load (8·(B+1) bytes per segment).
@@ -242,10 +250,7 @@ class SegmentReader:
             r0, r1 = (0, seg.rows) if full else (int(off[bucket_lo]), int(off[hi_b]))
             if r1 == r0:
                 continue
-            rs = [(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb, 0)]
-            for s, c, rb in zip(slots, col_of, row_bytes):
-                rs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c, ver)))
-            batch.add(r1 - r0, rs)
+            batch.add(r1 - r0, self._row_requests(seg, r0, r1, slots, col_of, row_bytes))
             if batch.nbytes >= self.batch_bytes:
                 yield batch
                 batch = ReadBatch(table, row_bytes)
@@ -283,15 +288,12 @@ class SegmentReader:
         whole = np.frombuffer(region, dtype=np.uint8)
         ids = np.empty(cap, dtype="<i8")
         ids_bytes = ids.view(np.uint8)
-        cb, ver = self.index.chunk_bytes, self.index.format_version
         reqs, dsts, pos = [], [], 0
         for seg, r0, r1 in parts:
             n = r1 - r0
-            reqs.append((seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb, 0))
+            reqs += self._row_requests(seg, r0, r1, slots, col_of, row_bytes)
             dsts.append(ids_bytes[8 * pos:8 * (pos + n)])
-            for s, c, rb, st in zip(slots, col_of, row_bytes, starts):
-                reqs.append((seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c, ver)))
-                dsts.append(whole[st + rb * pos:st + rb * (pos + n)])
+            dsts += [whole[st + rb * pos:st + rb * (pos + n)] for rb, st in zip(row_bytes, starts)]
             pos += n
         if reqs:
             self._read(table, reqs, dsts, map_into=region)

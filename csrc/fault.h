@@ -1,6 +1,6 @@
-// Test-only fault injection for the engine's writes: "fail the N-th pwrite (or fsync) from now with
-// errno E". Lets tests prove that a full disk or an I/O error in the middle of writing shard files
-// fails the save cleanly. Off by default; when off, a check is one relaxed atomic load and increment.
+// Test-only fault injection for the engine: "fail the N-th pwrite (or fsync, or column mmap) from now
+// with errno E". Lets tests prove that a full disk or an I/O error in the middle of writing shard
+// files fails the save cleanly, and that a mapped load whose mmap fails falls back to reading. Off by default; when off, a check is one relaxed atomic load and increment.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -8,7 +8,7 @@
 namespace recckpt {
 namespace fault {
 
-enum Op { kWrite = 0, kFsync = 1, kNumOps = 2 };
+enum Op { kWrite = 0, kFsync = 1, kMmap = 2, kNumOps = 3 };
 
 struct Slot {
   std::atomic<int64_t> seen{0};     // operations of this kind since the last arm() (always counted)

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "crc32c.h"
+#include "fault.h"
 
 namespace recckpt {
 namespace {
@@ -212,7 +213,13 @@ class Reader {
     uint8_t* b = page_down(r.dst + r.col_length);
     if (b <= a) return true;  // less than one whole page: copy
     const int64_t foff = r.col_offset + (a - r.dst);
-    void* m = ::mmap(a, (size_t)(b - a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fds_[i], (off_t)foff);
+    void* m = MAP_FAILED;
+    if (const int injected = fault::check(fault::kMmap)) {
+      ::munmap(a, (size_t)(b - a));  // the worst a failed MAP_FIXED may leave behind
+      errno = injected;
+    } else {
+      m = ::mmap(a, (size_t)(b - a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fds_[i], (off_t)foff);
+    }
     if (m == MAP_FAILED) {
       // E.g. vm.max_map_count reached, strict overcommit, a filesystem without mmap: copy instead.
       // A failed MAP_FIXED may already have unmapped the range, so put anonymous memory back first.

@@ -65,6 +65,34 @@ def test_congruent_column_is_mapped_verified_and_copy_on_write(tmp_path, threads
         assert f.read()[offset:] == data.tobytes()
 
 
+@pytest.fixture
+def failing_mmap():
+    """Arms the engine's test hook to fail the first column mmap with ENOMEM (as vm.max_map_count
+    would); the hook unmaps the range first, the worst a failed MAP_FIXED may do."""
+    import errno
+    _C._inject_fault("mmap", 1, errno.ENOMEM)
+    yield
+    _C._inject_fault("mmap", 0)
+
+
+def test_failed_mmap_restores_the_region_and_reads_the_column(tmp_path, failing_mmap):
+    nbytes = 6 * PAGE
+    path, data = _column_file(tmp_path, PAGE, nbytes)
+    crcs = _C.crc32c_chunks(data, 1000)
+    region = _C.MappedRegion(2 * nbytes)
+    view = np.frombuffer(region, dtype=np.uint8)
+    first, second = view[:nbytes], view[nbytes:]
+    reqs = [(path, PAGE, nbytes, 1000, crcs, 0, nbytes, first), (path, PAGE, nbytes, 1000, crcs, 0, nbytes, second)]
+    nread, errors = _C.read_ranges(reqs, 2, map_into=region)
+    assert errors == [] and nread == 2 * nbytes
+    assert _C._fault_seen("mmap") == 2
+    np.testing.assert_array_equal(first, data)   # read into restored anonymous memory
+    np.testing.assert_array_equal(second, data)  # mapped
+    assert region.bytes_mapped == nbytes
+    first[:] = 7  # writable, and private like the rest of the region
+    assert (view[:nbytes] == 7).all()
+
+
 def test_only_whole_columns_at_congruent_addresses_inside_the_region_are_mapped(tmp_path):
     nbytes = 5 * PAGE
     path, data = _column_file(tmp_path, PAGE, nbytes)
@@ -275,6 +303,9 @@ def test_mapped_load_equals_a_copying_load(tmp_path, concurrency):
     # everything but the short tail segment and partial pages at column ends is mapped
     assert 0.8 * _slot_bytes(t) < rb.bytes_mapped <= _slot_bytes(t)
     assert b.tables[0].capacity == len(t) + len(t) // 2  # room to grow without copying
+    slots = b.tables[0]._map.capacity  # ... or rehashing the id map
+    b.tables[0].lookup(torch.arange(10**9, 10**9 + len(t) // 4), insert=True)
+    assert b.tables[0]._map.capacity == slots
 
 
 def test_training_writes_after_a_mapped_load_never_reach_the_checkpoint(tmp_path):
@@ -342,6 +373,24 @@ def test_mmap_falls_back_to_copying_where_it_cannot_map(tmp_path):
     dict_table = DictTable("t", {s: t.slot_spec(s) for s in t.slot_names})  # no AdoptStorage
     d, res = load(tmp_path, dict_table, conf=MMAP)
     assert res.tables_mapped == [] and len(table_contents(d.tables[0])["embedding"]) == 2000
+
+
+def test_load_falls_back_to_reading_a_column_whose_mmap_fails(tmp_path):
+    t = filled("t", 20_000, dim=16)
+    save(tmp_path, t)
+    _, full = load(tmp_path, empty_like(t), conf=MMAP)
+    import errno
+    _C._inject_fault("mmap", 1, errno.ENOMEM)
+    try:
+        m, res = load(tmp_path, empty_like(t), conf=MMAP)
+    finally:
+        _C._inject_fault("mmap", 0)
+    assert_tables_equal(t, m.tables[0])
+    assert 0 < res.bytes_mapped < full.bytes_mapped and res.tables_mapped == ["t"]
+    table = m.tables[0]
+    before = t.read_rows("embedding", t.lookup(table.ids()))
+    table.slot("embedding").mul_(2)  # the restored memory is ordinary writable storage
+    assert torch.equal(table.slot("embedding"), before * 2)
 
 
 def test_corrupt_mapped_column_fails_the_load_naming_the_file(tmp_path):

@@ -637,7 +637,7 @@ class HashTable(nn.Module):
         if ids.is_inference() or any(c.is_inference() for c in columns.values()):
             raise ValueError(f"table {self.name!r}: adopt_storage got inference tensors (made under "
                              f"torch.inference_mode()), which training could not update in place")
-        id_map = _C.IdMap(rows)
+        id_map = _C.IdMap(cap)  # sized for the storage, so the first new ids do not rehash it
         if rows:
             bad = id_map.insert_new(_np(ids[:rows]))
             if bad != rows:

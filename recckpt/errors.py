@@ -31,6 +31,13 @@ class CheckpointSaveError(RecckptError):
     """A save failed. Earlier checkpoints are untouched and nothing partial was committed."""
 
 
+class CommitOutcomeUnknownError(CheckpointSaveError):
+    """A worker of a distributed save handed its part to the committing worker (rank 0), then could not
+    learn whether the commit happened (rank 0 failed or stopped responding), and the checkpoint is not
+    visible from this worker. Rank 0 may still commit it; a commit is one rename, so the checkpoint
+    will be complete or absent, never partial. List the checkpoints later to find out."""
+
+
 class CheckpointExistsError(CheckpointSaveError, FileExistsError):
     """A committed checkpoint with this id already exists; committed checkpoints are never overwritten."""
 

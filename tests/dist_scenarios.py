@@ -111,6 +111,36 @@ def failures(rank, world, out, timeout_s, sleep_s):
     return report
 
 
+def stalled_committer(rank, world, out, timeout_s, sleep_s, when):
+    """Rank 0 stalls past the coordination timeout inside its commit step, `when` = "before" or "after"
+    the commit itself, so the other ranks time out waiting for the outcome after handing their parts
+    over. Reports what each rank's save() did."""
+    import warnings
+    import recckpt.api.saver as saver_mod
+    if rank == 0:
+        real = saver_mod.finalize
+
+        def stalled(*a, **kw):
+            if when == "before":
+                time.sleep(sleep_s)
+            out_ = real(*a, **kw)
+            if when == "after":
+                time.sleep(sleep_s)
+            return out_
+        saver_mod.finalize = stalled
+    opts = SaveOptions(chunk_bytes=16 << 10, fsync=False, coordination_timeout_s=timeout_s)
+    t = owned_table(rank, world, all_ids(3000, seed=7))
+    s = Saver(Holder(t), output_dir=out, options=opts, max_keep=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            s.save("c")
+            err = None
+        except CheckpointSaveError as e:
+            err = f"{type(e).__name__}: {e}"
+    return {"error": err, "warnings": [str(w.message) for w in caught]}
+
+
 def save_duplicates(rank, world, out):
     """A job with a bad routing: ids 5 and 6 live on both ranks, with rank-specific values."""
     from dist_helpers import SPEC, DictTable, rows_for

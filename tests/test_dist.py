@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 import dist_scenarios as sc
+from recckpt import verify
+from recckpt.format.catalog import committed
+from recckpt.storage import open_storage
 from dist_helpers import ROW_BYTES, all_ids, ok, run_ranks
 
 N_IDS = 60_000
@@ -119,6 +122,27 @@ def test_failures_never_hang_and_the_next_save_works(tmp_path):
         assert "timeout" in r["sleep"]["error"]
     assert rep[0]["staging_left"] == []
     assert not os.path.exists(os.path.join(out, "boom")) and not os.path.exists(os.path.join(out, "slow"))
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when):
+    """Rank 0 stalls past the timeout around its commit. Rank 1 has handed its part over: it must not
+    remove the staging directory rank 0 commits from, and it reports what it can see: the checkpoint
+    committed (a warning, and save() returns) or not yet (CommitOutcomeUnknownError)."""
+    timeout, sleep = 4.0, 8.0
+    out = str(tmp_path / "run")
+    rep = ok(run_ranks(2, sc.stalled_committer, out, timeout, sleep, when, out_dir=str(tmp_path / "r")))
+    assert rep[0] == {"error": None, "warnings": []}
+    if when == "before":
+        assert rep[1]["error"].startswith("CommitOutcomeUnknownError") and "may still commit" in rep[1]["error"]
+        assert rep[1]["warnings"] == []
+    else:
+        assert rep[1]["error"] is None
+        assert len(rep[1]["warnings"]) == 1 and "is committed, so this save succeeded" in rep[1]["warnings"][0]
+    # either way rank 0 committed a complete checkpoint
+    assert [i for i, _ in committed(open_storage(out))] == ["c"]
+    verify(os.path.join(out, "c")).raise_if_failed()
+    assert not [n for n in os.listdir(out) if n.startswith(".staging")]
 
 
 def test_duplicate_ids_across_ranks(tmp_path):

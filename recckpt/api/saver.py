@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from ..dist import coordinator_for, resolve_shard
-from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError,
+from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError, CommitOutcomeUnknownError,
                       CorruptCheckpointError, RecckptError)
 from ..format import catalog, dtypes, extras as extras_fmt, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
@@ -233,6 +233,7 @@ class Saver:
         nonce = coord.begin(key)
         stage = catalog.new_staging_dir(ckpt_id, nonce)
         manifest = None
+        handed_over = False  # this worker's part went to another worker, which commits from `stage`
         try:
             self.storage.makedirs("")
             if shard_id == 0 and not self._recovered:
@@ -246,6 +247,7 @@ class Saver:
                 extras=snap.extras if shard_id == 0 else None,
                 io_state=snap.io_state, opts=self._write_options(), step=step)
             parts = coord.submit(key, part.to_json())
+            handed_over = parts is None
             if parts is not None:
                 manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
                                     opts=self._write_options(), metadata=metadata)
@@ -258,6 +260,8 @@ class Saver:
             coord.end(key, None)   # other ranks learn the outcome (and raise if it was not committed)
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
+            if handed_over:
+                return self._failed_after_handover(ckpt_id, e)
             try:
                 if self.storage.exists(stage):
                     self.storage.remove_tree(stage)
@@ -283,6 +287,25 @@ class Saver:
                 f"saving checkpoint {ckpt_id!r} to {self.storage.describe()} failed: {type(e).__name__}: {e}. "
                 f"Nothing was committed and earlier checkpoints are intact.{hint}") from e
         return self.storage.describe(ckpt_id)
+
+    def _failed_after_handover(self, ckpt_id: str, e: BaseException) -> str:
+        """Error handling of a worker whose part the committing worker already holds. The staging
+        directory is left alone: the committer may still be committing from it, and a removal racing
+        its rename could commit a checkpoint with files missing (the committer or start-up recovery
+        removes it). Only a lost outcome announcement is looked into: the checkpoint may exist."""
+        if not isinstance(e, CommitOutcomeUnknownError):
+            if isinstance(e, (RecckptError, KeyboardInterrupt)):
+                raise e
+            raise CheckpointSaveError(f"saving checkpoint {ckpt_id!r} to {self.storage.describe()} failed after "
+                                      f"this worker handed its part over: {type(e).__name__}: {e}") from e
+        if self._is_committed(ckpt_id):
+            warnings.warn(f"{e}; but checkpoint {self.storage.describe(ckpt_id)} is committed, so this save "
+                          f"succeeded", stacklevel=4)
+            return self.storage.describe(ckpt_id)
+        raise CommitOutcomeUnknownError(
+            f"{e}. Checkpoint {self.storage.describe(ckpt_id)} is not committed as seen from this worker, but "
+            f"rank 0 holds every part and may still commit it, complete (a commit is one rename): list the "
+            f"checkpoints later to find out. Earlier checkpoints are intact.") from e
 
     def _is_committed(self, ckpt_id: str) -> bool:
         try:

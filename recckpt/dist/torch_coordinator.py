@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..errors import CheckpointSaveError
+from ..errors import CheckpointSaveError, CommitOutcomeUnknownError
 from .coordinator import Coordinator
 
 # timeout_s → (the default group it was built under, the gloo group). Tied to the default group so a
@@ -82,7 +82,7 @@ class TorchCoordinator(Coordinator):
         self._phase: dict[tuple, str] = {}    # key → "writing" | "submitted" | "done"
 
     # ---------------------------------------------------------------------------- collectives
-    def _collective(self, key, what: str, fn):
+    def _collective(self, key, what: str, fn, error=CheckpointSaveError):
         try:
             return fn()
         except CheckpointSaveError:
@@ -90,7 +90,7 @@ class TorchCoordinator(Coordinator):
         except Exception as e:
             self._phase[key] = "done"
             _drop_group(self.timeout_s)
-            raise CheckpointSaveError(
+            raise error(
                 f"rank {self.rank}: coordination of checkpoint {key[1]!r} failed during {what} "
                 f"(timeout {self.timeout_s:g}s; another rank failed or stopped responding): "
                 f"{type(e).__name__}: {e}") from e
@@ -178,7 +178,9 @@ class TorchCoordinator(Coordinator):
             finally:
                 self._phase[key] = "done"
             return
-        outcome = self._collective(key, "waiting for the outcome", lambda: self._broadcast0(None))
+        # This rank's part is handed over: if the announcement is lost, rank 0 may have committed.
+        outcome = self._collective(key, "waiting for the outcome", lambda: self._broadcast0(None),
+                                   CommitOutcomeUnknownError)
         self._phase[key] = "done"
         if outcome["error"] is not None:
             raise CheckpointSaveError(f"rank {self.rank}: checkpoint {key[1]!r} was not committed: "

@@ -353,6 +353,7 @@ def parse_args(argv=None):
                     help="recckpt concurrency and DCP thread_count (default: CPU count)")
     ap.add_argument("--methods", default=",".join(ALL_METHODS), help=f"comma list of {ALL_METHODS}")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every method, interleaved (median)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of each round's method order (default 0)")
     ap.add_argument("--scale", action="store_true",
                     help="the 10 GB scale run: 13M ids (x 64 x 3 slots = 10 GB) unless --ids is given, recckpt and raw only, "
                          "source freed before loading, 1 round unless --repeat is given")
@@ -398,11 +399,12 @@ def run(args) -> dict:
     runs, floors, state_bytes, build_s = {m: [] for m in args.methods}, [], 0, 0.0
     try:
         for r in range(args.repeat):
-            for m in order_of(args.methods, r):
+            for m in order_of(args.methods, r, args.seed):
                 rec_path = os.path.join(root, f"record-{m}-{r}.json")
                 cmd = [sys.executable, os.path.abspath(__file__), "--in-process", "--record", rec_path,
                        "--methods", m, "--repeat", "1", "--ids", str(args.ids), "--dim", str(args.dim),
                        "--dense-mb", str(args.dense_mb), "--threads", str(args.threads), "--cache", args.cache,
+                       "--seed", str(args.seed),
                        "--dir", os.path.join(root, f"{m}-{r}")] + (["--free-source"] if args.free_source else [])
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 if out.returncode:
@@ -423,10 +425,13 @@ def run(args) -> dict:
     return summarize(args, runs, state_bytes, build_s, floors)
 
 
-def order_of(methods: list[str], r: int) -> list[str]:
-    """Rotate the order every round, so that no method always runs first."""
-    k = r % len(methods)
-    return methods[k:] + methods[:k]
+def order_of(methods: list[str], r: int, seed: int = 0) -> list[str]:
+    """A new order every round (seeded, so a run can be repeated). Rotating one order is not enough:
+    each method would always follow the same other one, and on this VM the process before changes the
+    next one's times (the same torch.save measured 1.3 s after one method and 3.1 s after another, in
+    every round)."""
+    import random
+    return random.Random(seed * 1_000_003 + r).sample(methods, len(methods))
 
 
 def run_here(args):
@@ -498,19 +503,19 @@ def run_here(args):
         if args.free_source:
             # Every round's saves first; then the source model is dropped and every file is loaded.
             for r in range(args.repeat):
-                for m in order_of(args.methods, r):
+                for m in order_of(args.methods, r, args.seed):
                     runs[m].append(do_save(m, r))
             state.clear()
             gc.collect()
             print(f"  source freed: RSS {rss_bytes() / 1e9:.2f} GB", flush=True)
             for r in range(args.repeat):
                 do_floor(r)
-                for m in order_of(args.methods, r):
+                for m in order_of(args.methods, r, args.seed):
                     do_load(m, r, runs[m][r])
         else:
             for r in range(args.repeat):
                 do_floor(r)
-                for m in order_of(args.methods, r):
+                for m in order_of(args.methods, r, args.seed):
                     rec = do_save(m, r)
                     do_load(m, r, rec)
                     runs[m].append(rec)
@@ -538,7 +543,7 @@ def summarize(args, runs: dict, state_bytes: int, build_s: float, floors: list[f
     ratios = {a: {b: {k: med[b][f"{k}_s"] / med[a][f"{k}_s"] for k in PHASES if f"{k}_s" in med[a]}
                   for b in med if b != a} for a in med}
     out = {"state_bytes": state_bytes, "ids": args.ids, "dim": args.dim, "dense_mb": args.dense_mb,
-           "threads": args.threads, "cpus": os.cpu_count(), "repeat": args.repeat, "build_s": build_s,
+           "threads": args.threads, "cpus": os.cpu_count(), "repeat": args.repeat, "seed": args.seed, "build_s": build_s,
            "methods": med, "ratios": ratios, "targets": targets(med, state_bytes),
            "fresh_memory_floor_s": statistics.median(floors) if floors else None,
            "fresh_memory_floor_s_all": floors, "isolated": not args.in_process}

@@ -19,6 +19,7 @@ _EXPORTS = {
     "PreemptionHandler": "recckpt.api.preemption",
     "SaveHandle": "recckpt.api.async_save",
     "AsyncSaveError": "recckpt.api.async_save",
+    "AsyncCommitOutcomeUnknownError": "recckpt.api.async_save",
     "RNGState": "recckpt.api.rng",
     "HashTable": "recckpt.state.hashtable",
     "SparseAdagrad": "recckpt.state.optim",

@@ -34,8 +34,9 @@ class CheckpointSaveError(RecckptError):
 class CommitOutcomeUnknownError(CheckpointSaveError):
     """A worker of a distributed save handed its part to the committing worker (rank 0), then could not
     learn whether the commit happened (rank 0 failed or stopped responding), and the checkpoint is not
-    visible from this worker. Rank 0 may still commit it; a commit is one rename, so the checkpoint
-    will be complete or absent, never partial. List the checkpoints later to find out."""
+    visible from this worker. Rank 0 may have committed it since, may still commit it, or may have
+    failed; a commit is one step (docs/SAFETY.md), so the checkpoint is complete or absent, never
+    partial. List the checkpoints later to find out."""
 
 
 class CheckpointExistsError(CheckpointSaveError, FileExistsError):

@@ -132,15 +132,17 @@ def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when)
     timeout, sleep = 4.0, 8.0
     out = str(tmp_path / "run")
     rep = ok(run_ranks(2, sc.stalled_committer, out, timeout, sleep, when, out_dir=str(tmp_path / "r")))
-    assert rep[0] == {"error": None, "warnings": []}
+    assert rep[0] == {"error": None, "warnings": [], "next_error": None}
+    assert rep[1]["next_error"] is None
     if when == "before":
-        assert rep[1]["error"].startswith("CommitOutcomeUnknownError") and "may still commit" in rep[1]["error"]
+        assert rep[1]["error"].startswith("CommitOutcomeUnknownError") and "may still commit" in rep[1]["error"] \
+            and "complete or absent" in rep[1]["error"]
         assert rep[1]["warnings"] == []
     else:
         assert rep[1]["error"] is None
         assert len(rep[1]["warnings"]) == 1 and "is committed, so this save succeeded" in rep[1]["warnings"][0]
     # either way rank 0 committed a complete checkpoint
-    assert [i for i, _ in committed(open_storage(out))] == ["c"]
+    assert [i for i, _ in committed(open_storage(out))] == ["c", "d"]
     verify(os.path.join(out, "c")).raise_if_failed()
     assert not [n for n in os.listdir(out) if n.startswith(".staging")]
 

@@ -13,7 +13,7 @@ import torch
 
 from recckpt import (AsyncSaveError, CheckpointManager, EphemeralEveryNSteps, KeepPolicy,
                      PreemptionHandler, Saver)
-from recckpt.errors import CheckpointNotFoundError, CorruptCheckpointError
+from recckpt.errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError
 from manager_fixtures import make_job, run, train_step
 from sparse_fixtures import assert_tables_equal
 
@@ -190,6 +190,41 @@ def test_background_failure_surfaces_at_next_call_and_keeps_older(tmp_path, monk
     monkeypatch.setattr(storage, "open_write", real)
     fresh = make_job(tmp_path)
     assert fresh[4].restore() == 2
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+@pytest.mark.parametrize("rank0_committed", [True, False])
+def test_a_save_whose_outcome_was_lost_is_looked_up_before_saving_the_step_again(
+        tmp_path, monkeypatch, async_save, rank0_committed):
+    """As on a rank that handed its part to rank 0 and never heard the outcome: the save raises
+    CommitOutcomeUnknownError (wrapped for async saves). Saving the same step again must not write a
+    second time when rank 0 did commit it (that would fail on this rank alone), and must when not."""
+    job = make_job(tmp_path, async_save=async_save)
+    model, sopt, dopt, reader, mgr = job
+    train_step(model, sopt, dopt, reader)
+    mgr.step()
+    real, calls = mgr.saver._write, []
+
+    def lost_outcome(ckpt_id, *a, **kw):
+        calls.append(ckpt_id)
+        if len(calls) > 1:
+            return real(ckpt_id, *a, **kw)
+        if rank0_committed:
+            real(ckpt_id, *a, **kw)
+        raise CommitOutcomeUnknownError(f"rank 1: coordination of checkpoint {ckpt_id!r} failed during "
+                                        f"waiting for the outcome")
+
+    monkeypatch.setattr(mgr.saver, "_write", lost_outcome)
+    with pytest.raises(CommitOutcomeUnknownError, match="ckpt_1") as info:
+        mgr.save()
+        mgr.wait()
+    assert isinstance(info.value, AsyncSaveError) == async_save
+    assert "Nothing of it was committed" not in str(info.value)
+    assert mgr.saver.checkpoints() == (["ckpt_1"] if rank0_committed else [])
+    h = mgr.save()   # the same step again
+    h.wait()
+    assert h.durable and h.ckpt_id == "ckpt_1" and mgr.saver.checkpoints() == ["ckpt_1"]
+    assert calls == (["ckpt_1"] if rank0_committed else ["ckpt_1", "ckpt_1"])
 
 
 # ------------------------------------------------------------------------------------------- restore

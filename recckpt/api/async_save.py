@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable
 
-from ..errors import CheckpointSaveError
+from ..errors import CheckpointSaveError, CommitOutcomeUnknownError
 
 log = logging.getLogger("recckpt")
 
@@ -21,6 +21,11 @@ STAGED, DURABLE, FAILED = "staged", "durable", "failed"
 
 class AsyncSaveError(CheckpointSaveError):
     """A save that was written in the background failed. Earlier checkpoints are intact."""
+
+
+class AsyncCommitOutcomeUnknownError(AsyncSaveError, CommitOutcomeUnknownError):
+    """The background write of a distributed async save handed its part to rank 0 and never learned
+    whether rank 0 committed it (see CommitOutcomeUnknownError)."""
 
 
 class SaveHandle:
@@ -90,10 +95,15 @@ class AsyncWriter:
             except BaseException as e:  # noqa: BLE001 - stored and re-raised on the caller's thread
                 handle.write_seconds = time.perf_counter() - t0
                 log.error("recckpt: background save of %r failed: %s", handle.ckpt_id, e)
-                err = AsyncSaveError(
-                    f"the async save of checkpoint {handle.ckpt_id!r} (step {handle.step}) failed in the "
-                    f"background: {type(e).__name__}: {e}. Nothing of it was committed and earlier "
-                    f"checkpoints are intact.")
+                if isinstance(e, CommitOutcomeUnknownError):  # "nothing was committed" would be wrong
+                    err = AsyncCommitOutcomeUnknownError(
+                        f"the async save of checkpoint {handle.ckpt_id!r} (step {handle.step}) did not learn "
+                        f"its outcome in the background: {e}")
+                else:
+                    err = AsyncSaveError(
+                        f"the async save of checkpoint {handle.ckpt_id!r} (step {handle.step}) failed in the "
+                        f"background: {type(e).__name__}: {e}. Nothing of it was committed and earlier "
+                        f"checkpoints are intact.")
                 err.__cause__ = e
                 with self._lock:
                     self._unreported = handle
@@ -123,4 +133,4 @@ class AsyncWriter:
             raise h.error
 
 
-__all__ = ["AsyncSaveError", "AsyncWriter", "SaveHandle", "STAGED", "DURABLE", "FAILED"]
+__all__ = ["AsyncSaveError", "AsyncCommitOutcomeUnknownError", "AsyncWriter", "SaveHandle", "STAGED", "DURABLE", "FAILED"]

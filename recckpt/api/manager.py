@@ -20,10 +20,10 @@ import time
 import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, RecckptError
+from ..errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError, RecckptError
 from ..format import catalog
 from ..storage import open_storage
-from .async_save import AsyncWriter, SaveHandle
+from .async_save import FAILED, AsyncWriter, SaveHandle
 from .load_config import LoadConfig
 from .policies import (EPHEMERAL, CkptEntry, EveryNSteps, KeepPolicy, SavePolicy, SaveSchedule)
 from .preemption import PreemptionHandler
@@ -154,7 +154,7 @@ class CheckpointManager:
         """Save the current step now (a regular checkpoint); returns its handle."""
         self._writer.raise_failure()
         last = self._last
-        if last is not None and last.step == self.global_step and last.state != "failed":
+        if last is not None and last.step == self.global_step and not self._needs_retry(last):
             return last  # this step is already saved (or being saved) under ckpt_<step>
         return self._save(ephemeral=False)
 
@@ -209,6 +209,8 @@ class CheckpointManager:
                 self._prune()
             except BaseException as e:
                 handle._finish(None, e)
+                if isinstance(e, CommitOutcomeUnknownError):
+                    self._last = handle  # rank 0 may commit it yet: see _needs_retry
                 raise
             handle.write_seconds = handle.stall_seconds = time.perf_counter() - t0
             handle.bytes_written = self._bytes_of_last()
@@ -217,6 +219,19 @@ class CheckpointManager:
         self._last = handle
         self.saves.append(handle)
         return handle
+
+    def _needs_retry(self, last: SaveHandle) -> bool:
+        """Whether the step of `last` must be saved again. A save whose outcome this rank never
+        learned (CommitOutcomeUnknownError) may have been committed by rank 0 since; saving the step
+        again would then fail on this rank alone (the checkpoint exists), so it is looked up first."""
+        if last.state != FAILED:
+            return False
+        if isinstance(last.error, CommitOutcomeUnknownError) and self.saver._is_committed(last.ckpt_id):
+            log.warning("recckpt: checkpoint %s, whose outcome this rank did not learn, is committed",
+                        self.saver.storage.describe(last.ckpt_id))
+            last._finish(self.saver.storage.describe(last.ckpt_id), None)
+            return False
+        return True
 
     def _bytes_of_last(self) -> int:
         s = self.saver.last_save
@@ -244,7 +259,7 @@ class CheckpointManager:
 
     def _preempt(self) -> None:
         last = self._last
-        if last is None or last.step != self.global_step or last.state == "failed":
+        if last is None or last.step != self.global_step or self._needs_retry(last):
             last = self._save(ephemeral=False)
         last.wait()                  # durable before the process is allowed to go
         self._writer.raise_failure()

@@ -304,8 +304,8 @@ class Saver:
             return self.storage.describe(ckpt_id)
         raise CommitOutcomeUnknownError(
             f"{e}. Checkpoint {self.storage.describe(ckpt_id)} is not committed as seen from this worker, but "
-            f"rank 0 holds every part and may still commit it, complete (a commit is one rename): list the "
-            f"checkpoints later to find out. Earlier checkpoints are intact.") from e
+            f"rank 0 may still commit it (or may have failed); the checkpoint will be complete or absent, "
+            f"never partial: list the checkpoints later to find out. Earlier checkpoints are intact.") from e
 
     def _is_committed(self, ckpt_id: str) -> bool:
         try:

@@ -9,7 +9,8 @@ training and never queues behind training collectives), as JSON in uint8 tensors
 
 A rank that fails while writing still joins `submit` (with its error) and `end`, so the others learn
 of the failure at once and the group stays in step for the next save. A rank that stops responding
-makes every collective time out after `timeout_s`: the ranks that time out raise, mark the group
+makes every collective time out after `timeout_s`: the ranks that time out raise (after the hand-over
+to rank 0 the saver first looks whether rank 0 committed: docs/DISTRIBUTED.md), mark the group
 broken, and the next save builds a fresh group (a timed-out gloo group may hold half-finished
 messages that would otherwise be read by the next save).
 """

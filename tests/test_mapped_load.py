@@ -309,6 +309,19 @@ def test_mapped_load_equals_a_copying_load(tmp_path, concurrency):
     assert b.tables[0]._map.capacity == slots
 
 
+def test_mapped_load_of_an_empty_table_and_a_one_row_table(tmp_path):
+    empty = filled("empty", 0, dim=8)
+    wide = filled("wide", 1, dim=3000, seed=3)  # one row spanning whole pages in every slot
+    save(tmp_path, empty, wide)
+    m, res = load(tmp_path, empty_like(empty), empty_like(wide), conf=MMAP)
+    assert_tables_equal(empty, m.tables[0])
+    assert_tables_equal(wide, m.tables[1])
+    assert res.tables_mapped == ["wide"] and res.bytes_mapped > 0
+    for t in m.tables:  # both grow normally afterwards
+        t.lookup(torch.arange(100, 105), insert=True)
+        assert len(t) == 5 + (t.name == "wide")
+
+
 def test_training_writes_after_a_mapped_load_never_reach_the_checkpoint(tmp_path):
     t = filled("t", 5000, dim=16)
     ckpt = save(tmp_path, t)

@@ -81,6 +81,22 @@ def test_retention_with_ephemeral_and_keep_every_k_across_restarts(tmp_path):
     assert committed(tmp_path) == ["ckpt_20", "ckpt_40", "ckpt_50"]
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_save_reads_each_committed_manifest_once(tmp_path, monkeypatch, async_save):
+    """Listing the checkpoints reads every manifest (one remote request each on fsspec stores): the
+    version file update and the keep policy after a save share one listing."""
+    from recckpt.format import catalog
+    job = make_job(tmp_path, interval=1, async_save=async_save, keep=KeepPolicy(max_keep=4))
+    train(job, 6)
+    job[4].wait()
+    real, reads = catalog.read_manifest, []
+    monkeypatch.setattr(catalog, "read_manifest", lambda st, d: reads.append(d) or real(st, d))
+    train(job, 1)
+    job[4].wait()
+    assert committed(tmp_path) == ["ckpt_4", "ckpt_5", "ckpt_6", "ckpt_7"]
+    assert sorted(reads) == ["ckpt_3", "ckpt_4", "ckpt_5", "ckpt_6", "ckpt_7"]  # ckpt_3 is then deleted
+
+
 def test_manager_validates_combinations(tmp_path):
     saver = Saver(torch.nn.Linear(1, 1), output_dir=tmp_path)
     with pytest.raises(ValueError, match="more often"):

@@ -198,7 +198,7 @@ class CheckpointManager:
             def write():
                 path = self.saver._write(handle.ckpt_id, snap, self.shard_id, self.shard_num,
                                          metadata=metadata, retention=False, step=step)
-                self._prune()
+                self._prune(handle.ckpt_id)
                 return path, self._bytes_of_last()
 
             self._writer.submit(handle, write)
@@ -206,7 +206,7 @@ class CheckpointManager:
             try:
                 path = self.saver._write(handle.ckpt_id, None, self.shard_id, self.shard_num,
                                          metadata=metadata, retention=False, step=step)
-                self._prune()
+                self._prune(handle.ckpt_id)
             except BaseException as e:
                 handle._finish(None, e)
                 if isinstance(e, CommitOutcomeUnknownError):
@@ -237,25 +237,31 @@ class CheckpointManager:
         s = self.saver.last_save
         return s.bytes_written if s is not None else 0
 
-    def _prune(self) -> None:
+    def _prune(self, ckpt_id: str) -> None:
         """Retention after a commit (only the committing worker): delete what the keep policy allows."""
         if self.shard_num > 1 and self.shard_id != 0:
             return
         storage = self.saver.storage
         entries = []
-        for cid, m in catalog.committed(storage):
+        found = self.saver.take_listed_after_commit(ckpt_id)  # this save's own listing, if it committed
+        for cid, m in (found if found is not None else catalog.committed(storage)):
             step = m.metadata.get(META_STEP)
             entries.append(CkptEntry(cid, int(step) if step is not None and step.isdigit() else None,
                                      m.metadata.get(META_EPHEMERAL) == "1"))
         doomed = self.keep.doomed(entries, self.restored_from)
+        deleted = []
         for cid in doomed:
             log.info("recckpt: deleting %s (%s)", storage.describe(cid), self.keep)
             try:
                 catalog.delete(storage, cid)
+                deleted.append(cid)
             except OSError as e:  # a leftover checkpoint costs disk, not correctness
                 log.warning("recckpt: could not delete %s: %s", storage.describe(cid), e)
-        if doomed:
+        if len(deleted) < len(doomed):  # a failed delete may or may not have uncommitted it: look
             catalog.sync_version_file(storage, self.saver.options.fsync)
+        elif doomed:
+            catalog.write_version_file(storage, [e.ckpt_id for e in entries if e.ckpt_id not in set(deleted)],
+                                       self.saver.options.fsync)
 
     def _preempt(self) -> None:
         last = self._last

@@ -88,6 +88,7 @@ class Saver:
         self._recovered = False  # start-up recovery of output_dir done (first save on worker 0)
         self._io: dict[str, Any] = {}
         self.last_save: SaveStats | None = None
+        self._listed_after_commit: tuple[str, list] | None = None  # see take_listed_after_commit
 
     # ------------------------------------------------------------------------------------ registry
     def register_for_checkpointing(self, name: str, obj: Any, *, allow_pickle: bool = False) -> None:
@@ -326,16 +327,26 @@ class Saver:
     def _after_commit(self, ckpt_id: str, retention: bool = True) -> None:
         """Version file and retention. The checkpoint is committed already; these are housekeeping that the
         next save (or start-up recovery) redoes, so a failure here is a warning, not a failed save."""
+        self._listed_after_commit = None
         try:
-            ids = [i for i, _ in catalog.committed(self.storage)]
+            found = catalog.committed(self.storage)
+            ids = [i for i, _ in found]
             catalog.write_version_file(self.storage, ids, self.options.fsync)
             if retention:
                 self._apply_retention(ids, ckpt_id)
+            else:  # the caller's retention runs next and would read every manifest again
+                self._listed_after_commit = (ckpt_id, found)
         except OSError as e:
             msg = (f"checkpoint {self.storage.describe(ckpt_id)} is committed, but updating the version file or "
                    f"deleting old checkpoints failed: {type(e).__name__}: {e}. The next save retries.{_os_error_hint(e)}")
             log.warning("recckpt: %s", msg)
             warnings.warn(msg, stacklevel=3)
+
+    def take_listed_after_commit(self, ckpt_id: str) -> "list[tuple[str, Any]] | None":
+        """The committed checkpoints (id, manifest), as listed right after this Saver committed
+        `ckpt_id` with `retention=False`; None if it did not (then the caller lists them itself)."""
+        listed, self._listed_after_commit = self._listed_after_commit, None
+        return listed[1] if listed is not None and listed[0] == ckpt_id else None
 
     def _apply_retention(self, ids: list[str], newest: str) -> None:
         if self.max_keep is None or len(ids) <= self.max_keep:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import stress_harness as h
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
-from recckpt.format import catalog, checked_json, extras, safetensors_io, tree_codec
+from recckpt.format import catalog, checked_json, dtypes, extras, safetensors_io, tree_codec
 from recckpt.format.schema import index_from_json, manifest_from_json
 from recckpt.storage import open_storage
 
@@ -117,10 +117,23 @@ def test_safetensors_parsing(template, data):
             head = json.dumps(data.draw(json_values)).encode()
             raw = bytearray(struct.pack("<Q", len(head)) + head + bytes(raw[8:]))
     try:
-        tensors, meta = safetensors_io.read(bytes(raw), "f.safetensors")
+        lib = safetensors_io.read(bytes(raw), "f.safetensors")
+        assert isinstance(lib[1], dict) and all(isinstance(t, torch.Tensor) for t in lib[0].values())
     except CorruptCheckpointError:
-        return
-    assert isinstance(meta, dict) and all(isinstance(t, torch.Tensor) for t in tensors.values())
+        lib = None
+    try:  # our own validation (dense loads) accepts only what the library accepts, with equal values
+        ours = safetensors_io.read_views(bytearray(raw), "f.safetensors")
+    except CorruptCheckpointError:
+        ours = None
+    if ours is not None:
+        assert lib is not None and ours[1] == lib[1] and ours[0].keys() == lib[0].keys()
+        for k, t in ours[0].items():
+            assert t.dtype == lib[0][k].dtype and t.shape == lib[0][k].shape
+            assert torch.equal(t.view(torch.uint8), lib[0][k].view(torch.uint8)) if t.numel() else True
+    elif lib is not None:
+        known = {dtypes.torch_dtype(n) for n in dtypes.names()}
+        assert not all(t.dtype in known for t in lib[0].values()), \
+            "the library accepted a file our validation refused"
 
 
 tree_nodes = st.recursive(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .. import _C, __version__
@@ -128,8 +129,9 @@ class CheckpointReader:
     def describe(self, rel: str = "") -> str:
         return self.storage.describe(self._rel(rel) if rel else self.ckpt_dir)
 
-    def read_file(self, rel: str) -> bytes:
-        """A whole non-shard file, checked against the size and CRC the manifest recorded."""
+    def read_file(self, rel: str, writable: bool = False) -> "bytes | np.ndarray":
+        """A whole non-shard file, checked against the size and CRC the manifest recorded; with
+        `writable`, a uint8 array read straight into (tensors may then view it)."""
         info = self.manifest.files.get(rel)
         where = self.describe(rel)
         if info is None:
@@ -142,7 +144,11 @@ class CheckpointReader:
             raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest recorded {info.size}; the "
                                          f"file is truncated or replaced", where)
         catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
-        data = self.storage.read_bytes(self._rel(rel))
+        if writable:
+            data = np.empty(info.size, np.uint8)  # the manifest's size, which matched the file's above
+            data = data[:self.storage.read_into(self._rel(rel), data)]
+        else:
+            data = self.storage.read_bytes(self._rel(rel))
         crc = _C.crc32c(data)
         if len(data) != info.size or crc != info.crc32c:
             raise CorruptCheckpointError(f"{where}: crc32c mismatch (recorded {info.crc32c:#010x}, computed "
@@ -180,7 +186,9 @@ class CheckpointReader:
     def dense(self) -> dict[str, torch.Tensor]:
         if self.manifest.dense is None:
             return {}
-        tensors, _ = safetensors_io.read(self.read_file(self.manifest.dense), self.describe(self.manifest.dense))
+        # Views of the file's buffer: a load copies them into the parameters, once.
+        tensors, _ = safetensors_io.read_views(self.read_file(self.manifest.dense, writable=True),
+                                               self.describe(self.manifest.dense))
         return tensors
 
     def _tree(self, rel: str):

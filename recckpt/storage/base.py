@@ -42,6 +42,13 @@ class Storage(abc.ABC):
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes [offset, offset+length) of a file (to its end when length is None)."""
 
+    def read_into(self, path: str, buf) -> int:
+        """Read the start of a file into the writable buffer `buf` (up to its length); returns the bytes
+        read. Stores that can read into caller memory override this to skip the copy."""
+        data = self.read_bytes(path, 0, len(memoryview(buf).cast("B")))
+        memoryview(buf).cast("B")[:len(data)] = data
+        return len(data)
+
     @abc.abstractmethod
     @contextlib.contextmanager
     def open_write(self, path: str, fsync: bool = True) -> Iterator[BinaryIO]:

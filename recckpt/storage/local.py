@@ -44,6 +44,16 @@ class LocalStorage(Storage):
                 f.seek(offset)
             return f.read() if length is None else f.read(length)
 
+    def read_into(self, path, buf):
+        view, done = memoryview(buf).cast("B"), 0
+        with open(self.local_path(path), "rb", buffering=0) as f:
+            while done < len(view):
+                n = f.readinto(view[done:])
+                if not n:
+                    break
+                done += n
+        return done
+
     @contextlib.contextmanager
     def open_write(self, path, fsync=True):
         with open(self.local_path(path), "wb") as f:

@@ -1,0 +1,89 @@
+"""safetensors_io.read_views, the dense-load parser: tensors that view one buffer, and the same rules
+as the safetensors library (each broken rule is refused naming the file)."""
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import pytest
+import torch
+
+from recckpt import Saver
+from recckpt.errors import CorruptCheckpointError
+from recckpt.format import safetensors_io
+from recckpt.format.checkpoint import CheckpointReader
+from recckpt.storage import open_storage
+
+# In name order: "a" (8 bytes) leaves "b" aligned; the 3 bytes of "d" misalign "e" and "w".
+TENSORS = {"a": torch.arange(8, dtype=torch.uint8), "b": torch.randn(4, 5), "c": torch.zeros(0, 3),
+           "d": torch.tensor([True, False, True]), "e": torch.arange(6, dtype=torch.int64).view(2, 3),
+           "w": torch.randn(8, 4)}
+
+
+def encoded(tensors=TENSORS, meta=None) -> bytearray:
+    f = io.BytesIO()
+    safetensors_io.write(f, tensors, meta)
+    return bytearray(f.getvalue())
+
+
+def with_header(raw: bytearray, edit) -> bytearray:
+    (n,) = struct.unpack_from("<Q", raw)
+    header = json.loads(raw[8:8 + n])
+    edit(header)
+    head = json.dumps(header).encode()
+    return bytearray(struct.pack("<Q", len(head)) + head + raw[8 + n:])
+
+
+def test_values_match_the_library_and_aligned_tensors_view_the_buffer():
+    buf = encoded(meta={"k": "v"})
+    ours, meta = safetensors_io.read_views(buf, "f")
+    lib, lib_meta = safetensors_io.read(bytes(buf), "f")
+    assert meta == lib_meta == {"k": "v"} and ours.keys() == lib.keys() == TENSORS.keys()
+    for k, t in TENSORS.items():
+        assert ours[k].dtype == t.dtype and torch.equal(ours[k], t) and torch.equal(lib[k], t)
+    base = torch.frombuffer(buf, dtype=torch.uint8).data_ptr()
+    inside = {k for k, t in ours.items() if t.numel() and base <= t.data_ptr() < base + len(buf)}
+    assert inside == {"a", "b", "d"}  # "e" and "w" are misaligned, so copied
+    for k in ("e", "w"):
+        assert torch.equal(ours[k], TENSORS[k])
+    ours["b"].mul_(0)  # a view: the write goes to the buffer
+    assert not safetensors_io.read_views(buf, "f")[0]["b"].any()
+
+
+@pytest.mark.parametrize("edit,why", [
+    (lambda h: h["b"].update(dtype="F99"), "unknown dtype"),
+    (lambda h: h["b"].update(shape=[4, -5]), "shape"),
+    (lambda h: h["b"].update(shape=[4, 6]), "bytes for shape"),
+    (lambda h: h["b"].update(data_offsets=[3, 10 ** 9]), "data section"),
+    (lambda h: h["b"].update(data_offsets=[4, 84]), "starts at"),
+    (lambda h: h.pop("w"), "cover"),
+    (lambda h: h["b"].pop("shape"), "lacks one of dtype, shape, data_offsets"),
+    (lambda h: h.update(__metadata__={"k": 1}), "__metadata__"),
+])
+def test_each_broken_rule_is_refused_like_the_library_does(edit, why):
+    raw = with_header(encoded(), edit)
+    with pytest.raises(CorruptCheckpointError, match="f.safetensors"):
+        safetensors_io.read(bytes(raw), "f.safetensors")
+    with pytest.raises(CorruptCheckpointError, match=why):
+        safetensors_io.read_views(raw, "f.safetensors")
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x01", struct.pack("<Q", 1 << 40) + b"{}", struct.pack("<Q", 2) + b"[]",
+                                 struct.pack("<Q", 2) + b"\xff\xfe"])
+def test_bad_header_bytes_are_refused(raw):
+    with pytest.raises(CorruptCheckpointError, match="f.safetensors"):
+        safetensors_io.read_views(bytearray(raw), "f.safetensors")
+
+
+def test_a_checkpoints_dense_state_is_read_into_one_buffer(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
+    Saver(model, output_dir=str(tmp_path)).save("c")
+    reader = CheckpointReader(open_storage(str(tmp_path)), "c")
+    dense = reader.dense()
+    size = reader.manifest.files[reader.manifest.dense].size
+    lo = min(t.data_ptr() for t in dense.values())
+    hi = max(t.data_ptr() + t.numel() * t.element_size() for t in dense.values())
+    assert hi - lo <= size  # all of them inside one file-sized buffer: no per-tensor copies
+    for k, t in model.state_dict().items():
+        assert torch.equal(dense[k], t)

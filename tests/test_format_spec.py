@@ -245,9 +245,10 @@ def test_many_segments_and_shard_files(tmp_path):
     ix = R.read_checked_json(os.path.join(d, "index.json"))
     assert len(ix["files"]) >= 2, ix["files"]
     for t in ("user", "item"):
-        segs = ix["tables"][t]["segments"]
-        assert len(segs) > 1
-        assert len({s["file"] for s in segs}) >= 2
+        assert len(ix["tables"][t]["segments"]) > 1
+    # Writer threads take segments from a shared queue, so which file holds which table's segments
+    # depends on scheduling (one table in one file happened on a loaded machine); together they span files.
+    assert len({s["file"] for t in ("user", "item") for s in ix["tables"][t]["segments"]}) >= 2
     ck = R.read_checkpoint(d)
     _assert_table_equal(ck["tables"]["user"], m.user, ck["manifest"])
     _assert_table_equal(ck["tables"]["item"], m.item, ck["manifest"])

@@ -37,7 +37,9 @@ def write(fileobj, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | 
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     offset = 0
-    order = sorted(tensors)
+    # Widest elements first: the data section starts 8-aligned, so every entry then starts aligned for
+    # its dtype and read_views can hand out views instead of copies.
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
     for name in order:
         if name == "__metadata__":
             raise ValueError("a tensor named '__metadata__' cannot be stored: safetensors reserves that "

@@ -105,7 +105,7 @@ def test_index_validation(template, data):
 def test_safetensors_parsing(template, data):
     raw = bytearray(data.draw(st.sampled_from([template["dense"], template["extras"]])))
     for _ in range(data.draw(st.integers(1, 4))):
-        kind = data.draw(st.sampled_from(["flip", "cut", "header_len", "header_json"]))
+        kind = data.draw(st.sampled_from(["flip", "cut", "header_len", "header_json", "entry_field"]))
         if kind == "flip" and raw:
             i = data.draw(st.integers(0, len(raw) - 1))
             raw[i] ^= data.draw(st.integers(1, 255))
@@ -116,6 +116,26 @@ def test_safetensors_parsing(template, data):
         elif kind == "header_json":
             head = json.dumps(data.draw(json_values)).encode()
             raw = bytearray(struct.pack("<Q", len(head)) + head + bytes(raw[8:]))
+        elif kind == "entry_field" and len(raw) >= 8:
+            # One field of one entry (or the metadata) changed, the rest of the file kept: well-formed
+            # enough to reach the per-entry rules.
+            (n,) = struct.unpack_from("<Q", raw)
+            try:
+                header = json.loads(bytes(raw[8:8 + n]))
+            except ValueError:
+                continue
+            if not isinstance(header, dict) or not header:
+                continue
+            key = data.draw(st.sampled_from(sorted(header)))
+            ints = st.integers(-2, 1 << 65) | st.sampled_from([0, 1, 2 ** 31, 2 ** 63, 2 ** 64])
+            value = data.draw(st.one_of(json_values, st.lists(ints, max_size=4),
+                                        st.sampled_from(["F32", "U8", "BOOL", "F8_E4M3", "X"])))
+            if isinstance(header[key], dict) and header[key]:
+                header[key][data.draw(st.sampled_from(sorted(header[key]) + ["extra"]))] = value
+            else:
+                header[key] = value
+            head = json.dumps(header).encode()
+            raw = bytearray(struct.pack("<Q", len(head)) + head + bytes(raw[8 + n:]))
     try:
         lib = safetensors_io.read(bytes(raw), "f.safetensors")
         assert isinstance(lib[1], dict) and all(isinstance(t, torch.Tensor) for t in lib[0].values())

@@ -97,6 +97,20 @@ def test_a_save_reads_each_committed_manifest_once(tmp_path, monkeypatch, async_
     assert sorted(reads) == ["ckpt_3", "ckpt_4", "ckpt_5", "ckpt_6", "ckpt_7"]  # ckpt_3 is then deleted
 
 
+def test_a_version_file_failure_after_retention_does_not_fail_the_committed_save(tmp_path, monkeypatch):
+    from recckpt.format import catalog
+    job = make_job(tmp_path, interval=1, keep=KeepPolicy(max_keep=1))
+    train(job, 1)
+
+    def broken(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(catalog, "write_version_file", broken)
+    with pytest.warns(UserWarning, match="version file"):
+        train(job, 1)       # ckpt_2 commits, retention deletes ckpt_1, both version-file writes fail
+    assert job[4].saves[-1].durable and job[4].saver.checkpoints() == ["ckpt_2"]
+
+
 def test_manager_validates_combinations(tmp_path):
     saver = Saver(torch.nn.Linear(1, 1), output_dir=tmp_path)
     with pytest.raises(ValueError, match="more often"):

@@ -111,3 +111,50 @@ def test_a_checkpoints_dense_state_is_read_into_one_buffer(tmp_path):
     assert hi - lo <= size  # all of them inside one file-sized buffer: no per-tensor copies
     for k, t in model.state_dict().items():
         assert torch.equal(dense[k], t)
+
+
+def raw_file(header) -> bytearray:
+    head = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return bytearray(struct.pack("<Q", len(head)) + head)
+
+
+ZERO = {"dtype": "F32", "data_offsets": [0, 0]}
+
+
+@pytest.mark.parametrize("header", [
+    {"x": {**ZERO, "shape": [2 ** 40, 2 ** 40, 0]}},     # the product passes 64 bits before the 0
+    {"x": {**ZERO, "shape": [2 ** 63, 0]}},
+    b"[" * 200_000,                                       # nesting deeper than the parser's recursion
+    {"__metadata__": []},
+    {"__metadata__": {"k": "v"}, "x": {**ZERO, "shape": [0]}, "y": {**ZERO, "shape": [0], "z": float("nan")}},
+    b'{"__metadata__": {}, "__metadata__": {"a": "b"}}',   # a key twice
+    b'{"\\ud800": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}',  # a lone surrogate
+])
+def test_hostile_headers_are_refused_as_the_library_refuses_them(header):
+    raw = raw_file(header)
+    with pytest.raises(CorruptCheckpointError):
+        safetensors_io.read(bytes(raw), "f.safetensors")
+    with pytest.raises(CorruptCheckpointError, match="f.safetensors"):
+        safetensors_io.read_views(raw, "f.safetensors")
+
+
+def test_a_large_zero_size_shape_both_accept():
+    raw = raw_file({"x": {**ZERO, "shape": [2 ** 31, 2 ** 31, 0]}})
+    assert safetensors_io.read_views(raw, "f")[0]["x"].shape == safetensors_io.read(bytes(raw), "f")[0]["x"].shape
+
+
+def test_a_file_that_grew_after_its_size_was_checked_is_refused(tmp_path, monkeypatch):
+    model = torch.nn.Linear(8, 4)
+    Saver(model, output_dir=str(tmp_path)).save("c")
+    storage = open_storage(str(tmp_path))
+    reader = CheckpointReader(storage, "c")
+    real = type(storage).read_into
+
+    def grown(self, path, buf):  # the file gained bytes between the size check and the read
+        with open(self.local_path(path), "ab") as f:
+            f.write(b"x")
+        return real(self, path, buf)
+
+    monkeypatch.setattr(type(storage), "read_into", grown)
+    with pytest.raises(CorruptCheckpointError, match="dense.safetensors.*changed while it was read"):
+        reader.dense()

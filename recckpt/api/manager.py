@@ -239,11 +239,11 @@ class CheckpointManager:
 
     def _prune(self, ckpt_id: str) -> None:
         """Retention after a commit (only the committing worker): delete what the keep policy allows."""
+        found = self.saver.take_listed_after_commit(ckpt_id)  # this save's own listing, if it committed
         if self.shard_num > 1 and self.shard_id != 0:
             return
         storage = self.saver.storage
         entries = []
-        found = self.saver.take_listed_after_commit(ckpt_id)  # this save's own listing, if it committed
         for cid, m in (found if found is not None else catalog.committed(storage)):
             step = m.metadata.get(META_STEP)
             entries.append(CkptEntry(cid, int(step) if step is not None and step.isdigit() else None,
@@ -257,11 +257,15 @@ class CheckpointManager:
                 deleted.append(cid)
             except OSError as e:  # a leftover checkpoint costs disk, not correctness
                 log.warning("recckpt: could not delete %s: %s", storage.describe(cid), e)
-        if len(deleted) < len(doomed):  # a failed delete may or may not have uncommitted it: look
-            catalog.sync_version_file(storage, self.saver.options.fsync)
-        elif doomed:
-            catalog.write_version_file(storage, [e.ckpt_id for e in entries if e.ckpt_id not in set(deleted)],
-                                       self.saver.options.fsync)
+        try:
+            if len(deleted) < len(doomed):  # a failed delete may or may not have uncommitted it: look
+                catalog.sync_version_file(storage, self.saver.options.fsync)
+            elif doomed:
+                catalog.write_version_file(storage, [e.ckpt_id for e in entries if e.ckpt_id not in set(deleted)],
+                                           self.saver.options.fsync)
+        except OSError as e:  # the save is committed; the version file is advisory and the next save redoes it
+            log.warning("recckpt: checkpoint %s is committed, but rewriting the version file after retention "
+                        "failed: %s", storage.describe(ckpt_id), e)
 
     def _preempt(self) -> None:
         last = self._last

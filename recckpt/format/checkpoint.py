@@ -145,12 +145,17 @@ class CheckpointReader:
                                          f"file is truncated or replaced", where)
         catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
         if writable:
-            data = np.empty(info.size, np.uint8)  # the manifest's size, which matched the file's above
+            # One byte more than the manifest's size (which matched the file's above), so that a file
+            # that grew since is caught by the length check below.
+            data = np.empty(info.size + 1, np.uint8)
             data = data[:self.storage.read_into(self._rel(rel), data)]
         else:
             data = self.storage.read_bytes(self._rel(rel))
         crc = _C.crc32c(data)
-        if len(data) != info.size or crc != info.crc32c:
+        if len(data) != info.size:
+            raise CorruptCheckpointError(f"{where}: read {len(data)} bytes, the manifest recorded {info.size}; "
+                                         f"the file changed while it was read", where)
+        if crc != info.crc32c:
             raise CorruptCheckpointError(f"{where}: crc32c mismatch (recorded {info.crc32c:#010x}, computed "
                                          f"{crc:#010x}); the file is corrupt", where)
         return data

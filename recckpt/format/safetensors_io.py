@@ -78,14 +78,21 @@ def read_views(buf, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]
         raise CorruptCheckpointError(f"{path}: safetensors header length {n} does not fit the "
                                      f"{len(buf)}-byte file", path)
     try:
-        header = json.loads(bytes(buf[8:8 + n]).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        header = json.loads(bytes(buf[8:8 + n]).decode("utf-8"), object_pairs_hook=_unique_keys,
+                            parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise bad(f"header: {e}") from None
     if not isinstance(header, dict):
         raise bad("the header is not a JSON object")
-    meta = header.pop("__metadata__", None) or {}
+    meta = header.pop("__metadata__", None)
+    meta = {} if meta is None else meta
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise bad("__metadata__ is not an object of strings")
+    try:  # JSON escapes can spell lone surrogates, which are not UTF-8 text
+        for s in (*header, *meta, *meta.values()):
+            s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad(f"header: {e}") from None
     start, size = 8 + n, len(buf) - 8 - n
     spans = []
     for name, e in header.items():
@@ -94,14 +101,16 @@ def read_views(buf, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]
         dt, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
         if dt not in dtypes.names():
             raise bad(f"entry {name!r}: unknown dtype {dt!r}")
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise bad(f"entry {name!r}: shape {shape!r} is not a list of non-negative integers")
+        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 1 << 63 for d in shape):
+            raise bad(f"entry {name!r}: shape {shape!r} is not a list of non-negative 64-bit integers")
         if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)
                 and 0 <= offs[0] <= offs[1] <= size):
             raise bad(f"entry {name!r}: data_offsets {offs!r} do not lie in the {size}-byte data section")
         numel = 1
-        for d in shape:
+        for d in shape:  # as the library does: an intermediate product past 64 bits is an error
             numel *= d
+            if numel >= 1 << 64:
+                raise bad(f"entry {name!r}: shape {shape} overflows 64 bits")
         if numel * dtypes.itemsize(dt) != offs[1] - offs[0]:
             raise bad(f"entry {name!r}: {offs[1] - offs[0]} bytes for shape {shape} of {dt}")
         spans.append((offs[0], offs[1], name))
@@ -117,13 +126,27 @@ def read_views(buf, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]
         ent = header[name]
         dtype, shape = dtypes.torch_dtype(ent["dtype"]), tuple(ent["shape"])
         if e == s:
-            tensors[name] = torch.empty(shape, dtype=dtype)
+            try:  # no bytes, but a shape torch may still refuse (e.g. [2**62, 2**62, 0])
+                tensors[name] = torch.empty(shape, dtype=dtype)
+            except (RuntimeError, ValueError, OverflowError) as err:
+                raise bad(f"entry {name!r}: shape {list(shape)}: {err}") from None
             continue
         view = torch.frombuffer(buf, dtype=torch.uint8, count=e - s, offset=start + s)
         if view.data_ptr() % dtypes.itemsize(ent["dtype"]):
             view = view.clone()  # e.g. after an odd-sized U8 entry: torch wants aligned elements
         tensors[name] = view.view(dtype).view(shape)
     return tensors, meta
+
+
+def _unique_keys(pairs):
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise ValueError("a key appears twice in one object")
+    return d
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
 
 
 def read(data: bytes, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

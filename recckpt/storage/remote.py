@@ -57,6 +57,16 @@ class FsspecStorage(Storage):
                 f.seek(offset)
             return f.read() if length is None else f.read(length)
 
+    def read_into(self, path, buf):
+        view, done = memoryview(buf).cast("B"), 0
+        with self.fs.open(self._p(path), "rb") as f:
+            while done < len(view):
+                n = f.readinto(view[done:])
+                if not n:
+                    break
+                done += n
+        return done
+
     @contextlib.contextmanager
     def open_write(self, path, fsync=True):
         with self.fs.open(self._p(path), "wb") as f:

@@ -6,6 +6,17 @@ import contextlib
 from typing import BinaryIO, Iterator
 
 
+def fill_from(f: BinaryIO, buf) -> int:
+    """readinto() until `buf` is full or the file ends (one call may return less); the bytes read."""
+    view, done = memoryview(buf).cast("B"), 0
+    while done < len(view):
+        n = f.readinto(view[done:])
+        if not n:
+            break
+        done += n
+    return done
+
+
 class Storage(abc.ABC):
     #: True when `local_path()` gives an OS path the C++ engine can open directly.
     is_local: bool = False

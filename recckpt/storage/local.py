@@ -7,7 +7,7 @@ import os
 import shutil
 import stat
 
-from .base import Storage
+from .base import Storage, fill_from
 
 
 class LocalStorage(Storage):
@@ -45,14 +45,8 @@ class LocalStorage(Storage):
             return f.read() if length is None else f.read(length)
 
     def read_into(self, path, buf):
-        view, done = memoryview(buf).cast("B"), 0
         with open(self.local_path(path), "rb", buffering=0) as f:
-            while done < len(view):
-                n = f.readinto(view[done:])
-                if not n:
-                    break
-                done += n
-        return done
+            return fill_from(f, buf)
 
     @contextlib.contextmanager
     def open_write(self, path, fsync=True):

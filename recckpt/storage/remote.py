@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 
-from .base import Storage
+from .base import Storage, fill_from
 
 
 class FsspecStorage(Storage):
@@ -58,14 +58,8 @@ class FsspecStorage(Storage):
             return f.read() if length is None else f.read(length)
 
     def read_into(self, path, buf):
-        view, done = memoryview(buf).cast("B"), 0
         with self.fs.open(self._p(path), "rb") as f:
-            while done < len(view):
-                n = f.readinto(view[done:])
-                if not n:
-                    break
-                done += n
-        return done
+            return fill_from(f, buf)
 
     @contextlib.contextmanager
     def open_write(self, path, fsync=True):

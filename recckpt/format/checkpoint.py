@@ -189,6 +189,8 @@ class CheckpointReader:
         return self._segments
 
     def dense(self) -> dict[str, torch.Tensor]:
+        """The dense tensors, as views of one buffer holding the whole verified file: keeping any of
+        them keeps the whole buffer alive, so a caller that keeps some should copy them."""
         if self.manifest.dense is None:
             return {}
         # Views of the file's buffer: a load copies them into the parameters, once.

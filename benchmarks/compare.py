@@ -28,6 +28,7 @@ import argparse
 import gc
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -430,7 +431,6 @@ def order_of(methods: list[str], r: int, seed: int = 0) -> list[str]:
     each method would always follow the same other one, and on this VM the process before changes the
     next one's times (the same torch.save measured 1.3 s after one method and 3.1 s after another, in
     every round)."""
-    import random
     return random.Random(seed * 1_000_003 + r).sample(methods, len(methods))
 
 

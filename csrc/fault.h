@@ -1,6 +1,7 @@
 // Test-only fault injection for the engine: "fail the N-th pwrite (or fsync, or column mmap) from now
 // with errno E". Lets tests prove that a full disk or an I/O error in the middle of writing shard
-// files fails the save cleanly, and that a mapped load whose mmap fails falls back to reading. Off by default; when off, a check is one relaxed atomic load and increment.
+// files fails the save cleanly, and that a mapped load whose mmap fails falls back to reading.
+// Off by default; when off, a check is one relaxed atomic load and increment.
 #pragma once
 #include <atomic>
 #include <cstdint>

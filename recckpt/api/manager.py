@@ -261,7 +261,8 @@ class CheckpointManager:
             if len(deleted) < len(doomed):  # a failed delete may or may not have uncommitted it: look
                 catalog.sync_version_file(storage, self.saver.options.fsync)
             elif doomed:
-                catalog.write_version_file(storage, [e.ckpt_id for e in entries if e.ckpt_id not in set(deleted)],
+                gone = set(deleted)
+                catalog.write_version_file(storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone],
                                            self.saver.options.fsync)
         except OSError as e:  # the save is committed; the version file is advisory and the next save redoes it
             log.warning("recckpt: checkpoint %s is committed, but rewriting the version file after retention "

@@ -7,7 +7,7 @@ from ._version import __version__
 
 _EXPORTS = {
     "Saver": "recckpt.api.saver",
-    "LoadResult": "recckpt.api.load_plan",
+    "LoadResult": "recckpt.api.load_apply",
     "SaveOptions": "recckpt.api.options",
     "LoadConfig": "recckpt.api.load_config",
     "CheckpointManager": "recckpt.api.manager",

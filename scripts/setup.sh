@@ -1,14 +1,31 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install recckpt with its test dependencies.
 # torch is installed first and pinned: a bare `torch` requirement would pull several GB of CUDA wheels.
+# A second run with nothing changed only checks stamps: dependencies are reinstalled when pyproject.toml
+# changes, the C++ extension is rebuilt when csrc/, setup.py or pyproject.toml change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TORCH=${RECCKPT_TORCH_VERSION:-2.13.0}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q "torch==${RECCKPT_TORCH_VERSION:-2.13.0}"
-.venv/bin/python -m pip install -q pybind11 setuptools wheel numpy fsspec safetensors pytest hypothesis
-# Build the extension in place (no build isolation: pybind11 is already in the venv, torch is not needed).
-.venv/bin/python -m pip install -q --no-build-isolation -e ".[test]"
+VPY=.venv/bin/python
+stamp() { cat "$@" 2>/dev/null | sha256sum | cut -d' ' -f1; }
+deps_stamp="$(echo "torch==$TORCH" | sha256sum | cut -d' ' -f1)-$(stamp pyproject.toml scripts/setup.sh)"
+build_stamp=$(stamp setup.py pyproject.toml $(ls csrc/* | sort))
+if [ "$(cat .venv/.recckpt-deps 2>/dev/null)" != "$deps_stamp" ]; then
+  $VPY -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  $VPY -m pip install -q "torch==$TORCH"
+  # Build requirements of the extension (installed here because the build below uses no isolation).
+  $VPY -m pip install -q pybind11 "setuptools>=77" wheel
+  # The object-store test server first, alone: resolved together with everything else, pip's
+  # backtracking has been seen to wander into ancient Python-2-only releases of its dependencies.
+  $VPY -m pip install -q "moto[server]>=5.1" "s3fs>=2026.9"
+  $VPY -m pip install -q --no-build-isolation -e ".[test]"
+  echo "$deps_stamp" > .venv/.recckpt-deps
+  echo "$build_stamp" > .venv/.recckpt-build   # the editable install above built the extension
+elif [ "$(cat .venv/.recckpt-build 2>/dev/null)" != "$build_stamp" ] || ! ls recckpt/_C*.so >/dev/null 2>&1; then
+  $VPY setup.py -q build_ext --inplace >/dev/null
+  echo "$build_stamp" > .venv/.recckpt-build
+fi

@@ -1,16 +1,41 @@
+"""Test-suite wide settings.
+
+Folders: unit/ (one process), multiprocess/ (real worker processes; marked `multiprocess`), stress/
+(crash, corruption, fault and fuzz trials: a small sample by default), spec/ (docs/FORMAT.md read by an
+independent reader), helpers/ (a package the tests import; nothing in it is collected).
+
+Slow checks have one switch: the `slow` marker, run only with RECCKPT_SLOW=1. A test that scales its
+work with the switch asks for the `slow_mode` fixture instead of reading the environment itself.
+"""
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+SLOW = os.environ.get("RECCKPT_SLOW") == "1"
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def pytest_collection_modifyitems(config, items):
-    """Long stress modes run only with RECCKPT_SLOW=1 (see pyproject's `slow` marker)."""
-    if os.environ.get("RECCKPT_SLOW") == "1":
-        return
     skip = pytest.mark.skip(reason="slow check: set RECCKPT_SLOW=1 to run it")
+    multiprocess = os.path.join(HERE, "multiprocess") + os.sep
     for item in items:
-        if "slow" in item.keywords:
+        if str(item.fspath).startswith(multiprocess):
+            item.add_marker(pytest.mark.multiprocess)
+        if not SLOW and "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def slow_mode() -> bool:
+    """True when the slow checks run (RECCKPT_SLOW=1): tests that sample scale up by it."""
+    return SLOW
+
+
+try:  # property-based tests take their example count from here, so the slow switch scales them too
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("recckpt", max_examples=200 * (20 if SLOW else 1), deadline=None,
+                              suppress_health_check=list(HealthCheck), database=None)
+    settings.load_profile("recckpt")
+except ImportError:  # hypothesis is a test dependency; without it the property tests fail to import
+    pass

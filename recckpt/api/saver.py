@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..dist import coordinator_for, resolve_shard
+from ..coordination import coordinator_for, resolve_shard
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError, CommitOutcomeUnknownError,
                       CorruptCheckpointError, RecckptError)
 from ..format import catalog, dtypes, extras as extras_fmt, recovery
@@ -23,7 +23,7 @@ from ..state.protocol import SparseState, split_sparse_dense_state_dict
 from ..storage import open_storage
 from .load_config import LoadConfig
 from .options import SaveOptions
-from .load_plan import LoadPlan, LoadResult
+from .load_apply import LoadPlan, LoadResult
 
 log = logging.getLogger("recckpt")
 

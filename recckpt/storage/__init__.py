@@ -6,7 +6,7 @@ directly (local) or must go through temporary local files and ranged reads (fssp
 """
 from .base import Storage
 from .local import LocalStorage
-from .remote import FsspecStorage
+from .fsspec_store import FsspecStorage
 
 
 def open_storage(url: str) -> Storage:

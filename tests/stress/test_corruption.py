@@ -10,8 +10,8 @@ import random
 import pytest
 
 import recckpt
-import hostile
-import stress_harness as h
+from helpers import hostile
+from helpers import stress_harness as h
 from recckpt.errors import CheckpointNotFoundError, CorruptCheckpointError
 from recckpt.format.verifier import main as verify_main
 

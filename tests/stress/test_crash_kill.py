@@ -1,11 +1,11 @@
 """Kill anywhere, lose nothing: a child process saves step after step and is SIGKILLed at random
 moments; after every kill the newest fully committed step restores with exactly its contents, every
-listed checkpoint verifies, and the next save succeeds (tests/stress_harness.py has the harness)."""
+listed checkpoint verifies, and the next save succeeds (tests/helpers/stress_harness.py has the harness)."""
 from __future__ import annotations
 
 import pytest
 
-import stress_harness as h
+from helpers import stress_harness as h
 
 
 def test_kill_sample(tmp_path):

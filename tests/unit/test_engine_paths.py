@@ -17,7 +17,7 @@ from recckpt import HashTable, Saver, SaveOptions, _C
 from recckpt.errors import CorruptCheckpointError
 from recckpt.format.sparse_io import SegmentReader
 from recckpt.state.protocol import BulkAppend, SlotSpec
-from sparse_fixtures import DictTable, assert_tables_equal, table_contents
+from helpers.tables import DictTable, assert_tables_equal, table_contents
 
 
 class Holder(torch.nn.Module):
@@ -308,7 +308,7 @@ def test_stress_many_segments(tmp_path, concurrency):
 # ------------------------------------------------------------------ benchmark smoke run
 def test_compare_benchmark_smoke(tmp_path):
     """The benchmark runs every method end to end on a tiny state and reports every number."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
     try:
         import compare
     finally:

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-import stress_harness as h
+from helpers import stress_harness as h
 from recckpt import Saver
 from recckpt.errors import CheckpointSaveError
 from recckpt.storage.faulty import FaultyStorage

@@ -11,7 +11,7 @@ import torch
 from recckpt import HashTable, Saver, SaveOptions
 from recckpt.errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                             InvalidCheckpointIdError)
-from sparse_fixtures import assert_tables_equal
+from helpers.tables import assert_tables_equal
 
 OPTS = SaveOptions(num_buckets=16, chunk_bytes=128, segment_bytes=2048, fsync=False)
 

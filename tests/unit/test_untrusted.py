@@ -12,12 +12,12 @@ import time
 import pytest
 import torch
 
-import hostile
-import stress_harness as h
+from helpers import hostile
+from helpers import stress_harness as h
 from recckpt import Saver
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
 
-PKG = pathlib.Path(__file__).resolve().parent.parent / "recckpt"
+PKG = pathlib.Path(__file__).resolve().parents[2] / "recckpt"
 
 
 class Evil:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from recckpt import SaveOptions, Saver, partition
 from recckpt.errors import CheckpointSaveError, IncompatibleCheckpointError
-from dist_helpers import (FaultyTable, Holder, Reader, all_ids, check_rows, owned_table, save_npy)
+from helpers.ranks import (FaultyTable, Holder, Reader, all_ids, check_rows, owned_table, save_npy)
 
 # Small checksum chunks so the partial-read overhead (<= 2 chunks per column and segment) stays small
 # next to a rank's share of the table; see docs/DISTRIBUTED.md for the bound.
@@ -19,7 +19,7 @@ OPTS = SaveOptions(chunk_bytes=16 << 10, fsync=False, coordination_timeout_s=60)
 def save_sharded(rank, world, out, ckpt_id, n_ids):
     """Every rank saves the ids it owns; dense values differ per rank so a test can tell whose copy
     of the replicated dense state was written."""
-    from recckpt.dist import torch_coordinator
+    from recckpt.coordination import torch_coordinator
     t = owned_table(rank, world, all_ids(n_ids))
     s = Saver(Holder(t, dense_value=float(rank)), output_dir=out, options=OPTS, max_keep=None)
     s.register_io_state("reader", Reader(pos=100 * rank))
@@ -32,7 +32,7 @@ def save_sharded(rank, world, out, ckpt_id, n_ids):
 
 
 def _load(out, ckpt_id, rank, world, npy, **conf):
-    from dist_helpers import DictTable, SPEC
+    from helpers.ranks import DictTable, SPEC
     t = DictTable("emb", SPEC)
     s = Saver(Holder(t, dense_value=-1.0), output_dir=out)
     res = s.load(ckpt_id=ckpt_id, shard_id=rank, shard_num=world, load_conf={"load": ["sparse", "sparse_opt"], **conf})
@@ -44,7 +44,7 @@ def _load(out, ckpt_id, rank, world, npy, **conf):
 
 def load_everywhere(rank, world, out, tmp):
     """Run on 3 ranks: resharded loads of 'n4' (4 → 3, 4 → 2, 4 → 1) and 'n2' (2 → 3, 2 → 2)."""
-    from dist_helpers import DictTable, SPEC
+    from helpers.ranks import DictTable, SPEC
     res = {}
     # defaults come from the process group (rank, 3)
     t = DictTable("emb", SPEC)
@@ -150,7 +150,7 @@ def stalled_committer(rank, world, out, timeout_s, sleep_s, when):
 
 def save_duplicates(rank, world, out):
     """A job with a bad routing: ids 5 and 6 live on both ranks, with rank-specific values."""
-    from dist_helpers import SPEC, DictTable, rows_for
+    from helpers.ranks import SPEC, DictTable, rows_for
     ids = torch.tensor([5, 6, 100 + rank, 200 + rank], dtype=torch.int64)
     t = DictTable("emb", SPEC)
     t.set_rows(ids, rows_for(ids, salt=1000.0 * rank))

@@ -1,7 +1,7 @@
 """A small CTR training job around CheckpointManager, for manager tests. Also runnable as a script so a
 test can kill it (SIGKILL/SIGTERM) and resume it in a fresh process:
 
-    python tests/manager_fixtures.py --out DIR --steps N --losses FILE [--async] [--interval K]
+    python tests/helpers/training_child.py --out DIR --steps N --losses FILE [--async] [--interval K]
         [--preemption] [--sleep S]
 
 Every loss goes to FILE as "<step> <float.hex(loss)>" lines, flushed, so a test compares bit for bit.
@@ -17,7 +17,6 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from recckpt import CheckpointManager, HashTable, Saver, SaveOptions, SparseAdagrad  # noqa: E402
 

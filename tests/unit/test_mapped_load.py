@@ -16,8 +16,8 @@ from recckpt.errors import CorruptCheckpointError, LoadConfigError
 from recckpt.format import names
 from recckpt.format.sparse_io import SegmentReader, row_granule
 from recckpt.state.protocol import AdoptStorage
-from sparse_fixtures import DictTable, assert_tables_equal, table_contents
-from test_engine_paths import Holder, empty_like, filled
+from helpers.tables import DictTable, assert_tables_equal, table_contents
+from unit.test_engine_paths import Holder, empty_like, filled
 
 PAGE = _C.MappedRegion.page_size
 OPTS = SaveOptions(num_buckets=8, chunk_bytes=1000, segment_bytes=256 << 10, fsync=False)

@@ -4,7 +4,7 @@ import torch
 from recckpt import Saver, SaveOptions
 from recckpt.api.snapshot import HostBuffers, capture_copy
 from recckpt.state.protocol import SlotSpec
-from sparse_fixtures import DictTable, assert_tables_equal
+from helpers.tables import DictTable, assert_tables_equal
 
 OPTS = SaveOptions(num_buckets=16, fsync=False)
 

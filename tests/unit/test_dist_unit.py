@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from dist_helpers import SPEC, DictTable, Holder, Reader, rows_for
+from helpers.ranks import SPEC, DictTable, Holder, Reader, rows_for
 from recckpt import LoadConfig, SaveOptions, Saver, partition, split_by_owner
 from recckpt.api.row_filter import DuplicateIdsError
-from recckpt.dist import resolve_shard
+from recckpt.coordination import resolve_shard
 from recckpt.errors import IncompatibleCheckpointError, LoadConfigError
 from recckpt.format.hashing import bucket_of, bucket_range
 

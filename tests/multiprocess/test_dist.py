@@ -7,11 +7,11 @@ import os
 import numpy as np
 import pytest
 
-import dist_scenarios as sc
+from helpers import rank_scenarios as sc
 from recckpt import verify
 from recckpt.format.catalog import committed
 from recckpt.storage import open_storage
-from dist_helpers import ROW_BYTES, all_ids, ok, run_ranks
+from helpers.ranks import ROW_BYTES, all_ids, ok, run_ranks
 
 N_IDS = 60_000
 
@@ -148,7 +148,7 @@ def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when)
 
 
 def test_duplicate_ids_across_ranks(tmp_path):
-    from dist_helpers import SPEC, DictTable, Holder, rows_for
+    from helpers.ranks import SPEC, DictTable, Holder, rows_for
     from recckpt import Saver
     from recckpt.api.row_filter import DuplicateIdsError
     import torch

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import recckpt
 from recckpt import HashTable, Saver, SaveOptions, SparseAdagrad, SparseAdam
 from recckpt.state.protocol import SlotSpec
-from sparse_fixtures import DictTable, assert_tables_equal
+from helpers.tables import DictTable, assert_tables_equal
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16,
               torch.int32, torch.int64, torch.uint8, torch.bool]

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from recckpt.state.protocol import SlotSpec
-from sparse_fixtures import DictTable
+from helpers.tables import DictTable
 
 DIM = 32
 SPEC = {"embedding": SlotSpec(torch.float32, (DIM,), "sparse"),

@@ -1,5 +1,5 @@
 """docs/FORMAT.md is a complete contract: checkpoints written by recckpt are read back and fully
-verified by tests/independent_reader.py, a pure-numpy reader written only from the spec."""
+verified by tests/spec/independent_reader.py, a pure-numpy reader written only from the spec."""
 import math
 import os
 import shutil
@@ -8,8 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-import independent_reader as R  # noqa: E402
+from spec import independent_reader as R
 
 torch = pytest.importorskip("torch", reason="the library under test needs torch")
 recckpt = pytest.importorskip("recckpt", reason="recckpt (and its C++ extension) is not importable")

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from manager_fixtures import run
+from helpers.training_child import run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "manager_fixtures.py")
+SCRIPT = os.path.join(os.path.dirname(HERE), "helpers", "training_child.py")
 
 
 def read_losses(path):
@@ -86,7 +86,7 @@ def test_sigterm_saves_durably_at_next_step_then_exits(tmp_path):
 def test_demo_small_run_ends_all_equal_under_its_out_dir(tmp_path):
     """The README's first command, at a small size: kill, resume, bit-equal losses, summary table."""
     out = tmp_path / "demo"
-    root = os.path.dirname(HERE)
+    root = os.path.dirname(os.path.dirname(HERE))
     r = subprocess.run([sys.executable, os.path.join(root, "examples", "demo.py"), "--out", str(out),
                         "--steps", "60", "--batch-size", "128", "--save-interval", "10", "--kill-at", "34"],
                        capture_output=True, text=True, timeout=180, cwd=tmp_path)

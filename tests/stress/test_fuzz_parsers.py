@@ -1,7 +1,7 @@
 """Bounded fuzzing (hypothesis) of every parser that reads checkpoint bytes: checked JSON, manifest and
 index validation, safetensors parsing, the state-tree decoder, the extras tree and the version file.
 Each may only return a value or raise the documented errors; anything else (KeyError, TypeError,
-RecursionError, MemoryError, a hang) is a bug. RECCKPT_SLOW=1 runs 20x more examples."""
+RecursionError, MemoryError, a hang) is a bug. RECCKPT_SLOW=1 runs 20x more examples (conftest.py)."""
 from __future__ import annotations
 
 import copy
@@ -11,17 +11,16 @@ import struct
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import stress_harness as h
+from helpers import stress_harness as h
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
 from recckpt.format import catalog, checked_json, dtypes, extras, safetensors_io, tree_codec
 from recckpt.format.schema import index_from_json, manifest_from_json
 from recckpt.storage import open_storage
 
-N = 200 * (20 if os.environ.get("RECCKPT_SLOW") == "1" else 1)
-FUZZ = settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+FUZZ = settings()  # example count, deadline and health checks: the "recckpt" profile in conftest.py
 DOCUMENTED = (CorruptCheckpointError, IncompatibleCheckpointError)
 
 json_values = st.recursive(
@@ -201,7 +200,7 @@ def test_extras_tree(tree):
         pass
 
 
-@settings(max_examples=N // 2, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=max(1, settings.default.max_examples // 2))
 @given(raw=st.binary(max_size=200) | st.lists(st.text(max_size=30), max_size=5).map(lambda x: "\n".join(x).encode()))
 def test_version_file(tmp_path_factory, raw):
     d = tmp_path_factory.mktemp("vf")

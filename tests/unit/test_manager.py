@@ -14,8 +14,8 @@ import torch
 from recckpt import (AsyncSaveError, CheckpointManager, EphemeralEveryNSteps, KeepPolicy,
                      PreemptionHandler, Saver)
 from recckpt.errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError
-from manager_fixtures import make_job, run, train_step
-from sparse_fixtures import assert_tables_equal
+from helpers.training_child import make_job, run, train_step
+from helpers.tables import assert_tables_equal
 
 
 def committed(out):

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-import stress_harness as h
+from helpers import stress_harness as h
 from recckpt import Saver
 from recckpt.errors import CheckpointSaveError
 from recckpt.format import catalog

@@ -1,0 +1,1 @@
+"""recckpt tests: stress."""

@@ -49,3 +49,17 @@ class InvalidCheckpointIdError(RecckptError, ValueError):
 
 class LoadConfigError(RecckptError, ValueError):
     """A load configuration that cannot be valid (unknown key or category, wrong type)."""
+
+
+class CoordinationError(RecckptError):
+    """A collective on recckpt's coordination group failed or timed out: another rank failed, exited
+    or stopped responding. The message names this rank and the step of the protocol."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
+class ConcurrentCommitError(CheckpointExistsError):
+    """Another writer committed this checkpoint id while this save was writing it. This save's data
+    was discarded; the committed checkpoint on disk is the other writer's, complete and loadable."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,11 +14,10 @@ from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
 from ..state.protocol import split_sparse_dense_state_dict
 from .load_config import LoadConfig
+from .registry import Registry
 from .row_filter import RowFilter
 from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
 
-if TYPE_CHECKING:
-    from .saver import Saver
 
 log = logging.getLogger("recckpt")
 
@@ -43,6 +41,8 @@ class LoadResult:
     tables_mapped: list[str] = field(default_factory=list)
     """Tables (model names) whose storage now maps part of the checkpoint (`LoadConfig.mmap`)."""
     seconds: float = 0.0
+    metadata: dict[str, str] = field(default_factory=dict)
+    """The checkpoint's manifest metadata (e.g. the CheckpointManager's global step)."""
 
 
 
@@ -50,8 +50,10 @@ class LoadPlan:
     """Matches a checkpoint against the live objects, checks everything that can be checked up front,
     then applies it."""
 
-    def __init__(self, saver: Saver, reader: CheckpointReader, conf: LoadConfig, result: LoadResult):
-        self.saver, self.reader, self.conf, self.result = saver, reader, conf, result
+    def __init__(self, model, sparse_optim, registry: Registry, reader: CheckpointReader, conf: LoadConfig,
+                 result: LoadResult):
+        self.model, self.sparse_optim, self.registry = model, sparse_optim, registry
+        self.reader, self.conf, self.result = reader, conf, result
         self.m = reader.manifest
         self.problems_missing: list[str] = []
         self.problems_unexpected: list[str] = []
@@ -60,7 +62,7 @@ class LoadPlan:
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
         conf, m = self.conf, self.m
-        sparse, dense = split_sparse_dense_state_dict(self.saver.model.state_dict())
+        sparse, dense = split_sparse_dense_state_dict(self.model.state_dict())
         self.model_sparse, self.model_dense = sparse, dense
         self.sparse_jobs = []   # (ckpt name, table, [(slot, SlotInfo, SlotSpec)])
         if conf.wants("sparse") or conf.wants("sparse_opt"):
@@ -127,19 +129,19 @@ class LoadPlan:
             else:
                 where = self.reader.describe(self.m.extras)
                 tree = extras_fmt.validate(tree, where)
-                wanted = ({n: n in self.saver._allow_pickle for n in self.saver._extras}
+                wanted = ({n: self.registry.allows_pickle(n) for n in self.registry.object_names()}
                           if conf.wants("extra") else {})
                 self.extras_tree = extras_fmt.unpickle_allowed(tree, wanted, where)
         if conf.wants("extra"):
             objs = self.extras_tree.get("objects", {})
-            for name in self.saver._extras:
+            for name in self.registry.object_names():
                 if name not in objs:
                     self.problems_missing.append(f"registered object {name!r} is not in the checkpoint")
             for name in objs:
-                if name not in self.saver._extras:
+                if name not in self.registry.object_names():
                     self.problems_unexpected.append(f"checkpoint object {name!r} is not registered")
         self.io_tree = None
-        resized = conf.wants("io_state") and self.saver._io and self.m.io_state and world != self.m.shard_num
+        resized = conf.wants("io_state") and self.registry.io_names() and self.m.io_state and world != self.m.shard_num
         if resized and conf.io_state_on_resize == "error":
             raise IncompatibleCheckpointError(
                 f"checkpoint {self.reader.describe()} was saved by {self.m.shard_num} worker(s) and is loaded "
@@ -147,16 +149,16 @@ class LoadPlan:
                 f"was loaded. Pass load_conf {{'io_state_on_resize': 'drop'}} to load everything else and "
                 f"restart the readers, or exclude 'io_state'.")
         if resized:
-            self.result.io_state_dropped = list(self.saver._io)
+            self.result.io_state_dropped = self.registry.io_names()
             log.warning("recckpt: IO state of %s not loaded: saved by %d worker(s), loading on %d "
                         "(io_state_on_resize='drop')", self.reader.describe(), self.m.shard_num, world)
-        elif conf.wants("io_state") and self.saver._io:
+        elif conf.wants("io_state") and self.registry.io_names():
             self.io_tree = self.reader.io_state(shard_id)
             if self.io_tree is None:
                 self.problems_missing.append(f"IO state of worker {shard_id} is not in the checkpoint "
                                              f"(it was written by {self.m.shard_num} worker(s))")
             else:
-                for name in self.saver._io:
+                for name in self.registry.io_names():
                     if name not in self.io_tree:
                         self.problems_missing.append(f"IO state {name!r} is not in the checkpoint")
         if self.incompatible:
@@ -208,7 +210,7 @@ class LoadPlan:
             return
         conf, done, what = self.conf, [], None
         try:
-            if conf.wants("sparse_opt") and self.saver.sparse_optim is not None:
+            if conf.wants("sparse_opt") and self.sparse_optim is not None:
                 st = self.extras_tree.get("sparse_optimizer")
                 if st is not None:
                     what = "the sparse optimizer"
@@ -217,7 +219,7 @@ class LoadPlan:
                     self._opt_loaded = True
             if conf.wants("extra"):
                 for name, entry in self.extras_tree.get("objects", {}).items():
-                    if name in self.saver._extras:
+                    if name in self.registry.object_names():
                         what = f"registered object {name!r}"
                         self._apply_extra(name, entry)
                         done.append(what)
@@ -232,7 +234,7 @@ class LoadPlan:
         """recckpt's sparse optimizers keep per-table scalars under 'tables': pass only the tables this
         load applies, under their model names, so a warm start of some tables (or renamed ones) works.
         Other optimizers get their state as saved."""
-        opt = self.saver.sparse_optim
+        opt = self.sparse_optim
         tables = st.get("tables") if isinstance(st, dict) else None
         if not isinstance(tables, dict):
             opt.load_state_dict(st)
@@ -309,23 +311,13 @@ class LoadPlan:
             applied.append(target)
         self.result.tables = applied
         if self.dense_out:
-            self.saver.model.load_state_dict(self.dense_out, strict=False)
+            self.model.load_state_dict(self.dense_out, strict=False)
             self.result.dense_keys = list(self.dense_out)
         if self.io_tree is not None:
-            for name, obj in self.saver._io.items():
+            for name, obj in self.registry.io_items():
                 if name in self.io_tree:
                     obj.load_io_state(self.io_tree[name])
                     self.result.io_state.append(name)
 
     def _apply_extra(self, name, entry):
-        obj = self.saver._extras[name]
-        state = entry["state"]
-        if entry["kind"] == "state_dict" and callable(getattr(obj, "load_state_dict", None)):
-            obj.load_state_dict(state)
-        elif isinstance(obj, dict) and isinstance(state, dict):
-            obj.clear()
-            obj.update(state)
-        elif isinstance(obj, list) and isinstance(state, list):
-            obj[:] = state
-        else:
-            self.saver._extras[name] = state
+        self.registry.apply_object(name, entry["kind"], entry["state"])

@@ -14,64 +14,35 @@ every checkpoint; retention is the manager's KeepPolicy, applied after each comm
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
 import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..coordination import agreement_for, check_world, resolve_shard
 from ..errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError, RecckptError
 from ..format import catalog
 from ..storage import open_storage
 from .async_save import FAILED, AsyncWriter, SaveHandle
 from .load_config import LoadConfig
-from .policies import (EPHEMERAL, CkptEntry, EveryNSteps, KeepPolicy, SavePolicy, SaveSchedule)
+from .policies import (EPHEMERAL, META_EPHEMERAL, META_STEP, EveryNSteps, KeepPolicy, SaveContext,
+                       SaveDecisionPolicy, SaveSchedule, parse_step)
 from .preemption import PreemptionHandler
 from .rng import RNGState
 from .saver import LoadResult, Saver
-from .snapshot import HostBuffers, capture_copy
+from .snapshot import HostBuffers, copy_snapshot
 
 log = logging.getLogger("recckpt")
 
 RNG_IO_NAME = "__rng__"
-META_STEP = "recckpt.global_step"
-META_EPHEMERAL = "recckpt.ephemeral"
 #: Categories a model-bank source loads unless it says otherwise: the model, not another run's
 #: reader positions, RNG state or registered objects.
 BANK_DEFAULT_LOAD = ("sparse", "sparse_opt", "dense")
-_FROM_SAVER = object()  # default of `keep`: the saver's max_keep
-
-
-def _dist_world():
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist
-    return None
-
-
-def _rank0_decides(value: bool) -> bool:
-    """Rank 0's decision, on every rank (a broadcast when a process group is initialised)."""
-    dist = _dist_world()
-    if dist is None:
-        return value
-    import torch
-    t = torch.tensor([1 if value else 0], dtype=torch.int64)
-    dist.broadcast(t, src=0)
-    return bool(t.item())
-
-
-def _any_rank(value: bool) -> bool:
-    """True on every rank when it is true on any (a signal reaches one worker, all must save)."""
-    dist = _dist_world()
-    if dist is None:
-        return value
-    import torch
-    t = torch.tensor([1 if value else 0], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+#: Keys of a model-bank source that are not LoadConfig fields.
+BANK_SOURCE_KEYS = ("path", "resume_step", "storage_options")
+_FROM_SAVER = object()  # default of `keep`: the saver's keep policy
 
 
 class CheckpointManager:
@@ -84,40 +55,63 @@ class CheckpointManager:
             saves when any says so.
         keep: a KeepPolicy, an int (max_keep) or None (keep all). Default: the saver's max_keep.
         async_save: snapshot on the step into reused host buffers, write and commit in the background.
-        preemption: True (SIGTERM), or a PreemptionHandler with the signals to handle.
-        shard_id, shard_num: this worker and the number of workers.
+        preemption: True (SIGTERM), or a PreemptionHandler with the signals to handle. A signal that
+            reaches any one rank makes every rank save the same step, then exit as signalled.
+        shard_id, shard_num: this worker and the number of workers. Default, as for `Saver.save`: the
+            rank and world size of the initialised torch.distributed process group, else RANK and
+            WORLD_SIZE, else 0 of 1. Values that disagree with an initialised process group are an
+            error (a silent single-worker save under torchrun would lose every other rank's rows).
         prefix: checkpoint ids are f"{prefix}{global_step}".
         save_rng: save and restore Python/NumPy/torch(/CUDA) RNG state per worker (exact resume).
+        resize_policy: what `restore()` does with per-worker state when the checkpoint was saved by a
+            different number of workers: 'reseed' (default) keeps the global step, drops the saved IO
+            state (reader positions; `restored.io_state_dropped` lists it, with a warning) and seeds
+            every generator from (global step, rank), so a resized run is reproducible; 'error' refuses
+            the restore before anything is loaded.
+
+    Every collective the manager issues runs on recckpt's own gloo groups (never the default group,
+    which may be NCCL), and a step runs one only when an `EveryNSeconds`-like policy or preemption
+    needs it. Construct the manager on every rank, in the same order relative to other managers.
     """
 
     def __init__(self, saver: Saver, save_interval: int | None = None, *,
-                 policies: Iterable[SavePolicy] = (), keep: KeepPolicy | int | None | object = _FROM_SAVER,
+                 policies: Iterable[SaveDecisionPolicy] = (), keep: KeepPolicy | int | None | object = _FROM_SAVER,
                  async_save: bool = False, preemption: bool | PreemptionHandler = False,
-                 shard_id: int = 0, shard_num: int = 1, prefix: str = "ckpt_", save_rng: bool = True):
+                 shard_id: int | None = None, shard_num: int | None = None, prefix: str = "ckpt_",
+                 save_rng: bool = True, resize_policy: str = "reseed"):
         if not isinstance(saver, Saver):
             raise TypeError(f"CheckpointManager needs a recckpt.Saver, got {type(saver).__name__}")
         pols = list(policies)
         if save_interval is not None:
             pols.insert(0, EveryNSteps(save_interval))
-        self.keep = KeepPolicy.coerce(saver.max_keep if keep is _FROM_SAVER else keep)
+        self.keep = saver.keep if keep is _FROM_SAVER else KeepPolicy.coerce(keep)
         if not isinstance(async_save, bool):
             raise ValueError(f"async_save must be a bool, got {async_save!r}")
         self.schedule = SaveSchedule(pols, self.keep, async_save)
         if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z0-9_.-]*", prefix):
             raise ValueError(f"prefix must be letters, digits, '_', '.' or '-', got {prefix!r}")
+        if resize_policy not in ("reseed", "error"):
+            raise ValueError(f"resize_policy must be 'reseed' or 'error', got {resize_policy!r}")
+        self.shard_id, self.shard_num = resolve_shard(shard_id, shard_num, saving=True)
+        check_world(self.shard_id, self.shard_num, "CheckpointManager")
         self.saver, self.async_save, self.prefix = saver, async_save, prefix
-        self.shard_id, self.shard_num = shard_id, shard_num
+        self.resize_policy = resize_policy
         self.global_step = 0
         self.restored_from: str | None = None
+        self.restored: LoadResult | None = None
+        """What the last `restore()` applied (None before one)."""
         self.preempted = False
         self.saves: list[SaveHandle] = []
         """Every save this manager started, oldest first (stall and write times, bytes)."""
+        self._agreement = agreement_for(self.shard_num, saver.options.coordination_timeout_s)
         self._writer = AsyncWriter()
         self._buffers = HostBuffers()
         self._last_save_time = time.monotonic()
         self._last: SaveHandle | None = None
+        self._rng: RNGState | None = None
         if save_rng:
-            saver.register_io_state(RNG_IO_NAME, RNGState())
+            self._rng = RNGState()
+            saver.register_io_state(RNG_IO_NAME, self._rng)
         self._preemption: PreemptionHandler | None = None
         if preemption:
             self._preemption = preemption if isinstance(preemption, PreemptionHandler) else PreemptionHandler()
@@ -138,15 +132,25 @@ class CheckpointManager:
     # ------------------------------------------------------------------------------------- save
     def step(self) -> SaveHandle | None:
         """Count one training step; save `ckpt_<step>` if a policy says so (or a preemption signal
-        arrived). Raises a failure of an earlier background save."""
+        arrived on any rank). Raises a failure of an earlier background save."""
         self._writer.raise_failure()
         self.global_step += 1
-        decision = self.schedule.decide(self.global_step, time.monotonic() - self._last_save_time,
-                                        agree=_rank0_decides)
+        last = self._last.step if self._last is not None else None
+        context = SaveContext(time.monotonic() - self._last_save_time, last, self.shard_num)
+        signal = 0
+        agree = None
+        if self.schedule.needs_agreement or self._preemption is not None:
+            # One collective settles both: rank 0's answer for clock-like policies, and whether any
+            # rank was signalled (with which signal, so that every rank exits the same way).
+            mine = self.schedule.rank0_part(self.global_step, context) if self.schedule.needs_agreement else False
+            requested = self._preemption.requested if self._preemption is not None else None
+            rank0_says, signal = self._agreement.exchange(mine, int(requested or 0))
+            agree = lambda _mine: rank0_says  # noqa: E731
+        decision = self.schedule.decide(self.global_step, context, agree=agree)
         handle = self._save(ephemeral=decision == EPHEMERAL) if decision else None
-        if self._preemption is not None and _any_rank(self._preemption.requested is not None):
+        if signal:
             if self._preemption.requested is None:
-                self._preemption.requested = -1  # another rank was signalled
+                self._preemption.requested = signal  # another rank was signalled
             self._preempt()
         return handle
 
@@ -189,32 +193,34 @@ class CheckpointManager:
         handle = SaveHandle(self.ckpt_id(step), step, ephemeral)
         metadata = {META_STEP: str(step), META_EPHEMERAL: "1" if ephemeral else "0"}
         t0 = time.perf_counter()
+
+        def write(snapshot=None):
+            return self.saver.write(handle.ckpt_id, snapshot, shard_id=self.shard_id, shard_num=self.shard_num,
+                                    metadata=metadata, step=step, keep=self.keep,
+                                    protect=self.restored_from)
+
         if self.async_save:
             self._writer.drain()           # at most one in flight: its buffers are about to be reused
             self._writer.raise_failure()
-            snap = capture_copy(self.saver, self._buffers, self.shard_id)
+            snap = copy_snapshot(self.saver.capture(self.shard_id), self._buffers)
             handle.stall_seconds = time.perf_counter() - t0
 
-            def write():
-                path = self.saver._write(handle.ckpt_id, snap, self.shard_id, self.shard_num,
-                                         metadata=metadata, retention=False, step=step)
-                self._prune(handle.ckpt_id)
-                return path, self._bytes_of_last()
+            def write_async():
+                stats = write(snap)
+                return stats.path, stats.bytes_written
 
-            self._writer.submit(handle, write)
+            self._writer.submit(handle, write_async)
         else:
             try:
-                path = self.saver._write(handle.ckpt_id, None, self.shard_id, self.shard_num,
-                                         metadata=metadata, retention=False, step=step)
-                self._prune(handle.ckpt_id)
+                stats = write()
             except BaseException as e:
                 handle._finish(None, e)
                 if isinstance(e, CommitOutcomeUnknownError):
                     self._last = handle  # rank 0 may commit it yet: see _needs_retry
                 raise
             handle.write_seconds = handle.stall_seconds = time.perf_counter() - t0
-            handle.bytes_written = self._bytes_of_last()
-            handle._finish(path, None)
+            handle.bytes_written = stats.bytes_written
+            handle._finish(stats.path, None)
         self._last_save_time = time.monotonic()
         self._last = handle
         self.saves.append(handle)
@@ -226,47 +232,12 @@ class CheckpointManager:
         again would then fail on this rank alone (the checkpoint exists), so it is looked up first."""
         if last.state != FAILED:
             return False
-        if isinstance(last.error, CommitOutcomeUnknownError) and self.saver._is_committed(last.ckpt_id):
+        if isinstance(last.error, CommitOutcomeUnknownError) and self.saver.is_committed(last.ckpt_id):
             log.warning("recckpt: checkpoint %s, whose outcome this rank did not learn, is committed",
                         self.saver.storage.describe(last.ckpt_id))
             last._finish(self.saver.storage.describe(last.ckpt_id), None)
             return False
         return True
-
-    def _bytes_of_last(self) -> int:
-        s = self.saver.last_save
-        return s.bytes_written if s is not None else 0
-
-    def _prune(self, ckpt_id: str) -> None:
-        """Retention after a commit (only the committing worker): delete what the keep policy allows."""
-        found = self.saver.take_listed_after_commit(ckpt_id)  # this save's own listing, if it committed
-        if self.shard_num > 1 and self.shard_id != 0:
-            return
-        storage = self.saver.storage
-        entries = []
-        for cid, m in (found if found is not None else catalog.committed(storage)):
-            step = m.metadata.get(META_STEP)
-            entries.append(CkptEntry(cid, int(step) if step is not None and step.isdigit() else None,
-                                     m.metadata.get(META_EPHEMERAL) == "1"))
-        doomed = self.keep.doomed(entries, self.restored_from)
-        deleted = []
-        for cid in doomed:
-            log.info("recckpt: deleting %s (%s)", storage.describe(cid), self.keep)
-            try:
-                catalog.delete(storage, cid)
-                deleted.append(cid)
-            except OSError as e:  # a leftover checkpoint costs disk, not correctness
-                log.warning("recckpt: could not delete %s: %s", storage.describe(cid), e)
-        try:
-            if len(deleted) < len(doomed):  # a failed delete may or may not have uncommitted it: look
-                catalog.sync_version_file(storage, self.saver.options.fsync)
-            elif doomed:
-                gone = set(deleted)
-                catalog.write_version_file(storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone],
-                                           self.saver.options.fsync)
-        except OSError as e:  # the save is committed; the version file is advisory and the next save redoes it
-            log.warning("recckpt: checkpoint %s is committed, but rewriting the version file after retention "
-                        "failed: %s", storage.describe(ckpt_id), e)
 
     def _preempt(self) -> None:
         last = self._last
@@ -281,68 +252,99 @@ class CheckpointManager:
     # ---------------------------------------------------------------------------------- restore
     def checkpoints(self) -> list[tuple[str, int | None]]:
         """(ckpt_id, global step) of the committed checkpoints, oldest first."""
-        out = []
-        for cid, m in catalog.committed(self.saver.storage):
-            out.append((cid, self._step_of(cid, m.metadata)))
-        return out
+        return [(cid, self._step_of(cid, m.metadata)) for cid, m in catalog.committed(self.saver.storage)]
 
     def _step_of(self, cid: str, metadata: Mapping[str, str]) -> int | None:
-        s = metadata.get(META_STEP)
-        if s is not None and s.isdigit():
-            return int(s)
-        m = re.fullmatch(re.escape(self.prefix) + r"(\d+)", cid)
-        return int(m.group(1)) if m else None
+        step = parse_step(metadata.get(META_STEP))
+        if step is not None:
+            return step
+        return parse_step(cid[len(self.prefix):]) if cid.startswith(self.prefix) else None
+
+    def _committed_everywhere(self) -> list[list]:
+        """[ckpt_id, step] of the committed checkpoints as rank 0 lists them, on every rank: ranks
+        that listed a shared store a moment apart must still restore the same checkpoint."""
+        listing = None
+        if self._agreement.rank == 0:
+            storage = self.saver.storage
+            listing = ([[cid, self._step_of(cid, m.metadata)] for cid, m in catalog.committed(storage)]
+                       if storage.isdir("") else [])
+        return self._agreement.broadcast0(listing)
 
     def restore(self, global_step: int | None = None, load_conf=None) -> int | None:
         """Load the newest committed checkpoint in output_dir (or the one of `global_step`) into every
-        registered object; returns the restored global step, or None (nothing changed) when output_dir
-        has no committed checkpoint. A newest checkpoint found corrupt is skipped for the next older one
-        (each load replaces the whole state), with a warning. Takes precedence over `load_model_bank`."""
+        registered object, on every rank; returns the restored global step, or None (nothing changed)
+        when output_dir has no committed checkpoint. Every rank restores the same checkpoint: a newest
+        checkpoint found corrupt by any rank is skipped by all for the next older one (each load
+        replaces the whole state), with a warning. A checkpoint saved by another number of workers is
+        resharded; per-worker state follows `resize_policy`. Takes precedence over `load_model_bank`."""
         self.wait()
         storage = self.saver.storage
-        found = catalog.committed(storage) if storage.isdir("") else []
+        found = self._committed_everywhere()
         if global_step is not None:
-            match = [(cid, m) for cid, m in found if self._step_of(cid, m.metadata) == global_step]
+            match = [(cid, step) for cid, step in found if step == global_step]
             if not match:
                 raise CheckpointNotFoundError(
                     f"no committed checkpoint of global step {global_step} in {storage.describe()}; "
-                    f"committed: {[(c, self._step_of(c, m.metadata)) for c, m in found]}")
+                    f"committed: {[tuple(f) for f in found]}")
             candidates = match[-1:]
         else:
-            candidates = list(reversed(found))
+            candidates = [tuple(f) for f in reversed(found)]
         if not candidates:
             log.info("recckpt: %s holds no committed checkpoint; starting fresh", storage.describe())
             return None
-        errors = []
-        for cid, m in candidates:
+        conf = LoadConfig.coerce(load_conf)
+        conf = dataclasses.replace(conf, io_state_on_resize="drop" if self.resize_policy == "reseed" else "error")
+        for i, (cid, step) in enumerate(candidates):
+            error, result = None, None
             try:
-                self.saver.load(ckpt_id=cid, load_conf=load_conf, shard_id=self.shard_id,
-                                shard_num=self.shard_num)
-            except CorruptCheckpointError as e:
-                errors.append(e)
-                if global_step is None and (cid, m) != candidates[-1]:
-                    warnings.warn(f"recckpt: checkpoint {storage.describe(cid)} is corrupt ({e}); trying the "
-                                  f"next older one", stacklevel=2)
-                    continue
-                raise
-            step = self._step_of(cid, m.metadata)
-            if step is None:
-                raise CheckpointNotFoundError(
-                    f"{storage.describe(cid)} was loaded but records no global step (no {META_STEP!r} in its "
-                    f"manifest metadata and its id does not match {self.prefix!r}<step>); it was not written "
-                    f"by a CheckpointManager with this prefix")
-            self.global_step, self.restored_from = step, cid
-            self._last_save_time = time.monotonic()
-            log.info("recckpt: restored %s (global step %d)", storage.describe(cid), step)
-            self._warn_about_newer(found, step)
-            return step
-        raise errors[0]  # pragma: no cover - the loop raises or returns
+                result = self.saver.load(ckpt_id=cid, load_conf=conf, shard_id=self.shard_id,
+                                         shard_num=self.shard_num)
+            except RecckptError as e:
+                error = e
+            # 0: loaded, 1: corrupt here (an older one may do), 2: any other failure (no fallback).
+            code = 0 if error is None else 1 if isinstance(error, CorruptCheckpointError) else 2
+            worst = self._agreement.worst(code)
+            if worst == 0:
+                return self._restored(cid, step, result, found)
+            if worst == 1 and global_step is None and i + 1 < len(candidates):
+                warnings.warn(f"recckpt: checkpoint {storage.describe(cid)} is corrupt "
+                              f"({error if error is not None else 'as another rank found'}); trying the next "
+                              f"older one", stacklevel=2)
+                continue
+            if error is not None:
+                raise error
+            raise CorruptCheckpointError(
+                f"rank {self._agreement.rank}: restoring {storage.describe(cid)} failed on another rank "
+                f"(see its error); this rank loaded it, but a restore must be the same on every rank: "
+                f"fix or remove the checkpoint, or restore an explicit global_step", path=storage.describe(cid))
+        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _restored(self, cid: str, step: int | None, result: LoadResult, found) -> int:
+        storage = self.saver.storage
+        if step is None:
+            raise CheckpointNotFoundError(
+                f"{storage.describe(cid)} was loaded but records no global step (no {META_STEP!r} in its "
+                f"manifest metadata and its id does not match {self.prefix!r}<step>); it was not written "
+                f"by a CheckpointManager with this prefix")
+        self.global_step, self.restored_from, self.restored = step, cid, result
+        if result.io_state_dropped:
+            if self._rng is not None:
+                self._rng.reseed(step, self.shard_id)
+            warnings.warn(
+                f"recckpt: {storage.describe(cid)} was saved by another number of workers than the "
+                f"{self.shard_num} restoring it; per-worker IO state {result.io_state_dropped} was not loaded "
+                f"(readers start from their own positions) and every RNG was seeded from (step {step}, rank "
+                f"{self.shard_id}) (resize_policy='reseed')", stacklevel=3)
+        self._last_save_time = time.monotonic()
+        log.info("recckpt: restored %s (global step %d)", storage.describe(cid), step)
+        self._warn_about_newer(found, step)
+        return step
 
     def _warn_about_newer(self, found, step: int) -> None:
         """A run rewound to an older step (explicitly, or past a corrupt newest checkpoint) will reach
         the newer checkpoints' steps again, and committed checkpoints are never overwritten: say so now,
         not at the first failing save."""
-        newer = [cid for cid, m in found if (s := self._step_of(cid, m.metadata)) is not None and s > step]
+        newer = [cid for cid, s in found if s is not None and s > step]
         if newer:
             warnings.warn(
                 f"recckpt: restored global step {step}, but {self.saver.storage.describe()} also holds newer "
@@ -354,25 +356,48 @@ class CheckpointManager:
         """Warm start from other runs' checkpoints, in order (a later source overrides an earlier one
         for what both provide). Each source: `path` (a checkpoint directory, or an output_dir whose
         newest checkpoint is used) plus LoadConfig keys (`load`, `exclude`, `strict`, `tables`,
-        `rename`, ...). `load` defaults to sparse, sparse_opt and dense. A later `restore()` that finds
-        a checkpoint in this run's output_dir overrides all of it."""
+        `rename`, ...); `load` defaults to sparse, sparse_opt and dense. `resume_step: True` also
+        continues the global step from that source's checkpoint (add "extra" to `load` to take its
+        registered objects too), as a run that starts from another run's checkpoint would.
+
+        When this run's output_dir already holds a committed checkpoint, nothing is read from the bank
+        (a restarted run continues from its own checkpoints: `restore()` takes precedence), and an empty
+        list is returned; the sources are still validated."""
         if isinstance(confs, Mapping) or not isinstance(confs, Sequence):
             raise TypeError(f"load_model_bank takes a list of source dicts, got {type(confs).__name__}")
-        results = []
+        sources = []
         for i, src in enumerate(confs):
             if not isinstance(src, Mapping) or "path" not in src:
                 raise ValueError(f"model bank source #{i} must be a dict with a 'path', got {src!r}")
-            conf = dict(src)
-            path = conf.pop("path")
+            conf = {k: v for k, v in src.items() if k not in BANK_SOURCE_KEYS}
             conf.setdefault("load", list(BANK_DEFAULT_LOAD))
-            lc = LoadConfig.coerce(conf)
-            direct = open_storage(path).exists("manifest.json")
+            resume = src.get("resume_step", False)
+            if not isinstance(resume, bool):
+                raise ValueError(f"model bank source #{i}: resume_step must be a bool, got {resume!r}")
+            sources.append((src["path"], LoadConfig.coerce(conf), resume))
+        if self._committed_everywhere():
+            log.info("recckpt: %s holds committed checkpoints: restore() resumes from them, so the model "
+                     "bank (%d source(s)) is not read", self.saver.storage.describe(), len(sources))
+            return []
+        results = []
+        for i, (path, lc, resume) in enumerate(sources):
             try:
-                results.append(self.saver.load(ckpt_path=path, direct_path=direct, load_conf=lc,
-                                               shard_id=self.shard_id, shard_num=self.shard_num))
+                direct = open_storage(path).exists("manifest.json")
+                res = self.saver.load(ckpt_path=path, direct_path=direct, load_conf=lc,
+                                      shard_id=self.shard_id, shard_num=self.shard_num)
             except RecckptError as e:
                 done = ", ".join(r.path for r in results) or "none"
                 raise type(e)(f"model bank source #{i} ({path}): {e} (sources already applied: {done})") from e
+            results.append(res)
+            if resume:
+                step = self._step_of(res.ckpt_id or "", res.metadata)
+                if step is None:
+                    raise CheckpointNotFoundError(
+                        f"model bank source #{i} ({path}) has resume_step=True, but {res.path} records no "
+                        f"global step (no {META_STEP!r} in its manifest metadata); it was not written by a "
+                        f"CheckpointManager. Sources already applied: {', '.join(r.path for r in results)}")
+                self.global_step = step
+                self._last_save_time = time.monotonic()
         return results
 
 

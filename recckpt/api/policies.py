@@ -1,18 +1,56 @@
-"""When the CheckpointManager saves, and which checkpoints it keeps.
+"""When the CheckpointManager saves, and which checkpoints retention keeps.
 
-Save policies are small frozen dataclasses; a manager saves at a step when any of them says so.
-`SaveSchedule` composes them, rejects combinations that cannot work, and decides per step.
-`KeepPolicy` chooses what retention may delete after a new checkpoint commits; it is a pure function
-of the committed list, so it behaves the same after a restart.
+Save decisions are an open protocol: any object with `should_save(step, context) -> bool` is a save
+policy. The built-ins (`EveryNSteps`, `EveryNSeconds`, `AtSteps`, `EphemeralEveryNSteps`) are small
+frozen dataclasses implementing it, and `AnySavePolicy` composes several. A policy whose answer can
+differ between workers (a clock) sets `rank0_decides = True`: the manager then takes rank 0's answer on
+every rank, through recckpt's coordination group. A policy with `ephemeral = True` asks for checkpoints
+that live only until a newer one commits. `SaveSchedule` validates a combination and decides per step.
+
+`KeepPolicy` is the one implementation of retention (`Saver(max_keep=...)` is a KeepPolicy too): a pure
+function of the committed list, so it behaves the same after a restart.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 EPHEMERAL = "ephemeral"
 PERMANENT = "permanent"
+
+#: Manifest metadata keys that retention and restore read: the global step a checkpoint holds, and
+#: whether it is ephemeral ("1") or regular ("0").
+META_STEP = "recckpt.global_step"
+META_EPHEMERAL = "recckpt.ephemeral"
+
+
+def parse_step(text) -> int | None:
+    """A global step as written in manifest metadata or an id: ASCII digits only (str.isdigit also
+    accepts '²'), at most 18 of them; anything else is no step."""
+    if isinstance(text, str) and 0 < len(text) <= 18 and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
+@dataclass(frozen=True)
+class SaveContext:
+    """What a save policy may look at besides the step."""
+    seconds_since_save: float
+    """Wall-clock seconds since the previous save started (or since the manager started/restored)."""
+    last_saved_step: int | None = None
+    """Global step of the previous save of this run, None before the first."""
+    world: int = 1
+    """Number of workers saving together."""
+
+
+@runtime_checkable
+class SaveDecisionPolicy(Protocol):
+    """A save policy. Optional attributes: `rank0_decides` (bool, default False) and `ephemeral`
+    (bool, default False); see the module docstring."""
+
+    def should_save(self, step: int, context: SaveContext) -> bool:
+        """Whether global step `step` (just completed) is saved."""
 
 
 def _positive_int(owner: str, field: str, v) -> None:
@@ -29,7 +67,7 @@ class EveryNSteps:
     def __post_init__(self):
         _positive_int("EveryNSteps", "n", self.n)
 
-    def wants(self, step: int, seconds_since_save: float) -> bool:
+    def should_save(self, step: int, context: SaveContext) -> bool:
         return step % self.n == 0
 
 
@@ -40,13 +78,15 @@ class EveryNSeconds:
     seconds: float
     """Wall-clock seconds between saves (> 0)."""
 
+    rank0_decides = True  # clocks differ between workers
+
     def __post_init__(self):
         if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
                 or not math.isfinite(self.seconds) or self.seconds <= 0:
             raise ValueError(f"EveryNSeconds.seconds must be a finite number > 0, got {self.seconds!r}")
 
-    def wants(self, step: int, seconds_since_save: float) -> bool:
-        return seconds_since_save >= self.seconds
+    def should_save(self, step: int, context: SaveContext) -> bool:
+        return context.seconds_since_save >= self.seconds
 
 
 @dataclass(frozen=True)
@@ -64,7 +104,7 @@ class AtSteps:
             _positive_int("AtSteps", "steps[...]", s)
         object.__setattr__(self, "steps", steps)
 
-    def wants(self, step: int, seconds_since_save: float) -> bool:
+    def should_save(self, step: int, context: SaveContext) -> bool:
         return step in self.steps
 
 
@@ -76,14 +116,51 @@ class EphemeralEveryNSteps:
     n: int
     """Steps between ephemeral saves; must be below every EveryNSteps interval it is combined with."""
 
+    ephemeral = True
+
     def __post_init__(self):
         _positive_int("EphemeralEveryNSteps", "n", self.n)
 
-    def wants(self, step: int, seconds_since_save: float) -> bool:
+    def should_save(self, step: int, context: SaveContext) -> bool:
         return step % self.n == 0
 
 
-SavePolicy = EveryNSteps | EveryNSeconds | AtSteps | EphemeralEveryNSteps
+def _check_policy(p) -> None:
+    if not callable(getattr(p, "should_save", None)):
+        raise TypeError(f"save policy must have a should_save(step, context) method (EveryNSteps, "
+                        f"EveryNSeconds, AtSteps, EphemeralEveryNSteps, AnySavePolicy or your own), got {p!r}")
+
+
+def rank0_decides(p) -> bool:
+    """Whether `p`'s answer must be rank 0's on every worker."""
+    return bool(getattr(p, "rank0_decides", False))
+
+
+def is_ephemeral(p) -> bool:
+    return bool(getattr(p, "ephemeral", False))
+
+
+@dataclass(frozen=True)
+class AnySavePolicy:
+    """Save when any of `policies` says so."""
+    policies: tuple
+    """The composed policies (any iterable is accepted and frozen)."""
+
+    def __post_init__(self):
+        pols = tuple(self.policies)
+        for p in pols:
+            _check_policy(p)
+        object.__setattr__(self, "policies", pols)
+
+    @property
+    def rank0_decides(self) -> bool:
+        return any(rank0_decides(p) for p in self.policies)
+
+    def should_save(self, step: int, context: SaveContext) -> bool:
+        return any(p.should_save(step, context) for p in self.policies)
+
+
+SavePolicy = SaveDecisionPolicy  # the name the manager's signature uses
 
 
 @dataclass(frozen=True)
@@ -140,47 +217,64 @@ class CkptEntry:
     step: int | None
     ephemeral: bool
 
+    @classmethod
+    def from_metadata(cls, ckpt_id: str, metadata: Mapping[str, str]) -> "CkptEntry":
+        """From a manifest's metadata (a checkpoint written without a manager: no step, regular)."""
+        return cls(ckpt_id, parse_step(metadata.get(META_STEP)), metadata.get(META_EPHEMERAL) == "1")
+
 
 class SaveSchedule:
     """The composition of save policies: validates the combination, then decides per step."""
 
-    def __init__(self, policies: Iterable[SavePolicy], keep: KeepPolicy, async_save: bool = False):
+    def __init__(self, policies: Iterable[SaveDecisionPolicy], keep: KeepPolicy, async_save: bool = False):
         self.policies = tuple(policies)
         for p in self.policies:
-            if not isinstance(p, (EveryNSteps, EveryNSeconds, AtSteps, EphemeralEveryNSteps)):
-                raise TypeError(f"save policy must be EveryNSteps, EveryNSeconds, AtSteps or "
-                                f"EphemeralEveryNSteps, got {p!r}")
+            _check_policy(p)
         if not isinstance(keep, KeepPolicy):
             raise TypeError(f"keep must be a KeepPolicy, got {keep!r}")
         if async_save and keep.max_keep is not None and keep.max_keep < 1:  # KeepPolicy refuses it too
             raise ValueError("async_save=True needs KeepPolicy.max_keep >= 1: the last committed checkpoint "
                              "is the fallback while the next one is written in the background")
-        eph = [p for p in self.policies if isinstance(p, EphemeralEveryNSteps)]
+        eph = [p for p in self.policies if is_ephemeral(p)]
         if len(eph) > 1:
-            raise ValueError(f"at most one EphemeralEveryNSteps policy, got {eph}")
+            raise ValueError(f"at most one ephemeral save policy (EphemeralEveryNSteps), got {eph}")
         regular_n = [p.n for p in self.policies if isinstance(p, EveryNSteps)]
-        if eph and regular_n and eph[0].n >= min(regular_n):
+        eph_n = getattr(eph[0], "n", None) if eph else None
+        if eph_n is not None and regular_n and eph_n >= min(regular_n):
             raise ValueError(
-                f"EphemeralEveryNSteps(n={eph[0].n}) must save more often than EveryNSteps(n={min(regular_n)}): "
+                f"EphemeralEveryNSteps(n={eph_n}) must save more often than EveryNSteps(n={min(regular_n)}): "
                 f"ephemeral saves fill the gaps between regular ones; a larger or equal interval would never "
                 f"add a checkpoint")
         self.keep = keep
-        self.timed = any(isinstance(p, EveryNSeconds) for p in self.policies)
+        regular = [p for p in self.policies if not is_ephemeral(p)]
+        self._local = AnySavePolicy([p for p in regular if not rank0_decides(p)])
+        self._rank0 = AnySavePolicy([p for p in regular if rank0_decides(p)])
+        self._ephemeral = AnySavePolicy(eph)
 
-    def decide(self, step: int, seconds_since_save: float, agree=None) -> str | None:
-        """PERMANENT, EPHEMERAL or None for this step. `agree(bool) -> bool` makes a time-based
-        decision collective (rank 0's answer wins); step-based ones agree by construction."""
-        regular = any(p.wants(step, seconds_since_save) for p in self.policies
-                      if isinstance(p, (EveryNSteps, AtSteps)))
-        if self.timed:
-            timed = any(p.wants(step, seconds_since_save) for p in self.policies if isinstance(p, EveryNSeconds))
-            regular = regular or (agree(timed) if agree is not None else timed)
+    @property
+    def needs_agreement(self) -> bool:
+        """Whether a decision needs rank 0's answer (a collective) at every step."""
+        return bool(self._rank0.policies)
+
+    def rank0_part(self, step: int, context: SaveContext) -> bool:
+        """This worker's answer of the policies whose answer must be rank 0's."""
+        return self._rank0.should_save(step, context)
+
+    def decide(self, step: int, context: SaveContext, agree=None) -> str | None:
+        """PERMANENT, EPHEMERAL or None for this step. `agree(bool) -> bool` turns this worker's
+        answer of the rank-0 policies into rank 0's (a collective); the other policies give the same
+        answer on every worker, so they need none."""
+        regular = self._local.should_save(step, context)
+        if self.needs_agreement:
+            mine = self.rank0_part(step, context)
+            regular = (agree(mine) if agree is not None else mine) or regular
         if regular:
             return PERMANENT
-        if any(p.wants(step, seconds_since_save) for p in self.policies if isinstance(p, EphemeralEveryNSteps)):
+        if self._ephemeral.should_save(step, context):
             return EPHEMERAL
         return None
 
 
-__all__ = ["EveryNSteps", "EveryNSeconds", "AtSteps", "EphemeralEveryNSteps", "KeepPolicy", "CkptEntry",
-           "SaveSchedule", "SavePolicy", "EPHEMERAL", "PERMANENT"]
+__all__ = ["SaveDecisionPolicy", "SaveContext", "AnySavePolicy", "EveryNSteps", "EveryNSeconds", "AtSteps",
+           "EphemeralEveryNSteps", "KeepPolicy", "CkptEntry", "SaveSchedule", "SavePolicy", "EPHEMERAL",
+           "PERMANENT", "META_STEP", "META_EPHEMERAL", "parse_step"]

@@ -7,6 +7,7 @@ differ. Stored as plain integers and tensors, never pickled.
 """
 from __future__ import annotations
 
+import hashlib
 import random
 
 import numpy as np
@@ -44,6 +45,17 @@ class RNGState:
                 raise ValueError(f"RNG state holds {len(cuda)} CUDA generators but this process sees "
                                  f"{torch.cuda.device_count()} devices; resume with the same device layout")
             torch.cuda.set_rng_state_all(cuda)
+
+    @staticmethod
+    def reseed(step: int, rank: int) -> None:
+        """Seed every generator from (global step, rank): what a restore onto another number of workers
+        does instead of loading per-worker state that cannot be split or merged. Deterministic, so a
+        resized run is reproducible, and different per rank, so workers do not draw the same numbers."""
+        seed = int.from_bytes(hashlib.blake2b(f"recckpt-rng/{step}/{rank}".encode(), digest_size=8).digest(),
+                              "little") & ((1 << 63) - 1)
+        random.seed(seed)
+        np.random.seed(seed & 0xFFFFFFFF)
+        torch.manual_seed(seed)   # also seeds every CUDA device's generator
 
 
 __all__ = ["RNGState"]

@@ -13,34 +13,27 @@ import torch
 
 from ..coordination import coordinator_for, resolve_shard
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError, CommitOutcomeUnknownError,
-                      CorruptCheckpointError, RecckptError)
-from ..format import catalog, dtypes, extras as extras_fmt, recovery
+                      ConcurrentCommitError, CorruptCheckpointError, RecckptError)
+from ..format import catalog, dtypes, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.names import validate_ckpt_id
 from ..format.schema import SlotInfo
 from ..format.sparse_io import SparseWriteOptions, TableSource, row_granule
 from ..state.protocol import SparseState, split_sparse_dense_state_dict
 from ..storage import open_storage
+from .load_apply import LoadPlan, LoadResult
 from .load_config import LoadConfig
 from .options import SaveOptions
-from .load_apply import LoadPlan, LoadResult
+from .policies import CkptEntry, KeepPolicy
+from .registry import Registry
+from .snapshot import Snapshot
 
 log = logging.getLogger("recckpt")
 
 
 @dataclass
-class Snapshot:
-    """One worker's part of a save before it is written: sparse tables (anything with `sparse_meta()`
-    and `export_chunks()`), dense tensors, the extras tree and the IO-state tree (None: not written
-    by this worker)."""
-    tables: list
-    dense: dict[str, torch.Tensor] | None
-    extras: Any
-    io_state: Any
-
-
-@dataclass
 class SaveStats:
+    """What a committed save wrote (on the committing worker; the others report their own part)."""
     ckpt_id: str
     path: str
     sparse_rows: int
@@ -63,7 +56,7 @@ class Saver:
             optimizer slots under the 'sparse_opt' category.
         output_dir: a local path or an fsspec URL (e.g. 'memory://run1', 's3://bucket/run1').
         max_keep: keep the newest N committed checkpoints (None: keep all). Counted from what is on disk,
-            applied only after a new checkpoint commits.
+            applied only after a new checkpoint commits; it is `KeepPolicy(max_keep)` (`self.keep`).
         concurrency: writer threads (and shard files per worker) for sparse tables; reader threads on load.
         options: SaveOptions (bucket count, checksum chunk, segment size, fsync).
     """
@@ -80,15 +73,18 @@ class Saver:
         self.sparse_optim = sparse_optim
         self.output_dir = os.fspath(output_dir)
         self.storage = open_storage(self.output_dir)
-        self.max_keep = max_keep
+        self.keep = KeepPolicy(max_keep=max_keep)
+        """Retention after each commit of `save()`; a CheckpointManager passes its own."""
         self.concurrency = concurrency
         self.options = options or SaveOptions()
-        self._extras: dict[str, Any] = {}
-        self._allow_pickle: set[str] = set()
+        self.registry = Registry()
+        """Objects registered by name, and IO-state providers."""
         self._recovered = False  # start-up recovery of output_dir done (first save on worker 0)
-        self._io: dict[str, Any] = {}
         self.last_save: SaveStats | None = None
-        self._listed_after_commit: tuple[str, list] | None = None  # see take_listed_after_commit
+
+    @property
+    def max_keep(self) -> int | None:
+        return self.keep.max_keep
 
     # ------------------------------------------------------------------------------------ registry
     def register_for_checkpointing(self, name: str, obj: Any, *, allow_pickle: bool = False) -> None:
@@ -101,30 +97,15 @@ class Saver:
         loaded only with torch.load(weights_only=True) (register your own classes with
         torch.serialization.add_safe_globals). Off by default: a checkpoint from a stranger must not run
         code, and a load refuses pickled state unless the receiving object also allows it."""
-        self._check_name(name, self._extras, "register_for_checkpointing")
-        if not isinstance(allow_pickle, bool):
-            raise TypeError(f"register_for_checkpointing({name!r}): allow_pickle must be a bool")
-        self._extras[name] = obj
-        if allow_pickle:
-            self._allow_pickle.add(name)
+        self.registry.add_object(name, obj, allow_pickle=allow_pickle)
 
     def register_io_state(self, name: str, obj: Any) -> None:
         """Save `obj.dump_io_state()` per worker under `name`; a load calls `obj.load_io_state(state)`."""
-        self._check_name(name, self._io, "register_io_state")
-        if not (callable(getattr(obj, "dump_io_state", None)) and callable(getattr(obj, "load_io_state", None))):
-            raise TypeError(f"register_io_state({name!r}): {type(obj).__name__} needs dump_io_state() and "
-                            f"load_io_state(state) methods")
-        self._io[name] = obj
+        self.registry.add_io_state(name, obj)
 
     def extra(self, name: str) -> Any:
-        return self._extras[name]
-
-    @staticmethod
-    def _check_name(name, registry, what):
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{what}: name must be a non-empty string, got {name!r}")
-        if name in registry:
-            raise ValueError(f"{what}: {name!r} is already registered")
+        """Registered object `name` (after a load, the loaded value of a plain registered value)."""
+        return self.registry.object(name)
 
     # ---------------------------------------------------------------------------------- listing
     def checkpoints(self) -> list[str]:
@@ -175,16 +156,6 @@ class Saver:
 
         return TableSource(meta.name, slots, meta.num_rows, chunks())
 
-    def _extras_tree(self) -> dict:
-        objects = {}
-        for name, obj in self._extras.items():
-            if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
-                objects[name] = extras_fmt.entry(name, "state_dict", obj.state_dict(), name in self._allow_pickle)
-            else:
-                objects[name] = extras_fmt.entry(name, "value", obj, name in self._allow_pickle)
-        opt = self.sparse_optim.state_dict() if self.sparse_optim is not None else None
-        return {"objects": objects, "sparse_optimizer": opt}
-
     def _state(self):
         sparse, dense = split_sparse_dense_state_dict(self.model.state_dict())
         for k, v in dense.items():
@@ -204,22 +175,27 @@ class Saver:
         shard_id/shard_num default to this process's rank and world size in torch.distributed (every
         rank calls save; see docs/DISTRIBUTED.md), else RANK/WORLD_SIZE, else 0 of 1. `step` (the
         training step) is recorded per worker and decides duplicate ids under duplicates='newest'."""
-        return self._write(ckpt_id, None, shard_id, shard_num, step=step)
+        return self.write(ckpt_id, shard_id=shard_id, shard_num=shard_num, step=step).path
 
-    def _capture(self, shard_id: int = 0) -> Snapshot:
+    def capture(self, shard_id: int = 0) -> Snapshot:
         """What a save of this worker writes, read from the live objects (no copies: the sync path).
-        `recckpt.api.snapshot.capture_copy` makes the same thing from host buffers for async saves."""
+        `recckpt.api.snapshot.copy_snapshot` freezes it into reused host buffers for async saves."""
         sparse, dense = self._state()
-        io_tree = {name: obj.dump_io_state() for name, obj in self._io.items()} if self._io else None
-        return Snapshot(tables=list(sparse.values()), dense=dense if shard_id == 0 else None,
-                        extras=self._extras_tree() if shard_id == 0 else None, io_state=io_tree)
+        first = shard_id == 0
+        return Snapshot(tables=list(sparse.values()), dense=dense if first else None,
+                        extras=self.registry.extras_tree(self.sparse_optim) if first else None,
+                        io_state=self.registry.io_tree())
 
-    def _write(self, ckpt_id: str, snap: "Snapshot | None", shard_id: int | None = None,
-               shard_num: int | None = None, *, metadata: dict[str, str] | None = None,
-               retention: bool = True, step: int | None = None) -> str:
-        """Write `snap` (None: capture the live state now) as checkpoint `ckpt_id` and commit it.
-        `metadata` goes into the manifest; `retention=False` leaves pruning to the caller (the
-        CheckpointManager, which has its own keep policy)."""
+    def write(self, ckpt_id: str, snapshot: Snapshot | None = None, *, shard_id: int | None = None,
+              shard_num: int | None = None, metadata: dict[str, str] | None = None, step: int | None = None,
+              keep: KeepPolicy | None = None, protect: str | None = None) -> SaveStats:
+        """Write `snapshot` (None: capture the live state now) as checkpoint `ckpt_id`, commit it, then
+        apply retention; `save()` with everything spelled out. `metadata` goes into the manifest;
+        `keep` (default `self.keep`) chooses what retention deletes after the commit, never `protect`
+        (e.g. the checkpoint a run restored from) while it is the newest. Returns what was written:
+        on the committing worker the whole checkpoint, on the others their own part."""
+        snap = snapshot
+        keep = self.keep if keep is None else keep
         validate_ckpt_id(ckpt_id)
         if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
             raise ValueError(f"save: step must be an integer (the training step) or None, got {step!r}")
@@ -227,6 +203,7 @@ class Saver:
         t0 = time.perf_counter()
         coord = coordinator_for(shard_id, shard_num, self.options.coordination_timeout_s)
         key = (self.storage.describe(), ckpt_id)
+        stats = None
         if self.storage.exists(ckpt_id):
             raise CheckpointExistsError(
                 f"checkpoint {self.storage.describe(ckpt_id)} already exists; committed checkpoints are never "
@@ -240,7 +217,7 @@ class Saver:
             if shard_id == 0 and not self._recovered:
                 self._recover(coord, stage)
             if snap is None:
-                snap = self._capture(shard_id)
+                snap = self.capture(shard_id)
             tables = [self._table_source(t) for t in snap.tables]
             part = write_worker_part(
                 self.storage, stage, shard_id, tables=tables,
@@ -252,17 +229,23 @@ class Saver:
             if parts is not None:
                 manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
                                     opts=self._write_options(), metadata=metadata)
-                self._after_commit(ckpt_id, retention)
+                self._after_commit(ckpt_id, keep, protect)
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),
                                            sum(f.size for f in manifest.files.values()) + sum(
                                                f["size"] for p in parts for f in p["index"]["files"]),
                                            time.perf_counter() - t0)
+                stats = self.last_save
+            else:
+                stats = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
+                                  sum(int(t.get("rows", 0)) for t in part.tables.values()),
+                                  sum(size for size, _ in part.files.values()) + sum(
+                                      f["size"] for f in part.index["files"]), time.perf_counter() - t0)
             coord.end(key, None)   # other ranks learn the outcome (and raise if it was not committed)
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
             if handed_over:
-                return self._failed_after_handover(ckpt_id, e)
+                return self._failed_after_handover(ckpt_id, e, t0)
             try:
                 if self.storage.exists(stage):
                     self.storage.remove_tree(stage)
@@ -271,7 +254,14 @@ class Saver:
             if isinstance(e, (RecckptError, KeyboardInterrupt)) and not isinstance(e, CorruptCheckpointError):
                 raise
             hint = _os_error_hint(e)
-            if manifest is None and self._is_committed(ckpt_id):
+            if manifest is None and _lost_commit_race(e) and self.is_committed(ckpt_id):
+                raise ConcurrentCommitError(
+                    f"checkpoint {self.storage.describe(ckpt_id)} was committed by another writer while this "
+                    f"save was writing it ({type(e).__name__}: {e}). This save's data was discarded; the "
+                    f"checkpoint on disk is the other writer's, complete and loadable. Two jobs (or ranks that "
+                    f"each think they are alone) are saving into one output_dir under the same ids: give each "
+                    f"job its own output_dir, or run every rank in one process group.") from e
+            if manifest is None and self.is_committed(ckpt_id):
                 # The commit (rename) happened and a step right after it (fsync of output_dir) failed.
                 raise CheckpointSaveError(
                     f"checkpoint {self.storage.describe(ckpt_id)} was committed, but making the commit durable "
@@ -279,17 +269,18 @@ class Saver:
                     f"loses power now.{hint}") from e
             try:
                 # Stores without atomic rename move the data to <ckpt_id>/ before writing the manifest; that
-                # directory did not exist when this save started (checked above), so it is this save's.
-                if manifest is None and self.storage.exists(ckpt_id):
+                # directory did not exist when this save started (checked above), so it is this save's,
+                # unless another writer got there first (then it is theirs, and never removed).
+                if manifest is None and not _lost_commit_race(e) and self.storage.exists(ckpt_id):
                     self.storage.remove_tree(ckpt_id)
             except OSError:
                 pass  # start-up recovery of the next Saver removes it
             raise CheckpointSaveError(
                 f"saving checkpoint {ckpt_id!r} to {self.storage.describe()} failed: {type(e).__name__}: {e}. "
                 f"Nothing was committed and earlier checkpoints are intact.{hint}") from e
-        return self.storage.describe(ckpt_id)
+        return stats
 
-    def _failed_after_handover(self, ckpt_id: str, e: BaseException) -> str:
+    def _failed_after_handover(self, ckpt_id: str, e: BaseException, t0: float) -> SaveStats:
         """Error handling of a worker whose part the committing worker already holds. The staging
         directory is left alone: the committer may still be committing from it, and a removal racing
         its rename could commit a checkpoint with files missing (the committer or start-up recovery
@@ -299,16 +290,17 @@ class Saver:
                 raise e
             raise CheckpointSaveError(f"saving checkpoint {ckpt_id!r} to {self.storage.describe()} failed after "
                                       f"this worker handed its part over: {type(e).__name__}: {e}") from e
-        if self._is_committed(ckpt_id):
+        if self.is_committed(ckpt_id):
             warnings.warn(f"{e}; but checkpoint {self.storage.describe(ckpt_id)} is committed, so this save "
                           f"succeeded", stacklevel=4)
-            return self.storage.describe(ckpt_id)
+            return SaveStats(ckpt_id, self.storage.describe(ckpt_id), 0, 0, time.perf_counter() - t0)
         raise CommitOutcomeUnknownError(
             f"{e}. Checkpoint {self.storage.describe(ckpt_id)} is not committed as seen from this worker, but "
             f"rank 0 may still commit it (or may have failed); the checkpoint will be complete or absent, "
             f"never partial: list the checkpoints later to find out. Earlier checkpoints are intact.") from e
 
-    def _is_committed(self, ckpt_id: str) -> bool:
+    def is_committed(self, ckpt_id: str) -> bool:
+        """Whether checkpoint `ckpt_id` is committed in output_dir (its manifest exists and verifies)."""
         try:
             catalog.read_manifest(self.storage, ckpt_id)
             return True
@@ -324,38 +316,31 @@ class Saver:
         recovery.recover(self.storage, keep, self.options.fsync)
         self._recovered = True
 
-    def _after_commit(self, ckpt_id: str, retention: bool = True) -> None:
-        """Version file and retention. The checkpoint is committed already; these are housekeeping that the
-        next save (or start-up recovery) redoes, so a failure here is a warning, not a failed save."""
-        self._listed_after_commit = None
+    def _after_commit(self, ckpt_id: str, keep: KeepPolicy, protect: str | None) -> None:
+        """Version file and retention, from one listing. The checkpoint is committed already; these are
+        housekeeping that the next save (or start-up recovery) redoes, so a failure here is a warning,
+        not a failed save. The version file stops listing what retention deletes before the deletes,
+        so a crash in between never leaves it naming a deleted checkpoint."""
         try:
-            found = catalog.committed(self.storage)
-            ids = [i for i, _ in found]
-            catalog.write_version_file(self.storage, ids, self.options.fsync)
-            if retention:
-                self._apply_retention(ids, ckpt_id)
-            else:  # the caller's retention runs next and would read every manifest again
-                self._listed_after_commit = (ckpt_id, found)
+            entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in catalog.committed(self.storage)]
+            doomed = [d for d in keep.doomed(entries, protect) if d != ckpt_id]
+            gone = set(doomed)
+            catalog.write_version_file(self.storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone],
+                                       self.options.fsync)
+            failed = None
+            for cid in doomed:
+                log.info("recckpt: deleting %s (%s)", self.storage.describe(cid), keep)
+                try:
+                    catalog.delete(self.storage, cid)
+                except OSError as e:  # a leftover checkpoint costs disk, not correctness; the next save retries
+                    failed = failed or e
+            if failed is not None:
+                raise failed
         except OSError as e:
             msg = (f"checkpoint {self.storage.describe(ckpt_id)} is committed, but updating the version file or "
                    f"deleting old checkpoints failed: {type(e).__name__}: {e}. The next save retries.{_os_error_hint(e)}")
             log.warning("recckpt: %s", msg)
             warnings.warn(msg, stacklevel=3)
-
-    def take_listed_after_commit(self, ckpt_id: str) -> "list[tuple[str, Any]] | None":
-        """The committed checkpoints (id, manifest), as listed right after this Saver committed
-        `ckpt_id` with `retention=False`; None if it did not (then the caller lists them itself)."""
-        listed, self._listed_after_commit = self._listed_after_commit, None
-        return listed[1] if listed is not None and listed[0] == ckpt_id else None
-
-    def _apply_retention(self, ids: list[str], newest: str) -> None:
-        if self.max_keep is None or len(ids) <= self.max_keep:
-            return
-        doomed = [i for i in ids[:-self.max_keep] if i != newest]
-        for i in doomed:
-            log.info("recckpt: deleting %s (max_keep=%d)", self.storage.describe(i), self.max_keep)
-            catalog.delete(self.storage, i)
-        catalog.write_version_file(self.storage, [i for i in ids if i not in set(doomed)], self.options.fsync)
 
     # ------------------------------------------------------------------------------------- load
     def load_by_config(self, config: Mapping[str, Any]) -> LoadResult:
@@ -416,12 +401,23 @@ class Saver:
         storage, ckpt_dir, resolved_id = self._resolve(ckpt_path, ckpt_id, direct_path)
         reader = CheckpointReader(storage, ckpt_dir, threads=self.concurrency)
         result = LoadResult(reader.describe(), resolved_id)
-        plan = LoadPlan(self, reader, conf, result)
+        result.metadata = dict(reader.manifest.metadata)
+        plan = LoadPlan(self.model, self.sparse_optim, self.registry, reader, conf, result)
         plan.prepare(shard_id, world)
         plan.apply(shard_id, world)
         result.bytes_read = reader.segments.bytes_read if reader.manifest.index else 0
         result.seconds = time.perf_counter() - t0
         return result
+
+
+def _lost_commit_race(e: BaseException) -> bool:
+    """Whether `e` says the commit's target already existed: another writer committed the id first."""
+    import errno
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _os_error_hint(e: BaseException) -> str:

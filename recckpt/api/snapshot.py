@@ -8,14 +8,25 @@ headroom) only when a table grows; at most one save is in flight, so one set suf
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from ..errors import CheckpointSaveError
 from ..state.protocol import SparseTableMeta
-from .saver import Saver, Snapshot
+
+@dataclass
+class Snapshot:
+    """One worker's part of a save before it is written: sparse tables (anything with `sparse_meta()`
+    and `export_chunks()`), dense tensors, the extras tree and the IO-state tree (None: not written
+    by this worker). `Saver.capture` takes one from the live objects; `copy_snapshot` freezes it."""
+    tables: list
+    dense: dict[str, torch.Tensor] | None
+    extras: Any
+    io_state: Any
+
 
 _HEADROOM = 1.25  # a table that grows a little between saves does not reallocate every time
 
@@ -109,9 +120,8 @@ def _freeze(obj, bufs: HostBuffers, path: tuple):
     return obj
 
 
-def capture_copy(saver: Saver, bufs: HostBuffers, shard_id: int = 0) -> Snapshot:
-    """`saver._capture(shard_id)` with every part copied into `bufs`."""
-    live = saver._capture(shard_id)
+def copy_snapshot(live: Snapshot, bufs: HostBuffers) -> Snapshot:
+    """`live` (from `Saver.capture`) with every part copied into `bufs`, so training may go on."""
     return Snapshot(
         tables=[_copy_table(t, bufs) for t in live.tables],
         dense=None if live.dense is None else {k: _freeze(v, bufs, ("dense", k)) for k, v in live.dense.items()},
@@ -119,4 +129,4 @@ def capture_copy(saver: Saver, bufs: HostBuffers, shard_id: int = 0) -> Snapshot
         io_state=_freeze(live.io_state, bufs, ("io",)))
 
 
-__all__ = ["HostBuffers", "SnapshotTable", "capture_copy"]
+__all__ = ["Snapshot", "HostBuffers", "SnapshotTable", "copy_snapshot"]

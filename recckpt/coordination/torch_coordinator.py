@@ -1,7 +1,7 @@
 """Coordinating one save across the ranks of a torch.distributed job.
 
-Everything travels on a dedicated gloo group (created once per timeout value, so it works beside NCCL
-training and never queues behind training collectives), as JSON in uint8 tensors (no pickle):
+Everything travels on recckpt's gloo group for saves (groups.py: it works beside NCCL training and
+never queues behind training collectives), as JSON in uint8 tensors (no pickle):
 
     begin  : all-gather (ckpt id, candidate nonce)  → every rank checks the ids agree, takes rank 0's nonce
     submit : gather of each rank's part *or its error* to rank 0
@@ -16,8 +16,6 @@ messages that would otherwise be read by the next save).
 """
 from __future__ import annotations
 
-import atexit
-
 import json
 import uuid
 from datetime import timedelta
@@ -26,41 +24,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CheckpointSaveError, CommitOutcomeUnknownError
+from . import groups
 from .coordinator import Coordinator
-
-# timeout_s → (the default group it was built under, the gloo group). Tied to the default group so a
-# job that destroys and re-creates its process group never reuses a destroyed group.
-_groups: dict[float, tuple[object, object]] = {}
-
-
-@atexit.register
-def _release_groups() -> None:
-    # Drop our references while the interpreter is intact: if a user's destroy_process_group() left us
-    # the last one, the group's C++ destructor would otherwise run during interpreter teardown, where
-    # gloo's threads have been seen to abort the process ("terminate called without an active exception").
-    _groups.clear()
-
-
-# Building a group is a rendezvous of every rank; ranks reach their first save at quite different
-# times (model construction, data loading), so it gets at least this long. Each operation on the group
-# is bounded by the coordination timeout itself (Work.wait), not by the group's timeout.
-RENDEZVOUS_MIN_S = 120.0
-
-
-def _group(timeout_s: float):
-    world = dist.group.WORLD
-    world_then, g = _groups.get(timeout_s, (None, None))
-    if g is None or world_then is not world:
-        # new_group is itself collective: every rank reaches it in the same save, in the same order.
-        g = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_MIN_S)))
-        _groups[timeout_s] = (world, g)
-    return g
-
-
-def _drop_group(timeout_s: float) -> None:
-    # Forget it, do not destroy it: destroying waits for the timed-out operation, i.e. for the rank
-    # that stopped responding. Its threads end at the group's own timeout.
-    _groups.pop(timeout_s, None)
 
 
 def _encode(obj) -> torch.Tensor:
@@ -90,7 +55,7 @@ class TorchCoordinator(Coordinator):
             raise
         except Exception as e:
             self._phase[key] = "done"
-            _drop_group(self.timeout_s)
+            groups.drop_group(groups.SAVE, self.timeout_s)
             raise error(
                 f"rank {self.rank}: coordination of checkpoint {key[1]!r} failed during {what} "
                 f"(timeout {self.timeout_s:g}s; another rank failed or stopped responding): "
@@ -136,7 +101,7 @@ class TorchCoordinator(Coordinator):
         mine = {"ckpt_id": key[1], "nonce": uuid.uuid4().hex[:12]}
 
         def start():
-            self.group = _group(self.timeout_s)
+            self.group = groups.group(groups.SAVE, self.timeout_s)
             return self._all_gather(mine)
         got = self._collective(key, "begin", start)
         ids = {g["ckpt_id"] for g in got}

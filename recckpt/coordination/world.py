@@ -49,3 +49,14 @@ def resolve_shard(shard_id: int | None, shard_num: int | None, *, saving: bool =
     if num < 1 or not 0 <= sid < num:
         raise ValueError(f"shard_id={sid} is not in [0, shard_num={num})")
     return sid, num
+
+
+def check_world(shard_id: int, shard_num: int, who: str) -> None:
+    """Refuse a view of the world that disagrees with an initialised process group: under torchrun,
+    every rank saving as "worker 0 of 1" would race to commit one id and keep one rank's rows."""
+    pg = process_group_world()
+    if pg is not None and (shard_id, shard_num) != pg:
+        raise ValueError(
+            f"{who}: shard_id={shard_id}, shard_num={shard_num} disagree with the initialised "
+            f"torch.distributed process group (rank {pg[0]} of {pg[1]}); leave shard_id/shard_num unset to "
+            f"take them from the process group, or pass the rank and world size")

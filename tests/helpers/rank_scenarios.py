@@ -19,13 +19,13 @@ OPTS = SaveOptions(chunk_bytes=16 << 10, fsync=False, coordination_timeout_s=60)
 def save_sharded(rank, world, out, ckpt_id, n_ids):
     """Every rank saves the ids it owns; dense values differ per rank so a test can tell whose copy
     of the replicated dense state was written."""
-    from recckpt.coordination import torch_coordinator
+    from recckpt.coordination import groups as coordination_groups
     t = owned_table(rank, world, all_ids(n_ids))
     s = Saver(Holder(t, dense_value=float(rank)), output_dir=out, options=OPTS, max_keep=None)
     s.register_io_state("reader", Reader(pos=100 * rank))
     s.register_for_checkpointing("note", {"world": world})
     path = s.save(ckpt_id, step=7)      # shard_id / shard_num from the process group
-    groups = [g for _, g in torch_coordinator._groups.values()]
+    groups = list(coordination_groups.built().values())
     return {"path": path, "rows": int(t.ids.numel()), "committed": s.checkpoints(),
             "dedicated_group": len(groups) == 1 and groups[0] is not dist.group.WORLD
                                and dist.get_backend(groups[0]) == "gloo"}
@@ -158,3 +158,42 @@ def save_duplicates(rank, world, out):
     s.save("dup", step=10 + rank)       # rank 1 saved at the newer step
     s.save("dup_tie", step=3)
     return True
+
+
+def manager_world(rank, world, out):
+    """CheckpointManager under a process group: defaults follow the group, disagreeing values are refused,
+    and a restore that one rank finds corrupt is skipped by every rank."""
+    from recckpt import CheckpointManager
+    got = {}
+    saver = Saver(Holder(owned_table(rank, world, all_ids(500))), output_dir=out, options=OPTS, max_keep=None)
+    mgr = CheckpointManager(saver, 1, save_rng=False)
+    got["default"] = [mgr.shard_id, mgr.shard_num]
+    try:
+        CheckpointManager(Saver(Holder(owned_table(rank, world, all_ids(10))), output_dir=out), 1,
+                          shard_id=0, shard_num=1, save_rng=False)
+        got["explicit_single"] = "accepted"
+    except ValueError as e:
+        got["explicit_single"] = str(e)
+    mgr.step()                      # ckpt_1
+    mgr.step()                      # ckpt_2
+    if rank == world - 1:           # this rank's share of ckpt_2 is damaged; rank 0 reads fine
+        import glob
+        import os
+        shard = sorted(p for p in glob.glob(os.path.join(out, "ckpt_2", "sparse", "*")) if not p.endswith(".json"))[-1]
+        with open(shard, "r+b") as f:
+            data = bytearray(f.read())
+            for i in range(len(data) // 3, len(data) - 64, 97):   # many flips: whatever range this rank reads
+                data[i] ^= 0xFF
+            f.seek(0)
+            f.write(data)
+    fresh = CheckpointManager(Saver(Holder(owned_table(rank, world, all_ids(5), salt=9.0)), output_dir=out,
+                                    options=OPTS), 1, save_rng=False)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            got["restored"] = fresh.restore()
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            got["restored"] = f"{type(e).__name__}: {e}"
+    got["warnings"] = [str(w.message) for w in caught]
+    return got

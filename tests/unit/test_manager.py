@@ -105,10 +105,15 @@ def test_a_version_file_failure_after_retention_does_not_fail_the_committed_save
     def broken(*a, **kw):
         raise OSError(28, "No space left on device")
 
+    real = catalog.write_version_file
     monkeypatch.setattr(catalog, "write_version_file", broken)
     with pytest.warns(UserWarning, match="version file"):
-        train(job, 1)       # ckpt_2 commits, retention deletes ckpt_1, both version-file writes fail
-    assert job[4].saves[-1].durable and job[4].saver.checkpoints() == ["ckpt_2"]
+        train(job, 1)       # ckpt_2 commits; the version file is rewritten before any delete, and fails
+    # so retention deleted nothing: a crash now could not leave the version file naming a deleted one
+    assert job[4].saves[-1].durable and job[4].saver.checkpoints() == ["ckpt_1", "ckpt_2"]
+    monkeypatch.setattr(catalog, "write_version_file", real)
+    train(job, 1)           # the next save's retention catches up
+    assert job[4].saver.checkpoints() == ["ckpt_3"] and committed(tmp_path) == ["ckpt_3"]
 
 
 def test_manager_validates_combinations(tmp_path):
@@ -123,11 +128,11 @@ def test_manager_validates_combinations(tmp_path):
 
 # --------------------------------------------------------------------------------------------- async
 class SlowWrite:
-    """Wraps saver._write: the background write waits until released, so the test controls timing."""
+    """Wraps saver.write: the background write waits until released, so the test controls timing."""
 
     def __init__(self, saver):
-        self.saver, self.inner, self.release = saver, saver._write, threading.Event()
-        saver._write = self
+        self.saver, self.inner, self.release = saver, saver.write, threading.Event()
+        saver.write = self
 
     def __call__(self, *a, **kw):
         assert self.release.wait(30)
@@ -233,7 +238,7 @@ def test_a_save_whose_outcome_was_lost_is_looked_up_before_saving_the_step_again
     model, sopt, dopt, reader, mgr = job
     train_step(model, sopt, dopt, reader)
     mgr.step()
-    real, calls = mgr.saver._write, []
+    real, calls = mgr.saver.write, []
 
     def lost_outcome(ckpt_id, *a, **kw):
         calls.append(ckpt_id)
@@ -244,7 +249,7 @@ def test_a_save_whose_outcome_was_lost_is_looked_up_before_saving_the_step_again
         raise CommitOutcomeUnknownError(f"rank 1: coordination of checkpoint {ckpt_id!r} failed during "
                                         f"waiting for the outcome")
 
-    monkeypatch.setattr(mgr.saver, "_write", lost_outcome)
+    monkeypatch.setattr(mgr.saver, "write", lost_outcome)
     with pytest.raises(CommitOutcomeUnknownError, match="ckpt_1") as info:
         mgr.save()
         mgr.wait()
@@ -336,8 +341,46 @@ def test_model_bank_applies_in_order_and_restore_takes_precedence(tmp_path):
     assert_tables_equal(job[0].user, again[0].user)
     with pytest.raises(ValueError, match="'path'"):
         again[4].load_model_bank([{"load": ["sparse"]}])
+    # A restarted run never reads the bank: a source that is gone by now cannot fail the restart.
+    assert again[4].load_model_bank([{"path": str(tmp_path / "nope")}]) == []
     with pytest.raises(CheckpointNotFoundError, match="model bank source #0"):
-        again[4].load_model_bank([{"path": str(tmp_path / "nope")}])
+        make_job(tmp_path / "fresh")[4].load_model_bank([{"path": str(tmp_path / "nope")}])
+
+
+def test_model_bank_sources_are_not_read_when_output_dir_has_a_checkpoint(tmp_path, monkeypatch):
+    bank, out = tmp_path / "bank", tmp_path / "run"
+    jb = make_job(bank, seed=1)
+    train(jb, 3)
+    jb[4].save()
+    job = make_job(out, interval=2)
+    train(job, 2)
+    job[4].wait()
+    again = make_job(out, interval=2)
+    loads = []
+    real = again[4].saver.load
+    monkeypatch.setattr(again[4].saver, "load", lambda *a, **kw: loads.append(kw) or real(*a, **kw))
+    assert again[4].load_model_bank([{"path": str(bank), "resume_step": True}]) == []
+    assert loads == [] and again[4].global_step == 0
+    assert again[4].restore() == 2 and len(loads) == 1
+
+
+def test_model_bank_resume_step_continues_the_step_count(tmp_path):
+    bank, out = tmp_path / "bank", tmp_path / "run"
+    jb = make_job(bank, seed=1, interval=7)
+    train(jb, 7)
+    jb[4].wait()
+    saved_w = jb[0].mlp[0].weight.detach().clone()
+    jb[0].mlp[0].weight.data.fill_(0.25)          # changed after the save: must not be what loads
+    job = make_job(out, interval=5)
+    res = job[4].load_model_bank([{"path": str(bank), "resume_step": True, "load": ["sparse", "dense", "extra"]}])
+    assert [r.ckpt_id for r in res] == ["ckpt_7"] and job[4].global_step == 7
+    assert_tables_equal(jb[0].user, job[0].user, slots=["embedding"])   # sparse_opt was not asked for
+    assert torch.equal(job[0].mlp[0].weight, saved_w)
+    train(job, 3)                                   # steps 8..10: saves ckpt_10 into the new output_dir
+    job[4].wait()
+    assert committed(out) == ["ckpt_10"]
+    with pytest.raises(ValueError, match="resume_step must be a bool"):
+        make_job(tmp_path / "x")[4].load_model_bank([{"path": str(bank), "resume_step": "yes"}])
 
 
 # ---------------------------------------------------------------------------------- exact resume

@@ -180,7 +180,7 @@ def test_saved_segments_are_whole_granules_and_slot_columns_aligned(tmp_path):
 def _strip_to_v1(ckpt):
     """Rewrite a version-2 checkpoint as version 1 (no padding), the layout older recckpt wrote. Only
     index.json is rewritten (what a load reads); the per-worker indexes keep the old offsets."""
-    from hostile import read_json, write_json
+    from helpers.hostile import read_json, write_json
     idx = read_json(str(ckpt), "index.json")
     blocks = {}
     for t in idx["tables"].values():
@@ -221,7 +221,7 @@ def test_version_1_checkpoints_still_load_with_and_without_mmap(tmp_path, monkey
 
 
 def test_misaligned_version_2_column_is_refused(tmp_path):
-    from hostile import read_json, write_json
+    from helpers.hostile import read_json, write_json
     ckpt = save(tmp_path, filled("t", 500, dim=16))
     idx = read_json(str(ckpt), "index.json")
     idx["tables"]["t"]["segments"][0]["columns"][1]["offset"] -= 8

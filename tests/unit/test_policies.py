@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import pytest
 
-from recckpt import AtSteps, EphemeralEveryNSteps, EveryNSeconds, EveryNSteps, KeepPolicy
-from recckpt.api.policies import EPHEMERAL, PERMANENT, CkptEntry, SaveSchedule
+from dataclasses import dataclass
+
+from recckpt import AnySavePolicy, AtSteps, EphemeralEveryNSteps, EveryNSeconds, EveryNSteps, KeepPolicy
+from recckpt.api.policies import EPHEMERAL, PERMANENT, CkptEntry, SaveContext, SaveSchedule
+
+
+def ctx(seconds=0.0):
+    return SaveContext(seconds_since_save=seconds)
 
 
 def decisions(schedule, steps, seconds=0.0, agree=None):
-    return {s: d for s in range(1, steps + 1) if (d := schedule.decide(s, seconds, agree)) is not None}
+    return {s: d for s in range(1, steps + 1) if (d := schedule.decide(s, ctx(seconds), agree)) is not None}
 
 
 def test_every_n_steps_and_fixed_steps_compose():
@@ -27,14 +33,16 @@ def test_ephemeral_fills_the_gaps_and_regular_wins_on_shared_steps():
 
 def test_time_policy_uses_elapsed_seconds_and_rank0_agreement():
     s = SaveSchedule([EveryNSeconds(5.0)], KeepPolicy())
-    assert s.decide(1, 4.9) is None
-    assert s.decide(2, 5.0) == PERMANENT
+    assert s.needs_agreement
+    assert s.decide(1, ctx(4.9)) is None
+    assert s.decide(2, ctx(5.0)) == PERMANENT
     # rank 0 said no: a worker whose own clock says yes must not save (and vice versa)
-    assert s.decide(3, 9.0, agree=lambda mine: False) is None
-    assert s.decide(4, 0.0, agree=lambda mine: True) == PERMANENT
+    assert s.decide(3, ctx(9.0), agree=lambda mine: False) is None
+    assert s.decide(4, ctx(0.0), agree=lambda mine: True) == PERMANENT
     seen = []
-    SaveSchedule([EveryNSteps(2)], KeepPolicy()).decide(2, 0.0, agree=lambda m: seen.append(m) or m)
-    assert seen == []  # step-based policies need no collective
+    step_based = SaveSchedule([EveryNSteps(2)], KeepPolicy())
+    step_based.decide(2, ctx(), agree=lambda m: seen.append(m) or m)
+    assert seen == [] and not step_based.needs_agreement  # step-based policies need no collective
 
 
 @pytest.mark.parametrize("make,match", [
@@ -51,7 +59,8 @@ def test_time_policy_uses_elapsed_seconds_and_rank0_agreement():
     (lambda: SaveSchedule([EveryNSteps(10), EveryNSteps(4), EphemeralEveryNSteps(5)], KeepPolicy()),
      "more often"),
     (lambda: SaveSchedule([EphemeralEveryNSteps(2), EphemeralEveryNSteps(3)], KeepPolicy()), "at most one"),
-    (lambda: SaveSchedule(["every 10"], KeepPolicy()), "save policy must be"),
+    (lambda: SaveSchedule(["every 10"], KeepPolicy()), "should_save"),
+    (lambda: AnySavePolicy([EveryNSteps(3), 7]), "should_save"),
 ])
 def test_invalid_policies_fail_at_construction_with_the_reason(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -84,3 +93,52 @@ def test_newest_and_restore_point_survive():
     # the restore point goes only once something newer is committed
     assert KeepPolicy(max_keep=1).doomed(entries + [E("c20", 20)], restored_from="e12") == ["c10", "e12"]
     assert KeepPolicy(max_keep=1).doomed([E("x", None)]) == []
+
+
+# ------------------------------------------------------------------------------- the open protocol
+@dataclass(frozen=True)
+class OnLossSpike:
+    """A user's own policy: nothing in recckpt knows it."""
+    losses: dict
+
+    def should_save(self, step, context):
+        return self.losses.get(step, 0.0) > 2.0
+
+
+@dataclass(frozen=True)
+class EveryNSecondsByRank0:
+    seconds: float
+    rank0_decides = True
+
+    def should_save(self, step, context):
+        return context.seconds_since_save >= self.seconds
+
+
+def test_a_users_own_policy_needs_no_change_inside_recckpt():
+    s = SaveSchedule([EveryNSteps(10), OnLossSpike({3: 5.0, 4: 0.1, 17: 3.0})], KeepPolicy())
+    assert set(decisions(s, 20)) == {3, 10, 17, 20}
+    assert not s.needs_agreement
+
+
+def test_a_users_clock_policy_is_decided_by_rank0():
+    s = SaveSchedule([EveryNSecondsByRank0(1.0)], KeepPolicy())
+    assert s.needs_agreement
+    assert s.decide(1, ctx(5.0), agree=lambda mine: False) is None     # rank 0's clock wins
+    assert s.decide(2, ctx(0.0), agree=lambda mine: True) == PERMANENT
+
+
+def test_any_save_policy_composes_and_carries_rank0_decides():
+    any_ = AnySavePolicy([AtSteps([2]), EveryNSteps(5)])
+    assert [s for s in range(1, 11) if any_.should_save(s, ctx())] == [2, 5, 10]
+    assert not any_.rank0_decides and AnySavePolicy([EveryNSeconds(1), AtSteps([1])]).rank0_decides
+    nested = SaveSchedule([AnySavePolicy([AtSteps([3]), EveryNSeconds(100)])], KeepPolicy())
+    assert nested.needs_agreement
+    assert nested.decide(3, ctx(), agree=lambda mine: mine) == PERMANENT
+    assert nested.decide(4, ctx(200.0), agree=lambda mine: False) is None
+
+
+def test_keep_entries_come_from_manifest_metadata():
+    assert CkptEntry.from_metadata("c", {"recckpt.global_step": "12", "recckpt.ephemeral": "1"}) == \
+        CkptEntry("c", 12, True)
+    assert CkptEntry.from_metadata("x", {}) == CkptEntry("x", None, False)
+    assert CkptEntry.from_metadata("y", {"recckpt.global_step": "²"}) == CkptEntry("y", None, False)

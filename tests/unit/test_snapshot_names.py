@@ -2,7 +2,7 @@
 import torch
 
 from recckpt import Saver, SaveOptions
-from recckpt.api.snapshot import HostBuffers, capture_copy
+from recckpt.api.snapshot import HostBuffers, copy_snapshot
 from recckpt.state.protocol import SlotSpec
 from helpers.tables import DictTable, assert_tables_equal
 
@@ -21,7 +21,7 @@ def test_a_slot_named_ids_does_not_share_the_id_buffer(tmp_path):
     ids = torch.arange(1000, 1100)
     t.set_rows(ids, {"embedding": torch.randn(100, 2), "ids": torch.full((100,), 7, dtype=torch.int32)})
     saver = Saver(Holder(t), output_dir=tmp_path, options=OPTS)
-    saver._write("c", capture_copy(saver, HostBuffers()))
+    saver.write("c", copy_snapshot(saver.capture(), HostBuffers()))
     back = DictTable("t/x", spec)
     Saver(Holder(back), output_dir=tmp_path).load()
     assert_tables_equal(t, back)
@@ -32,7 +32,7 @@ def test_extras_keys_that_print_alike_keep_their_own_tensors(tmp_path):
     value = {1: torch.ones(2), "1": torch.full((2,), 2.0), "a/b": torch.full((2,), 3.0),
              "a": {"b": torch.full((2,), 4.0)}}
     saver.register_for_checkpointing("v", value)
-    saver._write("c", capture_copy(saver, HostBuffers()))
+    saver.write("c", copy_snapshot(saver.capture(), HostBuffers()))
     s2 = Saver(Holder(), output_dir=tmp_path)
     s2.register_for_checkpointing("v", {})
     s2.load()

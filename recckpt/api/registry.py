@@ -1,0 +1,92 @@
+"""What a checkpoint holds besides the model: objects registered by name ("extras") and per-worker IO
+state. One `Registry` per Saver; the save path reads it, the load path applies to it, and nothing else
+reaches into its dictionaries."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from ..format import extras as extras_fmt
+
+
+def _check_name(name, registry: dict, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what}: name must be a non-empty string, got {name!r}")
+    if name in registry:
+        raise ValueError(f"{what}: {name!r} is already registered")
+
+
+class Registry:
+    """Registered objects and IO-state providers, by name."""
+
+    def __init__(self):
+        self._objects: dict[str, Any] = {}
+        self._pickle_allowed: set[str] = set()
+        self._io: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------ registering
+    def add_object(self, name: str, obj: Any, *, allow_pickle: bool = False) -> None:
+        """See `Saver.register_for_checkpointing`."""
+        _check_name(name, self._objects, "register_for_checkpointing")
+        if not isinstance(allow_pickle, bool):
+            raise TypeError(f"register_for_checkpointing({name!r}): allow_pickle must be a bool")
+        self._objects[name] = obj
+        if allow_pickle:
+            self._pickle_allowed.add(name)
+
+    def add_io_state(self, name: str, obj: Any) -> None:
+        """See `Saver.register_io_state`."""
+        _check_name(name, self._io, "register_io_state")
+        if not (callable(getattr(obj, "dump_io_state", None)) and callable(getattr(obj, "load_io_state", None))):
+            raise TypeError(f"register_io_state({name!r}): {type(obj).__name__} needs dump_io_state() and "
+                            f"load_io_state(state) methods")
+        self._io[name] = obj
+
+    # ---------------------------------------------------------------------------------- reading
+    def object(self, name: str) -> Any:
+        return self._objects[name]
+
+    def object_names(self) -> list[str]:
+        return list(self._objects)
+
+    def allows_pickle(self, name: str) -> bool:
+        return name in self._pickle_allowed
+
+    def io_names(self) -> list[str]:
+        return list(self._io)
+
+    def io_items(self) -> Iterator[tuple[str, Any]]:
+        return iter(list(self._io.items()))
+
+    # ------------------------------------------------------------------------------- save side
+    def extras_tree(self, sparse_optim=None) -> dict:
+        """The extras tree a save writes: every object's state plus the sparse optimizer's."""
+        objects = {}
+        for name, obj in self._objects.items():
+            kind = "state_dict" if (callable(getattr(obj, "state_dict", None))
+                                    and callable(getattr(obj, "load_state_dict", None))) else "value"
+            state = obj.state_dict() if kind == "state_dict" else obj
+            objects[name] = extras_fmt.entry(name, kind, state, name in self._pickle_allowed)
+        opt = sparse_optim.state_dict() if sparse_optim is not None else None
+        return {"objects": objects, "sparse_optimizer": opt}
+
+    def io_tree(self) -> dict | None:
+        """Every IO-state provider's `dump_io_state()`, or None when none is registered."""
+        return {name: obj.dump_io_state() for name, obj in self._io.items()} if self._io else None
+
+    # ------------------------------------------------------------------------------- load side
+    def apply_object(self, name: str, kind: str, state: Any) -> None:
+        """Give registered object `name` its loaded state: `load_state_dict` for stateful objects,
+        in place for dicts and lists, else the value replaces the registered one (see `object`)."""
+        obj = self._objects[name]
+        if kind == "state_dict" and callable(getattr(obj, "load_state_dict", None)):
+            obj.load_state_dict(state)
+        elif isinstance(obj, dict) and isinstance(state, dict):
+            obj.clear()
+            obj.update(state)
+        elif isinstance(obj, list) and isinstance(state, list):
+            obj[:] = state
+        else:
+            self._objects[name] = state
+
+
+__all__ = ["Registry"]

@@ -1,0 +1,106 @@
+"""Per-step agreement between the workers of a training job, for the CheckpointManager.
+
+Two things must be the same on every rank at a step boundary: a save decision that only rank 0 can
+make (a clock), and a preemption request that reached any one rank. `Agreement.exchange` settles both
+in one small all_reduce on recckpt's step group (groups.py), and only when asked: the manager calls it
+only when a policy or the preemption handler needs it. `restore` uses `broadcast0` and `all_true` to make
+every rank load the same checkpoint.
+
+`LocalAgreement` is the one-worker case: nothing travels.
+"""
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from ..errors import CoordinationError
+
+
+class LocalAgreement:
+    rank, world = 0, 1
+
+    def exchange(self, rank0_flag: bool, signal: int) -> tuple[bool, int]:
+        return bool(rank0_flag), int(signal)
+
+    def broadcast0(self, obj):
+        return obj
+
+    def all_true(self, ok: bool) -> bool:
+        return bool(ok)
+
+    def worst(self, code: int) -> int:
+        return int(code)
+
+
+class Agreement(LocalAgreement):
+    """The collectives of the step group of an initialised torch.distributed job. Each is bounded by
+    `timeout_s`; a failure raises CoordinationError naming the rank and the step of the protocol."""
+
+    def __init__(self, timeout_s: float):
+        import torch.distributed as dist
+
+        from . import groups
+        self._dist, self._groups = dist, groups
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.timeout_s = timeout_s
+        groups.ensure_groups(timeout_s)   # both groups, in a fixed order, on the training thread
+
+    def _run(self, what: str, fn):
+        try:
+            return fn(self._groups.group(self._groups.STEP, self.timeout_s))
+        except CoordinationError:
+            raise
+        except Exception as e:
+            self._groups.drop_group(self._groups.STEP, self.timeout_s)
+            raise CoordinationError(
+                f"rank {self.rank} of {self.world}: {what} on recckpt's coordination group failed "
+                f"(timeout {self.timeout_s:g}s; another rank failed, exited or stopped responding): "
+                f"{type(e).__name__}: {e}", rank=self.rank) from e
+
+    def _all_reduce(self, t, op, g):
+        self._dist.all_reduce(t, op=op, group=g, async_op=True).wait(timeout=timedelta(seconds=self.timeout_s))
+        return t
+
+    def exchange(self, rank0_flag: bool, signal: int) -> tuple[bool, int]:
+        """(rank 0's `rank0_flag`, the largest `signal` of any rank), on every rank."""
+        import torch
+        t = torch.tensor([int(bool(rank0_flag)) if self.rank == 0 else 0, int(signal)], dtype=torch.int64)
+        t = self._run("the per-step agreement", lambda g: self._all_reduce(t, self._dist.ReduceOp.MAX, g))
+        return bool(t[0]), int(t[1])
+
+    def all_true(self, ok: bool) -> bool:
+        import torch
+        t = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        t = self._run("agreeing on a restore", lambda g: self._all_reduce(t, self._dist.ReduceOp.MIN, g))
+        return bool(t[0])
+
+    def worst(self, code: int) -> int:
+        """The largest `code` of any rank (e.g. 0 ok, 1 recoverable, 2 fatal), on every rank."""
+        import torch
+        t = torch.tensor([int(code)], dtype=torch.int64)
+        t = self._run("comparing outcomes", lambda g: self._all_reduce(t, self._dist.ReduceOp.MAX, g))
+        return int(t[0])
+
+    def broadcast0(self, obj):
+        """Rank 0's JSON-able `obj` on every rank."""
+        import torch
+
+        def run(g):
+            wait = timedelta(seconds=self.timeout_s)
+            data = json.dumps(obj).encode() if self.rank == 0 else b""
+            size = torch.tensor([len(data)], dtype=torch.int64)
+            self._dist.broadcast(size, src=0, group=g, async_op=True).wait(timeout=wait)
+            buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0 and data
+                   else torch.zeros(int(size[0]), dtype=torch.uint8))
+            if int(size[0]):
+                self._dist.broadcast(buf, src=0, group=g, async_op=True).wait(timeout=wait)
+            return json.loads(bytes(buf.numpy().tobytes()).decode()) if int(size[0]) else None
+        return self._run("sharing rank 0's choice", run)
+
+
+def agreement_for(world: int, timeout_s: float) -> LocalAgreement:
+    """The agreement of a job of `world` workers (the process group must be initialised if > 1)."""
+    return Agreement(timeout_s) if world > 1 else LocalAgreement()
+
+
+__all__ = ["Agreement", "LocalAgreement", "agreement_for"]

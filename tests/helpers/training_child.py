@@ -9,9 +9,7 @@ Every loss goes to FILE as "<step> <float.hex(loss)>" lines, flushed, so a test 
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import sys
 import time
 
 import numpy as np

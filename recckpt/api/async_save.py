@@ -59,7 +59,8 @@ class SaveHandle:
             raise self.error
         return self.path
 
-    def _finish(self, path: str | None, error: BaseException | None) -> None:
+    def finish(self, path: str | None, error: BaseException | None) -> None:
+        """Record the outcome: durable at `path`, or failed with `error` (by the manager or its writer)."""
         self.path, self.error = path, error
         self.state = DURABLE if error is None else FAILED
         self._done.set()
@@ -107,11 +108,11 @@ class AsyncWriter:
                 err.__cause__ = e
                 with self._lock:
                     self._unreported = handle
-                handle._finish(None, err)
+                handle.finish(None, err)
                 return
             handle.write_seconds = time.perf_counter() - t0
             handle.bytes_written = nbytes
-            handle._finish(path, None)
+            handle.finish(path, None)
 
         self._current = handle
         # Not a daemon: an interpreter that exits normally finishes the write instead of cutting it.

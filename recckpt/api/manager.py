@@ -214,13 +214,13 @@ class CheckpointManager:
             try:
                 stats = write()
             except BaseException as e:
-                handle._finish(None, e)
+                handle.finish(None, e)
                 if isinstance(e, CommitOutcomeUnknownError):
                     self._last = handle  # rank 0 may commit it yet: see _needs_retry
                 raise
             handle.write_seconds = handle.stall_seconds = time.perf_counter() - t0
             handle.bytes_written = stats.bytes_written
-            handle._finish(stats.path, None)
+            handle.finish(stats.path, None)
         self._last_save_time = time.monotonic()
         self._last = handle
         self.saves.append(handle)
@@ -235,7 +235,7 @@ class CheckpointManager:
         if isinstance(last.error, CommitOutcomeUnknownError) and self.saver.is_committed(last.ckpt_id):
             log.warning("recckpt: checkpoint %s, whose outcome this rank did not learn, is committed",
                         self.saver.storage.describe(last.ckpt_id))
-            last._finish(self.saver.storage.describe(last.ckpt_id), None)
+            last.finish(self.saver.storage.describe(last.ckpt_id), None)
             return False
         return True
 

@@ -18,9 +18,10 @@ from recckpt.storage.faulty import FaultyStorage
 
 def test_fault_sweep_sample(tmp_path):
     rec = h.run_faults(str(tmp_path), limit_per_op=2, seed=3)
-    # every op kind that a save performs, twice, two errnos; a late engine-write position that a save
-    # happens not to reach (the engine merges writes depending on timing) is counted apart
-    assert rec.trials + rec.not_reached >= 30 and rec.trials >= 26, str(rec)
+    # every op kind that a save performs, twice, two errnos (a save with retention rewrites the version
+    # file once, before its deletes: 28 positions); a late engine-write position that a save happens not
+    # to reach (the engine merges writes depending on timing) is counted apart
+    assert rec.trials + rec.not_reached >= 28 and rec.trials >= 24, str(rec)
     assert not rec.failures, str(rec)
 
 

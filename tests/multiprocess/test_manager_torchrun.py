@@ -156,8 +156,9 @@ def test_sigterm_to_one_rank_makes_every_rank_save_the_same_step_and_exit(tmp_pa
 
 
 def test_a_rank_that_raises_inside_an_async_save_fails_it_everywhere_and_the_next_save_works(tmp_path):
-    run(2, tmp_path, "--steps", 20, "--interval", 5, "--async", "--fail-rank", 1, "--fail-save", 1)
-    assert committed(tmp_path) == ["ckpt_5", "ckpt_15", "ckpt_20"]
+    text = run(2, tmp_path, "--steps", 20, "--interval", 5, "--async", "--fail-rank", 1, "--fail-save", 1)
+    reports = "".join(open(p).read() for p in sorted(glob.glob(os.path.join(tmp_path, "report", "errors-*"))))
+    assert committed(tmp_path) == ["ckpt_5", "ckpt_15", "ckpt_20"], reports + text[-3000:]
     assert not os.path.exists(os.path.join(tmp_path, "ckpt", "ckpt_10"))
     assert not glob.glob(os.path.join(tmp_path, "ckpt", ".staging*"))
     for rank in (0, 1):

@@ -37,6 +37,8 @@ _EXPORTS = {
     "split_by_owner": "recckpt.routing",
     "verify": "recckpt.format.verifier",
     "VerifyReport": "recckpt.format.verifier",
+    "open": "recckpt.api.reader",
+    "CheckpointView": "recckpt.api.reader",
 }
 
 

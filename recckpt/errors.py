@@ -63,3 +63,8 @@ class CoordinationError(RecckptError):
 class ConcurrentCommitError(CheckpointExistsError):
     """Another writer committed this checkpoint id while this save was writing it. This save's data
     was discarded; the committed checkpoint on disk is the other writer's, complete and loadable."""
+
+
+class InvalidArgumentError(RecckptError, ValueError):
+    """An argument that cannot be valid for this checkpoint or call: an unknown table or slot, a bad option
+    value (reader, export and command-line tool). The message names the argument and the valid choices."""

@@ -1,0 +1,304 @@
+"""`recckpt.open(path)`: a read-only view of one committed checkpoint that needs no model.
+
+Built on format.checkpoint.CheckpointReader, so every byte it hands out was checked against the size and
+CRC-32C the checkpoint recorded (manifest files whole, shard columns chunk by chunk), and nothing is ever
+unpickled: registered objects saved with `allow_pickle=True` are shown as their raw bytes.
+
+    view = recckpt.open("/runs/a/ckpt_1000")
+    view.step, view.workers, view.tables["user"].rows
+    for ids, cols in view.iter_rows("user", slots=["embedding"], chunk_rows=65536):
+        ...   # ids: int64[n]; cols["embedding"]: float32[n, dim]
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import inspect
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointNotFoundError, InvalidArgumentError
+from ..format import catalog, dtypes, names
+from ..format import extras as extras_fmt
+from ..format.checkpoint import CheckpointReader
+from ..format.hashing import bucket_range
+from ..storage import Storage, open_storage
+
+#: Manifest metadata keys the CheckpointManager writes (api/manager.py is their home; read here by name
+#: so that opening a checkpoint does not import the training loop).
+META_STEP = "recckpt.global_step"
+META_EPHEMERAL = "recckpt.ephemeral"
+
+DEFAULT_CHUNK_ROWS = 65536
+
+# numpy element type of each format dtype name; BF16 has none in numpy and comes out as float32 (exact).
+_NUMPY = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+          "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
+
+
+@dataclass(frozen=True)
+class SlotDesc:
+    """One slot (column) of a sparse table: format dtype name ('F32', 'BF16', ...) and the row shape."""
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    category: str          # 'sparse' (the model's rows) or 'sparse_opt' (optimizer state)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return dtypes.torch_dtype(self.dtype)
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        """What `iter_rows` returns as numpy: the slot's own type; float32 for BF16 (numpy has none)."""
+        return np.dtype(_NUMPY.get(self.dtype, "<f4"))
+
+    @property
+    def row_bytes(self) -> int:
+        return dtypes.itemsize(self.dtype) * int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class TableDesc:
+    name: str
+    rows: int
+    slots: Mapping[str, SlotDesc]   # in column order
+
+
+@dataclass(frozen=True)
+class DenseDesc:
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _open_storage(path: str, storage_options: Mapping[str, Any] | None) -> Storage:
+    if storage_options and "storage_options" in inspect.signature(open_storage).parameters:
+        return open_storage(path, storage_options=dict(storage_options))
+    if storage_options:
+        raise InvalidArgumentError(
+            f"{path}: storage_options were given but this recckpt's storage layer does not take them; "
+            f"configure the filesystem through fsspec's own configuration instead")
+    return open_storage(path)
+
+
+def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int = 4) -> "CheckpointView":  # noqa: A001
+    """A read-only view of the committed checkpoint directory `path` (local path or fsspec URL).
+
+    Raises CheckpointNotFoundError when `path` holds no checkpoint (naming the newest one when `path` is
+    an output directory), CorruptCheckpointError when its manifest fails validation."""
+    import os
+    path = os.fspath(path)
+    storage = _open_storage(path, storage_options)
+    try:
+        reader = CheckpointReader(storage, "", threads=threads)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(_not_a_checkpoint(storage)) from None
+    return CheckpointView(reader)
+
+
+def _not_a_checkpoint(storage: Storage) -> str:
+    where = storage.describe()
+    try:
+        found = [i for i, _ in catalog.committed(storage)] if storage.isdir("") else []
+    except OSError:
+        found = []
+    if found:
+        return (f"{where} is an output directory, not one checkpoint; pass one of its checkpoints, e.g. "
+                f"{storage.describe(found[-1])} (the newest of {len(found)})")
+    return (f"{where} is not a committed checkpoint (no {names.MANIFEST}); pass a checkpoint directory, "
+            f"<output_dir>/<ckpt_id>")
+
+
+class CheckpointView:
+    """One committed checkpoint, read-only. Cheap to open (the manifest only); the index, dense file,
+    registered objects and IO state are read and verified when first asked for."""
+
+    def __init__(self, reader: CheckpointReader):
+        self._r = reader
+        m = reader.manifest
+        self.path: str = reader.describe()
+        self.ckpt_id: str = m.ckpt_id
+        self.format_version: int = m.format_version
+        self.num_buckets: int = m.num_buckets
+        self.workers: int = m.shard_num
+        self.writer: str = m.writer
+        self.created_ns: int = m.created_ns
+        self.metadata: Mapping[str, str] = dict(m.metadata)
+        self.worker_steps: Mapping[int, int] = dict(m.worker_steps)
+        # Incremental checkpoints (when the format has them) name their parent in the manifest.
+        self.parent: str | None = getattr(m, "parent", None) or m.metadata.get("recckpt.parent")
+        self.tables: Mapping[str, TableDesc] = {
+            name: TableDesc(name, t.rows, {s: SlotDesc(s, i.dtype, tuple(i.shape), i.category)
+                                           for s, i in t.slots.items()})
+            for name, t in m.tables.items()}
+        self._dense: dict[str, DenseDesc] | None = None
+
+    def __repr__(self) -> str:
+        return f"<recckpt checkpoint {self.path}: step {self.step}, {len(self.tables)} tables, {self.workers} workers>"
+
+    # ------------------------------------------------------------------------------------ metadata
+    @property
+    def step(self) -> int | None:
+        """The global step the CheckpointManager recorded, else the newest step a worker saved at."""
+        s = self.metadata.get(META_STEP)
+        if s is not None and s.isdigit():
+            return int(s)
+        return max(self.worker_steps.values()) if self.worker_steps else None
+
+    @property
+    def created(self) -> _dt.datetime:
+        return _dt.datetime.fromtimestamp(self.created_ns / 1e9, tz=_dt.timezone.utc)
+
+    @property
+    def kind(self) -> str:
+        """'incremental' (has a parent), 'ephemeral' (a manager's short-lived checkpoint) or 'full'."""
+        if self.parent:
+            return "incremental"
+        return "ephemeral" if self.metadata.get(META_EPHEMERAL) == "1" else "full"
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the checkpoint's files as recorded: manifest entries plus the shard files in the index."""
+        return sum(f.size for f in self._r.manifest.files.values()) + sum(s for _, s in self._r.index.files)
+
+    # ---------------------------------------------------------------------------------- dense & objects
+    @property
+    def dense(self) -> Mapping[str, DenseDesc]:
+        """Dense keys with dtype and shape (reads and verifies the dense file once)."""
+        if self._dense is None:
+            self._dense = {k: DenseDesc(k, dtypes.name_of(t.dtype), tuple(t.shape))
+                           for k, t in self._r.dense().items()}
+        return self._dense
+
+    def dense_tensors(self, keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """Copies of the dense tensors (all, or `keys`)."""
+        tensors = self._r.dense()
+        if keys is not None:
+            unknown = [k for k in keys if k not in tensors]
+            if unknown:
+                raise InvalidArgumentError(f"{self.path}: no dense keys {unknown}; it has {sorted(tensors)}")
+            tensors = {k: tensors[k] for k in keys}
+        return {k: t.clone() for k, t in tensors.items()}
+
+    def objects(self) -> dict:
+        """The registered-objects tree {'objects': {name: {'kind', 'state'}}, 'sparse_optimizer': ...}.
+        Objects saved with pickle keep kind 'pickled_*' and their state as a uint8 tensor: never unpickled."""
+        tree = self._r.extras()
+        if tree is None:
+            return {"objects": {}, "sparse_optimizer": None}
+        return extras_fmt.validate(tree, self._r.describe(self._r.manifest.extras))
+
+    @property
+    def io_state_workers(self) -> list[int]:
+        return sorted(self._r.manifest.io_state)
+
+    def io_state(self, worker: int) -> Any:
+        """Worker `worker`'s IO state tree (registered name -> dumped state), or None if it saved none."""
+        if not isinstance(worker, int) or not 0 <= worker < self.workers:
+            raise InvalidArgumentError(f"{self.path}: worker {worker!r} is not in [0, {self.workers})")
+        return self._r.io_state(worker)
+
+    # ---------------------------------------------------------------------------------------- rows
+    def _table(self, table: str) -> TableDesc:
+        t = self.tables.get(table)
+        if t is None:
+            raise InvalidArgumentError(f"{self.path}: no table {table!r}; it has {sorted(self.tables) or 'none'}")
+        return t
+
+    def bucket_range(self, shard: tuple[int, int] | None = None,
+                     buckets: tuple[int, int] | None = None) -> tuple[int, int]:
+        """The bucket range [lo, hi) selected by `shard=(rank, world)` or `buckets=(lo, hi)` (not both)."""
+        nb = self.num_buckets
+        if shard is not None and buckets is not None:
+            raise InvalidArgumentError("iter_rows: pass shard=(rank, world) or buckets=(lo, hi), not both")
+        if shard is not None:
+            if (not isinstance(shard, tuple) or len(shard) != 2 or not all(type(x) is int for x in shard)
+                    or not (shard[1] >= 1 and 0 <= shard[0] < shard[1])):
+                raise InvalidArgumentError(f"shard={shard!r}: expected (rank, world) with 0 <= rank < world")
+            return bucket_range(shard[0], shard[1], nb)
+        if buckets is not None:
+            if (not isinstance(buckets, tuple) or len(buckets) != 2 or not all(type(x) is int for x in buckets)
+                    or not 0 <= buckets[0] <= buckets[1] <= nb):
+                raise InvalidArgumentError(f"buckets={buckets!r}: expected (lo, hi) with 0 <= lo <= hi <= "
+                                           f"{nb} (this checkpoint's bucket count)")
+            return buckets
+        return 0, nb
+
+    def iter_rows(self, table: str, slots: Sequence[str] | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                  shard: tuple[int, int] | None = None, *, buckets: tuple[int, int] | None = None,
+                  as_torch: bool = False) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Yield `(ids, {slot: rows})` chunks of at most `chunk_rows` rows of `table`, every byte verified.
+
+        slots: which slots (default all). shard=(rank, world): the rows worker `rank` of `world` owns;
+        buckets=(lo, hi): the rows of buckets [lo, hi). Rows come in bucket order, not id order. Arrays are
+        numpy (BF16 slots as float32, exactly) or, with as_torch=True, torch tensors of the slot's dtype.
+        Each chunk is fresh memory the caller may keep; memory use is bounded by chunk_rows and the
+        reader's batch, whatever the table's size."""
+        t = self._table(table)
+        slots = list(t.slots) if slots is None else list(slots)
+        unknown = [s for s in slots if s not in t.slots]
+        if unknown or len(set(slots)) != len(slots):
+            raise InvalidArgumentError(f"{self.path}: table {table!r}: slots {slots} are not distinct slots of "
+                                       f"the table; it has {list(t.slots)}")
+        if type(chunk_rows) is not int or chunk_rows < 1:
+            raise InvalidArgumentError(f"chunk_rows={chunk_rows!r}: expected an integer >= 1")
+        lo, hi = self.bucket_range(shard, buckets)
+        descs = [t.slots[s] for s in slots]
+        widths = [d.row_bytes for d in descs]
+        if table not in self._r.index.tables or lo == hi:
+            return
+        cap = max(1, min(chunk_rows, t.rows))  # no allocation beyond the table, whatever chunk_rows says
+        buf = _Chunk(cap, widths)
+        for ids, parts in self._r.segments.iter_table(table, slots, widths, lo, hi):
+            pos, n = 0, len(ids)
+            while pos < n:
+                take = buf.fill(ids, parts, pos, n)
+                pos += take
+                if buf.full:
+                    yield self._convert(buf, slots, descs, as_torch)
+                    buf = _Chunk(cap, widths)
+        if buf.rows:
+            yield self._convert(buf, slots, descs, as_torch)
+
+    @staticmethod
+    def _convert(buf: "_Chunk", slots, descs, as_torch):
+        n = buf.rows
+        ids = buf.ids[:n]
+        cols = {}
+        for s, d, raw in zip(slots, descs, buf.cols):
+            raw = raw[:n]
+            if as_torch:
+                cols[s] = torch.from_numpy(raw).view(d.torch_dtype).reshape(n, *d.shape)
+            elif d.dtype == "BF16":   # bf16 is the top half of a float32: widening is exact
+                cols[s] = (raw.view("<u2").astype("<u4") << 16).view("<f4").reshape(n, *d.shape)
+            else:
+                cols[s] = raw.view(d.numpy_dtype).reshape(n, *d.shape)
+        return (torch.from_numpy(ids) if as_torch else ids), cols
+
+
+class _Chunk:
+    """A chunk being filled from the reader's reused buffers: one copy per byte."""
+
+    def __init__(self, cap: int, widths: list[int]):
+        self.cap, self.rows = cap, 0
+        self.ids = np.empty(cap, dtype="<i8")
+        self.cols = [np.empty((cap, w), dtype=np.uint8) for w in widths]
+
+    @property
+    def full(self) -> bool:
+        return self.rows == self.cap
+
+    def fill(self, ids, parts, pos: int, n: int) -> int:
+        take = min(n - pos, self.cap - self.rows)
+        r = self.rows
+        self.ids[r:r + take] = ids[pos:pos + take]
+        for dst, src in zip(self.cols, parts):
+            dst[r:r + take] = src[pos:pos + take]
+        self.rows += take
+        return take
+
+
+__all__ = ["open", "CheckpointView", "TableDesc", "SlotDesc", "DenseDesc", "DEFAULT_CHUNK_ROWS"]

@@ -39,6 +39,12 @@ _EXPORTS = {
     "VerifyReport": "recckpt.format.verifier",
     "open": "recckpt.api.reader",
     "CheckpointView": "recckpt.api.reader",
+    "export": "recckpt.api.exporter",
+    "ExportOptions": "recckpt.api.exporter",
+    "list_checkpoints": "recckpt.api.outdir",
+    "prune": "recckpt.api.outdir",
+    "gc": "recckpt.api.outdir",
+    "diff": "recckpt.api.compare",
 }
 
 

@@ -74,6 +74,12 @@ class DenseDesc:
     shape: tuple[int, ...]
 
 
+def open_output_dir(path, storage_options: Mapping[str, Any] | None = None) -> Storage:
+    """The storage of an output directory (or checkpoint directory) at a path or fsspec URL."""
+    import os
+    return _open_storage(os.fspath(path), storage_options)
+
+
 def _open_storage(path: str, storage_options: Mapping[str, Any] | None) -> Storage:
     if storage_options and "storage_options" in inspect.signature(open_storage).parameters:
         return open_storage(path, storage_options=dict(storage_options))
@@ -112,6 +118,26 @@ def _not_a_checkpoint(storage: Storage) -> str:
             f"<output_dir>/<ckpt_id>")
 
 
+def recorded_step(metadata: Mapping[str, str], worker_steps: Mapping[int, int]) -> int | None:
+    """The global step the CheckpointManager recorded, else the newest step a worker saved at."""
+    s = metadata.get(META_STEP)
+    if s is not None and s.isdigit():
+        return int(s)
+    return max(worker_steps.values()) if worker_steps else None
+
+
+def kind_of(metadata: Mapping[str, str], parent: str | None) -> str:
+    """'incremental' (has a parent), 'ephemeral' (a manager's short-lived checkpoint) or 'full'."""
+    if parent:
+        return "incremental"
+    return "ephemeral" if metadata.get(META_EPHEMERAL) == "1" else "full"
+
+
+def parent_of(manifest) -> str | None:
+    """Incremental checkpoints (when the format has them) name their parent in the manifest."""
+    return getattr(manifest, "parent", None) or manifest.metadata.get("recckpt.parent")
+
+
 class CheckpointView:
     """One committed checkpoint, read-only. Cheap to open (the manifest only); the index, dense file,
     registered objects and IO state are read and verified when first asked for."""
@@ -128,8 +154,7 @@ class CheckpointView:
         self.created_ns: int = m.created_ns
         self.metadata: Mapping[str, str] = dict(m.metadata)
         self.worker_steps: Mapping[int, int] = dict(m.worker_steps)
-        # Incremental checkpoints (when the format has them) name their parent in the manifest.
-        self.parent: str | None = getattr(m, "parent", None) or m.metadata.get("recckpt.parent")
+        self.parent: str | None = parent_of(m)
         self.tables: Mapping[str, TableDesc] = {
             name: TableDesc(name, t.rows, {s: SlotDesc(s, i.dtype, tuple(i.shape), i.category)
                                            for s, i in t.slots.items()})
@@ -143,10 +168,7 @@ class CheckpointView:
     @property
     def step(self) -> int | None:
         """The global step the CheckpointManager recorded, else the newest step a worker saved at."""
-        s = self.metadata.get(META_STEP)
-        if s is not None and s.isdigit():
-            return int(s)
-        return max(self.worker_steps.values()) if self.worker_steps else None
+        return recorded_step(self.metadata, self.worker_steps)
 
     @property
     def created(self) -> _dt.datetime:
@@ -155,9 +177,7 @@ class CheckpointView:
     @property
     def kind(self) -> str:
         """'incremental' (has a parent), 'ephemeral' (a manager's short-lived checkpoint) or 'full'."""
-        if self.parent:
-            return "incremental"
-        return "ephemeral" if self.metadata.get(META_EPHEMERAL) == "1" else "full"
+        return kind_of(self.metadata, self.parent)
 
     @property
     def size_bytes(self) -> int:

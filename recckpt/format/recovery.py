@@ -42,23 +42,30 @@ def _uncommitted_leftover(storage: Storage, name: str) -> bool:
     return entries <= _OWN_ENTRIES
 
 
-def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) -> list[str]:
-    """Remove what interrupted saves and deletes left in `storage` (except the names in `keep`) and
-    rewrite the version file if it is missing, garbled or stale. Returns the names removed."""
-    removed = []
+def find_leftovers(storage: Storage, keep: Collection[str] = ()) -> list[tuple[str, str]]:
+    """(name, what left it) for each top-level entry of `storage` that `recover` would remove."""
+    found = []
     for name in storage.listdir(""):
         if name in keep:
             continue
         if name.startswith((names.STAGING_PREFIX, names.TRASH_PREFIX)):
             what = "an interrupted save" if name.startswith(names.STAGING_PREFIX) else "an interrupted delete"
-            remove = storage.remove_tree
         elif name.startswith(names.VERSION_TMP_PREFIX):
-            what, remove = "an interrupted version-file update", storage.remove_file
+            what = "an interrupted version-file update"
         elif _uncommitted_leftover(storage, name):
-            what, remove = "a save or delete interrupted before its manifest was written/after it was removed", \
-                storage.remove_tree
+            what = "a save or delete interrupted before its manifest was written/after it was removed"
         else:
             continue
+        found.append((name, what))
+    return found
+
+
+def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) -> list[str]:
+    """Remove what interrupted saves and deletes left in `storage` (except the names in `keep`) and
+    rewrite the version file if it is missing, garbled or stale. Returns the names removed."""
+    removed = []
+    for name, what in find_leftovers(storage, keep):
+        remove = storage.remove_file if name.startswith(names.VERSION_TMP_PREFIX) else storage.remove_tree
         log.warning("recckpt: removing %s, left by %s", storage.describe(name), what)
         try:
             remove(name)

@@ -1,0 +1,140 @@
+"""`recckpt.diff(a, b)`: what differs between two checkpoints: tables, slots, dense keys and registered
+objects added, removed or changed; with values=True also the rows (ids only in one, rows changed, and the
+largest absolute difference per slot), compared bucket range by bucket range so memory stays bounded."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from .reader import CheckpointView
+from .reader import open as open_checkpoint
+
+#: Rows of both checkpoints held at once by a value diff are about this many bytes.
+GROUP_BYTES = 64 << 20
+
+
+@dataclass
+class SlotValues:
+    changed_rows: int = 0
+    max_abs_diff: float = 0.0     # over ids in both; inf when a NaN/inf differs
+
+
+@dataclass
+class TableValues:
+    only_a: int = 0               # ids in A only (removed in B)
+    only_b: int = 0               # ids in B only (added)
+    common: int = 0
+    changed_rows: int = 0         # common ids with any compared slot differing (bit for bit)
+    slots: dict[str, SlotValues] = field(default_factory=dict)
+
+
+@dataclass
+class DiffReport:
+    a: str
+    b: str
+    metadata: dict[str, tuple[Any, Any]] = field(default_factory=dict)      # field -> (a, b), differing only
+    tables: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
+    slots: dict[str, dict[str, list[str]]] = field(default_factory=dict)     # table -> added/removed/changed
+    dense: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
+    objects: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
+    values: dict[str, TableValues] | None = None
+
+    @property
+    def same(self) -> bool:
+        structural = (any(self.tables.values()) or any(any(v.values()) for v in self.slots.values())
+                      or any(self.dense.values()) or any(self.objects.values()))
+        rows = self.values is not None and any(v.only_a or v.only_b or v.changed_rows for v in self.values.values())
+        return not (self.metadata or structural or rows)
+
+
+def _added_removed_changed(a: Mapping, b: Mapping, same) -> dict[str, list[str]]:
+    return {"added": sorted(set(b) - set(a)), "removed": sorted(set(a) - set(b)),
+            "changed": sorted(k for k in set(a) & set(b) if not same(a[k], b[k]))}
+
+
+def _tensor_equal(x, y) -> bool:
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        return (x.dtype == y.dtype and x.shape == y.shape
+                and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_tensor_equal(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        return type(x) is type(y) and len(x) == len(y) and all(_tensor_equal(p, q) for p, q in zip(x, y))
+    if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
+        return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+    if type(x) is not type(y):
+        return False
+    return bool(x == y)
+
+
+def diff(a: "str | CheckpointView", b: "str | CheckpointView", *, values: bool = False,
+         storage_options: Mapping[str, Any] | None = None) -> DiffReport:
+    va = a if isinstance(a, CheckpointView) else open_checkpoint(a, storage_options)
+    vb = b if isinstance(b, CheckpointView) else open_checkpoint(b, storage_options)
+    r = DiffReport(va.path, vb.path)
+    for f in ("step", "workers", "num_buckets", "format_version", "kind", "parent"):
+        if getattr(va, f) != getattr(vb, f):
+            r.metadata[f] = (getattr(va, f), getattr(vb, f))
+    r.tables = _added_removed_changed(va.tables, vb.tables, lambda x, y: x.slots == y.slots)
+    for t in r.tables["changed"]:
+        r.slots[t] = _added_removed_changed(
+            va.tables[t].slots, vb.tables[t].slots, lambda x, y: (x.dtype, x.shape) == (y.dtype, y.shape))
+    r.dense = _added_removed_changed(va.dense_tensors(), vb.dense_tensors(), _tensor_equal)
+    r.objects = _added_removed_changed(va.objects()["objects"], vb.objects()["objects"], _tensor_equal)
+    if values:
+        r.values = {t: _table_values(va, vb, t) for t in sorted(set(va.tables) & set(vb.tables))}
+    return r
+
+
+def _read_range(view: CheckpointView, table: str, slots: list[str], lo: int, hi: int):
+    chunks = list(view.iter_rows(table, slots, chunk_rows=1 << 20, buckets=(lo, hi)))
+    if not chunks:
+        desc = view.tables[table].slots
+        return np.empty(0, np.int64), {s: np.empty((0, *desc[s].shape), desc[s].numpy_dtype) for s in slots}
+    ids = np.concatenate([c[0] for c in chunks])
+    order = np.argsort(ids, kind="stable")
+    return ids[order], {s: np.concatenate([c[1][s] for c in chunks])[order] for s in slots}
+
+
+def _table_values(va: CheckpointView, vb: CheckpointView, table: str) -> TableValues:
+    ta, tb = va.tables[table], vb.tables[table]
+    slots = [s for s in ta.slots if s in tb.slots and (ta.slots[s].dtype, ta.slots[s].shape)
+             == (tb.slots[s].dtype, tb.slots[s].shape)]
+    out = TableValues(slots={s: SlotValues() for s in slots})
+    # Same bucket count: bucket range k of A and of B hold the same ids, so ranges compare one at a time.
+    if va.num_buckets == vb.num_buckets:
+        row = 8 + sum(ta.slots[s].row_bytes for s in slots)
+        groups = int(min(va.num_buckets, max(1, (ta.rows + tb.rows) * row // GROUP_BYTES + 1)))
+        nb = va.num_buckets
+        ranges = [(g * nb // groups, (g + 1) * nb // groups) for g in range(groups)]
+    else:  # different bucketing: both whole (documented as needing memory for both tables)
+        ranges = [None]
+    for rng in ranges:
+        lo_hi_a = rng or (0, va.num_buckets)
+        lo_hi_b = rng or (0, vb.num_buckets)
+        ia, ca = _read_range(va, table, slots, *lo_hi_a)
+        ib, cb = _read_range(vb, table, slots, *lo_hi_b)
+        common, xa, xb = np.intersect1d(ia, ib, assume_unique=True, return_indices=True)
+        out.only_a += len(ia) - len(common)
+        out.only_b += len(ib) - len(common)
+        out.common += len(common)
+        changed = np.zeros(len(common), dtype=bool)
+        for s in slots:
+            x, y = ca[s][xa].reshape(len(common), -1), cb[s][xb].reshape(len(common), -1)
+            bits = x.view(np.uint8).reshape(len(common), -1) != y.view(np.uint8).reshape(len(common), -1)
+            row_changed = bits.any(axis=1) if bits.size else np.zeros(len(common), bool)
+            changed |= row_changed
+            sv = out.slots[s]
+            sv.changed_rows += int(row_changed.sum())
+            if row_changed.any():
+                d = np.abs(x[row_changed].astype(np.float64) - y[row_changed].astype(np.float64))
+                m = float(np.max(np.where(np.isfinite(d), d, np.inf))) if d.size else 0.0
+                sv.max_abs_diff = max(sv.max_abs_diff, m)
+        out.changed_rows += int(changed.sum())
+    return out
+
+
+__all__ = ["diff", "DiffReport", "TableValues", "SlotValues"]

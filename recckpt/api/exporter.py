@@ -1,0 +1,336 @@
+"""Serving export: a checkpoint's embedding rows to Parquet, safetensors or .npy files, streamed.
+
+    recckpt.export("/runs/a/ckpt_1000", "/serve/v1", ExportOptions(format="parquet", dtype="fp16"))
+
+Every output file holds the ids beside the rows (same order). Rows stream from `CheckpointView.iter_rows`
+in chunks, so memory stays bounded whatever the table size: Parquet writes each chunk as a row group;
+safetensors and .npy hold one output file (`shard_rows` rows) at a time. `export.json`, written last,
+lists every file and row count; an output directory without it is an interrupted export.
+
+Values: `fp32`/`fp16`/`bf16` convert float slots (other slots are written as they are); Parquet and .npy
+have no bfloat16, so bf16 values are written there as float32 numbers already rounded to bf16. `int8`
+quantizes each row of a float slot on its own (docs/CLI.md states the error bound):
+
+    scale = (max(row) - min(row)) / 255,  offset = min(row)
+    q = round((x - offset) / scale) - 128          (int8; all -128 when scale is 0)
+    x' = (q + 128) * scale + offset,  |x - x'| <= scale / 2   (plus float32 rounding)
+
+with `<slot>.scale` and `<slot>.offset` (float32, one per row) stored beside the slot.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InvalidArgumentError
+from .reader import DEFAULT_CHUNK_ROWS, CheckpointView
+from .reader import open as open_checkpoint
+
+FORMATS = ("parquet", "safetensors", "npy")
+DTYPES = ("fp32", "fp16", "bf16", "int8")
+#: Counter slots the --min-freq / --seen-since-step filters read (docs/SPARSE_STATE.md names them).
+FREQ_SLOT, LAST_STEP_SLOT = "freq", "last_step"
+#: Formats that buffer one output file in memory get at most this many bytes of rows per file by default.
+DEFAULT_BUFFERED_FILE_BYTES = 64 << 20
+EXPORT_MANIFEST = "export.json"
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
+Predicate = Callable[[np.ndarray, Mapping[str, np.ndarray]], np.ndarray]
+
+
+def _positive_int_or_none(what: str, v) -> None:
+    if v is not None and (type(v) is not int or v < 1):
+        raise InvalidArgumentError(f"{what}={v!r}: expected an integer >= 1")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What to export and how. Validated on construction; table and slot names against the checkpoint."""
+    format: str = "parquet"
+    tables: tuple[str, ...] | None = None       # None: every table
+    slots: tuple[str, ...] = ("embedding",)
+    dtype: str = "fp32"
+    shard_rows: int | None = None               # rows per output file; None: one Parquet file per table,
+    #                                             DEFAULT_BUFFERED_FILE_BYTES of rows for safetensors/.npy
+    min_freq: int | None = None                 # keep rows whose `freq` counter is >= this
+    seen_since_step: int | None = None          # keep rows whose `last_step` counter is >= this
+    predicate: Predicate | None = field(default=None, compare=False)
+    """API only: predicate(ids, {slot: array}) -> bool mask of rows to keep; it sees the exported slots
+    and the counter slots the table has (as numpy, BF16 as float32)."""
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise InvalidArgumentError(f"format={self.format!r}: choose one of {', '.join(FORMATS)}")
+        if self.dtype not in DTYPES:
+            raise InvalidArgumentError(f"dtype={self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        for what, names in (("tables", self.tables), ("slots", self.slots)):
+            if names is None:
+                continue
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names:
+                raise InvalidArgumentError(f"{what}={names!r}: expected a non-empty list of names")
+            object.__setattr__(self, what, tuple(names))
+        _positive_int_or_none("shard_rows", self.shard_rows)
+        _positive_int_or_none("chunk_rows", self.chunk_rows)
+        for what in ("min_freq", "seen_since_step"):
+            v = getattr(self, what)
+            if v is not None and type(v) is not int:
+                raise InvalidArgumentError(f"{what}={v!r}: expected an integer")
+        if self.predicate is not None and not callable(self.predicate):
+            raise InvalidArgumentError("predicate must be callable(ids, cols) -> bool mask")
+
+
+@dataclass
+class ExportResult:
+    out_dir: str
+    tables: dict[str, dict] = field(default_factory=dict)   # name -> {"rows", "files", "slots"}
+    seconds: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        return sum(t["rows"] for t in self.tables.values())
+
+
+# ------------------------------------------------------------------------------------------ values
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise int8: (q int8[n, ...], scale float32[n], offset float32[n]); see the module docstring."""
+    n = x.shape[0]
+    flat = x.reshape(n, -1).astype(np.float32, copy=False)
+    if flat.size and not np.isfinite(flat).all():
+        raise InvalidArgumentError("dtype=int8: a row holds NaN or infinity, which int8 cannot represent; "
+                                   "export it as fp32/fp16/bf16 instead")
+    lo = flat.min(axis=1) if flat.shape[1] else np.zeros(n, np.float32)
+    hi = flat.max(axis=1) if flat.shape[1] else np.zeros(n, np.float32)
+    scale = ((hi.astype(np.float64) - lo) / 255.0).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1))
+    q = np.rint((flat - lo[:, None]) / safe[:, None])
+    np.clip(q, 0, 255, out=q)
+    q = np.where(scale[:, None] > 0, q, 0) - 128
+    return q.astype(np.int8).reshape(x.shape), scale, lo.astype(np.float32)
+
+
+def dequantize_int8(q: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    n = q.shape[0]
+    flat = (q.reshape(n, -1).astype(np.float32) + 128) * scale[:, None] + offset[:, None]
+    return flat.reshape(q.shape)
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f"
+
+
+def _convert(name: str, a: np.ndarray, dtype: str, fmt: str) -> dict[str, Any]:
+    """Columns for one slot of a chunk: {column name: numpy array or torch tensor (bf16 safetensors)}."""
+    if not _is_float(a):
+        return {name: a}
+    if dtype == "fp32":
+        return {name: a.astype(np.float32, copy=False)}
+    if dtype == "fp16":
+        return {name: a.astype(np.float16)}
+    if dtype == "bf16":
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
+        return {name: t if fmt == "safetensors" else t.float().numpy()}
+    q, scale, offset = quantize_int8(a)
+    return {name: q, f"{name}.scale": scale, f"{name}.offset": offset}
+
+
+# ----------------------------------------------------------------------------------------- writers
+class _ParquetSink:
+    """One Parquet file per shard: `id` int64 and one fixed-size-list column per slot column, written
+    row group by row group (memory: one chunk)."""
+    suffix = ".parquet"
+
+    def __init__(self, path: str):
+        self.path, self._w = path, None
+
+    def write(self, ids: np.ndarray, cols: dict[str, Any]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        arrays, fields = [pa.array(ids, type=pa.int64())], [pa.field("id", pa.int64(), nullable=False)]
+        for name, a in cols.items():
+            if a.ndim == 1:
+                arr = pa.array(a)
+            else:
+                width = int(np.prod(a.shape[1:]))
+                arr = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(a).reshape(-1)), width)
+            meta = {b"recckpt.row_shape": json.dumps(list(a.shape[1:])).encode()}
+            arrays.append(arr)
+            fields.append(pa.field(name, arr.type, nullable=False, metadata=meta))
+        table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+        if self._w is None:
+            self._w = pq.ParquetWriter(self.path, table.schema)
+        self._w.write_table(table)
+
+    def close(self) -> list[str]:
+        if self._w is None:
+            return []
+        self._w.close()
+        return [self.path]
+
+
+class _BufferedSink:
+    """safetensors / .npy: a file's rows are collected, then written at once (at most shard_rows rows)."""
+
+    def __init__(self, path: str, fmt: str):
+        self.path, self.fmt = path, fmt
+        self._ids, self._cols = [], {}
+
+    def write(self, ids: np.ndarray, cols: dict[str, Any]) -> None:
+        self._ids.append(ids)
+        for k, a in cols.items():
+            self._cols.setdefault(k, []).append(a)
+
+    def close(self) -> list[str]:
+        if not self._ids:
+            return []
+        ids = np.concatenate(self._ids)
+        cols = {k: (torch.cat(v) if isinstance(v[0], torch.Tensor) else np.concatenate(v))
+                for k, v in self._cols.items()}
+        self._ids, self._cols = [], {}
+        if self.fmt == "safetensors":
+            from safetensors.torch import save_file
+            tensors = {"id": torch.from_numpy(ids)}
+            tensors.update({k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
+                            for k, v in cols.items()})
+            save_file(tensors, self.path + ".safetensors", metadata={"format": "recckpt-export"})
+            return [self.path + ".safetensors"]
+        written = []
+        for k, a in {"id": ids, **cols}.items():
+            p = f"{self.path}.{k}.npy"
+            np.save(p, a, allow_pickle=False)
+            written.append(p)
+        return written
+
+
+# ------------------------------------------------------------------------------------------ export
+def _safe_name(what: str, name: str) -> str:
+    """Table and slot names become file names: a checkpoint from elsewhere must not write outside `out`."""
+    if not _SAFE_NAME.fullmatch(name) or ".." in name:
+        raise InvalidArgumentError(f"{what} {name!r} cannot be used as a file name (letters, digits and "
+                                   f"'_.=+-' only); it cannot be exported")
+    return name
+
+
+def _plan(view: CheckpointView, opts: ExportOptions) -> dict[str, tuple[list[str], list[str]]]:
+    """table -> (exported slots, slots read only for filtering)."""
+    tables = list(view.tables) if opts.tables is None else list(opts.tables)
+    plan = {}
+    for t in tables:
+        if t not in view.tables:
+            raise InvalidArgumentError(f"--tables: {view.path} has no table {t!r}; it has {sorted(view.tables)}")
+        have = view.tables[t].slots
+        missing = [s for s in opts.slots if s not in have]
+        if missing:
+            raise InvalidArgumentError(f"--slots: table {t!r} of {view.path} has no slot(s) {missing}; it has "
+                                       f"{list(have)}")
+        for what, slot, v in (("--min-freq", FREQ_SLOT, opts.min_freq),
+                              ("--seen-since-step", LAST_STEP_SLOT, opts.seen_since_step)):
+            if v is not None and slot not in have:
+                raise InvalidArgumentError(f"{what}: table {t!r} of {view.path} has no {slot!r} counter slot; "
+                                           f"drop the option or export only tables that count ({what} needs it)")
+        _safe_name("table", t)
+        for s in opts.slots:
+            _safe_name("slot", s)
+        extra = [s for s in (FREQ_SLOT, LAST_STEP_SLOT) if s in have and s not in opts.slots
+                 and (opts.predicate is not None or (s == FREQ_SLOT and opts.min_freq is not None)
+                      or (s == LAST_STEP_SLOT and opts.seen_since_step is not None))]
+        plan[t] = (list(opts.slots), extra)
+    return plan
+
+
+def _keep_mask(ids, cols, opts: ExportOptions) -> np.ndarray | None:
+    mask = None
+    if opts.min_freq is not None:
+        mask = cols[FREQ_SLOT] >= opts.min_freq
+    if opts.seen_since_step is not None:
+        m = cols[LAST_STEP_SLOT] >= opts.seen_since_step
+        mask = m if mask is None else mask & m
+    if opts.predicate is not None:
+        p = np.asarray(opts.predicate(ids, cols))
+        if p.dtype != np.bool_ or p.shape != ids.shape:
+            raise InvalidArgumentError(f"predicate returned {p.dtype} {p.shape}; it must return a bool mask of "
+                                       f"shape {ids.shape}")
+        mask = p if mask is None else mask & p
+    return mask
+
+
+def _shard_rows(view: CheckpointView, table: str, slots: list[str], opts: ExportOptions) -> int | None:
+    if opts.shard_rows is not None or opts.format == "parquet":
+        return opts.shard_rows
+    row = 8 + sum(view.tables[table].slots[s].row_bytes for s in slots)
+    return max(1, DEFAULT_BUFFERED_FILE_BYTES // row)
+
+
+def export(source: "str | os.PathLike | CheckpointView", out_dir: "str | os.PathLike",
+           options: ExportOptions | None = None, *, progress: Callable[[int], None] | None = None,
+           storage_options: Mapping[str, Any] | None = None) -> ExportResult:
+    """Export `source` (a checkpoint path/URL or an open view) into the local directory `out_dir`, which
+    must not exist or be empty. `progress(rows)` is called after each chunk with the rows it read."""
+    opts = options or ExportOptions()
+    view = source if isinstance(source, CheckpointView) else open_checkpoint(source, storage_options)
+    plan = _plan(view, opts)
+    out_dir = os.fspath(out_dir)
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise InvalidArgumentError(f"--out {out_dir}: exists and is not an empty directory; choose a new "
+                                   f"directory (an export never overwrites files)")
+    t0 = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    result = ExportResult(out_dir)
+    for table, (slots, extra) in plan.items():
+        os.makedirs(os.path.join(out_dir, table), exist_ok=True)
+        per_file = _shard_rows(view, table, slots, opts)
+        files, rows, part, in_part, sink = [], 0, 0, 0, None
+
+        def open_sink(k):
+            base = os.path.join(out_dir, table, f"part-{k:05d}")
+            return _ParquetSink(base + ".parquet") if opts.format == "parquet" else _BufferedSink(base, opts.format)
+
+        def close_sink(s):
+            if s is not None:
+                files.extend(s.close())
+
+        for ids, cols in view.iter_rows(table, slots + extra, chunk_rows=opts.chunk_rows):
+            n_read = len(ids)
+            mask = _keep_mask(ids, cols, opts)
+            if mask is not None:
+                ids = ids[mask]
+                cols = {k: v[mask] for k, v in cols.items()}
+            pos = 0
+            while pos < len(ids):
+                if sink is None:
+                    sink, in_part = open_sink(part), 0
+                    part += 1
+                take = len(ids) - pos if per_file is None else min(len(ids) - pos, per_file - in_part)
+                out_cols = {}
+                for s in slots:
+                    out_cols.update(_convert(s, cols[s][pos:pos + take], opts.dtype, opts.format))
+                sink.write(ids[pos:pos + take], out_cols)
+                pos += take
+                in_part += take
+                rows += take
+                if per_file is not None and in_part == per_file:
+                    close_sink(sink)
+                    sink = None
+            if progress is not None:
+                progress(n_read)
+        close_sink(sink)
+        result.tables[table] = {"rows": rows, "files": [os.path.relpath(f, out_dir) for f in files],
+                                "slots": {s: {"dtype": view.tables[table].slots[s].dtype,
+                                              "shape": list(view.tables[table].slots[s].shape)} for s in slots}}
+    result.seconds = time.perf_counter() - t0
+    doc = {"source": view.path, "ckpt_id": view.ckpt_id, "step": view.step, "format": opts.format,
+           "dtype": opts.dtype, "min_freq": opts.min_freq, "seen_since_step": opts.seen_since_step,
+           "filtered_by_predicate": opts.predicate is not None, "tables": result.tables}
+    with open(os.path.join(out_dir, EXPORT_MANIFEST), "w") as f:
+        json.dump(doc, f, indent=1)
+    return result
+
+
+__all__ = ["export", "ExportOptions", "ExportResult", "quantize_int8", "dequantize_int8", "FORMATS", "DTYPES"]

@@ -1,0 +1,272 @@
+"""Argument parsing, the verbs, exit codes and error reporting of the `recckpt` command.
+
+Exit codes: 0 ok; 1 a problem found (corrupt or missing checkpoint, differences for `diff`, a failed
+operation); 2 usage (unknown verb or option, an option value that cannot be valid). Errors are one line
+on stderr naming the file or option; `--debug` shows the traceback instead."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+import recckpt
+from recckpt.errors import InvalidArgumentError, RecckptError
+
+from . import render
+
+log = logging.getLogger("recckpt")
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own usage errors: one line, exit 2
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _names(text: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated names")
+    return names
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def _progress(total: int, what: str, enabled: bool) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
+    """A tqdm bar on stderr when it is a terminal (and not --json); else nothing."""
+    if not enabled or not sys.stderr.isatty():
+        return None, lambda: None
+    from tqdm import tqdm
+    bar = tqdm(total=total, unit="rows", unit_scale=True, desc=what, file=sys.stderr, leave=False)
+    return bar.update, bar.close
+
+
+# ---------------------------------------------------------------------------------------------- verbs
+def cmd_ls(a) -> int:
+    listing = recckpt.list_checkpoints(a.output_dir)
+    if a.json:
+        print(render.dumps(listing))
+        return EXIT_OK
+    rows = [[c.ckpt_id, "-" if c.step is None else str(c.step), c.kind, render.human_bytes(c.size_bytes),
+             c.created.strftime("%Y-%m-%d %H:%M:%S UTC")] for c in listing.checkpoints]
+    print(f"{listing.output_dir}: {len(listing.checkpoints)} committed checkpoint(s), oldest first")
+    if rows:
+        print(render.table(rows, ["ID", "STEP", "KIND", "SIZE", "CREATED"]))
+    for name, what in listing.leftovers:
+        print(f"leftover: {name} (left by {what}; `recckpt gc` removes it)")
+    return EXIT_OK
+
+
+def _inspect_doc(view, objects: bool) -> dict:
+    doc = {"path": view.path, "ckpt_id": view.ckpt_id, "step": view.step, "kind": view.kind,
+           "created": view.created, "workers": view.workers, "num_buckets": view.num_buckets,
+           "format_version": view.format_version, "parent": view.parent, "writer": view.writer,
+           "size_bytes": view.size_bytes, "metadata": dict(view.metadata),
+           "tables": {t.name: {"rows": t.rows, "slots": {s.name: {"dtype": s.dtype, "shape": list(s.shape),
+                                                                  "category": s.category}
+                                                         for s in t.slots.values()}}
+                      for t in view.tables.values()},
+           "dense": {d.key: {"dtype": d.dtype, "shape": list(d.shape)} for d in view.dense.values()}}
+    if objects:
+        tree = view.objects()
+        doc["objects"] = {n: {"kind": e["kind"], "state": render.summary(e["state"])}
+                          for n, e in tree["objects"].items()}
+        doc["sparse_optimizer"] = render.summary(tree["sparse_optimizer"])
+        doc["io_state"] = {w: render.summary(view.io_state(w)) for w in view.io_state_workers}
+    return doc
+
+
+def cmd_inspect(a) -> int:
+    view = recckpt.open(a.ckpt)
+    doc = _inspect_doc(view, objects=not a.no_objects)
+    if a.json:
+        print(render.dumps(doc))
+        return EXIT_OK
+    print(f"{doc['path']}")
+    print(f"  id {view.ckpt_id}, step {'-' if view.step is None else view.step}, {view.kind}, "
+          f"created {view.created:%Y-%m-%d %H:%M:%S UTC}, {render.human_bytes(doc['size_bytes'])}")
+    print(f"  {view.workers} worker(s), {view.num_buckets} buckets, format version {view.format_version}, "
+          f"written by {view.writer}" + (f", parent {view.parent}" if view.parent else ""))
+    if view.tables:
+        rows = [[t, str(info["rows"]), s, d["dtype"], str(tuple(d["shape"])), d["category"]]
+                for t, info in doc["tables"].items() for s, d in info["slots"].items()]
+        print("sparse tables:")
+        print(render.table(rows, ["TABLE", "ROWS", "SLOT", "DTYPE", "ROW SHAPE", "CATEGORY"]))
+    if doc["dense"]:
+        print("dense:")
+        print(render.table([[k, d["dtype"], str(tuple(d["shape"]))] for k, d in doc["dense"].items()],
+                           ["KEY", "DTYPE", "SHAPE"]))
+    if "objects" in doc:
+        print("registered objects:" if doc["objects"] else "registered objects: none")
+        for n, e in doc["objects"].items():
+            print(f"  {n} ({e['kind']}): {render.compact(e['state'])}")
+        if doc["sparse_optimizer"] is not None:
+            print(f"  sparse optimizer: {render.compact(doc['sparse_optimizer'])}")
+        for w, s in doc["io_state"].items():
+            print(f"io state, worker {w}: {render.compact(s)}")
+    return EXIT_OK
+
+
+def cmd_verify(a) -> int:
+    reports, status = [], EXIT_OK
+    for path in a.ckpts:
+        try:
+            rep = recckpt.verify(path)
+            ok, text, doc = rep.ok, str(rep), rep
+        except RecckptError as e:  # not a checkpoint at all: a problem with this argument, keep going
+            ok, text, doc = False, f"{path}: {e}", {"path": path, "problems": [str(e)]}
+        status = status if ok else EXIT_PROBLEM
+        reports.append(doc)
+        if not a.json:
+            print(text)
+    if a.json:
+        print(render.dumps(reports))
+    return status
+
+
+def cmd_diff(a) -> int:
+    r = recckpt.diff(a.a, a.b, values=a.values)
+    if a.json:
+        print(render.dumps({"same": r.same, **render.to_jsonable(r)}))
+        return EXIT_OK if r.same else EXIT_PROBLEM
+    print(f"--- {r.a}\n+++ {r.b}")
+    for f, (x, y) in r.metadata.items():
+        print(f"~ {f}: {x} -> {y}")
+    for what, d in (("table", r.tables), ("dense key", r.dense), ("object", r.objects)):
+        for sign, key in (("+", "added"), ("-", "removed"), ("~", "changed")):
+            for n in d[key]:
+                print(f"{sign} {what} {n}")
+    for t, d in r.slots.items():
+        for sign, key in (("+", "added"), ("-", "removed"), ("~", "changed")):
+            for n in d[key]:
+                print(f"{sign} slot {t}.{n}")
+    for t, v in (r.values or {}).items():
+        print(f"rows of {t}: {v.common} in both, {v.only_b} added, {v.only_a} removed, {v.changed_rows} changed")
+        for s, sv in v.slots.items():
+            if sv.changed_rows:
+                print(f"  {s}: {sv.changed_rows} rows changed, largest absolute difference {sv.max_abs_diff:g}")
+    print("no differences" if r.same else "checkpoints differ")
+    return EXIT_OK if r.same else EXIT_PROBLEM
+
+
+def cmd_export(a) -> int:
+    opts = recckpt.ExportOptions(format=a.format, tables=a.tables, slots=tuple(a.slots), dtype=a.dtype,
+                                 shard_rows=a.shard_rows, min_freq=a.min_freq,
+                                 seen_since_step=a.seen_since_step, chunk_rows=a.chunk_rows)
+    view = recckpt.open(a.ckpt)
+    total = sum(t.rows for n, t in view.tables.items() if a.tables is None or n in a.tables)
+    update, close = _progress(total, "export", not a.json)
+    try:
+        res = recckpt.export(view, a.out, opts, progress=update)
+    finally:
+        close()
+    if a.json:
+        print(render.dumps(res))
+    else:
+        for t, d in res.tables.items():
+            print(f"{t}: {d['rows']} rows in {len(d['files'])} file(s)")
+        print(f"exported {res.rows} rows to {res.out_dir} as {a.format} ({a.dtype}) in {res.seconds:.2f}s")
+    return EXIT_OK
+
+
+def cmd_prune(a) -> int:
+    gone = recckpt.prune(a.output_dir, a.keep, dry_run=a.dry_run)
+    if a.json:
+        print(render.dumps({"deleted" if not a.dry_run else "would_delete": gone}))
+    else:
+        verb = "would delete" if a.dry_run else "deleted"
+        print("\n".join(f"{verb} {c}" for c in gone) if gone else "nothing to prune")
+    return EXIT_OK
+
+
+def cmd_gc(a) -> int:
+    found = recckpt.gc(a.output_dir, dry_run=a.dry_run)
+    if a.json:
+        print(render.dumps({"removed" if not a.dry_run else "would_remove":
+                            [{"name": n, "left_by": w} for n, w in found]}))
+    else:
+        verb = "would remove" if a.dry_run else "removed"
+        print("\n".join(f"{verb} {n} (left by {w})" for n, w in found) if found else "no leftovers")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    common.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    common.add_argument("-v", "--verbose", action="store_true", help="log what is done (INFO)")
+    p = _Parser(prog="recckpt", description="Look inside recckpt checkpoints and get embeddings out.",
+                epilog="exit codes: 0 ok, 1 a problem found (or differences, for diff), 2 usage")
+    p.add_argument("--version", action="version", version=f"recckpt {recckpt.__version__}")
+    sub = p.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    sub.required = True
+
+    def verb(name, fn, help_):
+        sp = sub.add_parser(name, parents=[common], help=help_, description=help_)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = verb("ls", cmd_ls, "list the committed checkpoints of an output directory and leftovers of crashed saves")
+    sp.add_argument("output_dir", metavar="OUTPUT_DIR")
+    sp = verb("inspect", cmd_inspect, "show one checkpoint: metadata, tables and slots, dense keys, objects, IO state")
+    sp.add_argument("ckpt", metavar="CKPT")
+    sp.add_argument("--no-objects", action="store_true", help="skip registered objects and IO state")
+    sp = verb("verify", cmd_verify, "check every byte of one or more checkpoints (exit 1 naming the file on failure)")
+    sp.add_argument("ckpts", metavar="CKPT", nargs="+")
+    sp = verb("diff", cmd_diff, "tables, slots, dense keys and objects added, removed or changed between A and B "
+                                "(exit 1 when they differ)")
+    sp.add_argument("a", metavar="A")
+    sp.add_argument("b", metavar="B")
+    sp.add_argument("--values", action="store_true",
+                    help="also compare rows: ids added/removed, rows changed, largest absolute difference per slot")
+    sp = verb("export", cmd_export, "write embedding rows (with their ids) to Parquet, safetensors or .npy files")
+    sp.add_argument("ckpt", metavar="CKPT")
+    sp.add_argument("--out", required=True, metavar="DIR", help="a new or empty local directory")
+    sp.add_argument("--format", default="parquet", choices=["parquet", "safetensors", "npy"])
+    sp.add_argument("--tables", type=_names, default=None, help="comma-separated tables (default: all)")
+    sp.add_argument("--slots", type=_names, default=["embedding"], help="comma-separated slots (default: embedding)")
+    sp.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16", "int8"],
+                    help="value type of float slots; int8: row-wise with per-row scale and offset")
+    sp.add_argument("--shard-rows", type=_positive, default=None, help="at most N rows per output file")
+    sp.add_argument("--min-freq", type=int, default=None, help="only rows whose 'freq' counter is >= N")
+    sp.add_argument("--seen-since-step", type=int, default=None,
+                    help="only rows whose 'last_step' counter is >= STEP")
+    sp.add_argument("--chunk-rows", type=_positive, default=65536, help="rows read at a time (memory bound)")
+    sp = verb("prune", cmd_prune, "delete all but the newest N regular checkpoints of an output directory")
+    sp.add_argument("output_dir", metavar="OUTPUT_DIR")
+    sp.add_argument("--keep", type=_positive, required=True, metavar="N")
+    sp.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    sp = verb("gc", cmd_gc, "remove leftovers of crashed saves and deletes from an output directory")
+    sp.add_argument("output_dir", metavar="OUTPUT_DIR")
+    sp.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        print("recckpt: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line naming what failed; the traceback only on request
+        if args.debug:
+            raise
+        code = EXIT_USAGE if isinstance(e, InvalidArgumentError) else EXIT_PROBLEM
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not isinstance(e, RecckptError):  # unexpected: say its kind, since the message may not
+            text = f"{type(e).__name__}: {text} (run with --debug for the traceback)"
+        print(f"recckpt {args.verb}: error: {text}", file=sys.stderr)
+        return code

@@ -4,10 +4,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import sys
 from typing import Any
 
 import numpy as np
-import torch
 
 
 def human_bytes(n: int) -> str:
@@ -23,7 +23,8 @@ def summary(obj: Any, depth: int = 0) -> Any:
     long lists cut short. Never calls into the objects beyond reading their type, dtype and shape."""
     if depth > 8:
         return "..."
-    if isinstance(obj, torch.Tensor):
+    torch = sys.modules.get("torch")  # no tensor exists unless torch is loaded: `--help` stays fast
+    if torch is not None and isinstance(obj, torch.Tensor):
         return f"tensor({str(obj.dtype).replace('torch.', '')}, {list(obj.shape)})"
     if isinstance(obj, np.ndarray):
         return f"ndarray({obj.dtype}, {list(obj.shape)})"

@@ -32,6 +32,8 @@ META_STEP = "recckpt.global_step"
 META_EPHEMERAL = "recckpt.ephemeral"
 
 DEFAULT_CHUNK_ROWS = 65536
+#: iter_rows reads about this many bytes of rows (all segments together) per bucket window.
+WINDOW_BYTES = 32 << 20
 
 # numpy element type of each format dtype name; BF16 has none in numpy and comes out as float32 (exact).
 _NUMPY = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
@@ -272,16 +274,26 @@ class CheckpointView:
             return
         cap = max(1, min(chunk_rows, t.rows))  # no allocation beyond the table, whatever chunk_rows says
         buf = _Chunk(cap, widths)
-        for ids, parts in self._r.segments.iter_table(table, slots, widths, lo, hi):
-            pos, n = 0, len(ids)
-            while pos < n:
-                take = buf.fill(ids, parts, pos, n)
-                pos += take
-                if buf.full:
-                    yield self._convert(buf, slots, descs, as_torch)
-                    buf = _Chunk(cap, widths)
+        for w_lo, w_hi in self._windows(t, widths, lo, hi):
+            for ids, parts in self._r.segments.iter_table(table, slots, widths, w_lo, w_hi):
+                pos, n = 0, len(ids)
+                while pos < n:
+                    take = buf.fill(ids, parts, pos, n)
+                    pos += take
+                    if buf.full:
+                        yield self._convert(buf, slots, descs, as_torch)
+                        buf = _Chunk(cap, widths)
         if buf.rows:
             yield self._convert(buf, slots, descs, as_torch)
+
+    def _windows(self, t: TableDesc, widths: list[int], lo: int, hi: int) -> list[tuple[int, int]]:
+        """Bucket ranges of about WINDOW_BYTES of rows each (ids hash evenly over buckets): the segment
+        reader reads whole segments' row ranges, and a segment can be as large as the writer chose, so
+        reading a window at a time is what bounds memory whatever the table and its segments."""
+        nb = self.num_buckets
+        total = t.rows * (8 + sum(widths)) * (hi - lo) // nb
+        n = max(1, min(hi - lo, -(-total // WINDOW_BYTES)))
+        return [(lo + k * (hi - lo) // n, lo + (k + 1) * (hi - lo) // n) for k in range(n)]
 
     @staticmethod
     def _convert(buf: "_Chunk", slots, descs, as_torch):

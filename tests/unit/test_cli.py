@@ -231,3 +231,13 @@ def test_installed_console_script(tmp_path):
     p = subprocess.run([script, "ls", str(tmp_path / "run"), "--json"], capture_output=True, text=True,
                        env=_subprocess_env(), timeout=120)
     assert p.returncode == 0 and json.loads(p.stdout)["checkpoints"][0]["ckpt_id"] == "c"
+
+
+def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, tmp_path):
+    make_checkpoint(str(tmp_path / "run"), "c", table_rows(300))
+    code, out, err = run(capsys, "export", str(tmp_path / "run" / "c"), "--out", str(tmp_path / "a"))
+    assert code == 0 and "rows/s" not in err and "export:" not in err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, out, err = run(capsys, "export", str(tmp_path / "run" / "c"), "--out", str(tmp_path / "b"),
+                         "--chunk-rows", "50")
+    assert code == 0 and "export:" in err and "rows" in err

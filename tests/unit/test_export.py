@@ -213,3 +213,22 @@ def test_missing_counter_is_named(tmp_path):
                   options=recckpt.SaveOptions(fsync=False)).save("c")
     with pytest.raises(InvalidArgumentError, match="--min-freq: table 'item' .* no 'freq' counter"):
         recckpt.export(tmp_path / "run" / "c", tmp_path / "o", ExportOptions(min_freq=2))
+
+
+def test_hostile_table_name_cannot_write_outside_out(tmp_path):
+    """A checkpoint from elsewhere whose table is named '../../x' (manifest and index rewritten, index CRC
+    fixed up so that every check passes) is refused before any file is written."""
+    from helpers.hostile import read_json, write_json
+    make_checkpoint(str(tmp_path / "run"), "c", table_rows(30))
+    ck = tmp_path / "run" / "c"
+    evil = "../../escaped"
+    idx = read_json(str(ck), "index.json")
+    idx["tables"] = {evil: idx["tables"]["user"]}
+    write_json(str(ck), "index.json", idx)
+    man = read_json(str(ck), "manifest.json")
+    man["tables"] = {evil: man["tables"]["user"]}
+    write_json(str(ck), "manifest.json", man)
+    assert recckpt.open(ck).tables[evil].rows == 30
+    with pytest.raises(InvalidArgumentError, match="cannot be used as a file name"):
+        recckpt.export(ck, tmp_path / "out" / "a" / "b", ExportOptions())
+    assert not (tmp_path / "out" / "escaped").exists() and not (tmp_path / "escaped").exists()

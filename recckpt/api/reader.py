@@ -136,8 +136,11 @@ def kind_of(metadata: Mapping[str, str], parent: str | None) -> str:
 
 
 def parent_of(manifest) -> str | None:
-    """Incremental checkpoints (when the format has them) name their parent in the manifest."""
-    return getattr(manifest, "parent", None) or manifest.metadata.get("recckpt.parent")
+    """The id of the parent an incremental checkpoint names in its manifest (format version 3), else None.
+    A view of an incremental checkpoint shows that checkpoint's own rows: the ones changed since the
+    parent."""
+    parent = getattr(manifest, "parent", None)
+    return None if parent is None else getattr(parent, "ckpt_id", parent)
 
 
 class CheckpointView:

@@ -288,6 +288,9 @@ def export(source: "str | os.PathLike | CheckpointView", out_dir: "str | os.Path
     view = source if isinstance(source, CheckpointView) else open_checkpoint(source, storage_options)
     plan = _plan(view, opts)
     out_dir = os.fspath(out_dir)
+    if "://" in out_dir:
+        raise InvalidArgumentError(f"--out {out_dir}: export writes to a local directory; export locally, "
+                                   f"then copy the files to the store")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise InvalidArgumentError(f"--out {out_dir}: exists and is not an empty directory; choose a new "
                                    f"directory (an export never overwrites files)")

@@ -200,6 +200,8 @@ def test_bad_options(ckpts, tmp_path):
     with pytest.raises(InvalidArgumentError, match="not an empty directory"):
         recckpt.export(ckpts[1], tmp_path / "full", ExportOptions())
     assert (tmp_path / "full" / "x").read_text() == "mine"
+    with pytest.raises(InvalidArgumentError, match="local directory"):
+        recckpt.export(ckpts[1], "memory://somewhere", ExportOptions())
     with pytest.raises(InvalidArgumentError, match="bool mask"):
         recckpt.export(ckpts[1], tmp_path / "b", ExportOptions(predicate=lambda ids, cols: ids))
 

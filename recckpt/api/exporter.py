@@ -62,7 +62,8 @@ class ExportOptions:
     min_freq: int | None = None                 # keep rows whose `freq` counter is >= this
     seen_since_step: int | None = None          # keep rows whose `last_step` counter is >= this
     predicate: Predicate | None = field(default=None, compare=False)
-    """API only: predicate(ids, {slot: array}) -> bool mask of rows to keep; it sees the exported slots
+    """API only: predicate(ids, {slot: array}) -> bool mask of rows to keep (the arrays are reused for the
+    next chunk: do not keep them); it sees the exported slots
     and the counter slots the table has (as numpy, BF16 as float32)."""
     chunk_rows: int = DEFAULT_CHUNK_ROWS
 
@@ -194,9 +195,10 @@ class _BufferedSink:
         self._ids, self._cols = [], {}
 
     def write(self, ids: np.ndarray, cols: dict[str, Any]) -> None:
-        self._ids.append(ids)
+        # Copies: the arrays may be views of the reader's reused chunk buffer.
+        self._ids.append(np.array(ids))
         for k, a in cols.items():
-            self._cols.setdefault(k, []).append(a)
+            self._cols.setdefault(k, []).append(a.clone() if isinstance(a, torch.Tensor) else np.array(a))
 
     def close(self) -> list[str]:
         if not self._ids:
@@ -310,7 +312,7 @@ def export(source: "str | os.PathLike | CheckpointView", out_dir: "str | os.Path
             if s is not None:
                 files.extend(s.close())
 
-        for ids, cols in view.iter_rows(table, slots + extra, chunk_rows=opts.chunk_rows):
+        for ids, cols in view.iter_rows(table, slots + extra, chunk_rows=opts.chunk_rows, reuse=True):
             n_read = len(ids)
             mask = _keep_mask(ids, cols, opts)
             if mask is not None:

@@ -254,14 +254,16 @@ class CheckpointView:
 
     def iter_rows(self, table: str, slots: Sequence[str] | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                   shard: tuple[int, int] | None = None, *, buckets: tuple[int, int] | None = None,
-                  as_torch: bool = False) -> Iterator[tuple[Any, dict[str, Any]]]:
+                  as_torch: bool = False, reuse: bool = False) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Yield `(ids, {slot: rows})` chunks of at most `chunk_rows` rows of `table`, every byte verified.
 
         slots: which slots (default all). shard=(rank, world): the rows worker `rank` of `world` owns;
         buckets=(lo, hi): the rows of buckets [lo, hi). Rows come in bucket order, not id order. Arrays are
         numpy (BF16 slots as float32, exactly) or, with as_torch=True, torch tensors of the slot's dtype.
-        Each chunk is fresh memory the caller may keep; memory use is bounded by chunk_rows and the
-        reader's batch, whatever the table's size."""
+        Each chunk is fresh memory the caller may keep; with reuse=True every chunk lands in the same
+        buffer instead (valid until the next chunk: saves faulting in new memory for a caller that
+        converts or writes each chunk at once). Memory use is bounded by chunk_rows and the reader's
+        window, whatever the table's size."""
         t = self._table(table)
         slots = list(t.slots) if slots is None else list(slots)
         unknown = [s for s in slots if s not in t.slots]
@@ -285,7 +287,7 @@ class CheckpointView:
                     pos += take
                     if buf.full:
                         yield self._convert(buf, slots, descs, as_torch)
-                        buf = _Chunk(cap, widths)
+                        buf = buf.emptied() if reuse else _Chunk(cap, widths)
         if buf.rows:
             yield self._convert(buf, slots, descs, as_torch)
 
@@ -321,6 +323,10 @@ class _Chunk:
         self.cap, self.rows = cap, 0
         self.ids = np.empty(cap, dtype="<i8")
         self.cols = [np.empty((cap, w), dtype=np.uint8) for w in widths]
+
+    def emptied(self) -> "_Chunk":
+        self.rows = 0
+        return self
 
     @property
     def full(self) -> bool:

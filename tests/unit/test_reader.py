@@ -178,3 +178,17 @@ def test_small_windows_read_every_row_once(tmp_path, monkeypatch):
     _, got = _all(v, slots=["freq"], buckets=(100, 3000))
     b = bucket_of(rows["ids"], v.num_buckets)
     assert np.array_equal(got["ids"], rows["ids"][(b >= 100) & (b < 3000)])
+
+
+def test_reuse_gives_the_same_rows_in_one_buffer(tmp_path):
+    rows = table_rows(2000, seed=4)
+    make_checkpoint(str(tmp_path), "c", rows, workers=2)
+    v = recckpt.open(tmp_path / "c")
+    ids, embs, bufs = [], [], set()
+    for i, c in v.iter_rows("user", slots=["embedding"], chunk_rows=300, reuse=True):
+        ids.append(i.copy())
+        embs.append(c["embedding"].copy())
+        bufs.add(c["embedding"].__array_interface__["data"][0])
+    got = by_id(np.concatenate(ids), {"embedding": np.concatenate(embs)})
+    assert np.array_equal(got["ids"], rows["ids"]) and np.array_equal(got["embedding"], rows["embedding"])
+    assert len(embs) > 5 and len(bufs) == 1

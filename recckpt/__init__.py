@@ -63,4 +63,5 @@ def __dir__():
     return sorted(list(globals()) + list(_EXPORTS))
 
 
-__all__ = ["__version__", *_EXPORTS]
+# Not "open": `from recckpt import *` must not replace the builtin open.
+__all__ = ["__version__", *(n for n in _EXPORTS if n != "open")]

@@ -74,9 +74,7 @@ def prune(output_dir, keep: int, *, dry_run: bool = False,
                                    f"always kept)")
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
-    entries = []
-    for cid, m in catalog.committed(storage):
-        entries.append(CkptEntry(cid, recorded_step(m.metadata, m.worker_steps), kind_of(m.metadata, None) == "ephemeral"))
+    entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in catalog.committed(storage)]
     doomed = KeepPolicy(max_keep=keep).doomed(entries)
     if dry_run:
         return doomed

@@ -25,11 +25,8 @@ from ..format import extras as extras_fmt
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
 from ..storage import Storage, open_storage
+from .policies import META_EPHEMERAL, META_STEP, parse_step
 
-#: Manifest metadata keys the CheckpointManager writes (api/manager.py is their home; read here by name
-#: so that opening a checkpoint does not import the training loop).
-META_STEP = "recckpt.global_step"
-META_EPHEMERAL = "recckpt.ephemeral"
 
 DEFAULT_CHUNK_ROWS = 65536
 #: iter_rows reads about this many bytes of rows (all segments together) per bucket window.
@@ -122,9 +119,9 @@ def _not_a_checkpoint(storage: Storage) -> str:
 
 def recorded_step(metadata: Mapping[str, str], worker_steps: Mapping[int, int]) -> int | None:
     """The global step the CheckpointManager recorded, else the newest step a worker saved at."""
-    s = metadata.get(META_STEP)
-    if s is not None and s.isdigit():
-        return int(s)
+    step = parse_step(metadata.get(META_STEP))
+    if step is not None:
+        return step
     return max(worker_steps.values()) if worker_steps else None
 
 

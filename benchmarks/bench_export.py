@@ -25,14 +25,13 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from recckpt import SaveOptions, Saver  # noqa: E402
-from recckpt.state.protocol import SlotSpec, SparseTableMeta  # noqa: E402
+from recckpt import SaveOptions, Saver
+from recckpt.state.protocol import SlotSpec, SparseTableMeta
 
 
 class GeneratedTable(torch.nn.Module):

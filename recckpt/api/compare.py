@@ -3,8 +3,9 @@ objects added, removed or changed; with values=True also the rows (ids only in o
 largest absolute difference per slot), compared bucket range by bucket range so memory stays bounded."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,7 +71,7 @@ def _tensor_equal(x, y) -> bool:
     return bool(x == y)
 
 
-def diff(a: "str | CheckpointView", b: "str | CheckpointView", *, values: bool = False,
+def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = False,
          storage_options: Mapping[str, Any] | None = None) -> DiffReport:
     va = a if isinstance(a, CheckpointView) else open_checkpoint(a, storage_options)
     vb = b if isinstance(b, CheckpointView) else open_checkpoint(b, storage_options)
@@ -137,4 +138,4 @@ def _table_values(va: CheckpointView, vb: CheckpointView, table: str) -> TableVa
     return out
 
 
-__all__ = ["diff", "DiffReport", "TableValues", "SlotValues"]
+__all__ = ["DiffReport", "SlotValues", "TableValues", "diff"]

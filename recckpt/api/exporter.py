@@ -23,8 +23,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -222,6 +223,40 @@ class _BufferedSink:
         return written
 
 
+class _Parts:
+    """A table's output files `part-NNNNN.*` in `folder`, each of at most `per_file` rows (None: one)."""
+
+    def __init__(self, folder: str, fmt: str, per_file: int | None):
+        self.folder, self.fmt, self.per_file = folder, fmt, per_file
+        self.files: list[str] = []
+        self.rows = self.in_part = self.count = 0
+        self.sink = None
+
+    def room(self, n: int) -> int:
+        """How many of `n` rows go into the current file (one is opened if needed)."""
+        if self.sink is None:
+            base = os.path.join(self.folder, f"part-{self.count:05d}")
+            self.sink = _ParquetSink(base + ".parquet") if self.fmt == "parquet" else _BufferedSink(base, self.fmt)
+            self.count, self.in_part = self.count + 1, 0
+        return n if self.per_file is None else min(n, self.per_file - self.in_part)
+
+    def write(self, ids: np.ndarray, cols: dict[str, Any]) -> None:
+        self.sink.write(ids, cols)
+        self.in_part += len(ids)
+        self.rows += len(ids)
+        if self.per_file is not None and self.in_part == self.per_file:
+            self._close_file()
+
+    def _close_file(self) -> None:
+        if self.sink is not None:
+            self.files.extend(self.sink.close())
+            self.sink = None
+
+    def close(self) -> tuple[list[str], int]:
+        self._close_file()
+        return self.files, self.rows
+
+
 # ------------------------------------------------------------------------------------------ export
 def _safe_name(what: str, name: str) -> str:
     """Table and slot names become file names: a checkpoint from elsewhere must not write outside `out`."""
@@ -281,7 +316,7 @@ def _shard_rows(view: CheckpointView, table: str, slots: list[str], opts: Export
     return max(1, DEFAULT_BUFFERED_FILE_BYTES // row)
 
 
-def export(source: "str | os.PathLike | CheckpointView", out_dir: "str | os.PathLike",
+def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLike,
            options: ExportOptions | None = None, *, progress: Callable[[int], None] | None = None,
            storage_options: Mapping[str, Any] | None = None) -> ExportResult:
     """Export `source` (a checkpoint path/URL or an open view) into the local directory `out_dir`, which
@@ -301,17 +336,7 @@ def export(source: "str | os.PathLike | CheckpointView", out_dir: "str | os.Path
     result = ExportResult(out_dir)
     for table, (slots, extra) in plan.items():
         os.makedirs(os.path.join(out_dir, table), exist_ok=True)
-        per_file = _shard_rows(view, table, slots, opts)
-        files, rows, part, in_part, sink = [], 0, 0, 0, None
-
-        def open_sink(k):
-            base = os.path.join(out_dir, table, f"part-{k:05d}")
-            return _ParquetSink(base + ".parquet") if opts.format == "parquet" else _BufferedSink(base, opts.format)
-
-        def close_sink(s):
-            if s is not None:
-                files.extend(s.close())
-
+        parts = _Parts(os.path.join(out_dir, table), opts.format, _shard_rows(view, table, slots, opts))
         for ids, cols in view.iter_rows(table, slots + extra, chunk_rows=opts.chunk_rows, reuse=True):
             n_read = len(ids)
             mask = _keep_mask(ids, cols, opts)
@@ -320,23 +345,15 @@ def export(source: "str | os.PathLike | CheckpointView", out_dir: "str | os.Path
                 cols = {k: v[mask] for k, v in cols.items()}
             pos = 0
             while pos < len(ids):
-                if sink is None:
-                    sink, in_part = open_sink(part), 0
-                    part += 1
-                take = len(ids) - pos if per_file is None else min(len(ids) - pos, per_file - in_part)
+                take = parts.room(len(ids) - pos)
                 out_cols = {}
                 for s in slots:
                     out_cols.update(_convert(s, cols[s][pos:pos + take], opts.dtype, opts.format))
-                sink.write(ids[pos:pos + take], out_cols)
+                parts.write(ids[pos:pos + take], out_cols)
                 pos += take
-                in_part += take
-                rows += take
-                if per_file is not None and in_part == per_file:
-                    close_sink(sink)
-                    sink = None
             if progress is not None:
                 progress(n_read)
-        close_sink(sink)
+        files, rows = parts.close()
         result.tables[table] = {"rows": rows, "files": [os.path.relpath(f, out_dir) for f in files],
                                 "slots": {s: {"dtype": view.tables[table].slots[s].dtype,
                                               "shape": list(view.tables[table].slots[s].shape)} for s in slots}}
@@ -349,4 +366,4 @@ def export(source: "str | os.PathLike | CheckpointView", out_dir: "str | os.Path
     return result
 
 
-__all__ = ["export", "ExportOptions", "ExportResult", "quantize_int8", "dequantize_int8", "FORMATS", "DTYPES"]
+__all__ = ["DTYPES", "FORMATS", "ExportOptions", "ExportResult", "dequantize_int8", "export", "quantize_int8"]

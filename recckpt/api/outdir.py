@@ -3,8 +3,9 @@ remove what crashed saves left behind (gc). The command-line verbs ls, prune and
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, names, recovery
@@ -98,4 +99,4 @@ def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] 
     return [(n, w) for n, w in found if n in removed]
 
 
-__all__ = ["list_checkpoints", "prune", "gc", "Listing", "CheckpointSummary"]
+__all__ = ["CheckpointSummary", "Listing", "gc", "list_checkpoints", "prune"]

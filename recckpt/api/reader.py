@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import inspect
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +27,6 @@ from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
 from ..storage import Storage, open_storage
 from .policies import META_EPHEMERAL, META_STEP, parse_step
-
 
 DEFAULT_CHUNK_ROWS = 65536
 #: iter_rows reads about this many bytes of rows (all segments together) per bucket window.
@@ -89,7 +89,7 @@ def _open_storage(path: str, storage_options: Mapping[str, Any] | None) -> Stora
     return open_storage(path)
 
 
-def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int = 4) -> "CheckpointView":  # noqa: A001
+def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int = 4) -> CheckpointView:
     """A read-only view of the committed checkpoint directory `path` (local path or fsspec URL).
 
     Raises CheckpointNotFoundError when `path` holds no checkpoint (naming the newest one when `path` is
@@ -298,7 +298,7 @@ class CheckpointView:
         return [(lo + k * (hi - lo) // n, lo + (k + 1) * (hi - lo) // n) for k in range(n)]
 
     @staticmethod
-    def _convert(buf: "_Chunk", slots, descs, as_torch):
+    def _convert(buf: _Chunk, slots, descs, as_torch):
         n = buf.rows
         ids = buf.ids[:n]
         cols = {}
@@ -321,7 +321,7 @@ class _Chunk:
         self.ids = np.empty(cap, dtype="<i8")
         self.cols = [np.empty((cap, w), dtype=np.uint8) for w in widths]
 
-    def emptied(self) -> "_Chunk":
+    def emptied(self) -> _Chunk:
         self.rows = 0
         return self
 
@@ -339,4 +339,4 @@ class _Chunk:
         return take
 
 
-__all__ = ["open", "CheckpointView", "TableDesc", "SlotDesc", "DenseDesc", "DEFAULT_CHUNK_ROWS"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "CheckpointView", "DenseDesc", "SlotDesc", "TableDesc", "open"]

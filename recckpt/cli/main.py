@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import recckpt
 from recckpt.errors import InvalidArgumentError, RecckptError
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("recckpt: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # one line naming what failed; the traceback only on request
+    except Exception as e:
         if args.debug:
             raise
         code = EXIT_USAGE if isinstance(e, InvalidArgumentError) else EXIT_PROBLEM

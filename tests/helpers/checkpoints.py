@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from helpers.tables import DictTable
 from recckpt import SaveOptions, Saver
 from recckpt.state.protocol import SlotSpec
-from helpers.tables import DictTable
 
 DIM = 8
 SPEC = {"embedding": SlotSpec(torch.float32, (DIM,), "sparse"),

@@ -14,8 +14,8 @@ import uuid
 
 import numpy as np
 import pytest
-
 from helpers.checkpoints import make_checkpoint, table_rows
+
 from recckpt.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,10 +7,14 @@ import uuid
 import numpy as np
 import pytest
 import torch
+from helpers.checkpoints import DIM, by_id, make_checkpoint, table_rows
 
 import recckpt
-from helpers.checkpoints import DIM, by_id, make_checkpoint, table_rows
-from recckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidArgumentError
+from recckpt.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+)
 from recckpt.format.hashing import bucket_of, bucket_range
 
 
@@ -74,6 +78,7 @@ def test_slots_shard_buckets_and_torch(out):
 
 def test_bf16_slot_is_exact_as_float32_and_native_in_torch(tmp_path):
     from helpers.tables import DictTable
+
     from recckpt import SaveOptions, Saver
     from recckpt.state.protocol import SlotSpec
     t = DictTable("w", {"embedding": SlotSpec(torch.bfloat16, (2, 3), "sparse")})
@@ -142,10 +147,10 @@ def test_corrupt_extras_and_manifest(tmp_path):
 
 
 def test_pickled_objects_are_shown_as_bytes_never_unpickled(tmp_path):
-    from helpers.checkpoints import FAST, Model
-    from helpers.tables import DictTable
-    from helpers.checkpoints import SPEC
     import fractions
+
+    from helpers.checkpoints import FAST, SPEC, Model
+    from helpers.tables import DictTable
     s = recckpt.Saver(Model(DictTable("user", SPEC)), output_dir=tmp_path, options=FAST)
     s.register_for_checkpointing("frac", {"f": fractions.Fraction(1, 3)}, allow_pickle=True)
     s.save("c")
@@ -156,6 +161,7 @@ def test_pickled_objects_are_shown_as_bytes_never_unpickled(tmp_path):
 def test_storage_options_are_refused_or_passed_on(tmp_path):
     make_checkpoint(str(tmp_path), "c", table_rows(20))
     import inspect
+
     from recckpt.storage import open_storage
     if "storage_options" in inspect.signature(open_storage).parameters:
         assert recckpt.open(tmp_path / "c", storage_options={}).ckpt_id == "c"

@@ -20,7 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from sparse_fixtures import DictTable  # noqa: E402
+from helpers.tables import DictTable  # noqa: E402
 
 from recckpt import SaveOptions, Saver, partition  # noqa: E402
 from recckpt.state.protocol import SlotSpec  # noqa: E402

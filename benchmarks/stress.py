@@ -15,7 +15,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-import stress_harness as h  # noqa: E402
+from helpers import stress_harness as h  # noqa: E402
 
 
 def main() -> int:

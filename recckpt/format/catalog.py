@@ -62,8 +62,8 @@ def read_version_file(storage: Storage) -> list[str] | None:
 
 
 def committed(storage: Storage) -> list[tuple[str, Manifest]]:
-    """Committed checkpoints, oldest first: the version file's order, then any committed directory it
-    does not list (a crash between commit and version-file update) by creation time."""
+    """Committed checkpoints, oldest first: the version file's order, with any committed directory it
+    does not list placed among them by creation time."""
     listed = read_version_file(storage) or []
     found: dict[str, Manifest] = {}
     for name in storage.listdir(""):
@@ -79,8 +79,16 @@ def committed(storage: Storage) -> list[tuple[str, Manifest]]:
             continue
         found[name] = m
     order = [i for i in listed if i in found]
-    rest = sorted((m.created_ns, i) for i, m in found.items() if i not in set(order))
-    return [(i, found[i]) for i in order] + [(i, found[i]) for _, i in rest]
+    # A committed checkpoint the version file does not list is either a commit whose version-file
+    # update was lost (newer than everything listed) or one retention had dropped from the version file
+    # and not yet deleted (older). Each goes where its creation time puts it among the listed ones:
+    # appending them all would make a half-retired old checkpoint the "newest" one a restart loads.
+    listed_set = set(order)
+    for _, i in sorted((m.created_ns, i) for i, m in found.items() if i not in listed_set):
+        created = found[i].created_ns
+        at = next((k for k, j in enumerate(order) if found[j].created_ns > created), len(order))
+        order.insert(at, i)
+    return [(i, found[i]) for i in order]
 
 
 def write_version_file(storage: Storage, ids: list[str], fsync: bool = True) -> None:

@@ -169,3 +169,20 @@ def test_dense_key_reserved_by_safetensors_is_refused_at_save(tmp_path):
     with pytest.raises(Exception, match="__metadata__"):
         Saver(m, output_dir=tmp_path, options=OPTS).save("c")
     assert Saver(model(), output_dir=tmp_path).checkpoints() == []
+
+
+def test_an_unlisted_checkpoint_is_ordered_by_creation_not_appended(tmp_path):
+    """Retention drops a checkpoint from the version file before deleting it; a crash in between leaves
+    an old checkpoint committed but unlisted. It must not become the newest one a restart loads. A
+    commit whose version-file update was lost (newer than all listed) still comes last."""
+    from recckpt.format import catalog
+    from recckpt.storage import open_storage
+    saver = Saver(torch.nn.Linear(2, 2), output_dir=tmp_path, max_keep=None)
+    for i in range(4):
+        saver.save(f"c{i}")
+    st = open_storage(str(tmp_path))
+    catalog.write_version_file(st, ["c1", "c2"])      # c0 half-retired; c3's version-file update lost
+    assert [i for i, _ in catalog.committed(st)] == ["c0", "c1", "c2", "c3"]
+    assert saver.latest_checkpoint() == "c3"
+    catalog.write_version_file(st, ["c2", "c3"])      # retention dropped c0 and c1, then the process died
+    assert [i for i, _ in catalog.committed(st)] == ["c0", "c1", "c2", "c3"]

@@ -32,9 +32,10 @@ from torch import nn
 
 from recckpt import _C
 from recckpt.state import initializers
-from recckpt.state.protocol import SlotSpec, SparseState, SparseTableMeta
+from recckpt.state.eviction import FREQ, LAST_STEP
+from recckpt.state.protocol import Changes, SlotSpec, SparseState, SparseTableMeta
 
-__all__ = ["HashTable", "EMBEDDING"]
+__all__ = ["HashTable", "EMBEDDING", "FREQ", "LAST_STEP"]
 
 #: Name of the embedding slot (always the first slot of a HashTable).
 EMBEDDING = "embedding"
@@ -67,6 +68,13 @@ class HashTable(nn.Module):
             ``torch.nn.init`` functions (see :mod:`recckpt.state.initializers`). ``None`` means
             the default ``initializers.normal(0.0, 0.01)``.
         capacity: number of rows to allocate up front.
+        counters: keep the per-row counters ``freq`` (int64: lookups in training mode) and
+            ``last_step`` (int64: the value of :attr:`step` when the row was inserted or last
+            written) as slots of category ``"sparse"``, saved with the table; eviction policies
+            (:mod:`recckpt.state.eviction`) read them. Set :attr:`step` every training step.
+        track_changes: keep a per-row change stamp (8 bytes a row) and a log of removed ids, so
+            that an incremental save writes only the rows changed since its parent (see
+            :meth:`mark_changes`). ``False`` saves the table in full in every checkpoint.
 
     Calling the table (``table(ids)``) maps int64 ids of any shape and any value to embeddings of
     shape ``[*ids.shape, dim]`` in the embedding dtype:
@@ -94,6 +102,9 @@ class HashTable(nn.Module):
         dtype: torch.dtype = torch.float32,
         initializer: Optional[Callable[[torch.Tensor], object]] = None,
         capacity: int = 0,
+        *,
+        counters: bool = False,
+        track_changes: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(name, str) or not name:
@@ -126,6 +137,23 @@ class HashTable(nn.Module):
         self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._version = 0  # bumped by every modification (checked by export_chunks)
         self._epoch = 0  # bumped by clear_rows: gradients recorded before it are dropped
+        # Change tracking: row i was last written in generation _stamps[i]; mark_changes() closes
+        # the current generation. Removed ids are logged with the generation they left in.
+        if not isinstance(track_changes, bool):
+            raise TypeError(f"HashTable {name!r}: track_changes must be a bool, got {track_changes!r}")
+        self._gen = 1
+        self._valid_from = 0  # marks older than this cannot describe the changes (cleared, slot added)
+        self._removed_log: List[Tuple[int, torch.Tensor]] = []
+        with torch.inference_mode(False):
+            self._stamps: Optional[torch.Tensor] = (torch.zeros(capacity, dtype=torch.int64)
+                                                    if track_changes else None)
+        #: The training step, as the user sets it; ``last_step`` records it (with ``counters``).
+        self.step = 0
+        self._counters = False
+        if not isinstance(counters, bool):
+            raise TypeError(f"HashTable {name!r}: counters must be a bool, got {counters!r}")
+        if counters:
+            self.enable_counters()
 
     # ------------------------------------------------------------------ basic properties
     @property
@@ -235,6 +263,7 @@ class HashTable(nn.Module):
         self._inits[name] = init
         self._data[name] = data
         self._version += 1
+        self._forget_marks()  # the new column's values are not in any earlier checkpoint
 
     @staticmethod
     def _init_rows(view: torch.Tensor, init: SlotInit) -> None:
@@ -267,6 +296,10 @@ class HashTable(nn.Module):
                 new_data[k] = nt
             new_ids = torch.empty(cap, dtype=torch.int64)
             new_ids[:n].copy_(self._ids[:n])
+            if self._stamps is not None:
+                new_stamps = torch.zeros(cap, dtype=torch.int64)
+                new_stamps[:n].copy_(self._stamps[:n])
+                self._stamps = new_stamps
         self._map.reserve(cap)
         self._data, self._ids, self._capacity = new_data, new_ids, cap
         self._version += 1
@@ -293,6 +326,8 @@ class HashTable(nn.Module):
             try:
                 self._grow_for(new)
                 self._ids[old:new] = ids[torch.from_numpy(is_new_np)]
+                if self._stamps is not None:
+                    self._stamps[old:new] = self._gen
             except BaseException:
                 self._rollback(old)
                 raise
@@ -340,7 +375,10 @@ class HashTable(nn.Module):
         flat = self._flat_ids(ids, "ids", self.name)
         n = flat.numel()
         if self.training:
+            old = self._size
             rows = self._insert(flat)
+            if self._counters and n:
+                self._count_lookups(rows, old)
         elif n:
             rows = torch.from_numpy(self._map.lookup(_np(flat)))
         else:
@@ -361,6 +399,14 @@ class HashTable(nn.Module):
         if ids.device != out.device:
             out = out.to(ids.device)
         return out
+
+    def _count_lookups(self, rows: torch.Tensor, old: int) -> None:
+        """freq += lookups per row; rows inserted now (>= old) start their last_step at the step."""
+        uniq, inv = _unique_inverse(rows)
+        self._data[FREQ].index_add_(0, uniq, torch.bincount(inv, minlength=uniq.numel()))
+        self._data[LAST_STEP][old:self._size] = self.step
+        if self._stamps is not None:  # the counters are part of the row: a looked-up row changed
+            self._stamps.index_fill_(0, uniq, self._gen)
 
     def _gather_masked(
         self, data: torch.Tensor, rows: torch.Tensor
@@ -449,6 +495,10 @@ class HashTable(nn.Module):
         self._check_slot(slot)
         data = self._data[slot]
         data.index_copy_(0, rows, values.to(data.dtype))
+        if self._stamps is not None:
+            self._stamps.index_fill_(0, rows, self._gen)
+        if self._counters and slot == EMBEDDING:
+            self._data[LAST_STEP].index_fill_(0, rows, self.step)
         self._version += 1
 
     # ------------------------------------------------------------------ SparseState
@@ -543,6 +593,8 @@ class HashTable(nn.Module):
             if new != old:
                 self._rollback(old)
             raise
+        if self._stamps is not None:
+            self._stamps.index_fill_(0, rows, self._gen)
         self._version += 1
 
     def clear_rows(self) -> None:
@@ -553,6 +605,110 @@ class HashTable(nn.Module):
         self._pending = []
         self._epoch += 1
         self._version += 1
+        self._forget_marks()
+
+    # ------------------------------------------------------------------ change tracking (optional protocol)
+    @property
+    def tracks_changes(self) -> bool:
+        """Whether the table keeps change stamps (the ``track_changes`` constructor argument)."""
+        return self._stamps is not None
+
+    def _forget_marks(self) -> None:
+        """Every earlier mark stops describing the table (it was cleared, replaced or got a slot)."""
+        self._valid_from = self._gen
+        self._removed_log = []
+
+    def mark_changes(self) -> int:
+        """Close the current generation of changes and return its mark; see
+        :meth:`recckpt.state.protocol.ChangeTracking.mark_changes`."""
+        mark = self._gen
+        self._gen += 1
+        return mark
+
+    def export_changes(self, since: int, slots: Sequence[str], max_rows: int) -> Optional[Changes]:
+        """Rows inserted or written after mark ``since`` and ids removed since it; ``None`` if the
+        table does not track changes or ``since`` no longer describes it. See
+        :meth:`recckpt.state.protocol.ChangeTracking.export_changes`."""
+        slots = list(slots)
+        for s in slots:
+            self._check_slot(s)
+        if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
+            raise ValueError(f"table {self.name!r}: max_rows must be an int >= 1, got {max_rows!r}")
+        if self._stamps is None or not isinstance(since, int) or not self._valid_from <= since < self._gen:
+            return None
+        rows = torch.nonzero(self._stamps[: self._size] > since).reshape(-1)
+        gone = [ids for gen, ids in self._removed_log if gen > since]
+        removed = torch.unique(torch.cat(gone)) if gone else torch.empty(0, dtype=torch.int64)
+        if removed.numel():  # an id removed and inserted again since the mark is a changed row
+            removed = removed[torch.from_numpy(self._map.lookup(_np(removed))) < 0]
+        return Changes(rows.numel(), self._export_rows(rows, slots, int(max_rows), self._version), removed)
+
+    def _export_rows(self, rows: torch.Tensor, slots: List[str], max_rows: int, version: int
+                     ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
+        for start in range(0, rows.numel(), max_rows):
+            self._check_export_version(version)
+            r = rows[start:start + max_rows]
+            yield self._ids.index_select(0, r), {s: self._data[s].index_select(0, r) for s in slots}
+        self._check_export_version(version)
+
+    def forget_changes(self, upto: int) -> None:
+        """Drop the removal records of generations up to mark ``upto`` (a checkpoint holding them is
+        committed); see :meth:`recckpt.state.protocol.ChangeTracking.forget_changes`."""
+        self._removed_log = [(g, ids) for g, ids in self._removed_log if g > upto]
+
+    def enable_counters(self) -> None:
+        """Add the ``freq`` and ``last_step`` counter slots (kept if present) and start counting; see
+        the ``counters`` constructor argument. Existing rows start at ``freq = 0`` and
+        ``last_step = step``."""
+        self.add_slot(FREQ, torch.int64, (), 0, "sparse", exist_ok=True)
+        self.add_slot(LAST_STEP, torch.int64, (), 0, "sparse", exist_ok=True)
+        if not self._counters:
+            self._data[LAST_STEP][: self._size] = self.step
+        self._counters = True
+
+    def evict(self, policy, step: Optional[int] = None) -> int:
+        """Remove the rows `policy` (an :class:`recckpt.state.eviction.EvictionPolicy`) selects at
+        ``step`` (default :attr:`step`); returns how many. Needs the counters (``counters=True``)."""
+        if not self._counters:
+            raise ValueError(f"table {self.name!r}: eviction needs the freq/last_step counters: create it "
+                             f"with HashTable(..., counters=True) or call enable_counters()")
+        step = self.step if step is None else step
+        n = self._size
+        doomed = policy.select(self._data[FREQ][:n], self._data[LAST_STEP][:n], step)
+        if not bool(doomed.any()):
+            return 0
+        return self.remove_ids(self._ids[:n][doomed])
+
+    def remove_ids(self, ids: torch.Tensor) -> int:
+        """Remove ``ids`` (int64, any shape; absent ids are ignored) from the table; returns how many
+        were removed. The remaining rows move down to stay dense (vectorised, O(len(self))), so row
+        numbers change: pending gradients are dropped. Removed ids are recorded for the next
+        incremental checkpoint."""
+        flat = self._flat_ids(ids, "ids", self.name)
+        if flat.numel() == 0 or self._size == 0:
+            return 0
+        rows = torch.from_numpy(self._map.lookup(_np(flat)))
+        rows = torch.unique(rows[rows >= 0])
+        if rows.numel() == 0:
+            return 0
+        n = self._size
+        keep = torch.ones(n, dtype=torch.bool)
+        keep[rows] = False
+        kept = torch.nonzero(keep).reshape(-1)
+        gone_ids = self._ids.index_select(0, rows)
+        k = kept.numel()
+        for t in [*self._data.values(), self._ids] + ([self._stamps] if self._stamps is not None else []):
+            t[:k] = t.index_select(0, kept)
+        self._size = k
+        self._map.clear()
+        if k:
+            self._map.insert(_np(self._ids[:k]))
+        self._pending = []
+        self._epoch += 1  # gradients of earlier forwards point at old row numbers
+        self._version += 1
+        if self._stamps is not None:
+            self._removed_log.append((self._gen, gone_ids))
+        return int(rows.numel())
 
     # ------------------------------------------------------------------ bulk load (optional protocol)
     def append_views(
@@ -605,6 +761,8 @@ class HashTable(nn.Module):
         except BaseException:
             self._rollback(old)
             raise
+        if self._stamps is not None:
+            self._stamps[old:new] = self._gen
         self._size = new
         self._version += 1
 
@@ -651,8 +809,11 @@ class HashTable(nn.Module):
                 else:
                     data[k] = torch.empty((cap, *spec.shape), dtype=spec.dtype)
                     self._init_rows(data[k][:rows], self._inits[k])
+            stamps = torch.full((cap,), self._gen, dtype=torch.int64) if self._stamps is not None else None
         self._map, self._data, self._ids, self._capacity, self._size = id_map, data, ids, cap, rows
+        self._stamps = stamps
         self._version += 1
+        self._forget_marks()
 
     # ------------------------------------------------------------------ state_dict integration
     def get_extra_state(self) -> "HashTable":
@@ -699,6 +860,8 @@ class HashTable(nn.Module):
         state["_map"] = None
         state["_data"] = {k: v[:n].clone() for k, v in self._data.items()}
         state["_ids"] = self._ids[:n].clone()
+        if self._stamps is not None:
+            state["_stamps"] = self._stamps[:n].clone()
         state["_capacity"] = n
         state["_pending"] = []
         return state

@@ -21,6 +21,8 @@ import torch
 __all__ = [
     "AdoptStorage",
     "BulkAppend",
+    "ChangeTracking",
+    "Changes",
     "SLOT_CATEGORIES",
     "SlotSpec",
     "SparseTableMeta",
@@ -208,6 +210,48 @@ class BulkAppend(Protocol):
         """Add the rows filled since the last :meth:`append_views` to the table. Slots not named
         there start at their initial value. If an appended id is already in the table or repeated,
         raise ``ValueError`` naming the table and the id, leaving the table as it was before."""
+        ...
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What changed in a table since a mark (see :class:`ChangeTracking`).
+
+    Attributes:
+        rows: number of rows inserted or written since the mark (the rows ``chunks`` yields).
+        chunks: ``(ids, columns)`` items exactly like :meth:`SparseState.export_chunks`'s, covering
+            each changed row once; the table must not be modified while they are iterated.
+        removed: ``int64[k]`` ids removed since the mark and not in the table now (no repeats).
+    """
+
+    rows: int
+    chunks: Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]
+    removed: torch.Tensor
+
+
+@runtime_checkable
+class ChangeTracking(Protocol):
+    """Optional extension of :class:`SparseState`: tell what changed since a mark, so that an
+    incremental checkpoint writes only those rows. A table without it is saved in full in every
+    checkpoint (incremental ones included). A Saver takes a mark when it captures a checkpoint and
+    asks for the changes since the mark of the checkpoint's parent."""
+
+    def mark_changes(self) -> int:
+        """Return a mark (an int) for "now": later inserts, writes and removals are changes since it.
+        Marks increase; taking one does not forget anything."""
+        ...
+
+    def export_changes(self, since: int, slots: Sequence[str], max_rows: int) -> "Changes | None":
+        """The rows inserted or written after mark ``since`` (all requested slots, in chunks of at most
+        ``max_rows`` rows) and the ids removed after it that are not in the table now. ``None`` when
+        the table cannot tell (it was cleared or reloaded, got a new slot, or ``since`` is not one of
+        its marks): the caller then saves the table in full. A row rewritten with its old value may be
+        reported as changed; a changed row must never be missed."""
+        ...
+
+    def forget_changes(self, upto: int) -> None:
+        """The caller no longer asks for changes since marks ``<= upto``: records kept only for them
+        (e.g. removed ids) may be dropped."""
         ...
 
 

@@ -6,6 +6,8 @@ directories when it is missing, stale or garbled, so losing it never loses a che
 """
 from __future__ import annotations
 
+import hashlib
+
 import logging
 import uuid
 
@@ -35,8 +37,10 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
     if size > names.MAX_MANIFEST_BYTES:
         raise CorruptCheckpointError(f"{where}: {size} bytes exceeds the manifest size cap", where)
     check_inside(storage, path, ckpt_dir, where)
-    return manifest_from_json(checked_json.loads(storage.read_bytes(path), where, names.MAX_MANIFEST_BYTES),
-                              where)
+    data = storage.read_bytes(path)
+    m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
+    m.content_sha256 = hashlib.sha256(data).hexdigest()  # what an increment on it names as its parent
+    return m
 
 
 def read_version_file(storage: Storage) -> list[str] | None:
@@ -89,6 +93,19 @@ def committed(storage: Storage) -> list[tuple[str, Manifest]]:
         at = next((k for k, j in enumerate(order) if found[j].created_ns > created), len(order))
         order.insert(at, i)
     return [(i, found[i]) for i in order]
+
+
+def with_parents(found: list[tuple[str, Manifest]], keep: "set[str] | list[str]") -> set[str]:
+    """`keep` plus every checkpoint a kept incremental checkpoint depends on (its parent, the parent's
+    parent, ... down to the full base), among the committed ones in `found`. Retention deletes only
+    what is outside this set, so it never breaks a kept chain."""
+    parent_of = {i: m.parent.ckpt_id for i, m in found if m.parent is not None}
+    out = set()
+    for i in keep:
+        while i is not None and i not in out:
+            out.add(i)
+            i = parent_of.get(i)
+    return out
 
 
 def write_version_file(storage: Storage, ids: list[str], fsync: bool = True) -> None:

@@ -2,6 +2,7 @@
 that worker 0 writes last, and a reader that verifies every file before handing out its contents."""
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -12,7 +13,7 @@ from .. import _C, __version__
 from ..errors import CorruptCheckpointError
 from ..storage import Storage
 from . import catalog, checked_json, names, safetensors_io, tree_codec
-from .schema import (FileInfo, IndexDoc, Manifest, TableInfo, SlotInfo, index_from_json)
+from .schema import (FileInfo, IndexDoc, Manifest, ParentRef, TableInfo, SlotInfo, index_from_json)
 from .sparse_io import SegmentReader, SparseWriteOptions, TableSource, write_tables
 
 
@@ -27,6 +28,7 @@ class WorkerPart:
     dense: str | None = None
     extras: str | None = None
     step: int | None = None       # the training step the worker saved at (duplicate-id resolution)
+    parent: dict | None = None    # incremental: ParentRef json of the checkpoint the changes are since
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -45,14 +47,21 @@ def _write_safetensors(storage: Storage, rel_path: str, tensors, metadata, fsync
 def write_worker_part(storage: Storage, stage: str, worker: int, *, tables: list[TableSource],
                       dense: dict[str, torch.Tensor] | None, extras: object | None,
                       io_state: object | None, opts: SparseWriteOptions,
-                      step: int | None = None) -> WorkerPart:
+                      step: int | None = None, parent: ParentRef | None = None,
+                      removed: list[TableSource] = ()) -> WorkerPart:
     """Write this worker's shard files, index and IO state (and, for the dense and extras the caller
-    passes, those files) into the staging directory `stage`."""
+    passes, those files) into the staging directory `stage`. With `parent` the checkpoint is an
+    increment on it: the tables named in `removed` hold only their changed rows plus those removed ids,
+    the other tables all their rows."""
     storage.makedirs(stage)
-    doc = write_tables(storage, stage, worker, tables, opts)
-    part = WorkerPart(worker, doc.to_json(), step=step)
+    if removed and parent is None:
+        raise ValueError("removed ids are written only in an incremental checkpoint (with a parent)")
+    doc = write_tables(storage, stage, worker, tables, opts, removed)
+    part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json())
     # Rows as exported, not as the table's metadata claimed: the index must agree with the manifest.
-    part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1])).to_json()
+    part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1]),
+                                     t.name in doc.removed,
+                                     sum(s.rows for s in doc.removed.get(t.name, []))).to_json()
                    for t in tables}
     rel = names.worker_index(worker)
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
@@ -77,6 +86,26 @@ def write_worker_part(storage: Storage, stage: str, worker: int, *, tables: list
     return part
 
 
+def copy_whole_files(src: "CheckpointReader", storage: Storage, stage: str, part: WorkerPart,
+                     fsync: bool = True) -> None:
+    """Copy, verified, the files of `src` that belong to `part.worker` and are not sparse data (its IO
+    state; for worker 0 also the dense state and extras) into the staging directory, and record them
+    in `part` (compaction: they are stored whole in every link, so the newest link's are the state)."""
+    m, w = src.manifest, part.worker
+    rels = [(m.io_state.get(w), "io_state")]
+    if w == 0:
+        rels += [(m.dense, "dense"), (m.extras, "extras")]
+    for rel, attr in rels:
+        if rel is None:
+            continue
+        data = src.read_file(rel)
+        if "/" in rel:
+            storage.makedirs(f"{stage}/{rel.rsplit('/', 1)[0]}")
+        storage.write_bytes(f"{stage}/{rel}", data, fsync=fsync)
+        part.files[rel] = [m.files[rel].size, m.files[rel].crc32c]
+        setattr(part, attr, rel)
+
+
 def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart], *,
              opts: SparseWriteOptions, metadata: dict[str, str] | None = None) -> Manifest:
     """Worker 0: merge the workers' indexes, write index.json and the manifest, and commit."""
@@ -85,18 +114,28 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         raise ValueError(f"expected one part per worker 0..{len(parts) - 1}, got {[p.worker for p in parts]}")
     docs = [index_from_json(p.index, f"worker {p.worker} index") for p in parts]
     merged = IndexDoc.merge(docs)
+    if any(p.parent != parts[0].parent for p in parts):
+        raise ValueError(f"checkpoint {ckpt_id!r}: the workers disagree on its parent "
+                         f"({sorted({str(p.parent) for p in parts})}); every worker must save an increment on "
+                         f"the same checkpoint, or all a full one")
+    parent = None if parts[0].parent is None else ParentRef(**parts[0].parent)
     m = Manifest(ckpt_id=ckpt_id, created_ns=time.time_ns(), writer=f"recckpt {__version__}",
                  num_buckets=opts.num_buckets, chunk_bytes=opts.chunk_bytes, shard_num=len(parts),
-                 metadata=dict(metadata or {}))
+                 metadata=dict(metadata or {}), parent=parent)
     for p in parts:
         for name, tj in p.tables.items():
             info = TableInfo({k: SlotInfo(s["dtype"], tuple(s["shape"]), s["category"]) for k, s in tj["slots"]},
-                             tj["rows"])
+                             tj["rows"], tj.get("changes", False), tj.get("removed", 0))
             have = m.tables.get(name)
             if have is not None and have.slots != info.slots:
                 raise ValueError(f"table {name!r}: worker {p.worker} wrote slots {info.slots}, "
                                  f"another worker {have.slots}")
-            m.tables[name] = TableInfo(info.slots, info.rows + (have.rows if have else 0))
+            if have is not None and have.changes != info.changes:
+                raise ValueError(f"table {name!r}: worker {p.worker} wrote "
+                                 f"{'only its changes' if info.changes else 'all its rows'}, another worker the "
+                                 f"opposite; an increment needs the same on every worker (save a full checkpoint)")
+            m.tables[name] = TableInfo(info.slots, info.rows + (have.rows if have else 0), info.changes,
+                                       info.removed + (have.removed if have else 0))
         for rel, (size, crc) in p.files.items():
             m.files[rel] = FileInfo(size, crc)
         if p.io_state:
@@ -110,7 +149,9 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         storage.write_bytes(f"{stage}/{names.INDEX}", data, fsync=opts.fsync)
         m.files[names.INDEX] = FileInfo(len(data), _C.crc32c(data))
         m.index = names.INDEX
-    catalog.commit(storage, stage, ckpt_id, checked_json.dumps(m.to_json()), fsync=opts.fsync)
+    data = checked_json.dumps(m.to_json())
+    catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
+    m.content_sha256 = hashlib.sha256(data).hexdigest()
     return m
 
 
@@ -213,5 +254,5 @@ class CheckpointReader:
         return None if rel is None else self._tree(rel)
 
 
-__all__ = ["WorkerPart", "write_worker_part", "finalize", "CheckpointReader", "TableSource",
+__all__ = ["WorkerPart", "write_worker_part", "copy_whole_files", "finalize", "CheckpointReader", "TableSource",
            "SparseWriteOptions"]

@@ -7,8 +7,10 @@ import re
 from ..errors import InvalidCheckpointIdError
 
 FORMAT_NAME = "recckpt"
-FORMAT_VERSION = 2                   # what this recckpt writes
-READABLE_FORMAT_VERSIONS = (1, 2)    # what it reads: 2 added the slot-column alignment below
+FORMAT_VERSION = 3                   # what this recckpt writes
+READABLE_FORMAT_VERSIONS = (1, 2, 3)  # what it reads: 2 added the slot-column alignment below,
+#                                       3 incremental checkpoints (parent, changed rows, removed ids)
+INCREMENTAL_SINCE = 3                # the first version whose manifests may name a parent
 COLUMN_ALIGN = 4096                  # version 2: non-empty slot columns start at multiples of this
 
 VERSION_FILE = "checkpoint"          # <output_dir>/checkpoint: committed ids, oldest first

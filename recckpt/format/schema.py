@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes
 from .hashing import HASH_NAME
-from .names import COLUMN_ALIGN, FORMAT_NAME, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, validate_relpath
+from .names import (COLUMN_ALIGN, FORMAT_NAME, FORMAT_VERSION, INCREMENTAL_SINCE, READABLE_FORMAT_VERSIONS,
+                    validate_ckpt_id, validate_relpath)
 
 CATEGORIES = ("sparse", "sparse_opt")
 _U32 = 1 << 32
@@ -39,9 +40,25 @@ class SlotInfo:
 class TableInfo:
     slots: dict[str, SlotInfo]  # in column order
     rows: int
+    changes: bool = False       # incremental: only rows changed since the parent (+ removed ids)
+    removed: int = 0            # ids removed since the parent (only with changes)
 
     def to_json(self):
-        return {"slots": [[k, v.to_json()] for k, v in self.slots.items()], "rows": self.rows}
+        out = {"slots": [[k, v.to_json()] for k, v in self.slots.items()], "rows": self.rows}
+        if self.changes:
+            out.update(changes=True, removed=self.removed)
+        return out
+
+
+@dataclass(frozen=True)
+class ParentRef:
+    """An incremental checkpoint's parent: its id (a sibling directory) and the SHA-256 of the parent's
+    manifest.json bytes, which cover every file of the parent through their sizes and checksums."""
+    ckpt_id: str
+    manifest_sha256: str
+
+    def to_json(self):
+        return {"ckpt_id": self.ckpt_id, "manifest_sha256": self.manifest_sha256}
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,8 @@ class Manifest:
     metadata: dict[str, str] = field(default_factory=dict)
     worker_steps: dict[int, int] = field(default_factory=dict)  # worker → training step it saved at
     format_version: int = FORMAT_VERSION
+    parent: ParentRef | None = None   # set: an incremental checkpoint (format version 3)
+    content_sha256: str | None = None  # SHA-256 of manifest.json as read or written (not a field of it)
 
     def to_json(self) -> dict:
         return {
@@ -81,6 +100,7 @@ class Manifest:
             "metadata": dict(self.metadata),
             **({"worker_steps": {str(k): v for k, v in sorted(self.worker_steps.items())}}
                if self.worker_steps else {}),
+            **({"parent": self.parent.to_json()} if self.parent is not None else {}),
         }
 
 
@@ -124,13 +144,15 @@ class IndexDoc:
     files: list[tuple[str, int]] = field(default_factory=list)           # (relpath, size)
     tables: dict[str, tuple[list[str], list[Segment]]] = field(default_factory=dict)  # name -> (slots, segments)
     format_version: int = FORMAT_VERSION
+    removed: dict[str, list[Segment]] = field(default_factory=dict)  # name -> segments of removed ids (no slots)
 
     def to_json(self) -> dict:
         return {
             "format_version": self.format_version, "num_buckets": self.num_buckets,
             "chunk_bytes": self.chunk_bytes,
             "files": [{"path": p, "size": s} for p, s in self.files],
-            "tables": {k: {"slots": list(slots), "segments": [s.to_json() for s in segs]}
+            "tables": {k: {"slots": list(slots), "segments": [s.to_json() for s in segs],
+                           **({"removed": [s.to_json() for s in self.removed[k]]} if k in self.removed else {})}
                        for k, (slots, segs) in self.tables.items()},
         }
 
@@ -150,6 +172,9 @@ class IndexDoc:
                 if have[0] != list(slots):
                     raise ValueError(f"table {name!r}: workers wrote different slots {have[0]} vs {slots}")
                 have[1].extend(Segment(s.file + base, s.rows, s.buckets, s.columns) for s in segs)
+            for name, segs in p.removed.items():
+                out.removed.setdefault(name, []).extend(Segment(s.file + base, s.rows, s.buckets, s.columns)
+                                                        for s in segs)
         return out
 
 
@@ -231,7 +256,14 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
             if sname in slots:
                 v.fail(f"{where}.slots", f"slot {sname!r} listed twice")
             slots[sname] = SlotInfo(dt, shape, cat)
-        tables[v.str(name, "tables")] = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"))
+        changes = t.get("changes", False)
+        if changes is not False and changes is not True:
+            v.fail(f"{where}.changes", "expected true or false")
+        removed = v.int(t.get("removed", 0), f"{where}.removed")
+        if removed and not changes:
+            v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
+        tables[v.str(name, "tables")] = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"),
+                                                  changes, removed)
     files = {}
     for rel, f in v.dict(v.get(obj, "files", ""), "files").items():
         v.relpath(rel, "files")
@@ -248,6 +280,22 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         if not (isinstance(w, str) and w.isdigit()):
             v.fail("worker_steps", f"worker key {w!r:.20} is not a number")
         worker_steps[int(w)] = v.int(st, f"worker_steps[{w}]", -_I63, _I63)
+    parent = None
+    if obj.get("parent") is not None:
+        p = v.dict(obj["parent"], "parent")
+        pid = v.str(v.get(p, "ckpt_id", "parent"), "parent.ckpt_id")
+        try:
+            validate_ckpt_id(pid)
+        except ValueError as e:
+            v.fail("parent.ckpt_id", str(e))
+        digest = v.str(v.get(p, "manifest_sha256", "parent"), "parent.manifest_sha256")
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            v.fail("parent.manifest_sha256", "expected 64 lower-case hex digits")
+        if ver < INCREMENTAL_SINCE:
+            v.fail("parent", f"format version {ver} has no incremental checkpoints")
+        parent = ParentRef(pid, digest)
+    elif any(t.changes for t in tables.values()):
+        v.fail("tables", "a table holds only changes but the checkpoint names no parent")
     m = Manifest(
         ckpt_id=v.str(v.get(obj, "ckpt_id", ""), "ckpt_id"),
         created_ns=v.int(v.get(obj, "created_ns", ""), "created_ns"),
@@ -263,6 +311,7 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         metadata={v.str(k, "metadata"): v.str(x, f"metadata[{k!r}]") for k, x in meta.items()},
         worker_steps=worker_steps,
         format_version=ver,
+        parent=parent,
     )
     for rel in [m.index, m.dense, m.extras, *m.io_state.values()]:
         if rel is not None and rel not in m.files:
@@ -302,6 +351,36 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
             v.fail(f"{where}.crc32c", f"{len(crcs)} checksums for {ln} bytes in {cb}-byte chunks")
         return Column(off, ln, crcs)
 
+    def segment(s, sw, slots, row_bytes):
+        """One segment of `slots` (row_bytes: [8, per slot] or None when unknown), validated."""
+        fi = v.int(v.get(s, "file", sw), f"{sw}.file", 0, max(nfiles, 1))
+        if fi >= nfiles:
+            v.fail(f"{sw}.file", "no such file")
+        rows = v.int(v.get(s, "rows", sw), f"{sw}.rows")
+        buckets = column(v.get(s, "buckets", sw), f"{sw}.buckets", 8 * (nb + 1), one_crc=True)
+        cols_raw = v.list(v.get(s, "columns", sw), f"{sw}.columns")
+        if len(cols_raw) != len(slots) + 1:
+            v.fail(f"{sw}.columns", f"{len(cols_raw)} columns for ids + {len(slots)} slots")
+        cols = tuple(column(c, f"{sw}.columns[{k}]",
+                            None if row_bytes is None else rows * row_bytes[k])
+                     for k, c in enumerate(cols_raw))
+        if row_bytes is None and cols[0].length != 8 * rows:
+            v.fail(f"{sw}.columns[0].length", "ids column length is not 8 * rows")
+        size = doc.files[fi][1]
+        for k, c in enumerate((buckets,) + cols):
+            if c.offset + c.length > size:
+                v.fail(sw, f"block {k} [{c.offset}, {c.offset + c.length}) lies beyond the end of "
+                           f"{doc.files[fi][0]} ({size} bytes)")
+        if ver >= 2:
+            for k, c in enumerate(cols[1:], 1):
+                end = cols[k - 1].offset + cols[k - 1].length
+                want = end + (-end % COLUMN_ALIGN if c.length else 0)
+                if c.offset != want:
+                    v.fail(f"{sw}.columns[{k}].offset", f"{c.offset}, expected {want}: in format version {ver} "
+                                                        f"a slot column follows the previous column, padded "
+                                                        f"to a multiple of {COLUMN_ALIGN} when not empty")
+        return Segment(fi, rows, buckets, cols)
+
     for name, t in v.dict(v.get(obj, "tables", ""), "tables").items():
         where = f"tables[{name!r}]"
         slots = [v.str(s, f"{where}.slots") for s in v.list(v.get(t, "slots", where), f"{where}.slots")]
@@ -313,36 +392,13 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
             if slots != list(info.slots):
                 v.fail(f"{where}.slots", f"{slots} disagree with the manifest's {list(info.slots)}")
             row_bytes = [8] + [info.slots[s].row_bytes for s in slots]
-        segs = []
-        for j, s in enumerate(v.list(v.get(t, "segments", where), f"{where}.segments")):
-            sw = f"{where}.segments[{j}]"
-            fi = v.int(v.get(s, "file", sw), f"{sw}.file", 0, max(nfiles, 1))
-            if fi >= nfiles:
-                v.fail(f"{sw}.file", "no such file")
-            rows = v.int(v.get(s, "rows", sw), f"{sw}.rows")
-            buckets = column(v.get(s, "buckets", sw), f"{sw}.buckets", 8 * (nb + 1), one_crc=True)
-            cols_raw = v.list(v.get(s, "columns", sw), f"{sw}.columns")
-            if len(cols_raw) != len(slots) + 1:
-                v.fail(f"{sw}.columns", f"{len(cols_raw)} columns for ids + {len(slots)} slots")
-            cols = tuple(column(c, f"{sw}.columns[{k}]",
-                                None if row_bytes is None else rows * row_bytes[k])
-                         for k, c in enumerate(cols_raw))
-            if row_bytes is None and cols[0].length != 8 * rows:
-                v.fail(f"{sw}.columns[0].length", "ids column length is not 8 * rows")
-            size = doc.files[fi][1]
-            for k, c in enumerate((buckets,) + cols):
-                if c.offset + c.length > size:
-                    v.fail(sw, f"block {k} [{c.offset}, {c.offset + c.length}) lies beyond the end of "
-                               f"{doc.files[fi][0]} ({size} bytes)")
-            if ver >= 2:
-                for k, c in enumerate(cols[1:], 1):
-                    end = cols[k - 1].offset + cols[k - 1].length
-                    want = end + (-end % COLUMN_ALIGN if c.length else 0)
-                    if c.offset != want:
-                        v.fail(f"{sw}.columns[{k}].offset", f"{c.offset}, expected {want}: in format version {ver} "
-                                                            f"a slot column follows the previous column, padded "
-                                                            f"to a multiple of {COLUMN_ALIGN} when not empty")
-            segs.append(Segment(fi, rows, buckets, cols))
+        segs = [segment(s, f"{where}.segments[{j}]", slots, row_bytes)
+                for j, s in enumerate(v.list(v.get(t, "segments", where), f"{where}.segments"))]
+        if "removed" in t:
+            if ver < INCREMENTAL_SINCE:
+                v.fail(f"{where}.removed", f"format version {ver} has no removed ids")
+            doc.removed[name] = [segment(s, f"{where}.removed[{j}]", [], [8])
+                                 for j, s in enumerate(v.list(t["removed"], f"{where}.removed"))]
         doc.tables[name] = (slots, segs)
     if manifest is not None:
         for name, info in manifest.tables.items():
@@ -351,4 +407,8 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
             rows = sum(s.rows for s in doc.tables[name][1])
             if rows != info.rows:
                 v.fail(f"tables[{name!r}]", f"segments hold {rows} rows, the manifest says {info.rows}")
+            gone = sum(s.rows for s in doc.removed.get(name, []))
+            if gone != info.removed:
+                v.fail(f"tables[{name!r}].removed", f"segments hold {gone} removed ids, the manifest says "
+                                                    f"{info.removed}")
     return doc

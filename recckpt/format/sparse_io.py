@@ -62,12 +62,18 @@ class SparseWriteOptions:
 
 
 def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSource],
-                 opts: SparseWriteOptions) -> IndexDoc:
-    """Write one worker's shard files under `stage`; returns that worker's index."""
+                 opts: SparseWriteOptions, removed: list[TableSource] = ()) -> IndexDoc:
+    """Write one worker's shard files under `stage`; returns that worker's index. `removed`: per table
+    of an incremental checkpoint, its removed ids (a source with no slots, named like its table)."""
     doc = IndexDoc(opts.num_buckets, opts.chunk_bytes)
     for t in tables:
         doc.tables[t.name] = (list(t.slots), [])
-    total = sum(t.nbytes for t in tables)
+    for t in removed:
+        if t.slots or t.name not in doc.tables:
+            raise ValueError(f"removed ids of table {t.name!r}: need no slots and a table of that name")
+        doc.removed[t.name] = []
+    sources = list(tables) + list(removed)
+    total = sum(t.nbytes for t in sources)
     if total == 0:
         return doc
     nfiles = max(1, min(opts.concurrency, -(-total // opts.segment_bytes)))
@@ -82,7 +88,7 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     try:
         writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes)
         try:
-            for ti, t in enumerate(tables):
+            for ti, t in enumerate(sources):
                 for ids, cols in t.chunks:
                     writer.submit(ti, ids, cols)
             records = writer.finish(opts.fsync)
@@ -95,7 +101,11 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
                 b = r["buckets"]
                 seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], (b["crc32c"],)),
                               tuple(Column(c["offset"], c["length"], tuple(c["crc32c"])) for c in r["columns"]))
-                doc.tables[tables[r["table"]].name][1].append(seg)
+                ti = r["table"]
+                if ti < len(tables):
+                    doc.tables[tables[ti].name][1].append(seg)
+                else:
+                    doc.removed[sources[ti].name].append(seg)
             if tmp is not None:
                 storage.put_file(path, f"{stage}/{rel}")
     finally:
@@ -256,6 +266,21 @@ class SegmentReader:
                 batch = ReadBatch(table, row_bytes)
         if batch.rows:
             yield batch
+
+    def removed_ids(self, table: str, bucket_lo: int = 0, bucket_hi: int | None = None) -> np.ndarray:
+        """The verified ids an incremental checkpoint records as removed from `table`, in buckets
+        [lo, hi) (int64, a new array)."""
+        segs = self.index.removed.get(table, [])
+        nb = self.index.num_buckets
+        hi_b = nb if bucket_hi is None else bucket_hi
+        reqs, sizes = [], []
+        for seg, off in self.iter_bucket_offsets(table, segs):
+            r0, r1 = (0, seg.rows) if (bucket_lo, hi_b) == (0, nb) else (int(off[bucket_lo]), int(off[hi_b]))
+            if r1 > r0:
+                reqs.append((seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids", self.index.chunk_bytes, 0))
+        if not reqs:
+            return np.empty(0, dtype="<i8")
+        return np.concatenate([a.view("<i8") for a in self._read(table, reqs)])
 
     def map_table(self, table: str, slots: list[str], row_bytes: list[int], bucket_lo: int = 0,
                   bucket_hi: int | None = None, spare_rows: int = 0) -> "MappedTable":

@@ -166,6 +166,14 @@ class _Checker:
             info = self.m.tables[table]
             rbs = [8] + [info.slots[s].row_bytes for s in slots]
             rows = 0
+            # removed ids of an incremental checkpoint: ids-only segments, checked like any (not counted)
+            for seg in index.removed.get(table, []):
+                if seg.file not in bad_files:
+                    try:
+                        self.check_segment(seg_reader, index, table, seg, [8])
+                    except CorruptCheckpointError as e:
+                        self.problem(e)
+                        bad_files.add(seg.file)
             for seg in segs:
                 if seg.file in bad_files:
                     continue
@@ -183,7 +191,7 @@ class _Checker:
         # padding that brings them to a multiple of COLUMN_ALIGN; nothing else may leave a gap.
         align = index.format_version >= 2
         blocks: dict[int, list[tuple[int, int, bool]]] = {fi: [] for fi in range(len(index.files))}
-        for _, segs in index.tables.values():
+        for segs in [segs for _, segs in index.tables.values()] + list(index.removed.values()):
             for s in segs:
                 blocks[s.file].append((s.buckets.offset, s.buckets.length, False))
                 blocks[s.file].extend((c.offset, c.length, align and k > 0 and c.length > 0)

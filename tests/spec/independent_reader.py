@@ -21,6 +21,7 @@ Every violation raises :class:`FormatError` (subclasses mirror the spec's error 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import os
@@ -364,7 +365,7 @@ def _validate_slot_spec(spec, where: str) -> dict:
 def validate_manifest(m: dict, where: str) -> dict:
     # format_version first, so a newer writer's different layout is reported as incompatible
     fv = _req(m, "format_version", int, where)
-    if fv not in (1, 2):
+    if fv not in (1, 2, 3):
         _fail(where, f"unknown format_version {fv}", IncompatibleError)
     for k, t in _MANIFEST_FIELDS.items():
         _req(m, k, t, where)
@@ -398,7 +399,13 @@ def validate_manifest(m: dict, where: str) -> dict:
         names = [s for s, _ in specs]
         if len(set(names)) != len(names):
             _fail(tw, f"duplicate slot names {names}")
-        tables[tname] = {"slots": specs, "rows": rows}
+        changes = t.get("changes", False)
+        if changes not in (True, False) or (changes and fv < 3):
+            _fail(tw, f"bad 'changes' {changes!r}")
+        removed = _nonneg(t["removed"], "removed", tw) if "removed" in t else 0
+        if "removed" in t and (not _is_int(t["removed"]) or not changes):
+            _fail(tw, "'removed' only in a table that holds changes")
+        tables[tname] = {"slots": specs, "rows": rows, "changes": changes, "removed": removed}
     files = {}
     for p, e in m["files"].items():
         _check_relpath(p, where)
@@ -423,7 +430,18 @@ def validate_manifest(m: dict, where: str) -> dict:
     for k, v in m["metadata"].items():
         if not isinstance(v, str):
             _fail(where, f"metadata[{k!r}] is not a string")
-    return {"tables": tables, "files": files}
+    parent = m.get("parent")
+    if parent is not None:
+        if fv < 3 or not isinstance(parent, dict):
+            _fail(where, "parent needs format version 3 and an object")
+        pid = _req(parent, "ckpt_id", str, where + " parent")
+        digest = _req(parent, "manifest_sha256", str, where + " parent")
+        if not valid_ckpt_id(pid) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            _fail(where, f"bad parent {parent!r}")
+        parent = (pid, digest)
+    elif any(t["changes"] for t in tables.values()):
+        _fail(where, "a table holds changes but there is no parent")
+    return {"tables": tables, "files": files, "parent": parent}
 
 
 def read_manifest(ckpt_dir: str, _counter=None) -> Tuple[dict, dict]:
@@ -517,7 +535,7 @@ def _validate_block(b, where: str, with_list: Optional[int], chunk: int) -> dict
 def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Optional[str]) -> dict:
     """Structure checks of an index (merged or per-worker). Returns a normalised form."""
     fv = _req(ix, "format_version", int, where)
-    if fv not in (1, 2):
+    if fv not in (1, 2, 3):
         _fail(where, f"unknown format_version {fv}", IncompatibleError)
     if fv != manifest["format_version"]:
         _fail(where, f"format_version {fv} differs from the manifest's {manifest['format_version']}")
@@ -532,7 +550,7 @@ def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Opt
         size = _nonneg(_req(fe, "size", int, fw), "size", fw)
         files.append((p, size))
     tables = _req(ix, "tables", dict, where)
-    out_tables = {}
+    out_tables, out_removed = {}, {}
     for tname, t in tables.items():
         tw = f"{where} table {tname!r}"
         if tname not in mv["tables"]:
@@ -542,8 +560,14 @@ def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Opt
         if slots != [s for s, _ in specs]:
             _fail(tw, f"slots {slots} differ from the manifest's order {[s for s, _ in specs]}")
         segs = []
-        for si, seg in enumerate(_req(t, "segments", list, tw)):
-            sw = f"{tw} segment {si}"
+        removed_raw = t.get("removed")
+        if removed_raw is not None and not (fv >= 3 and isinstance(removed_raw, list)
+                                            and mv["tables"][tname]["changes"]):
+            _fail(tw, "'removed' segments only in a version 3 table that holds changes")
+        entries = [(f"{tw} segment {si}", seg, specs, segs) for si, seg in enumerate(_req(t, "segments", list, tw))]
+        rsegs = []
+        entries += [(f"{tw} removed segment {si}", seg, [], rsegs) for si, seg in enumerate(removed_raw or [])]
+        for sw, seg, specs, into in entries:
             fi = _req(seg, "file", int, sw)
             if not 0 <= fi < len(files):
                 _fail(sw, f"file index {fi} out of range")
@@ -564,13 +588,17 @@ def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Opt
             for name, blk in [("buckets", bk)] + [(f"column {ci}", c) for ci, c in enumerate(cols)]:
                 if blk["offset"] + blk["length"] > fsize:
                     _fail(f"{sw} ({files[fi][0]})", f"{name} [{blk['offset']}, +{blk['length']}) beyond file size {fsize}")
-            segs.append({"file": fi, "rows": n, "buckets": bk, "columns": cols, "rowbytes": rowbytes})
+            into.append({"file": fi, "rows": n, "buckets": bk, "columns": cols, "rowbytes": rowbytes})
+        if sum(sg["rows"] for sg in rsegs) != mv["tables"][tname]["removed"]:
+            _fail(tw, f"removed segments hold {sum(sg['rows'] for sg in rsegs)} ids, the manifest says "
+                      f"{mv['tables'][tname]['removed']}")
         out_tables[tname] = segs
+        out_removed[tname] = rsegs
     missing = set(mv["tables"]) - set(out_tables)
     if missing and ckpt_dir is not None:
         # SPEC-GUESS: index.json lists every manifest table (even with 0 rows / no segments)
         _fail(where, f"tables {sorted(missing)} of the manifest are absent from the index")
-    return {"files": files, "tables": out_tables, "raw": ix, "format_version": fv}
+    return {"files": files, "tables": out_tables, "removed": out_removed, "raw": ix, "format_version": fv}
 
 
 def _check_file_layout(ix: dict, where: str):
@@ -579,7 +607,8 @@ def _check_file_layout(ix: dict, where: str):
     zero padding that brings its offset to a multiple of 4096; the segments tile each file exactly."""
     align = 4096 if ix["format_version"] >= 2 else 1
     per_file: Dict[int, List[Tuple[int, int, str]]] = {i: [] for i in range(len(ix["files"]))}
-    for tname, segs in ix["tables"].items():
+    all_segs = list(ix["tables"].items()) + [(f"{t} (removed)", sg) for t, sg in ix["removed"].items()]
+    for tname, segs in all_segs:
         for si, s in enumerate(segs):
             pos = s["buckets"]["offset"] + s["buckets"]["length"]
             for ci, c in enumerate(s["columns"]):
@@ -612,6 +641,7 @@ def _check_worker_indexes(ckpt_dir: str, mv: dict, manifest: dict, merged: dict)
         _fail(ckpt_dir, f"worker indexes {[w for w, _ in workers]} do not match shard_num {manifest['shard_num']}")
     files: List[Tuple[str, int]] = []
     tables: Dict[str, list] = {t: [] for t in merged["tables"]}
+    removed: Dict[str, list] = {}
     for w, p in workers:
         full = os.path.join(ckpt_dir, p)
         wix = validate_index(read_checked_json(full), full, mv, manifest, None)
@@ -620,8 +650,16 @@ def _check_worker_indexes(ckpt_dir: str, mv: dict, manifest: dict, merged: dict)
         for t, segs in wix["tables"].items():
             for s in segs:
                 tables[t].append(dict(s, file=s["file"] + base))
+        for t, segs in wix["removed"].items():
+            for s in segs:
+                removed.setdefault(t, []).append(dict(s, file=s["file"] + base))
     if files != merged["files"]:
         _fail(ckpt_dir, "index.json files are not the concatenation of the workers' files")
+    def rkey(s):
+        return (s["file"], s["rows"], json.dumps(s["buckets"]), json.dumps(s["columns"]))
+    if {t: [rkey(s) for s in v] for t, v in removed.items() if v} != {
+            t: [rkey(s) for s in v] for t, v in merged["removed"].items() if v}:
+        _fail(ckpt_dir, "index.json removed segments are not the workers' removed segments")
     for t in merged["tables"]:
         def key(s):
             return (s["file"], s["rows"], json.dumps(s["buckets"]), json.dumps(s["columns"]))
@@ -924,6 +962,13 @@ def read_checkpoint(ckpt_dir: str, bf16: str = "float32") -> dict:
                 if total != mv["tables"][tname]["rows"]:
                     _fail(f"{ckpt_dir} table {tname!r}", f"segments hold {total} rows, manifest says {mv['tables'][tname]['rows']}")
                 tables[tname] = _assemble(parts, specs, tname, ckpt_dir, bf16)
+                gone = []
+                for si, seg in enumerate(ix["removed"].get(tname, [])):
+                    w = f"{ix['files'][seg['file']][0]} (table {tname!r}, removed segment {si})"
+                    b = _read_buckets(r, seg, B, w)
+                    gone.append(_decode_segment_rows(r, seg, [], 0, seg["rows"], b, 0, B, B, C, w, bf16)[0])
+                tables[tname]["removed"] = np.concatenate(gone) if gone else np.zeros(0, np.int64)
+                tables[tname]["changes"] = mv["tables"][tname]["changes"]
         finally:
             shard_bytes = r.bytes_read
             r.close()
@@ -993,3 +1038,66 @@ def shard_bytes_total(ckpt_dir: str) -> int:
     manifest, mv = read_manifest(ckpt_dir)
     ix = _open_index(ckpt_dir, manifest, mv, False)
     return sum(s for _, s in ix["files"]) if ix else 0
+
+
+# ------------------------------------------------------------------------------------ chains
+
+def read_chain(output_dir: str, ckpt_id: str, bf16: str = "float32") -> dict:
+    """Read an incremental checkpoint with its whole chain (FORMAT.md "Incremental checkpoints"): follow
+    `parent` through sibling directories, checking each parent's manifest SHA-256 and bucket count, then
+    compose every table base first, the newest row or removal of an id winning.
+
+    Returns {"links": [ckpt ids, base first], "tables": {name: {"ids", "slots"}}, "newest": the newest
+    link's read_checkpoint result}."""
+    output_dir = os.fspath(output_dir)
+    chain, seen = [], set()
+    cur = ckpt_id
+    expect_sha = None
+    while True:
+        if cur in seen:
+            _fail(output_dir, f"the chain of {ckpt_id!r} loops at {cur!r}")
+        seen.add(cur)
+        d = os.path.join(output_dir, cur)
+        mpath = os.path.join(d, "manifest.json")
+        if not os.path.isfile(mpath):
+            _fail(mpath, f"link {cur!r} of the chain of {ckpt_id!r} is missing")
+        with open(mpath, "rb") as f:
+            raw = f.read()
+        if expect_sha is not None and hashlib.sha256(raw).hexdigest() != expect_sha:
+            _fail(mpath, f"link {cur!r}: manifest SHA-256 differs from what its child recorded")
+        ck = read_checkpoint(d, bf16)
+        _, mv = read_manifest(d)
+        chain.append((cur, ck, mv))
+        if mv["parent"] is None:
+            break
+        cur, expect_sha = mv["parent"]
+    chain.reverse()
+    B = chain[-1][1]["manifest"]["num_buckets"]
+    if any(ck["manifest"]["num_buckets"] != B for _, ck, _ in chain):
+        _fail(output_dir, f"the links of the chain of {ckpt_id!r} differ in num_buckets")
+    newest = chain[-1][1]
+    tables = {}
+    for tname, spec in chain[-1][2]["tables"].items():
+        # links from the newest back to the first one holding the table whole
+        k = len(chain) - 1
+        while chain[k][2]["tables"][tname]["changes"]:
+            k -= 1
+            if k < 0 or tname not in chain[k][2]["tables"]:
+                _fail(output_dir, f"table {tname!r}: changes without an earlier link holding the table")
+            if chain[k][2]["tables"][tname]["slots"] != spec["slots"]:
+                _fail(output_dir, f"table {tname!r}: slots differ between links of the chain")
+        state: Dict[int, tuple] = {}      # id -> (link, row index) of its newest row
+        for j in range(k, len(chain)):
+            t = chain[j][1]["tables"][tname]
+            for i in t.get("removed", np.zeros(0, np.int64)).tolist() if j > k else []:
+                state.pop(i, None)
+            for r, i in enumerate(t["ids"].tolist()):
+                state[i] = (j, r)
+        ids = np.array(sorted(state), dtype=np.int64)
+        slots = {}
+        for sname, _ in spec["slots"]:
+            rows = [chain[state[i][0]][1]["tables"][tname]["slots"][sname][state[i][1]] for i in ids.tolist()]
+            proto = newest["tables"][tname]["slots"][sname]
+            slots[sname] = np.stack(rows) if rows else proto[:0]
+        tables[tname] = {"ids": ids, "slots": slots}
+    return {"links": [c for c, _, _ in chain], "tables": tables, "newest": newest}

@@ -161,7 +161,7 @@ def test_full_read_matches_model(tmp_path):
     saver.save("ckpt_1")
     ck = R.read_checkpoint(str(tmp_path / "ckpt_1"))
     man = ck["manifest"]
-    assert man["format"] == "recckpt" and man["format_version"] == 2 and man["ckpt_id"] == "ckpt_1"
+    assert man["format"] == "recckpt" and man["format_version"] == 3 and man["ckpt_id"] == "ckpt_1"
     assert man["num_buckets"] == 64 and man["chunk_bytes"] == 256
     assert set(ck["tables"]) == {"user", "item"}
     assert man["tables"]["item"]["slots"][0][1]["dtype"] == "BF16"
@@ -475,7 +475,7 @@ def test_unknown_format_version_is_incompatible(tmp_path):
     import json
     obj = json.loads(mp.read_bytes())
     obj.pop("crc32c")
-    obj["format_version"] = 3
+    obj["format_version"] = 4
     obj["crc32c"] = R.crc32c(R.canonical_json(obj))
     mp.write_text(json.dumps(obj))
     with pytest.raises(R.IncompatibleError):
@@ -570,3 +570,55 @@ def test_unlisted_file_in_checkpoint_is_rejected(tmp_path):
     open(os.path.join(d, "sparse", "stray.bin"), "wb").close()
     with pytest.raises(R.CorruptError, match="listed nowhere"):
         R.read_checkpoint(d)
+
+
+# ------------------------------------------------------------------------------ incremental chains
+
+def _chain_model():
+    m = torch.nn.Module()
+    m.emb = HashTable("emb", 4)
+    opt = SparseAdam([m.emb], lr=0.1)
+    return m, opt
+
+
+def _step(m, opt, ids):
+    m.emb(torch.tensor(ids, dtype=torch.int64)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_chain_read_by_the_independent_reader_equals_the_model(tmp_path):
+    m, opt = _chain_model()
+    saver = Saver(m, sparse_optim=opt, output_dir=str(tmp_path), max_keep=None, options=_options())
+    _step(m, opt, list(range(-50, 50)) + [I64_MIN, I64_MAX])
+    saver.save("c0")
+    for k in range(1, 4):
+        _step(m, opt, list(range(30 * k, 30 * k + 40)))
+        m.emb.remove_ids(torch.tensor([k, -k, I64_MIN if k == 2 else 7]))
+        saver.save(f"c{k}", incremental=True)
+    newest = R.read_checkpoint(str(tmp_path / "c3"))
+    assert newest["manifest"]["parent"]["ckpt_id"] == "c2"
+    # 7 left the table in c1 already: only ids present at c2 count as removed in c3
+    assert newest["tables"]["emb"]["changes"] and sorted(newest["tables"]["emb"]["removed"].tolist()) == [-3, 3]
+    ck = R.read_chain(str(tmp_path), "c3")
+    assert ck["links"] == ["c0", "c1", "c2", "c3"]
+    _assert_table_equal(ck["tables"]["emb"], m.emb, ck["newest"]["manifest"])
+
+
+def test_independent_reader_refuses_an_altered_link(tmp_path):
+    import json
+    m, opt = _chain_model()
+    saver = Saver(m, sparse_optim=opt, output_dir=str(tmp_path), max_keep=None, options=_options())
+    _step(m, opt, list(range(20)))
+    saver.save("c0")
+    _step(m, opt, list(range(5)))
+    saver.save("c1", incremental=True)
+    mp = tmp_path / "c0" / "manifest.json"
+    obj = json.loads(mp.read_bytes())
+    obj.pop("crc32c")
+    obj["metadata"]["note"] = "changed"
+    obj["crc32c"] = R.crc32c(R.canonical_json(obj))
+    mp.write_text(json.dumps(obj))
+    R.read_checkpoint(str(tmp_path / "c0"))          # still a valid checkpoint on its own
+    with pytest.raises(R.CorruptError, match="SHA-256"):
+        R.read_chain(str(tmp_path), "c1")

@@ -1,0 +1,119 @@
+"""Chains of incremental checkpoints: from the newest link back to its full base, every link opened
+and checked (manifest, parent hash, index, shard sizes) before any row is read.
+
+An incremental checkpoint names its parent by id, a sibling directory of the same output directory,
+and by the SHA-256 of the parent's manifest.json (which records the size and checksum of every file
+of the parent, so the hash pins the parent's whole content). docs/FORMAT.md, "Incremental checkpoints".
+"""
+from __future__ import annotations
+
+from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
+from ..storage import Storage
+from . import catalog
+from .checkpoint import CheckpointReader
+
+#: A chain longer than this is refused as garbled (a loop of parents is caught before, by ids).
+MAX_CHAIN_LINKS = 10_000
+
+
+def sibling(ckpt_dir: str, ckpt_id: str) -> str:
+    """The directory of checkpoint `ckpt_id` next to `ckpt_dir` (both relative to the storage root)."""
+    head = ckpt_dir.rsplit("/", 1)[0] if "/" in ckpt_dir else ""
+    return f"{head}/{ckpt_id}" if head else ckpt_id
+
+
+def open_chain(newest: CheckpointReader) -> list[CheckpointReader]:
+    """The links of `newest`'s chain, base first, each checked: the parent exists and is committed, its
+    manifest hash is the one its child recorded, its index parses and matches its manifest, its shard
+    files have the recorded sizes, and all links share the bucket count. A full checkpoint is a chain of
+    one. Raises CorruptCheckpointError naming the missing or altered link."""
+    links = [newest]
+    seen = {newest.manifest.ckpt_id}
+    storage: Storage = newest.storage
+    cur = newest
+    while cur.manifest.parent is not None:
+        ref = cur.manifest.parent
+        if ref.ckpt_id in seen or len(links) >= MAX_CHAIN_LINKS:
+            raise CorruptCheckpointError(f"{cur.describe()}: its chain of parents loops back to {ref.ckpt_id!r} "
+                                         f"or is longer than {MAX_CHAIN_LINKS}", cur.describe())
+        seen.add(ref.ckpt_id)
+        where = storage.describe(sibling(cur.ckpt_dir, ref.ckpt_id))
+        if not cur.ckpt_dir:
+            raise IncompatibleCheckpointError(
+                f"{cur.describe()} is an incremental checkpoint on {ref.ckpt_id!r}, a sibling directory: "
+                f"open it through its output directory (ckpt_path=<output_dir>, ckpt_id=...)")
+        try:
+            parent = CheckpointReader(storage, sibling(cur.ckpt_dir, ref.ckpt_id), threads=newest.threads)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(
+                f"{where}: link of the chain of {newest.describe()} is missing (parent of {cur.describe()}); "
+                f"the chain cannot be loaded: load an older complete checkpoint", where) from None
+        if parent.manifest.content_sha256 != ref.manifest_sha256:
+            raise CorruptCheckpointError(
+                f"{where}: link of the chain of {newest.describe()} was altered or replaced: its manifest's "
+                f"SHA-256 is {parent.manifest.content_sha256}, its child {cur.describe()} recorded "
+                f"{ref.manifest_sha256}", where)
+        if parent.manifest.num_buckets != newest.manifest.num_buckets:
+            raise CorruptCheckpointError(
+                f"{where}: {parent.manifest.num_buckets} buckets, but {newest.describe()} has "
+                f"{newest.manifest.num_buckets}; the links of a chain share one bucket count", where)
+        links.append(parent)
+        cur = parent
+    links.reverse()
+    for link in links:
+        link.verify_worker_indexes()
+        if link.manifest.index is not None:
+            _ = link.segments  # parses and checks the index and every shard file's size
+    return links
+
+
+def table_links(links: list[CheckpointReader], table: str) -> list[CheckpointReader]:
+    """The links that hold `table`'s rows in the newest link's state: from the newest back to the last
+    one that holds the table whole (its base for this table). Slots must agree along the way."""
+    newest = links[-1]
+    info = newest.manifest.tables[table]
+    out = [newest]
+    for link in reversed(links[:-1]):
+        if not info.changes:
+            break
+        have = link.manifest.tables.get(table)
+        if have is None:
+            raise CorruptCheckpointError(f"{link.describe()}: has no table {table!r}, but its child in the chain "
+                                         f"of {newest.describe()} holds only that table's changes", link.describe())
+        if have.slots != newest.manifest.tables[table].slots:
+            raise CorruptCheckpointError(f"{link.describe()}: table {table!r} has slots {list(have.slots)}, the "
+                                         f"newest link {newest.describe()} {list(newest.manifest.tables[table].slots)}; "
+                                         f"links of a chain share a table's slots", link.describe())
+        out.append(link)
+        info = have
+    if info.changes:
+        raise CorruptCheckpointError(f"{out[-1].describe()}: table {table!r} holds only changes but the chain "
+                                     f"has no earlier link", out[-1].describe())
+    out.reverse()
+    return out
+
+
+def payload_bytes(m) -> int:
+    """Bytes of sparse rows a manifest records (ids + every slot; removed ids count 8 each): what a link
+    adds to a chain, comparable across links without reading their indexes."""
+    return sum(t.rows * (8 + sum(s.row_bytes for s in t.slots.values())) + 8 * t.removed for t in m.tables.values())
+
+
+def chain_stats(found, ckpt_id: str) -> tuple[int, int, int] | None:
+    """(increments, their payload bytes, the base's payload bytes) of the chain ending at `ckpt_id`, from
+    the committed checkpoints `found` ((id, Manifest), as catalog.committed lists them); None if a link
+    is not among them."""
+    by_id = dict(found)
+    incs = inc_bytes = 0
+    cur = by_id.get(ckpt_id)
+    seen = set()
+    while cur is not None and cur.parent is not None:
+        if cur.ckpt_id in seen:
+            return None
+        seen.add(cur.ckpt_id)
+        incs += 1
+        inc_bytes += payload_bytes(cur)
+        cur = by_id.get(cur.parent.ckpt_id)
+    if cur is None:
+        return None
+    return incs, inc_bytes, payload_bytes(cur)

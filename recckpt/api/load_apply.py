@@ -10,11 +10,13 @@ import torch
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..format import dtypes, extras as extras_fmt
+from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
 from ..state.protocol import split_sparse_dense_state_dict
 from .load_config import LoadConfig
 from .registry import Registry
+from .chain_load import load_chain_rows, plan_chain_rows
 from .row_filter import RowFilter
 from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
 
@@ -98,6 +100,7 @@ class LoadPlan:
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
                         self.problems_missing.append(f"slot {slot!r} of model table {target!r} is not in the checkpoint")
                 self.sparse_jobs.append((name, target, table, slots))
+            self._plan_chains(shard_id, world)
             for target in sparse:
                 if target not in matched_model and conf.table_selected(target):
                     self.problems_missing.append(f"model sparse table {target!r} is not in the checkpoint")
@@ -173,6 +176,34 @@ class LoadPlan:
                 raise IncompatibleCheckpointError(text + ". Nothing was loaded. Use load_conf "
                                                   "{'strict': False} to load what matches, or 'rename'/'tables'.")
             warnings.warn(text, stacklevel=3)
+
+    def _plan_chains(self, shard_id: int, world: int) -> None:
+        """For an incremental checkpoint: open and check every link of its chain, and decide which rows of
+        which link each table keeps (reading the ids), all before the model is touched."""
+        self.chain_plans = {}
+        if self.m.parent is None:
+            return
+        links = open_chain(self.reader)
+        lo, hi = bucket_range(shard_id, world, self.m.num_buckets)
+        if self.conf.ownership is not None:
+            lo, hi = 0, self.m.num_buckets
+        for name, _, _, slots in self.sparse_jobs:
+            if not slots:
+                continue
+            tl = table_links(links, name)
+            if len(tl) > 1:
+                self.chain_plans[name] = plan_chain_rows(tl, name, lo, hi, rank=shard_id, world=world,
+                                                         ownership=self.conf.ownership,
+                                                         duplicates=self.conf.duplicates)
+
+    def replaced_whole_state(self) -> bool:
+        """Whether this load replaced every sparse table of the model with the checkpoint's, all slots,
+        under the same names: then the checkpoint can be the parent of the next incremental save."""
+        c = self.conf
+        return (c.wants("sparse") and c.wants("sparse_opt") and not c.merge and not self.problems_missing
+                and not self.problems_unexpected
+                and all(name == target for name, target, _, _ in self.sparse_jobs)
+                and set(self.result.tables) == set(self.model_sparse))
 
     def _claimed(self, kind: str, matched: dict[str, str], name: str, target: str) -> bool:
         """Record that checkpoint `name` loads into model `target`; two sources for one target (a
@@ -263,6 +294,15 @@ class LoadPlan:
                             self.m.tables[name].rows * (hi - lo) // self.m.num_buckets)
                 names = [s for s, _, _ in slots]
                 rbs = [si.row_bytes for _, si, _ in slots]
+                if name in self.chain_plans:
+                    plan = self.chain_plans[name]
+                    reserve = getattr(table, "reserve", None)
+                    if callable(reserve):
+                        reserve(len(table) + len(plan.masks[0]) + sum(int(m.sum()) for m in plan.masks[1:]))
+                    direct = conf.ownership is None and direct_load_possible(table, slots, cleared)
+                    self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, lo, hi, direct)
+                    applied.append(target)
+                    continue
                 simple = conf.ownership is None and conf.duplicates == "error"
                 if simple and conf.mmap and mapped_load_possible(table, slots, cleared,
                                                                  self.reader.segments.storage.is_local):

@@ -24,8 +24,10 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..coordination import agreement_for, check_world, resolve_shard
 from ..errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError, RecckptError
 from ..format import catalog
+from ..format.chain import chain_stats
 from ..storage import open_storage
 from .async_save import FAILED, AsyncWriter, SaveHandle
+from .increments import IncrementPolicy
 from .load_config import LoadConfig
 from .policies import (EPHEMERAL, META_EPHEMERAL, META_STEP, EveryNSteps, KeepPolicy, SaveContext,
                        SaveDecisionPolicy, SaveSchedule, parse_step)
@@ -53,7 +55,8 @@ class CheckpointManager:
         save_interval: save every N steps (shorthand for `EveryNSteps(N)`); None for none.
         policies: more save policies (EveryNSeconds, AtSteps, EphemeralEveryNSteps, EveryNSteps); a step
             saves when any says so.
-        keep: a KeepPolicy, an int (max_keep) or None (keep all). Default: the saver's max_keep.
+        keep: a KeepPolicy, an int (max_keep) or None (keep all). Default: the saver's max_keep. It counts
+            checkpoints, increments included; the links a kept checkpoint's chain needs are kept too.
         async_save: snapshot on the step into reused host buffers, write and commit in the background.
         preemption: True (SIGTERM), or a PreemptionHandler with the signals to handle. A signal that
             reaches any one rank makes every rank save the same step, then exit as signalled.
@@ -68,6 +71,9 @@ class CheckpointManager:
             state (reader positions; `restored.io_state_dropped` lists it, with a warning) and seeds
             every generator from (global step, rank), so a resized run is reproducible; 'error' refuses
             the restore before anything is loaded.
+        increments: an IncrementPolicy: write increments (only the changed sparse rows) between full
+            checkpoints, a full one every k increments or once the chain's bytes pass a fraction of its
+            base's (docs/INCREMENTAL.md). Needs async_save=False. Ephemeral saves are always full.
 
     Every collective the manager issues runs on recckpt's own gloo groups (never the default group,
     which may be NCCL), and a step runs one only when an `EveryNSeconds`-like policy or preemption
@@ -78,7 +84,7 @@ class CheckpointManager:
                  policies: Iterable[SaveDecisionPolicy] = (), keep: KeepPolicy | int | None | object = _FROM_SAVER,
                  async_save: bool = False, preemption: bool | PreemptionHandler = False,
                  shard_id: int | None = None, shard_num: int | None = None, prefix: str = "ckpt_",
-                 save_rng: bool = True, resize_policy: str = "reseed"):
+                 save_rng: bool = True, resize_policy: str = "reseed", increments: IncrementPolicy | None = None):
         if not isinstance(saver, Saver):
             raise TypeError(f"CheckpointManager needs a recckpt.Saver, got {type(saver).__name__}")
         pols = list(policies)
@@ -88,6 +94,12 @@ class CheckpointManager:
         if not isinstance(async_save, bool):
             raise ValueError(f"async_save must be a bool, got {async_save!r}")
         self.schedule = SaveSchedule(pols, self.keep, async_save)
+        if increments is not None and not isinstance(increments, IncrementPolicy):
+            raise TypeError(f"increments must be a recckpt.IncrementPolicy or None, got {increments!r}")
+        if increments is not None and async_save:
+            raise ValueError("increments need synchronous saves (async_save=False): an async save writes a "
+                             "snapshot copied before the write, which is always saved in full")
+        self.increments = increments
         if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z0-9_.-]*", prefix):
             raise ValueError(f"prefix must be letters, digits, '_', '.' or '-', got {prefix!r}")
         if resize_policy not in ("reseed", "error"):
@@ -194,10 +206,10 @@ class CheckpointManager:
         metadata = {META_STEP: str(step), META_EPHEMERAL: "1" if ephemeral else "0"}
         t0 = time.perf_counter()
 
-        def write(snapshot=None):
+        def write(snapshot=None, incremental=False):
             return self.saver.write(handle.ckpt_id, snapshot, shard_id=self.shard_id, shard_num=self.shard_num,
                                     metadata=metadata, step=step, keep=self.keep,
-                                    protect=self.restored_from)
+                                    protect=self.restored_from, incremental=incremental)
 
         if self.async_save:
             self._writer.drain()           # at most one in flight: its buffers are about to be reused
@@ -212,7 +224,7 @@ class CheckpointManager:
             self._writer.submit(handle, write_async)
         else:
             try:
-                stats = write()
+                stats = write(incremental=self._increment_next(ephemeral))
             except BaseException as e:
                 handle.finish(None, e)
                 if isinstance(e, CommitOutcomeUnknownError):
@@ -225,6 +237,16 @@ class CheckpointManager:
         self._last = handle
         self.saves.append(handle)
         return handle
+
+    def _increment_next(self, ephemeral: bool) -> bool:
+        """Whether the next save is an increment: the IncrementPolicy on the current chain, read from the
+        committed manifests (so it survives restarts). Every rank reads the same files, so all agree."""
+        if self.increments is None or ephemeral:
+            return False
+        parent = self.saver.chain_parent()
+        if parent is None:
+            return False
+        return self.increments.incremental(chain_stats(catalog.committed(self.saver.storage), parent))
 
     def _needs_retry(self, last: SaveHandle) -> bool:
         """Whether the step of `last` must be saved again. A save whose outcome this rank never

@@ -17,9 +17,10 @@ from ..errors import (CheckpointExistsError, CheckpointNotFoundError, Checkpoint
 from ..format import catalog, dtypes, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.names import validate_ckpt_id
-from ..format.schema import SlotInfo
+from ..format.schema import ParentRef, SlotInfo
 from ..format.sparse_io import SparseWriteOptions, TableSource, row_granule
-from ..state.protocol import SparseState, split_sparse_dense_state_dict
+from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
+from ..state.protocol import ChangeTracking, SparseState, split_sparse_dense_state_dict
 from ..storage import open_storage
 from .load_apply import LoadPlan, LoadResult
 from .load_config import LoadConfig
@@ -39,6 +40,18 @@ class SaveStats:
     sparse_rows: int
     bytes_written: int
     seconds: float
+    parent: str | None = None       # the parent of an incremental checkpoint (None: a full one)
+    full_reason: str | None = None  # why an incremental save wrote a full checkpoint instead
+
+
+@dataclass(frozen=True)
+class _ChainState:
+    """The newest checkpoint this Saver committed or fully loaded, which an incremental save builds on:
+    its id, the SHA-256 of its manifest (None: not known on this worker, checked at the next save) and
+    each change-tracking table's mark at the time it was captured."""
+    ckpt_id: str
+    manifest_sha256: str | None
+    marks: dict
 
 
 def _row_bytes_view(t: torch.Tensor, n: int, row_bytes: int):
@@ -59,10 +72,17 @@ class Saver:
             applied only after a new checkpoint commits; it is `KeepPolicy(max_keep)` (`self.keep`).
         concurrency: writer threads (and shard files per worker) for sparse tables; reader threads on load.
         options: SaveOptions (bucket count, checksum chunk, segment size, fsync).
+        eviction: an `EvictionPolicy` applied to every table with counters when a save captures the
+            state (sync saves): the selected rows leave the live table (`evict`), and an incremental
+            save records them as removed.
+        write_filter: an `EvictionPolicy` that only shapes what is written: rows it selects (in tables
+            with `freq`/`last_step` slots) are left out of the checkpoint, the live table keeps them. In
+            an increment, a row left out keeps the value earlier links hold for it.
     """
 
     def __init__(self, model, sparse_optim=None, output_dir: str | os.PathLike | None = None,
-                 max_keep: int | None = 1, concurrency: int = 4, *, options: SaveOptions | None = None):
+                 max_keep: int | None = 1, concurrency: int = 4, *, options: SaveOptions | None = None,
+                 eviction: EvictionPolicy | None = None, write_filter: EvictionPolicy | None = None):
         if output_dir is None:
             raise ValueError("Saver needs output_dir: a local directory or an fsspec URL")
         if max_keep is not None and (not isinstance(max_keep, int) or isinstance(max_keep, bool) or max_keep < 1):
@@ -79,8 +99,13 @@ class Saver:
         self.options = options or SaveOptions()
         self.registry = Registry()
         """Objects registered by name, and IO-state providers."""
+        for what, pol in (("eviction", eviction), ("write_filter", write_filter)):
+            if pol is not None and not isinstance(pol, EvictionPolicy):
+                raise TypeError(f"Saver {what} must be a recckpt.state.eviction.EvictionPolicy, got {pol!r}")
+        self.eviction, self.write_filter = eviction, write_filter
         self._recovered = False  # start-up recovery of output_dir done (first save on worker 0)
         self.last_save: SaveStats | None = None
+        self._chain: _ChainState | None = None  # what the next incremental save is an increment on
 
     @property
     def max_keep(self) -> int | None:
@@ -112,6 +137,11 @@ class Saver:
         """Committed checkpoint ids under output_dir, oldest first."""
         return [i for i, _ in catalog.committed(self.storage)]
 
+    def chain_parent(self) -> str | None:
+        """The checkpoint the next `save(incremental=True)` would build on (the newest this Saver
+        committed or fully loaded), or None; the save still checks that it is committed."""
+        return self._chain.ckpt_id if self._chain is not None else None
+
     def latest_checkpoint(self) -> str | None:
         ids = self.checkpoints()
         return ids[-1] if ids else None
@@ -122,7 +152,10 @@ class Saver:
         return SparseWriteOptions(o.num_buckets, o.chunk_bytes, self.concurrency, o.segment_bytes,
                                   o.max_inflight_bytes, o.fsync)
 
-    def _table_source(self, table: SparseState) -> TableSource:
+    def _table_source(self, table: SparseState, since: int | None = None, step: int | None = None
+                      ) -> tuple[TableSource, TableSource | None]:
+        """The table as the writer reads it: all rows, or with `since` (a mark of the parent) only the
+        rows changed since, then a second source of the removed ids (None: the table is written whole)."""
         meta = table.sparse_meta()
         slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
         names = list(slots)
@@ -132,8 +165,26 @@ class Saver:
         if max_rows >= granule:
             max_rows -= max_rows % granule
 
+        changes = None
+        if since is not None:
+            changes = table.export_changes(since, names, max_rows)
+            if changes is None:
+                log.info("recckpt: table %r cannot tell what changed since the parent; saved in full", meta.name)
+        exported = table.export_chunks(names, max_rows) if changes is None else changes.chunks
+        filt = self.write_filter
+        if filt is not None and not {FREQ, LAST_STEP} <= set(names):
+            log.info("recckpt: table %r has no %s/%s slots; write_filter does not apply", meta.name, FREQ, LAST_STEP)
+            filt = None
+        filt_step = _step_for(step, table)
+
         def chunks():
-            for ids, cols in table.export_chunks(names, max_rows):
+            for ids, cols in exported:
+                if filt is not None:  # vectorised over the chunk's counter columns
+                    keep = ~filt.select(cols[FREQ], cols[LAST_STEP], filt_step)
+                    if not bool(keep.all()):
+                        ids, cols = ids[keep], {k: v[keep] for k, v in cols.items()}
+                    if ids.shape[0] == 0:
+                        continue
                 n = ids.shape[0]
                 if ids.dtype != torch.int64 or ids.dim() != 1:
                     raise CheckpointSaveError(f"table {meta.name!r}: export_chunks gave ids of dtype {ids.dtype} "
@@ -154,7 +205,13 @@ class Saver:
                 else:
                     yield ids_np, out
 
-        return TableSource(meta.name, slots, meta.num_rows, chunks())
+        if changes is None:
+            return TableSource(meta.name, slots, meta.num_rows, chunks()), None
+        removed = changes.removed.detach().cpu().to(torch.int64).contiguous().numpy()
+        per = max(1, self.options.segment_bytes // 8)   # removed ids per segment
+        return (TableSource(meta.name, slots, changes.rows, chunks()),
+                TableSource(meta.name, {}, len(removed),
+                            ((removed[i:i + per], []) for i in range(0, len(removed), per))))
 
     def _state(self):
         sparse, dense = split_sparse_dense_state_dict(self.model.state_dict())
@@ -166,7 +223,7 @@ class Saver:
         return sparse, dense
 
     def save(self, ckpt_id: str, shard_id: int | None = None, shard_num: int | None = None, *,
-             step: int | None = None) -> str:
+             step: int | None = None, incremental: bool = False) -> str:
         """Write checkpoint `ckpt_id` and commit it; returns its location.
 
         With shard_num > 1 each worker writes its own shard files and IO state; worker 0 also writes the
@@ -174,8 +231,18 @@ class Saver:
         visible before the commit, and older checkpoints are untouched if anything fails.
         shard_id/shard_num default to this process's rank and world size in torch.distributed (every
         rank calls save; see docs/DISTRIBUTED.md), else RANK/WORLD_SIZE, else 0 of 1. `step` (the
-        training step) is recorded per worker and decides duplicate ids under duplicates='newest'."""
-        return self.write(ckpt_id, shard_id=shard_id, shard_num=shard_num, step=step).path
+        training step) is recorded per worker and decides duplicate ids under duplicates='newest'.
+
+        incremental=True writes only the sparse rows changed since the newest checkpoint this Saver
+        committed or fully loaded (its *parent*), plus the ids removed since, and names the parent by id
+        and manifest hash; dense state, registered objects and IO state are written in full. Tables that
+        cannot tell their changes (no `ChangeTracking`) are written whole. With no such parent still
+        committed it writes a full checkpoint and says why (a log line and `last_save.full_reason`).
+        Every worker of a distributed save must make the same choice (docs/INCREMENTAL.md)."""
+        if not isinstance(incremental, bool):
+            raise TypeError(f"save: incremental must be a bool, got {incremental!r}")
+        return self.write(ckpt_id, shard_id=shard_id, shard_num=shard_num, step=step,
+                          incremental=incremental).path
 
     def capture(self, shard_id: int = 0) -> Snapshot:
         """What a save of this worker writes, read from the live objects (no copies: the sync path).
@@ -188,12 +255,13 @@ class Saver:
 
     def write(self, ckpt_id: str, snapshot: Snapshot | None = None, *, shard_id: int | None = None,
               shard_num: int | None = None, metadata: dict[str, str] | None = None, step: int | None = None,
-              keep: KeepPolicy | None = None, protect: str | None = None) -> SaveStats:
+              keep: KeepPolicy | None = None, protect: str | None = None, incremental: bool = False) -> SaveStats:
         """Write `snapshot` (None: capture the live state now) as checkpoint `ckpt_id`, commit it, then
         apply retention; `save()` with everything spelled out. `metadata` goes into the manifest;
         `keep` (default `self.keep`) chooses what retention deletes after the commit, never `protect`
-        (e.g. the checkpoint a run restored from) while it is the newest. Returns what was written:
-        on the committing worker the whole checkpoint, on the others their own part."""
+        (e.g. the checkpoint a run restored from) while it is the newest, nor a checkpoint a kept one's
+        chain needs. `incremental`: as in `save()` (not with a prepared `snapshot`). Returns what was
+        written: on the committing worker the whole checkpoint, on the others their own part."""
         snap = snapshot
         keep = self.keep if keep is None else keep
         validate_ckpt_id(ckpt_id)
@@ -208,6 +276,8 @@ class Saver:
             raise CheckpointExistsError(
                 f"checkpoint {self.storage.describe(ckpt_id)} already exists; committed checkpoints are never "
                 f"overwritten: choose another ckpt_id or delete it first")
+        if incremental and snap is not None:
+            raise ValueError("incremental saves capture the live tables; a prepared snapshot is saved in full")
         nonce = coord.begin(key)
         stage = catalog.new_staging_dir(ckpt_id, nonce)
         manifest = None
@@ -216,14 +286,22 @@ class Saver:
             self.storage.makedirs("")
             if shard_id == 0 and not self._recovered:
                 self._recover(coord, stage)
+            parent, full_reason = self._parent_for(incremental)
+            marks = None
             if snap is None:
+                if self.eviction is not None:
+                    self._evict(step)
                 snap = self.capture(shard_id)
-            tables = [self._table_source(t) for t in snap.tables]
+                marks = {t.sparse_meta().name: t.mark_changes() for t in snap.tables
+                         if isinstance(t, ChangeTracking)}
+            since = self._chain.marks if parent is not None else {}
+            sources = [self._table_source(t, since.get(t.sparse_meta().name), step) for t in snap.tables]
             part = write_worker_part(
-                self.storage, stage, shard_id, tables=tables,
+                self.storage, stage, shard_id, tables=[t for t, _ in sources],
                 dense=snap.dense if shard_id == 0 else None,
                 extras=snap.extras if shard_id == 0 else None,
-                io_state=snap.io_state, opts=self._write_options(), step=step)
+                io_state=snap.io_state, opts=self._write_options(), step=step, parent=parent,
+                removed=[r for _, r in sources if r is not None])
             parts = coord.submit(key, part.to_json())
             handed_over = parts is None
             if parts is not None:
@@ -234,14 +312,17 @@ class Saver:
                                            sum(t.rows for t in manifest.tables.values()),
                                            sum(f.size for f in manifest.files.values()) + sum(
                                                f["size"] for p in parts for f in p["index"]["files"]),
-                                           time.perf_counter() - t0)
+                                           time.perf_counter() - t0,
+                                           parent.ckpt_id if parent is not None else None, full_reason)
                 stats = self.last_save
             else:
                 stats = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                   sum(int(t.get("rows", 0)) for t in part.tables.values()),
                                   sum(size for size, _ in part.files.values()) + sum(
-                                      f["size"] for f in part.index["files"]), time.perf_counter() - t0)
+                                      f["size"] for f in part.index["files"]), time.perf_counter() - t0,
+                                  parent.ckpt_id if parent is not None else None, full_reason)
             coord.end(key, None)   # other ranks learn the outcome (and raise if it was not committed)
+            self._committed_chain(ckpt_id, manifest, marks, snap.tables)
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
             if handed_over:
@@ -279,6 +360,53 @@ class Saver:
                 f"saving checkpoint {ckpt_id!r} to {self.storage.describe()} failed: {type(e).__name__}: {e}. "
                 f"Nothing was committed and earlier checkpoints are intact.{hint}") from e
         return stats
+
+    def _evict(self, step: int | None) -> None:
+        """Apply the eviction policy to every table that can evict (HashTable with counters)."""
+        for name, table in self._state()[0].items():
+            evict = getattr(table, "evict", None)
+            if not callable(evict):
+                log.info("recckpt: table %r has no evict(); eviction skipped", name)
+                continue
+            n = evict(self.eviction, _step_for(step, table))
+            if n:
+                log.info("recckpt: evicted %d rows of table %r (%s)", n, name, self.eviction)
+
+    def _parent_for(self, incremental: bool) -> tuple[ParentRef | None, str | None]:
+        """(parent of the increment to write, None) or (None, why a full checkpoint is written instead)."""
+        if not incremental:
+            return None, None
+        chain, reason = self._chain, None
+        if chain is None:
+            reason = "this Saver has not committed or fully loaded a checkpoint to build an increment on"
+        else:
+            try:
+                have = catalog.read_manifest(self.storage, chain.ckpt_id)
+            except (OSError, RecckptError):
+                have = None
+            if have is None:
+                reason = f"its parent {chain.ckpt_id!r} is no longer committed"
+            elif have.num_buckets != self.options.num_buckets:
+                reason = (f"SaveOptions.num_buckets ({self.options.num_buckets}) differs from its parent's "
+                          f"({have.num_buckets}), and the links of a chain share one bucket count")
+            elif chain.manifest_sha256 is not None and have.content_sha256 != chain.manifest_sha256:
+                reason = f"checkpoint {chain.ckpt_id!r} was replaced since this Saver wrote or loaded it"
+            else:
+                return ParentRef(chain.ckpt_id, have.content_sha256), None
+        log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
+        return None, reason
+
+    def _committed_chain(self, ckpt_id: str, manifest, marks: dict | None, tables: list) -> None:
+        """Remember the checkpoint just committed as the parent of the next increment. `marks` None: it
+        was saved from a prepared snapshot (no marks), so the next incremental save writes a full one."""
+        if marks is None:
+            self._chain = None
+            return
+        self._chain = _ChainState(ckpt_id, manifest.content_sha256 if manifest is not None else None, marks)
+        for t in tables:
+            mark = marks.get(t.sparse_meta().name)
+            if mark is not None:
+                t.forget_changes(mark)
 
     def _failed_after_handover(self, ckpt_id: str, e: BaseException, t0: float) -> SaveStats:
         """Error handling of a worker whose part the committing worker already holds. The staging
@@ -322,8 +450,12 @@ class Saver:
         not a failed save. The version file stops listing what retention deletes before the deletes,
         so a crash in between never leaves it naming a deleted checkpoint."""
         try:
-            entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in catalog.committed(self.storage)]
+            found = catalog.committed(self.storage)
+            entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in found]
             doomed = [d for d in keep.doomed(entries, protect) if d != ckpt_id]
+            # never a link that a kept checkpoint's chain of increments needs (docs/INCREMENTAL.md)
+            needed = catalog.with_parents(found, {e.ckpt_id for e in entries} - set(doomed))
+            doomed = [d for d in doomed if d not in needed]
             gone = set(doomed)
             catalog.write_version_file(self.storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone],
                                        self.options.fsync)
@@ -364,6 +496,11 @@ class Saver:
                 raise CheckpointNotFoundError(
                     f"{storage.describe()} is not a committed checkpoint (no manifest.json); with "
                     f"direct_path=True pass the checkpoint directory itself, e.g. <output_dir>/<ckpt_id>")
+            if catalog.read_manifest(storage, "").parent is not None:
+                # An increment's parents are its sibling directories: open it from its output directory.
+                head, _, name = os.fspath(ckpt_path).rstrip("/").rpartition("/")
+                if head:
+                    return open_storage(head), name, None
             return storage, "", None
         storage = self.storage if ckpt_path is None else open_storage(ckpt_path)
         if not storage.isdir(""):
@@ -404,7 +541,12 @@ class Saver:
         result.metadata = dict(reader.manifest.metadata)
         plan = LoadPlan(self.model, self.sparse_optim, self.registry, reader, conf, result)
         plan.prepare(shard_id, world)
+        self._chain = None  # the tables are about to change: the last checkpoint no longer describes them
         plan.apply(shard_id, world)
+        if storage is self.storage and plan.replaced_whole_state():
+            marks = {t.sparse_meta().name: t.mark_changes() for t in plan.model_sparse.values()
+                     if isinstance(t, ChangeTracking)}
+            self._chain = _ChainState(resolved_id, reader.manifest.content_sha256, marks)
         result.bytes_read = reader.segments.bytes_read if reader.manifest.index else 0
         result.seconds = time.perf_counter() - t0
         return result
@@ -418,6 +560,11 @@ def _lost_commit_race(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def _step_for(step: int | None, table) -> int:
+    """The step eviction rules compare `last_step` with: the save's step, else the table's own."""
+    return step if step is not None else int(getattr(table, "step", 0))
 
 
 def _os_error_hint(e: BaseException) -> str:

@@ -1,0 +1,150 @@
+"""`compact(src, dst)`: fold a chain of incremental checkpoints into one full checkpoint, offline.
+
+The result holds exactly what loading `src` gives (every table's surviving rows with all their slots,
+and `src`'s dense state, registered objects and per-worker IO state, copied verified), written with the
+same layout and commit protocol as a save. Memory is bounded: each table is processed a group of
+buckets at a time, so at most about `memory_bytes` of the chain's rows (plus their ids) are planned at
+once, and rows stream from the links into the writer in bounded batches.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import CheckpointExistsError, CheckpointNotFoundError, RecckptError
+from ..format import catalog
+from ..format.chain import open_chain, table_links
+from ..format.checkpoint import CheckpointReader, WorkerPart, copy_whole_files, finalize, write_worker_part
+from ..format.names import validate_ckpt_id
+from ..format.sparse_io import SparseWriteOptions, TableSource, row_granule
+from ..storage import open_storage
+from .chain_load import plan_chain_rows
+
+log = logging.getLogger("recckpt")
+
+SEGMENT_BYTES = 64 << 20   # rows of one written segment, as SaveOptions.segment_bytes' default
+
+
+@dataclass
+class CompactStats:
+    src: str
+    dst: str
+    links: int
+    rows: int
+    seconds: float
+
+
+def _split(path: str) -> tuple[str, str]:
+    path = os.fspath(path).rstrip("/")
+    head, _, name = path.rpartition("/")
+    if not head or not name:
+        raise ValueError(f"compact: {path!r} must be <output_dir>/<ckpt_id>")
+    return head, name
+
+
+def _surviving_rows(links, table: str, nb: int, groups: int, slots: list[str], row_bytes: list[int]):
+    """The surviving rows of `table`, bucket group by bucket group: (ids, [uint8 rows per slot])."""
+    for g in range(groups):
+        lo, hi = g * nb // groups, (g + 1) * nb // groups
+        if lo == hi:
+            continue
+        plan = plan_chain_rows(links, table, lo, hi, rank=0, world=1, ownership=None, duplicates="error")
+        for link, mask in zip(links, plan.masks):
+            pos = 0
+            for ids, cols in link.segments.iter_table(table, slots, row_bytes, lo, hi):
+                keep = mask[pos:pos + len(ids)]
+                pos += len(ids)
+                if keep.all():  # the read buffer is reused: the writer gets its own copy
+                    yield ids.copy(), [c.copy() for c in cols]
+                elif keep.any():
+                    yield ids[keep], [c[keep] for c in cols]
+
+
+def _segments_of(pieces, seg_rows: int):
+    """Re-cut a stream of small row pieces into chunks of `seg_rows` rows (one segment each; the last may
+    be shorter), so that a chain of small increments does not become many tiny segments."""
+    buf, have = [], 0
+    for ids, cols in pieces:
+        if not buf and len(ids) >= seg_rows // 2:  # big enough to be a segment of its own: no copy
+            yield ids, cols
+            continue
+        buf.append((ids, cols))
+        have += len(ids)
+        while have >= seg_rows:
+            ids_all = np.concatenate([b[0] for b in buf])
+            cols_all = [np.concatenate([b[1][k] for b in buf]) for k in range(len(cols))]
+            yield ids_all[:seg_rows], [c[:seg_rows] for c in cols_all]
+            rest = (ids_all[seg_rows:], [c[seg_rows:] for c in cols_all])
+            buf, have = ([rest] if len(rest[0]) else []), len(rest[0])
+    if have:
+        yield (np.concatenate([b[0] for b in buf]),
+               [np.concatenate([b[1][k] for b in buf]) for k in range(len(buf[0][1]))])
+
+
+def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int = 4, fsync: bool = True,
+            memory_bytes: int = 256 << 20) -> CompactStats:
+    """Write checkpoint `dst` (`<output_dir>/<new_id>`, local path or fsspec URL) as one full checkpoint
+    holding the state of checkpoint `src` (`<output_dir>/<ckpt_id>`, any link of a chain; a full
+    checkpoint is simply copied). `dst` may be in the same output directory as `src` (the version file
+    then lists it) or another one. Every link of `src`'s chain is checked first and every byte read is
+    verified; nothing is visible at `dst` until its commit, and `src`'s chain is never modified. Raises
+    CheckpointExistsError if `dst` exists, CorruptCheckpointError naming a missing or damaged link."""
+    t0 = time.perf_counter()
+    src_root, src_id = _split(src)
+    dst_root, dst_id = _split(dst)
+    validate_ckpt_id(dst_id)
+    src_store = open_storage(src_root)
+    if not src_store.exists(f"{src_id}/manifest.json"):
+        raise CheckpointNotFoundError(f"compact: {src_store.describe(src_id)} is not a committed checkpoint")
+    links = open_chain(CheckpointReader(src_store, src_id, threads=concurrency))
+    newest = links[-1]
+    m = newest.manifest
+    store = open_storage(dst_root)
+    if store.exists(dst_id):
+        raise CheckpointExistsError(f"compact: {store.describe(dst_id)} already exists; choose another id")
+    opts = SparseWriteOptions(m.num_buckets, m.chunk_bytes, concurrency, SEGMENT_BYTES, 256 << 20, fsync)
+    stage = catalog.new_staging_dir(dst_id, uuid.uuid4().hex)
+    rows = 0
+    try:
+        store.makedirs("")
+        sources = []
+        for name, info in m.tables.items():
+            tl = table_links(links, name)
+            slots = list(info.slots)
+            rbs = [s.row_bytes for s in info.slots.values()]
+            upper = sum(link.manifest.tables[name].rows for link in tl)   # rows before removals win
+            groups = max(1, min(m.num_buckets, -(-upper * (8 + sum(rbs)) // max(1, memory_bytes))))
+            g = row_granule(rbs)
+            seg_rows = max(1, SEGMENT_BYTES // (8 + sum(rbs)))
+            seg_rows = seg_rows - seg_rows % g if seg_rows >= g else seg_rows
+            rows_iter = _surviving_rows(tl, name, m.num_buckets, groups, slots, rbs)
+            sources.append(TableSource(name, dict(info.slots), upper, _segments_of(rows_iter, seg_rows)))
+        parts = []
+        for w in range(m.shard_num):
+            part = write_worker_part(store, stage, w, tables=sources if w == 0 else [], dense=None, extras=None,
+                                     io_state=None, opts=opts, step=m.worker_steps.get(w))
+            copy_whole_files(newest, store, stage, part, fsync)
+            parts.append(part)
+        rows = sum(t["rows"] for t in parts[0].tables.values())
+        meta = dict(m.metadata, compacted_from=src_id)
+        finalize(store, stage, dst_id, parts, opts=opts, metadata=meta)
+    except BaseException:
+        try:
+            if store.exists(stage):
+                store.remove_tree(stage)
+        except OSError:
+            pass
+        raise
+    try:
+        catalog.write_version_file(store, [i for i, _ in catalog.committed(store)], fsync)
+    except (OSError, RecckptError) as e:  # committed already; the next save or recovery redoes the list
+        log.warning("recckpt: compacted %s, but updating the version file failed: %s", store.describe(dst_id), e)
+    out = CompactStats(newest.describe(), store.describe(dst_id), len(links), rows, time.perf_counter() - t0)
+    log.info("recckpt: compacted %s (%d links) into %s: %d rows in %.2fs", out.src, out.links, out.dst, rows,
+             out.seconds)
+    return out

@@ -197,3 +197,67 @@ def manager_world(rank, world, out):
             got["restored"] = f"{type(e).__name__}: {e}"
     got["warnings"] = [str(w.message) for w in caught]
     return got
+
+
+# ------------------------------------------------------------------------------ incremental chains
+CHAIN_STEPS = 3
+
+
+def chain_ops(ids: torch.Tensor, k: int):
+    """Step k of the chain workload on `ids` (a rank's ids, or all): (ids updated, ids removed, ids
+    inserted). The row of an id written at step k is rows_for(id, salt=k)."""
+    touched = ids[ids % 7 == k]
+    gone = ids[(ids % 11 == k) & (ids % 7 != k)]
+    new = k * 10 ** 12 + torch.arange(300, dtype=torch.int64)
+    return touched, gone, new
+
+
+def chain_expected(n_ids: int, upto: int) -> dict[int, float]:
+    """id → salt of its row after step `upto` (0: the base), computed on all ids at once."""
+    ids = all_ids(n_ids)
+    salt = dict.fromkeys(ids.tolist(), 0.0)
+    for k in range(1, upto + 1):
+        touched, gone, new = chain_ops(torch.tensor(sorted(salt), dtype=torch.int64), k)
+        for i in touched.tolist():
+            salt[i] = float(k)
+        for i in gone.tolist():
+            del salt[i]
+        for i in new.tolist():
+            salt[i] = float(k)
+    return salt
+
+
+def chain_save(rank, world, out, n_ids):
+    """Each rank trains its own ids (updates, removals, inserts of ids it owns) and saves a base and
+    CHAIN_STEPS increments together."""
+    from helpers.ranks import DIM, rows_for
+    from recckpt import HashTable
+    ids = all_ids(n_ids)
+    mine = ids[partition(ids, world) == rank]
+    t = HashTable("emb", DIM)
+    t.import_rows(mine, {"embedding": rows_for(mine)["embedding"]})
+    s = Saver(Holder(t), output_dir=out, options=OPTS, max_keep=1)
+    s.save("base")
+    parents = []
+    for k in range(1, CHAIN_STEPS + 1):
+        touched, gone, new = chain_ops(t.ids(), k)
+        t.write_rows("embedding", t.lookup(touched), rows_for(touched, salt=float(k))["embedding"])
+        t.remove_ids(gone)
+        new = new[partition(new, world) == rank]
+        t.import_rows(new, {"embedding": rows_for(new, salt=float(k))["embedding"]})
+        s.save(f"inc{k}", incremental=True)
+        parents.append(s.last_save.parent if rank == 0 else None)
+    return {"parents": parents, "committed": s.checkpoints()}
+
+
+def chain_load(rank, world, out, ckpt_id):
+    """Load `ckpt_id` (a chain) on this rank; returns the ids and the salt of each row."""
+    from helpers.ranks import DIM, rows_for
+    from recckpt import HashTable
+    t = HashTable("emb", DIM)
+    res = Saver(Holder(t), output_dir=out, options=OPTS).load(ckpt_id=ckpt_id)
+    ids = t.ids()
+    emb = t.slot("embedding")[t.lookup(ids)]
+    salt = (emb[:, 0] - rows_for(ids)["embedding"][:, 0]).tolist()
+    return {"ids": ids.tolist(), "salt": salt, "rows": res.sparse_rows,
+            "own": bool((partition(ids, world) == rank).all())}

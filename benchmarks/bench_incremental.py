@@ -1,0 +1,146 @@
+"""Incremental checkpoints (issue 16): what change tracking costs in training, and what increments save.
+
+    python benchmarks/bench_incremental.py [--rows 4000000] [--dim 64] [--steps 30] [--batch 4096]
+
+1. Tracking cost: lookup + backward + SparseAdam step on a HashTable with change tracking on and off,
+   the same id batches, alternating rounds; reports the ratio (target: on/off <= 1.05).
+2. Increments: one table of `rows` rows, dim `dim`, Adam slots (embedding + adam.m + adam.v). A full
+   save, then for 1%, 5% and 20% of the rows touched (all three slots rewritten, as an optimizer step
+   does) an increment; bytes written and save time against the full save of the same state.
+3. Chain loads: a base plus 1, 5 and 10 increments of 5% each, loaded against a full checkpoint of the
+   same state; and `recckpt.compact` of the 10-increment chain against a full save of the result.
+All ratios compare runs in this process, on this machine, in this run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+
+import recckpt
+from recckpt import HashTable, SaveOptions, Saver, SparseAdam
+
+
+class Model(torch.nn.Module):
+    def __init__(self, dim, track=True, capacity=0):
+        super().__init__()
+        self.emb = HashTable("emb", dim, track_changes=track, capacity=capacity)
+
+
+def tracking_cost(rows, dim, steps, batch, rounds=5):
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, rows, (batch,), generator=gen) for _ in range(steps)]
+    models = {}
+    for track in (True, False):
+        m = Model(dim, track, capacity=rows)
+        m.emb(torch.arange(rows))
+        opt = SparseAdam([m.emb], lr=0.01)
+        models[track] = (m, opt)
+    times = {True: [], False: []}
+    for r in range(rounds):
+        for track in ((True, False) if r % 2 == 0 else (False, True)):
+            m, opt = models[track]
+            t0 = time.perf_counter()
+            for ids in batches:
+                m.emb(ids).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            times[track].append(time.perf_counter() - t0)
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    return on, off
+
+
+def dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def touch(table, frac, gen):
+    n = len(table)
+    rows = torch.randperm(n, generator=gen)[: max(1, int(n * frac))]
+    for slot in ("embedding", "adam.m", "adam.v"):
+        table.write_rows(slot, rows, torch.randn(rows.numel(), table.dim, generator=gen))
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=4_000_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--dir", default=None)
+    a = ap.parse_args()
+    opts = SaveOptions(fsync=False)
+    print(f"rows={a.rows} dim={a.dim} (Adam slots: {8 + 3 * 4 * a.dim} bytes a row)")
+
+    on, off = tracking_cost(min(a.rows, 1_000_000), a.dim, a.steps, a.batch)
+    print(f"\n| training step (lookup+backward+SparseAdam, batch {a.batch}) | seconds/{a.steps} steps | ratio |")
+    print("|---|---|---|")
+    print(f"| tracking off | {off:.3f} | 1.00 |")
+    print(f"| tracking on | {on:.3f} | {on / off:.3f} |")
+
+    root = a.dir or tempfile.mkdtemp(prefix="bench-incr-")
+    try:
+        gen = torch.Generator().manual_seed(1)
+        m = Model(a.dim, capacity=a.rows)
+        m.emb(torch.arange(a.rows))
+        SparseAdam([m.emb], lr=0.01)._ensure_slots(m.emb)
+        out = os.path.join(root, "run")
+        s = Saver(m, output_dir=out, max_keep=None, options=opts)
+        full_t, _ = timed(lambda: s.save("full0"))
+        full_b = dir_bytes(os.path.join(out, "full0"))
+        print("\n| save | bytes | bytes vs full | seconds | speed-up vs full |")
+        print("|---|---|---|---|---|")
+        print(f"| full | {full_b / 1e6:.1f} MB | 1.000 | {full_t:.2f} | 1.0x |")
+        for k, frac in enumerate((0.01, 0.05, 0.20)):
+            touch(m.emb, frac, gen)
+            t, _ = timed(lambda: s.save(f"inc{k}", incremental=True))
+            b = dir_bytes(os.path.join(out, f"inc{k}"))
+            print(f"| increment, {frac:.0%} touched | {b / 1e6:.1f} MB | {b / full_b:.3f} | {t:.2f} | "
+                  f"{full_t / t:.1f}x |")
+        shutil.rmtree(out)
+
+        # chains of 5% increments
+        out = os.path.join(root, "chain")
+        s = Saver(m, output_dir=out, max_keep=None, options=opts)
+        s.save("base")
+        for k in range(1, 11):
+            touch(m.emb, 0.05, gen)
+            s.save(f"i{k}", incremental=True)
+        s.save("full")   # the same state as i10, full
+
+        def load(ckpt):
+            m2 = Model(a.dim)
+            SparseAdam([m2.emb], lr=0.01)._ensure_slots(m2.emb)
+            return timed(lambda: Saver(m2, output_dir=out, options=opts).load(ckpt_id=ckpt))[0]
+
+        # state of i1 / i5 as full checkpoints: replay is not possible, so compare with the full i10
+        # state (same row count; every link adds no rows, so a full checkpoint of each state is as big)
+        full_load = min(load("full") for _ in range(2))
+        print("\n| load | seconds | vs full checkpoint of the same size |")
+        print("|---|---|---|")
+        print(f"| full | {full_load:.2f} | 1.00 |")
+        for k in (1, 5, 10):
+            t = min(load(f"i{k}") for _ in range(2))
+            print(f"| base + {k} increments (5% each) | {t:.2f} | {t / full_load:.2f} |")
+        ct, stats = timed(lambda: recckpt.compact(os.path.join(out, "i10"), os.path.join(out, "folded"), fsync=False))
+        st, _ = timed(lambda: s.save("full_again"))
+        print(f"\n| compaction of base + 10 increments | {ct:.2f} s | full save of the result | {st:.2f} s | "
+              f"speed vs full save: {st / ct:.2f} |")
+    finally:
+        if a.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -114,6 +114,17 @@ def check_state(out_dir: str, step: int) -> str | None:
     return None
 
 
+def _listing(out_dir: str) -> str:
+    """What a failure report needs to tell a listing problem: the version file and which directories
+    hold a manifest."""
+    try:
+        vf = open(os.path.join(out_dir, "checkpoint")).read().split()
+    except OSError as e:
+        vf = f"unreadable ({e})"
+    dirs = {d: os.path.exists(os.path.join(out_dir, d, "manifest.json")) for d in sorted(os.listdir(out_dir))}
+    return f"version file {vf}; directories (has manifest) {dirs}"
+
+
 def run_kill_incremental(n: int, work_dir: str, seed: int = 0, max_delay: float = 1.2) -> Trials:
     t0 = time.perf_counter()
     rec = Trials("kill-incremental")
@@ -140,7 +151,8 @@ def run_kill_incremental(n: int, work_dir: str, seed: int = 0, max_delay: float 
             continue
         newest = ids[-1]
         if done and step_of(newest) < int(done[-1].rstrip("c")):
-            rec.fail(f"trial {trial}: newest committed {newest} is older than reported {done[-1]}")
+            rec.fail(f"trial {trial}: newest committed {newest} is older than reported {done[-1]}; "
+                     f"{_listing(out_dir)}")
         diff = check_state(out_dir, step_of(newest))
         if diff:
             rec.fail(f"trial {trial}: {newest}: {diff}")

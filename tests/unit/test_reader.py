@@ -35,7 +35,7 @@ def test_metadata_and_all_rows(out, workers):
     rows = table_rows(1500)
     make_checkpoint(out, "ckpt_7", rows, workers=workers, extras={"note": "hi", "step": 7})
     v = recckpt.open(f"{out}/ckpt_7")
-    assert (v.ckpt_id, v.workers, v.num_buckets, v.format_version, v.kind) == ("ckpt_7", workers, 4096, 2, "full")
+    assert (v.ckpt_id, v.workers, v.num_buckets, v.format_version, v.kind) == ("ckpt_7", workers, 4096, 3, "full")
     assert v.parent is None and v.created.year >= 2024
     t = v.tables["user"]
     assert t.rows == len(rows["ids"])

@@ -454,8 +454,7 @@ class Saver:
             entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in found]
             doomed = [d for d in keep.doomed(entries, protect) if d != ckpt_id]
             # never a link that a kept checkpoint's chain of increments needs (docs/INCREMENTAL.md)
-            needed = catalog.with_parents(found, {e.ckpt_id for e in entries} - set(doomed))
-            doomed = [d for d in doomed if d not in needed]
+            doomed = catalog.without_needed_links(found, doomed)
             gone = set(doomed)
             catalog.write_version_file(self.storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone],
                                        self.options.fsync)

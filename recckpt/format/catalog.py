@@ -108,6 +108,13 @@ def with_parents(found: list[tuple[str, Manifest]], keep: "set[str] | list[str]"
     return out
 
 
+def without_needed_links(found: list[tuple[str, Manifest]], doomed: list[str]) -> list[str]:
+    """`doomed` minus every checkpoint that a checkpoint outside it depends on (see `with_parents`): what
+    retention may really delete. Every deleter (Saver retention, the CLI's prune) filters through it."""
+    needed = with_parents(found, {i for i, _ in found} - set(doomed))
+    return [d for d in doomed if d not in needed]
+
+
 def write_version_file(storage: Storage, ids: list[str], fsync: bool = True) -> None:
     """Atomic where the store can rename: temp file, fsync, rename over, fsync the directory."""
     tmp = f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}"

@@ -455,3 +455,11 @@ def test_manager_refuses_increments_with_async_saves(tmp_path):
     with pytest.raises(ValueError, match="async_save"):
         CheckpointManager(Saver(Model(), output_dir=tmp_path), save_interval=1, async_save=True,
                           increments=IncrementPolicy())
+
+
+def test_cli_prune_keeps_the_chain_of_what_it_keeps(tmp_path):
+    from recckpt.api.outdir import prune
+    run_chain(tmp_path, n_incr=2)
+    assert prune(str(tmp_path), 1) == []            # c2 needs c1 and c0
+    m2 = Model()
+    Saver(m2, SparseAdam([m2.emb], lr=0.05), output_dir=tmp_path, options=OPTS).load()   # still loads

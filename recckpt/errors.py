@@ -68,3 +68,13 @@ class ConcurrentCommitError(CheckpointExistsError):
 class InvalidArgumentError(RecckptError, ValueError):
     """An argument that cannot be valid for this checkpoint or call: an unknown table or slot, a bad option
     value (reader, export and command-line tool). The message names the argument and the valid choices."""
+
+
+class StorageError(RecckptError, OSError):
+    """A store refused or failed an operation (an object-store request that failed after its retries, a
+    missing bucket, wrong credentials, a timeout). The message names the object and the operation."""
+
+
+class CheckpointDeletedError(CheckpointNotFoundError):
+    """The checkpoint being loaded was deleted (by retention in another process) while it was read.
+    Nothing was applied to the model; load again (the newest checkpoint) to recover."""

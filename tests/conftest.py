@@ -39,3 +39,19 @@ try:  # property-based tests take their example count from here, so the slow swi
     settings.load_profile("recckpt")
 except ImportError:  # hypothesis is a test dependency; without it the property tests fail to import
     pass
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server (moto's server mode) on 127.0.0.1 for the whole session. Tests get
+    credentials and the endpoint from `s3_server.options()` (passed as `storage_options`), never from
+    the environment, so nothing can reach a real service."""
+    from helpers.s3_server import running_server
+    with running_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server) -> str:
+    """A fresh, empty bucket on the session's server; its name."""
+    return s3_server.new_bucket()

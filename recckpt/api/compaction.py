@@ -19,8 +19,8 @@ import numpy as np
 from ..errors import CheckpointExistsError, CheckpointNotFoundError, RecckptError
 from ..format import catalog
 from ..format.chain import open_chain, table_links
-from ..format.checkpoint import CheckpointReader, WorkerPart, copy_whole_files, finalize, write_worker_part
-from ..format.names import validate_ckpt_id
+from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
+from ..format.names import MANIFEST, validate_ckpt_id
 from ..format.sparse_io import SparseWriteOptions, TableSource, row_granule
 from ..storage import open_storage
 from .chain_load import plan_chain_rows
@@ -108,7 +108,9 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
     if store.exists(dst_id):
         raise CheckpointExistsError(f"compact: {store.describe(dst_id)} already exists; choose another id")
     opts = SparseWriteOptions(m.num_buckets, m.chunk_bytes, concurrency, SEGMENT_BYTES, 256 << 20, fsync)
-    stage = catalog.new_staging_dir(dst_id, uuid.uuid4().hex)
+    # The store decides where a save's files go (a staging directory, or the final keys of an object
+    # store, where the manifest written last is the commit).
+    stage = store.save_target(dst_id, catalog.new_staging_dir(dst_id, uuid.uuid4().hex))
     rows = 0
     try:
         store.makedirs("")
@@ -135,8 +137,7 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
         finalize(store, stage, dst_id, parts, opts=opts, metadata=meta)
     except BaseException:
         try:
-            if store.exists(stage):
-                store.remove_tree(stage)
+            store.discard(stage, dst_id, MANIFEST)
         except OSError:
             pass
         raise

@@ -305,7 +305,7 @@ class LoadPlan:
                     continue
                 simple = conf.ownership is None and conf.duplicates == "error"
                 if simple and conf.mmap and mapped_load_possible(table, slots, cleared,
-                                                                 self.reader.segments.storage.is_local):
+                                                                 self.reader.segments.storage.engine_path("") is not None):
                     left = "left empty (a mapped load adopts a table's rows all at once)"
                     rows, mapped = map_table_rows(self.reader.segments, name, target, table, slots, lo, hi,
                                                   expected, self.reader.describe())

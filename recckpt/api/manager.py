@@ -25,7 +25,6 @@ from ..coordination import agreement_for, check_world, resolve_shard
 from ..errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError, RecckptError
 from ..format import catalog
 from ..format.chain import chain_stats
-from ..storage import open_storage
 from .async_save import FAILED, AsyncWriter, SaveHandle
 from .increments import IncrementPolicy
 from .load_config import LoadConfig
@@ -396,17 +395,17 @@ class CheckpointManager:
             resume = src.get("resume_step", False)
             if not isinstance(resume, bool):
                 raise ValueError(f"model bank source #{i}: resume_step must be a bool, got {resume!r}")
-            sources.append((src["path"], LoadConfig.coerce(conf), resume))
+            sources.append((src["path"], LoadConfig.coerce(conf), resume, src.get("storage_options")))
         if self._committed_everywhere():
             log.info("recckpt: %s holds committed checkpoints: restore() resumes from them, so the model "
                      "bank (%d source(s)) is not read", self.saver.storage.describe(), len(sources))
             return []
         results = []
-        for i, (path, lc, resume) in enumerate(sources):
+        for i, (path, lc, resume, options) in enumerate(sources):
             try:
-                direct = open_storage(path).exists("manifest.json")
+                direct = self.saver.open_storage(path, options).exists("manifest.json")
                 res = self.saver.load(ckpt_path=path, direct_path=direct, load_conf=lc,
-                                      shard_id=self.shard_id, shard_num=self.shard_num)
+                                      shard_id=self.shard_id, shard_num=self.shard_num, storage_options=options)
             except RecckptError as e:
                 done = ", ".join(r.path for r in results) or "none"
                 raise type(e)(f"model bank source #{i} ({path}): {e} (sources already applied: {done})") from e

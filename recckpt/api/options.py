@@ -31,14 +31,20 @@ class SaveOptions:
     (gathering the parts, hearing the outcome). When one rank fails or stops responding, every other
     rank raises within this time and nothing is committed. Must cover the slowest rank's writing."""
 
+    storage_timeout_s: float = 300.0
+    """Object stores: the longest one remote operation (a request with its retries, or one concurrent
+    batch of uploads or ranged reads) may take before the save or load fails with a StorageError. A frozen
+    endpoint fails a save within about this time. Raise it for very large shard files on slow links."""
+
     def __post_init__(self):
         for name, lo in (("num_buckets", 1), ("chunk_bytes", 64), ("segment_bytes", 1), ("max_inflight_bytes", 1)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"SaveOptions.{name} must be an integer >= {lo}, got {v!r}")
-        t = self.coordination_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-            raise ValueError(f"SaveOptions.coordination_timeout_s must be a number of seconds > 0, got {t!r}")
+        for name in ("coordination_timeout_s", "storage_timeout_s"):
+            t = getattr(self, name)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+                raise ValueError(f"SaveOptions.{name} must be a number of seconds > 0, got {t!r}")
         if self.num_buckets > 1 << 24:
             raise ValueError(f"SaveOptions.num_buckets={self.num_buckets} is above the format's cap of 2**24")
         if self.chunk_bytes >= 1 << 31:

@@ -12,11 +12,11 @@ from typing import Any, Mapping
 import torch
 
 from ..coordination import coordinator_for, resolve_shard
-from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError, CommitOutcomeUnknownError,
-                      ConcurrentCommitError, CorruptCheckpointError, RecckptError)
+from ..errors import (CheckpointDeletedError, CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError,
+                      CommitOutcomeUnknownError, ConcurrentCommitError, CorruptCheckpointError, RecckptError)
 from ..format import catalog, dtypes, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
-from ..format.names import validate_ckpt_id
+from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.schema import ParentRef, SlotInfo
 from ..format.sparse_io import SparseWriteOptions, TableSource, row_granule
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
@@ -71,7 +71,9 @@ class Saver:
         max_keep: keep the newest N committed checkpoints (None: keep all). Counted from what is on disk,
             applied only after a new checkpoint commits; it is `KeepPolicy(max_keep)` (`self.keep`).
         concurrency: writer threads (and shard files per worker) for sparse tables; reader threads on load.
-        options: SaveOptions (bucket count, checksum chunk, segment size, fsync).
+        options: SaveOptions (bucket count, checksum chunk, segment size, fsync, storage timeout).
+        storage_options: passed to fsspec for an fsspec URL (endpoint_url, key/secret, profile, ...),
+            and used for every other path this Saver opens unless a load names its own.
         eviction: an `EvictionPolicy` applied to every table with counters when a save captures the
             state (sync saves): the selected rows leave the live table (`evict`), and an incremental
             save records them as removed.
@@ -82,7 +84,8 @@ class Saver:
 
     def __init__(self, model, sparse_optim=None, output_dir: str | os.PathLike | None = None,
                  max_keep: int | None = 1, concurrency: int = 4, *, options: SaveOptions | None = None,
-                 eviction: EvictionPolicy | None = None, write_filter: EvictionPolicy | None = None):
+                 storage_options: dict | None = None, eviction: EvictionPolicy | None = None,
+                 write_filter: EvictionPolicy | None = None):
         if output_dir is None:
             raise ValueError("Saver needs output_dir: a local directory or an fsspec URL")
         if max_keep is not None and (not isinstance(max_keep, int) or isinstance(max_keep, bool) or max_keep < 1):
@@ -92,11 +95,12 @@ class Saver:
         self.model = model
         self.sparse_optim = sparse_optim
         self.output_dir = os.fspath(output_dir)
-        self.storage = open_storage(self.output_dir)
+        self.options = options or SaveOptions()
+        self.storage_options = storage_options
+        self.storage = self.open_storage(self.output_dir)
         self.keep = KeepPolicy(max_keep=max_keep)
         """Retention after each commit of `save()`; a CheckpointManager passes its own."""
         self.concurrency = concurrency
-        self.options = options or SaveOptions()
         self.registry = Registry()
         """Objects registered by name, and IO-state providers."""
         for what, pol in (("eviction", eviction), ("write_filter", write_filter)):
@@ -106,6 +110,12 @@ class Saver:
         self._recovered = False  # start-up recovery of output_dir done (first save on worker 0)
         self.last_save: SaveStats | None = None
         self._chain: _ChainState | None = None  # what the next incremental save is an increment on
+
+    def open_storage(self, url, storage_options: dict | None = None):
+        """The store at `url` with `storage_options` (default: this Saver's) and this Saver's timeout
+        (model-bank sources, a `ckpt_path` given to load, ...)."""
+        return open_storage(url, self.storage_options if storage_options is None else storage_options,
+                            timeout_s=self.options.storage_timeout_s)
 
     @property
     def max_keep(self) -> int | None:
@@ -272,18 +282,29 @@ class Saver:
         coord = coordinator_for(shard_id, shard_num, self.options.coordination_timeout_s)
         key = (self.storage.describe(), ckpt_id)
         stats = None
-        if self.storage.exists(ckpt_id):
+        if catalog.is_committed(self.storage, ckpt_id):
             raise CheckpointExistsError(
                 f"checkpoint {self.storage.describe(ckpt_id)} already exists; committed checkpoints are never "
                 f"overwritten: choose another ckpt_id or delete it first")
         if incremental and snap is not None:
             raise ValueError("incremental saves capture the live tables; a prepared snapshot is saved in full")
         nonce = coord.begin(key)
-        stage = catalog.new_staging_dir(ckpt_id, nonce)
+        # The store decides where a save writes: a staging directory, or the checkpoint's own keys.
+        stage = self.storage.save_target(ckpt_id, catalog.new_staging_dir(ckpt_id, nonce))
         manifest = None
+        claim = None
         handed_over = False  # this worker's part went to another worker, which commits from `stage`
         try:
-            self.storage.makedirs("")
+            self.storage.prepare_for_save()
+            # Claimed before anything is written: recovery in another process leaves a claimed target alone.
+            claim = self.storage.claim(stage, owner_file(stage, shard_id))
+            # Checked again under the claim: a rival that committed this id meanwhile released its claim
+            # only after its commit, so it is seen here (stores that write in place would otherwise
+            # write over its files).
+            if shard_id == 0 and catalog.is_committed(self.storage, ckpt_id):
+                raise ConcurrentCommitError(
+                    f"checkpoint {self.storage.describe(ckpt_id)} was committed by another writer while this "
+                    f"save was starting; committed checkpoints are never overwritten: choose another ckpt_id")
             if shard_id == 0 and not self._recovered:
                 self._recover(coord, stage)
             parent, full_reason = self._parent_for(incremental)
@@ -327,38 +348,34 @@ class Saver:
             coord.abort(key, f"{type(e).__name__}: {e}")
             if handed_over:
                 return self._failed_after_handover(ckpt_id, e, t0)
-            try:
-                if self.storage.exists(stage):
-                    self.storage.remove_tree(stage)
-            except OSError:
-                pass
+            committed = manifest is not None or self.is_committed(ckpt_id)
+            if not committed and not isinstance(e, CheckpointExistsError):
+                try:
+                    self.storage.discard(stage, ckpt_id, MANIFEST)   # never a committed checkpoint
+                except OSError:
+                    pass  # start-up recovery of the next Saver removes it
             if isinstance(e, (RecckptError, KeyboardInterrupt)) and not isinstance(e, CorruptCheckpointError):
                 raise
             hint = _os_error_hint(e)
-            if manifest is None and _lost_commit_race(e) and self.is_committed(ckpt_id):
+            if manifest is None and _lost_commit_race(e) and committed:
                 raise ConcurrentCommitError(
                     f"checkpoint {self.storage.describe(ckpt_id)} was committed by another writer while this "
                     f"save was writing it ({type(e).__name__}: {e}). This save's data was discarded; the "
                     f"checkpoint on disk is the other writer's, complete and loadable. Two jobs (or ranks that "
                     f"each think they are alone) are saving into one output_dir under the same ids: give each "
                     f"job its own output_dir, or run every rank in one process group.") from e
-            if manifest is None and self.is_committed(ckpt_id):
+            if committed:
                 # The commit (rename) happened and a step right after it (fsync of output_dir) failed.
                 raise CheckpointSaveError(
                     f"checkpoint {self.storage.describe(ckpt_id)} was committed, but making the commit durable "
                     f"failed: {type(e).__name__}: {e}. It is listed and loadable, but may be lost if the machine "
                     f"loses power now.{hint}") from e
-            try:
-                # Stores without atomic rename move the data to <ckpt_id>/ before writing the manifest; that
-                # directory did not exist when this save started (checked above), so it is this save's,
-                # unless another writer got there first (then it is theirs, and never removed).
-                if manifest is None and not _lost_commit_race(e) and self.storage.exists(ckpt_id):
-                    self.storage.remove_tree(ckpt_id)
-            except OSError:
-                pass  # start-up recovery of the next Saver removes it
             raise CheckpointSaveError(
                 f"saving checkpoint {ckpt_id!r} to {self.storage.describe()} failed: {type(e).__name__}: {e}. "
                 f"Nothing was committed and earlier checkpoints are intact.{hint}") from e
+        finally:
+            if claim is not None:
+                claim.release()
         return stats
 
     def _evict(self, step: int | None) -> None:
@@ -439,7 +456,7 @@ class Saver:
         """Once per Saver, before its first save on worker 0: remove what crashed saves and deletes left in
         output_dir and fix the version file. Staging directories of saves this process has in flight
         (other workers of this save included) are kept."""
-        keep = {stage} | {catalog.new_staging_dir(i, n)
+        keep = {stage} | {self.storage.save_target(i, catalog.new_staging_dir(i, n))
                           for i, n in coord.active_nonces(self.storage.describe()).items()}
         recovery.recover(self.storage, keep, self.options.fsync)
         self._recovered = True
@@ -456,17 +473,14 @@ class Saver:
             # never a link that a kept checkpoint's chain of increments needs (docs/INCREMENTAL.md)
             doomed = catalog.without_needed_links(found, doomed)
             gone = set(doomed)
-            catalog.write_version_file(self.storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone],
-                                       self.options.fsync)
-            failed = None
-            for cid in doomed:
-                log.info("recckpt: deleting %s (%s)", self.storage.describe(cid), keep)
-                try:
-                    catalog.delete(self.storage, cid)
-                except OSError as e:  # a leftover checkpoint costs disk, not correctness; the next save retries
-                    failed = failed or e
-            if failed is not None:
-                raise failed
+            if doomed:
+                log.info("recckpt: retention (%s) deletes %s", keep, doomed)
+            deleted = catalog.retire(self.storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone], doomed,
+                                     self.options.fsync)
+            if not doomed:
+                catalog.write_version_file(self.storage, [e.ckpt_id for e in entries], self.options.fsync)
+            if len(deleted) < len(doomed):   # a leftover checkpoint costs disk, not correctness
+                raise OSError(f"could not delete {sorted(gone - set(deleted))} (see the log); the next save retries")
         except OSError as e:
             msg = (f"checkpoint {self.storage.describe(ckpt_id)} is committed, but updating the version file or "
                    f"deleting old checkpoints failed: {type(e).__name__}: {e}. The next save retries.{_os_error_hint(e)}")
@@ -486,12 +500,12 @@ class Saver:
                 kwargs[k] = conf.pop(k)
         return self.load(load_conf=LoadConfig.coerce(conf), **kwargs)
 
-    def _resolve(self, ckpt_path, ckpt_id, direct_path):
+    def _resolve(self, ckpt_path, ckpt_id, direct_path, storage_options=None):
         if direct_path:
             if ckpt_path is None:
                 raise ValueError("direct_path=True needs ckpt_path: the committed checkpoint directory")
-            storage = open_storage(ckpt_path)
-            if not storage.exists("manifest.json"):
+            storage = self.open_storage(ckpt_path, storage_options)
+            if not storage.exists(MANIFEST):
                 raise CheckpointNotFoundError(
                     f"{storage.describe()} is not a committed checkpoint (no manifest.json); with "
                     f"direct_path=True pass the checkpoint directory itself, e.g. <output_dir>/<ckpt_id>")
@@ -501,7 +515,7 @@ class Saver:
                 if head:
                     return open_storage(head), name, None
             return storage, "", None
-        storage = self.storage if ckpt_path is None else open_storage(ckpt_path)
+        storage = self.storage if ckpt_path is None else self.open_storage(ckpt_path, storage_options)
         if not storage.isdir(""):
             raise CheckpointNotFoundError(f"checkpoint directory {storage.describe()} does not exist")
         if ckpt_id is None:
@@ -514,15 +528,15 @@ class Saver:
             ckpt_id = found[-1][0]
         else:
             validate_ckpt_id(ckpt_id)
-            if not storage.exists(f"{ckpt_id}/manifest.json"):
+            if not catalog.is_committed(storage, ckpt_id):
                 raise CheckpointNotFoundError(
                     f"checkpoint {storage.describe(ckpt_id)} does not exist or was never committed; "
                     f"committed: {[i for i, _ in catalog.committed(storage)]}")
         return storage, ckpt_id, ckpt_id
 
     def load(self, ckpt_path: str | None = None, ckpt_id: str | None = None, load_conf=None,
-             shard_id: int | None = None, direct_path: bool = False, *, shard_num: int | None = None
-             ) -> LoadResult:
+             shard_id: int | None = None, direct_path: bool = False, *, shard_num: int | None = None,
+             storage_options: dict | None = None) -> LoadResult:
         """Load a checkpoint into the registered model, optimizer, objects and IO state.
 
         Resolves `ckpt_path` (default output_dir) + `ckpt_id` (default: newest committed), or with
@@ -530,18 +544,31 @@ class Saver:
         Everything is read and verified before the model is touched except sparse rows, which stream
         table by table; if one fails mid-way the error names what was already applied.
         shard_id/shard_num (the loading world, any size) default like `save`'s; rank r loads the ids
-        that `recckpt.partition(ids, shard_num) == r`, or that LoadConfig.ownership assigns to it."""
+        that `recckpt.partition(ids, shard_num) == r`, or that LoadConfig.ownership assigns to it.
+        `storage_options` (default: this Saver's) open `ckpt_path`. A checkpoint deleted while it is
+        read (retention in another process) raises CheckpointDeletedError."""
         t0 = time.perf_counter()
         conf = LoadConfig.coerce(load_conf)
         shard_id, world = resolve_shard(shard_id, shard_num)
-        storage, ckpt_dir, resolved_id = self._resolve(ckpt_path, ckpt_id, direct_path)
-        reader = CheckpointReader(storage, ckpt_dir, threads=self.concurrency)
-        result = LoadResult(reader.describe(), resolved_id)
-        result.metadata = dict(reader.manifest.metadata)
-        plan = LoadPlan(self.model, self.sparse_optim, self.registry, reader, conf, result)
-        plan.prepare(shard_id, world)
-        self._chain = None  # the tables are about to change: the last checkpoint no longer describes them
-        plan.apply(shard_id, world)
+        storage, ckpt_dir, resolved_id = self._resolve(ckpt_path, ckpt_id, direct_path, storage_options)
+        try:
+            reader = CheckpointReader(storage, ckpt_dir, threads=self.concurrency)
+            result = LoadResult(reader.describe(), resolved_id)
+            result.metadata = dict(reader.manifest.metadata)
+            plan = LoadPlan(self.model, self.sparse_optim, self.registry, reader, conf, result)
+            plan.prepare(shard_id, world)
+            self._chain = None  # the tables are about to change: the last checkpoint no longer describes them
+            plan.apply(shard_id, world)
+        except (RecckptError, OSError) as e:
+            # A checkpoint deleted under the load (retention in another process) shows up as missing or
+            # short files; tell it apart from a corrupt one by its commit marker.
+            if storage.exists(f"{ckpt_dir}/{MANIFEST}" if ckpt_dir else MANIFEST):
+                raise
+            raise CheckpointDeletedError(
+                f"checkpoint {storage.describe(ckpt_dir)} was deleted while it was being loaded (by retention "
+                f"in another process, or by hand): {e}. Everything is read and verified before the model is "
+                f"touched, except sparse rows, which the message above names if any were applied. Load again "
+                f"to get the newest checkpoint.") from e
         if storage is self.storage and plan.replaced_whole_state():
             marks = {t.sparse_meta().name: t.mark_changes() for t in plan.model_sparse.values()
                      if isinstance(t, ChangeTracking)}

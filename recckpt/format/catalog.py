@@ -116,19 +116,9 @@ def without_needed_links(found: list[tuple[str, Manifest]], doomed: list[str]) -
 
 
 def write_version_file(storage: Storage, ids: list[str], fsync: bool = True) -> None:
-    """Atomic where the store can rename: temp file, fsync, rename over, fsync the directory."""
-    tmp = f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
-    try:
-        storage.write_bytes(tmp, "".join(f"{i}\n" for i in ids).encode(), fsync=fsync)
-        storage.replace_file(tmp, names.VERSION_FILE)
-    except BaseException:
-        try:
-            storage.remove_file(tmp)
-        except OSError:
-            pass  # start-up recovery removes it
-        raise
-    if fsync and storage.is_local:
-        storage.fsync_dir("")
+    """Replace the version file in one step (the store decides how: temp file + rename, or one PUT)."""
+    storage.write_atomic(names.VERSION_FILE, "".join(f"{i}\n" for i in ids).encode(),
+                         tmp=f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}", fsync=fsync)
 
 
 def sync_version_file(storage: Storage, fsync: bool = True) -> list[str]:
@@ -142,34 +132,45 @@ def new_staging_dir(ckpt_id: str, nonce: str) -> str:
     return f"{names.STAGING_PREFIX}{ckpt_id}-{nonce}"
 
 
-def commit(storage: Storage, stage: str, ckpt_id: str, manifest_bytes: bytes, fsync: bool = True) -> None:
-    """Make a fully written staging directory visible as `ckpt_id` in one step.
+def is_committed(storage: Storage, ckpt_id: str) -> bool:
+    """Whether `ckpt_id` has its commit marker (the manifest); a leftover without one is not."""
+    return storage.exists(f"{ckpt_id}/{names.MANIFEST}")
 
-    Where directories rename atomically the manifest is written into the staging directory and the
-    rename is the commit. Elsewhere the data is moved first and the manifest, written last, is the commit.
-    """
-    if storage.atomic_rename:
-        storage.write_bytes(f"{stage}/{names.MANIFEST}", manifest_bytes, fsync=fsync)
-        if fsync and storage.is_local:
-            for sub in ("", names.SPARSE_DIR, names.IO_STATE_DIR):
-                if storage.isdir(f"{stage}/{sub}" if sub else stage):
-                    storage.fsync_dir(f"{stage}/{sub}" if sub else stage)
-        storage.rename(stage, ckpt_id)
-        if fsync and storage.is_local:
-            storage.fsync_dir("")
-    else:
-        storage.rename(stage, ckpt_id)
-        storage.write_bytes(f"{ckpt_id}/{names.MANIFEST}", manifest_bytes, fsync=fsync)
+
+def commit(storage: Storage, target: str, ckpt_id: str, manifest_bytes: bytes, fsync: bool = True) -> None:
+    """Make the fully written save target visible as `ckpt_id` in one step: the manifest is written
+    last, and the store commits in its own way (storage.base.Storage.commit)."""
+    storage.commit(target, ckpt_id, names.MANIFEST, manifest_bytes, fsync=fsync)
 
 
 def delete(storage: Storage, ckpt_id: str) -> None:
-    """Invalidate first (atomic rename away, or manifest removal), then remove the data."""
-    if storage.atomic_rename:
-        trash = f"{names.TRASH_PREFIX}{ckpt_id}-{uuid.uuid4().hex[:8]}"
-        storage.rename(ckpt_id, trash)
-        if storage.is_local:
-            storage.fsync_dir("")
-        storage.remove_tree(trash)
-    else:
-        storage.remove_file(f"{ckpt_id}/{names.MANIFEST}")
-        storage.remove_tree(ckpt_id)
+    """Invalidate first (the store's one step: a rename away, or removing the manifest), then remove."""
+    storage.delete_checkpoint(ckpt_id, names.MANIFEST, f"{names.TRASH_PREFIX}{ckpt_id}-{uuid.uuid4().hex[:8]}")
+
+
+def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = True) -> list[str]:
+    """Retention: rewrite the version file to list only `kept`, then delete each of `doomed` (a crash
+    in between leaves a version file that never names a deleted checkpoint). Returns the ids deleted;
+    a failed delete is logged (a leftover checkpoint costs space, not correctness) and start-up recovery
+    or the next retention finishes it."""
+    if not doomed:
+        return []
+    try:
+        write_version_file(storage, kept, fsync)
+    except OSError as e:
+        # A full disk must not stop retention from freeing space: with no version file at all (rebuilt
+        # from the committed directories on the next read) nothing names a deleted checkpoint either.
+        log.warning("recckpt: rewriting the version file %s before retention failed (%s); removing it "
+                    "instead, it is rebuilt later", storage.describe(names.VERSION_FILE), e)
+        storage.remove_file(names.VERSION_FILE)
+    deleted = []
+    for cid in doomed:
+        log.info("recckpt: deleting %s", storage.describe(cid))
+        try:
+            delete(storage, cid)
+            deleted.append(cid)
+        except FileNotFoundError:
+            deleted.append(cid)   # another process's retention got there first
+        except OSError as e:
+            log.warning("recckpt: could not delete %s: %s", storage.describe(cid), e)
+    return deleted

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage
-from . import catalog
 from .checkpoint import CheckpointReader
 
 #: A chain longer than this is refused as garbled (a loop of parents is caught before, by ids).

@@ -17,6 +17,7 @@ VERSION_FILE = "checkpoint"          # <output_dir>/checkpoint: committed ids, o
 STAGING_PREFIX = ".staging-"         # <output_dir>/.staging-<ckpt_id>-<nonce>/ while a save is running
 TRASH_PREFIX = ".deleting-"          # a checkpoint being deleted is renamed here first
 VERSION_TMP_PREFIX = f".{VERSION_FILE}.tmp-"   # the version file being replaced
+OWNER_PREFIX = ".owner-"             # <output_dir>/.owner-<target>.w<worker>: a live writer's claim
 
 MANIFEST = "manifest.json"
 INDEX = "index.json"
@@ -47,6 +48,17 @@ def validate_ckpt_id(ckpt_id: object) -> str:
             f"invalid checkpoint id {ckpt_id!r}: use letters, digits and '_.=+-' (at most 200, not "
             f"starting with '.', no '..', '/' or NUL), e.g. 'ckpt_1000'")
     return ckpt_id
+
+
+def owner_file(target: str, worker: int) -> str:
+    """The claim a live writer (one worker) holds on the save target `target` (a staging directory, or
+    a checkpoint id where the store writes in place)."""
+    return f"{OWNER_PREFIX}{target.lstrip('.')}.w{worker:05d}"
+
+
+def owner_target_prefix(target: str) -> str:
+    """Every worker's claim on `target` starts with this."""
+    return f"{OWNER_PREFIX}{target.lstrip('.')}.w"
 
 
 def shard_file(worker: int, part: int) -> str:

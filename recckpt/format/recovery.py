@@ -1,15 +1,15 @@
-"""Start-up recovery of an output directory after a crash: what a killed save or delete can leave
-behind, and putting the version file back in line with the committed checkpoints.
+"""Start-up recovery of an output directory: what a killed save or delete can leave behind, and putting
+the version file back in line with the committed checkpoints.
 
-A save killed at any moment leaves at most: a `.staging-*` directory (before the commit), a
-`.deleting-*` directory (during retention), a `.checkpoint.tmp-*` file (while the version file was
-being replaced), a stale version file (between the commit and its rewrite), and, on stores without an
-atomic directory rename, a `<ckpt_id>/` directory whose manifest was never written (data moved, commit
-not reached) or was already removed (a delete cut short). None of these is ever read as a checkpoint;
-`recover` removes them and rewrites the version file, logging one line per thing it removes.
+A save killed at any moment leaves at most: its save target (a `.staging-*` directory on stores that
+commit by rename; a manifest-less `<ckpt_id>/` on stores that write in place), the writers' claims
+(`.owner-*`), a `.deleting-*` directory (during retention), a `.checkpoint.tmp-*` file (while the version
+file was being replaced), and a stale version file. None of these is ever read as a checkpoint.
 
-It must only run where no other save into the same directory can be in flight, except the ones whose
-staging directories the caller passes in `keep` (the other workers of the save that is starting).
+Another process may be saving into the same directory right now (a job restarted while its old instance
+still writes). Its save target is covered by its writers' live claims, and `recover` leaves a target
+alone while any claim on it is alive (storage.Storage.remove_if_unowned decides, per kind of store).
+`keep` names targets of the save that is starting (its other workers may not have claimed yet).
 """
 from __future__ import annotations
 
@@ -29,31 +29,43 @@ _OWN_ENTRIES = frozenset({names.MANIFEST, names.INDEX, names.DENSE, names.EXTRAS
 
 
 def _uncommitted_leftover(storage: Storage, name: str) -> bool:
-    if storage.atomic_rename:
-        # With an atomic rename a checkpoint-named directory always had its manifest before it existed.
+    if not storage.may_hold_uncommitted():
         return False
     try:
         names.validate_ckpt_id(name)
     except InvalidCheckpointIdError:
         return False
-    if not storage.isdir(name) or storage.exists(f"{name}/{names.MANIFEST}"):
+    if not storage.isdir(name) or catalog.is_committed(storage, name):
         return False
-    entries = set(storage.listdir(name))
-    return entries <= _OWN_ENTRIES
+    return set(storage.listdir(name)) <= _OWN_ENTRIES
+
+
+def _owners(listing: list[str], target: str) -> list[str]:
+    prefix = names.owner_target_prefix(target)
+    return [n for n in listing if n.startswith(prefix)]
+
+
+def remove_target_if_unowned(storage: Storage, target: str, listing: list[str] | None = None) -> bool:
+    """Remove a save target (and its claims) unless a live writer holds it; True if removed."""
+    listing = storage.listdir("") if listing is None else listing
+    return storage.remove_if_unowned(_owners(listing, target), [target])
 
 
 def find_leftovers(storage: Storage, keep: Collection[str] = ()) -> list[tuple[str, str]]:
-    """(name, what left it) for each top-level entry of `storage` that `recover` would remove."""
+    """(name, what left it) for each top-level entry of `storage` that `recover` would remove, were its
+    writer dead: a save target that a live process still claims is listed too (`recover` keeps it)."""
     found = []
     for name in storage.listdir(""):
         if name in keep:
             continue
-        if name.startswith((names.STAGING_PREFIX, names.TRASH_PREFIX)):
-            what = "an interrupted save" if name.startswith(names.STAGING_PREFIX) else "an interrupted delete"
+        if name.startswith(names.STAGING_PREFIX) or _uncommitted_leftover(storage, name):
+            what = "an interrupted save (or one still running: removed only when no live process claims it)"
+        elif name.startswith(names.TRASH_PREFIX):
+            what = "an interrupted delete"
         elif name.startswith(names.VERSION_TMP_PREFIX):
             what = "an interrupted version-file update"
-        elif _uncommitted_leftover(storage, name):
-            what = "a save or delete interrupted before its manifest was written/after it was removed"
+        elif name.startswith(names.OWNER_PREFIX):
+            what = "a writer's claim (removed only when its writer is gone)"
         else:
             continue
         found.append((name, what))
@@ -61,16 +73,39 @@ def find_leftovers(storage: Storage, keep: Collection[str] = ()) -> list[tuple[s
 
 
 def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) -> list[str]:
-    """Remove what interrupted saves and deletes left in `storage` (except the names in `keep`) and
-    rewrite the version file if it is missing, garbled or stale. Returns the names removed."""
+    """Remove what interrupted saves and deletes left in `storage` (except the targets in `keep` and
+    those a live writer holds) and rewrite the version file if it is missing, garbled or stale.
+    Returns the names removed."""
     removed = []
-    for name, what in find_leftovers(storage, keep):
-        remove = storage.remove_file if name.startswith(names.VERSION_TMP_PREFIX) else storage.remove_tree
-        log.warning("recckpt: removing %s, left by %s", storage.describe(name), what)
-        try:
-            remove(name)
-        except FileNotFoundError:
+    listing = storage.listdir("")
+    for name in listing:
+        if name in keep:
             continue
+        if name.startswith(names.STAGING_PREFIX) or _uncommitted_leftover(storage, name):
+            what = "an interrupted save"
+            if not remove_target_if_unowned(storage, name, listing):
+                log.info("recckpt: leaving %s alone: a live process is writing it", storage.describe(name))
+                continue
+        elif name.startswith(names.TRASH_PREFIX):
+            what = "an interrupted delete"
+            try:
+                storage.remove_tree(name)
+            except FileNotFoundError:
+                continue   # another process's delete or recovery finished it
+        elif name.startswith(names.VERSION_TMP_PREFIX):
+            what = "an interrupted version-file update"
+            storage.remove_file(name)
+        else:
+            continue
+        log.warning("recckpt: removed %s, left by %s", storage.describe(name), what)
         removed.append(name)
+    # Claims no live writer holds (their writer died before creating its target, or after committing it
+    # but before releasing): removing one is never harmful, a writer racing to claim re-creates it.
+    for name in listing:
+        if not name.startswith(names.OWNER_PREFIX) or any(name.startswith(names.owner_target_prefix(t))
+                                                          for t in keep):
+            continue
+        if storage.exists(name) and storage.remove_if_unowned([name], []):
+            removed.append(name)
     catalog.sync_version_file(storage, fsync)
     return removed

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -79,13 +77,8 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     nfiles = max(1, min(opts.concurrency, -(-total // opts.segment_bytes)))
     rels = [names.shard_file(worker, k) for k in range(nfiles)]
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
-    tmp = None
-    if storage.is_local:
-        paths = [storage.local_path(f"{stage}/{r}") for r in rels]
-    else:
-        tmp = tempfile.mkdtemp(prefix="recckpt-")
-        paths = [os.path.join(tmp, os.path.basename(r)) for r in rels]
-    try:
+    # The store says where the engine writes (the files themselves, or local files it uploads after).
+    with storage.engine_outputs(stage, rels) as paths:
         writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes)
         try:
             for ti, t in enumerate(sources):
@@ -106,11 +99,6 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
                     doc.tables[tables[ti].name][1].append(seg)
                 else:
                     doc.removed[sources[ti].name].append(seg)
-            if tmp is not None:
-                storage.put_file(path, f"{stage}/{rel}")
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
     return doc
 
 
@@ -174,10 +162,10 @@ class SegmentReader:
         out = dsts if dsts is not None else [np.empty(hi - lo, dtype=np.uint8) for _, _, lo, hi, *_ in reqs]
         for fi, *_ in reqs:
             self._check_size(fi)
-        if self.storage.is_local:
-            engine_reqs = [(self.storage.local_path(self._path(fi)), c.offset, c.length, step,
-                            np.asarray(c.crc32c, dtype=np.uint32), lo, hi, dst, pad)
-                           for (fi, c, lo, hi, _, step, pad), dst in zip(reqs, out)]
+        local = [self.storage.engine_path(self._path(fi)) for fi, *_ in reqs]
+        if all(p is not None for p in local):
+            engine_reqs = [(path, c.offset, c.length, step, np.asarray(c.crc32c, dtype=np.uint32), lo, hi, dst, pad)
+                           for path, (fi, c, lo, hi, _, step, pad), dst in zip(local, reqs, out)]
             nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=READAHEAD_BYTES,
                                            map_into=map_into)
             self.bytes_read += nread
@@ -187,23 +175,32 @@ class SegmentReader:
                 raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
                                              f"{what}: {msg}", self._path(fi))
             return out
-        for (fi, c, lo, hi, what, step, pad), dst in zip(reqs, out):
-            if pad and lo == 0 and hi > 0 and any(self.storage.read_bytes(self._path(fi), c.offset - pad, pad)):
-                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
-                                             f"{what}: non-zero byte in the padding before the column", self._path(fi))
+        # Through the store: every range (and padding) the requests need, exactly, in one concurrent call.
+        ranges, spans = [], []
+        for fi, c, lo, hi, what, step, pad in reqs:
             k0, k1 = lo // step, -(-hi // step) if hi > lo else lo // step
             start, end = k0 * step, min(k1 * step, c.length)
-            data = self.storage.read_bytes(self._path(fi), c.offset + start, end - start)
+            check_pad = bool(pad and lo == 0 and hi > 0)
+            if check_pad:
+                ranges.append((self._path(fi), c.offset - pad, c.offset))
+            ranges.append((self._path(fi), c.offset + start, c.offset + end))
+            spans.append((check_pad, k0, k1, start, end))
+        datas = iter(self.storage.read_ranges(ranges))
+        for (fi, c, lo, hi, what, step, pad), (check_pad, k0, k1, start, end), dst in zip(reqs, spans, out):
+            where = self.storage.describe(self._path(fi))
+            if check_pad and any(next(datas)):
+                raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: non-zero byte in the padding "
+                                             f"before the column", self._path(fi))
+            data = next(datas)
             self.bytes_read += len(data)
             arr = np.frombuffer(data, dtype=np.uint8)
             if len(arr) != end - start:
-                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
-                                             f"{what}: short read", self._path(fi))
+                raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: short read", self._path(fi))
             crcs = _C.crc32c_chunks(arr, step)
             bad = np.nonzero(crcs != np.asarray(c.crc32c[k0:k1], dtype=np.uint32))[0]
             if bad.size:
-                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
-                                             f"{what}: crc32c mismatch in chunk {k0 + int(bad[0])}", self._path(fi))
+                raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: crc32c mismatch in chunk "
+                                             f"{k0 + int(bad[0])}", self._path(fi))
             dst[:] = arr[lo - start:hi - start]
         return out
 
@@ -273,7 +270,7 @@ class SegmentReader:
         segs = self.index.removed.get(table, [])
         nb = self.index.num_buckets
         hi_b = nb if bucket_hi is None else bucket_hi
-        reqs, sizes = [], []
+        reqs = []
         for seg, off in self.iter_bucket_offsets(table, segs):
             r0, r1 = (0, seg.rows) if (bucket_lo, hi_b) == (0, nb) else (int(off[bucket_lo]), int(off[hi_b]))
             if r1 > r0:
@@ -289,7 +286,7 @@ class SegmentReader:
         its slot columns mapped copy-on-write from the shard file wherever the layout allows (format
         version 2 aligns them); every other row is read into the region. All of it is verified. The
         storage has room for `spare_rows` more rows. Needs local storage."""
-        if not self.storage.is_local:
+        if self.storage.engine_path(self.ckpt_dir) is None:
             raise ValueError(f"{self.storage.describe(self.ckpt_dir)}: mapped loads need a local filesystem")
         all_slots, segs = self.index.tables[table]
         col_of = [1 + all_slots.index(s) for s in slots]

@@ -59,13 +59,14 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify(path: str, *, threads: int = 4) -> VerifyReport:
+def verify(path: str, *, threads: int = 4, storage_options: dict | None = None) -> VerifyReport:
     """Check the committed checkpoint directory `path` (a local path or fsspec URL) completely.
 
     Returns a report; raises CheckpointNotFoundError only when `path` has no manifest.json at all.
-    `report.raise_if_failed()` turns a failed report into a CorruptCheckpointError."""
+    `report.raise_if_failed()` turns a failed report into a CorruptCheckpointError. `storage_options`
+    go to fsspec for a URL (endpoint, credentials)."""
     t0 = time.perf_counter()
-    storage = open_storage(path)
+    storage = open_storage(path, storage_options)
     report = VerifyReport(storage.describe())
     if not storage.exists(names.MANIFEST):
         raise CheckpointNotFoundError(

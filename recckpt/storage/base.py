@@ -1,4 +1,12 @@
-"""The storage interface. Paths are '/'-separated and relative to the storage root."""
+"""The storage interface. Paths are '/'-separated and relative to the storage root.
+
+A store has three parts: files (read, write, list, remove), engine access (where the C++ engine writes
+and reads shard files) and the commit protocol. The commit protocol is the store's own: each kind of
+store decides where a save writes (`save_target`), how the write becomes visible in one step
+(`commit`), how a checkpoint is invalidated and deleted (`delete_checkpoint`), and how a writer proves
+it is alive so that start-up recovery never removes what a live process is writing (`claim`,
+`remove_if_unowned`). The format layer names the files; the store decides how they are committed.
+"""
 from __future__ import annotations
 
 import abc
@@ -17,12 +25,14 @@ def fill_from(f: BinaryIO, buf) -> int:
     return done
 
 
-class Storage(abc.ABC):
-    #: True when `local_path()` gives an OS path the C++ engine can open directly.
-    is_local: bool = False
-    #: True when `rename` of a directory is one atomic step on this store.
-    atomic_rename: bool = False
+class Claim(abc.ABC):
+    """A live writer's hold on a save target; `release()` once the save is committed or cleaned up."""
 
+    @abc.abstractmethod
+    def release(self) -> None: ...
+
+
+class Storage(abc.ABC):
     def __init__(self, root: str):
         self.root = root
 
@@ -30,9 +40,7 @@ class Storage(abc.ABC):
         """A human-readable location for error messages."""
         return f"{self.root.rstrip('/')}/{path}" if path else self.root
 
-    def local_path(self, path: str) -> str:
-        raise NotImplementedError(f"{type(self).__name__} has no local paths")
-
+    # ---------------------------------------------------------------------------------- files
     @abc.abstractmethod
     def exists(self, path: str) -> bool: ...
 
@@ -41,7 +49,8 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def listdir(self, path: str) -> list[str]:
-        """Names (not paths) of the entries of a directory; [] when it does not exist."""
+        """Names (not paths) of the entries of a directory; [] when it does not exist. Always what the
+        store holds now (never a cached listing), so other processes' commits are seen."""
 
     @abc.abstractmethod
     def makedirs(self, path: str) -> None: ...
@@ -52,6 +61,11 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes [offset, offset+length) of a file (to its end when length is None)."""
+
+    def read_ranges(self, ranges: list[tuple[str, int, int]]) -> list[bytes]:
+        """Bytes [start, end) of each (path, start, end); stores that can read ranges concurrently
+        override this. Reads exactly the ranges asked for."""
+        return [self.read_bytes(p, s, e - s) for p, s, e in ranges]
 
     def read_into(self, path: str, buf) -> int:
         """Read the start of a file into the writable buffer `buf` (up to its length); returns the bytes
@@ -70,19 +84,13 @@ class Storage(abc.ABC):
             f.write(data)
 
     @abc.abstractmethod
-    def put_file(self, local_src: str, path: str) -> None:
-        """Copy a local file into the store (used for files the C++ engine wrote locally)."""
+    def write_atomic(self, path: str, data: bytes, tmp: str, fsync: bool = True) -> None:
+        """Replace the file `path` with `data` so that a reader sees the old or the new bytes, never a
+        mix; `tmp` is a free name the store may use on the way (start-up recovery removes leftovers)."""
 
     @abc.abstractmethod
-    def rename(self, src: str, dst: str) -> None:
-        """Move a file or directory; atomic where `atomic_rename` is set. Fails if dst exists."""
-
-    @abc.abstractmethod
-    def replace_file(self, src: str, dst: str) -> None:
-        """Move a file over an existing one (atomic on local disks)."""
-
-    @abc.abstractmethod
-    def remove_file(self, path: str) -> None: ...
+    def remove_file(self, path: str) -> None:
+        """Remove a file; no error if it does not exist."""
 
     @abc.abstractmethod
     def remove_tree(self, path: str) -> None: ...
@@ -94,3 +102,58 @@ class Storage(abc.ABC):
 
     def fsync_dir(self, path: str) -> None:
         """Make a directory's entries durable (no-op where the store has no such notion)."""
+
+    # --------------------------------------------------------------------------- engine access
+    def engine_path(self, path: str) -> str | None:
+        """An OS path the C++ engine can open for reading `path` directly, or None (then reads go
+        through `read_ranges`)."""
+        return None
+
+    @abc.abstractmethod
+    @contextlib.contextmanager
+    def engine_outputs(self, directory: str, rels: list[str]) -> Iterator[list[str]]:
+        """Local paths for the engine to write the files `directory/rel`; they are in the store once the
+        block exits without an error (stores that cannot be written by the engine upload them then)."""
+
+    # ------------------------------------------------------------------------- commit protocol
+    @abc.abstractmethod
+    def prepare_for_save(self) -> None:
+        """Make sure a save can write under the root: create it where creating is harmless (a local
+        directory); never create a bucket. Raises StorageError when the root cannot be written."""
+
+    @abc.abstractmethod
+    def save_target(self, ckpt_id: str, staging: str) -> str:
+        """Where a save of `ckpt_id` writes its files: a staging directory (`staging`, a name the format
+        layer reserved) committed by a rename, or the checkpoint's final location itself."""
+
+    @abc.abstractmethod
+    def may_hold_uncommitted(self) -> bool:
+        """Whether a checkpoint-named directory without its commit marker can be a save's leftover
+        (stores that write in place), rather than something a user put there."""
+
+    @abc.abstractmethod
+    def commit(self, target: str, ckpt_id: str, marker: str, data: bytes, fsync: bool = True) -> None:
+        """Make the fully written `target` visible as checkpoint `ckpt_id` in one step; `marker` (the
+        manifest, relative to the checkpoint) with `data` is written last. Fails, committing nothing,
+        if `ckpt_id` is committed already."""
+
+    @abc.abstractmethod
+    def discard(self, target: str, ckpt_id: str, marker: str) -> None:
+        """Remove what a failed save wrote into `target`; never a committed checkpoint."""
+
+    @abc.abstractmethod
+    def delete_checkpoint(self, ckpt_id: str, marker: str, trash: str) -> None:
+        """Invalidate `ckpt_id` in one step (a reader then sees it absent, never partial), then remove
+        its files; `trash` is a free name the store may rename it to first."""
+
+    @abc.abstractmethod
+    def claim(self, target: str, owner: str) -> Claim:
+        """Mark `target` as being written by this live process (one worker of a save), through the file
+        `owner` (a name the format layer reserved for this worker). Raises CheckpointExistsError where
+        another live writer holds it."""
+
+    @abc.abstractmethod
+    def remove_if_unowned(self, owners: list[str], paths: list[str]) -> bool:
+        """If no live process holds any of the claims `owners` (one per worker writing the target):
+        remove `paths` (trees or files), then the claim files, and return True; otherwise leave
+        everything and return False."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno as errno_mod
 import os
+import types
 from typing import BinaryIO, Iterator
 
 from .base import Storage
@@ -44,16 +45,25 @@ class _FaultyFile:
         return getattr(self._f, name)
 
 
-class FaultyStorage(Storage):
+class FaultyStorage:
+    """Wraps a store so that its own commit protocol runs with this wrapper as `self`: every primitive
+    operation it performs (write, fsync, rename, replace, makedirs, upload, remove) passes through the
+    fault counters below, while everything else is the wrapped store's (see __getattr__)."""
+
     def __init__(self, inner: Storage):
-        super().__init__(inner.root)
         self.inner = inner
-        self.is_local = inner.is_local
-        self.atomic_rename = inner.atomic_rename
         self._armed: dict[str, tuple[int, int]] = {}
         self._engine_armed: tuple[str, int] | None = None
         self._seen: dict[str, int] = dict.fromkeys(PYTHON_OPS, 0)
         self.fired: list[tuple[str, int, str]] = []   # (op, errno, path) of every fault raised
+
+    def __getattr__(self, name):
+        # Methods of the wrapped store run bound to this wrapper, so the primitives they call are the
+        # faulty ones below; data attributes (root, fs, ...) are the wrapped store's.
+        attr = getattr(type(self.inner), name, None)
+        if callable(attr) and not isinstance(attr, (staticmethod, classmethod, type)):
+            return types.MethodType(attr, self)
+        return getattr(self.inner, name)
 
     # ------------------------------------------------------------------------------ control
     def arm(self, op: str, at: int, err: int = errno_mod.EIO) -> "FaultyStorage":
@@ -109,32 +119,7 @@ class FaultyStorage(Storage):
         if err:
             raise InjectedFault(err, f"{os.strerror(err)} (injected on {op})", self.describe(path))
 
-    # ------------------------------------------------------------------------------ storage
-    def describe(self, path: str = "") -> str:
-        return self.inner.describe(path)
-
-    def local_path(self, path: str) -> str:
-        return self.inner.local_path(path)
-
-    def exists(self, path):
-        return self.inner.exists(path)
-
-    def isdir(self, path):
-        return self.inner.isdir(path)
-
-    def listdir(self, path):
-        return self.inner.listdir(path)
-
-    def makedirs(self, path):
-        self._maybe_fail("makedirs", path)
-        self.inner.makedirs(path)
-
-    def size(self, path):
-        return self.inner.size(path)
-
-    def read_bytes(self, path, offset=0, length=None):
-        return self.inner.read_bytes(path, offset, length)
-
+    # ----------------------------------------------------------------------- faulty primitives
     @contextlib.contextmanager
     def open_write(self, path: str, fsync: bool = True) -> Iterator[BinaryIO]:
         with self.inner.open_write(path, fsync=fsync) as f:
@@ -143,9 +128,22 @@ class FaultyStorage(Storage):
             if fsync:
                 self._maybe_fail("fsync", path)
 
-    def put_file(self, local_src, path):
-        self._maybe_fail("put", path)
-        self.inner.put_file(local_src, path)
+    def write_bytes(self, path, data, fsync=True):
+        with self.open_write(path, fsync=fsync) as f:
+            f.write(data)
+
+    def put_bytes(self, path, data, exclusive=False):
+        self._maybe_fail("write", path)
+        self.inner.put_bytes(path, data, exclusive)
+
+    def upload(self, pairs):
+        for _, p in pairs:
+            self._maybe_fail("put", p)
+        self.inner.upload(pairs)
+
+    def makedirs(self, path):
+        self._maybe_fail("makedirs", path)
+        self.inner.makedirs(path)
 
     def rename(self, src, dst):
         self._maybe_fail("rename", src)

@@ -1,21 +1,92 @@
-"""Any fsspec filesystem (object stores, memory://, ...). Slower than local: the engine writes shard
-files to a local temporary directory first and reads go through ranged requests."""
+"""Any fsspec filesystem: object stores (s3://, gs://, ...), memory://, ...
+
+Commit protocol (object stores have no directories and no atomic rename): a save writes its files
+straight under their final keys `<ckpt_id>/...`, and the manifest, written last and only if absent, is
+the commit; nothing is copied. A delete removes the manifest first (the checkpoint is then absent to
+every reader), then the data. A writer holds a lease object (`claim`) that it rewrites every
+`lease_s / 3` seconds; recovery removes a manifest-less `<ckpt_id>/` only when no fresh lease covers it.
+
+IO: shard files are written locally by the engine and uploaded concurrently (multipart where large);
+reads are exact byte ranges (`cat_ranges`, no read-ahead), issued concurrently. Every remote call runs
+under `timeout_s` and the client's retries with backoff; a failure is a StorageError naming the object
+and the operation. Listings are never cached, so other processes' commits are seen.
+"""
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import warnings
 
-from .base import Storage, fill_from
+from ..errors import CheckpointExistsError, ConcurrentCommitError, StorageError
+from .base import Claim, Storage
+
+#: Defaults for s3fs that bound every request (botocore's own retries stay few: s3fs retries transient
+#: errors with backoff on top of them) and turn off its listing cache.
+_S3_DEFAULTS = {"use_listings_cache": False,
+                "config_kwargs": {"connect_timeout": 10, "read_timeout": 60,
+                                  "retries": {"max_attempts": 2, "mode": "standard"}}}
+
+
+def _merged_options(protocol: str, options: dict | None) -> dict:
+    out = dict(options or {})
+    if protocol in ("s3", "s3a"):
+        for k, v in _S3_DEFAULTS.items():
+            if k == "config_kwargs":
+                out[k] = {**v, **(out.get(k) or {})}
+            else:
+                out.setdefault(k, v)
+    return out
+
+
+def _pid_alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Lease(Claim):
+    """A lease object rewritten by a daemon thread until released."""
+
+    def __init__(self, store: "FsspecStorage", owner: str, body: dict):
+        self.store, self.owner, self.body = store, owner, body
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"recckpt-lease-{owner}")
+        self._thread.start()
+
+    def _beat(self):
+        while not self._stop.wait(self.store.lease_s / 3):
+            with contextlib.suppress(Exception):  # a missed beat only shortens the lease; the next one renews
+                self.store.put_bytes(self.owner, json.dumps({**self.body, "beat": time.time()}).encode())
+
+    def release(self):
+        self._stop.set()
+        self._thread.join()
+        with contextlib.suppress(OSError):
+            self.store.remove_file(self.owner)
 
 
 class FsspecStorage(Storage):
-    is_local = False
-    atomic_rename = False  # object stores copy-then-delete; the manifest written last is the commit
-
-    def __init__(self, url: str):
+    def __init__(self, url: str, storage_options: dict | None = None, *, timeout_s: float = 300.0,
+                 lease_s: float = 60.0):
         import fsspec
-        self.fs, root = fsspec.core.url_to_fs(url)
+        protocol = url.split("://", 1)[0]
+        self.fs, root = fsspec.core.url_to_fs(url, **_merged_options(protocol, storage_options))
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.timeout_s, self.lease_s = timeout_s, lease_s
+        self._kw = {"timeout": timeout_s} if getattr(self.fs, "async_impl", False) else {}
         super().__init__(root.rstrip("/") or "/")
 
     def describe(self, path=""):
@@ -24,16 +95,60 @@ class FsspecStorage(Storage):
     def _p(self, path):
         return f"{self.root.rstrip('/')}/{path}" if path else self.root
 
+    def _call(self, what: str, path: str, fn, *args, **kwargs):
+        """One remote operation, bounded by timeout_s; its failure becomes a StorageError naming the
+        object and the operation (FileNotFoundError and FileExistsError pass: callers expect them)."""
+        try:
+            return fn(*args, **self._kw, **kwargs)
+        except (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError):
+            raise
+        except Exception as e:
+            from fsspec.exceptions import FSTimeoutError
+            if isinstance(e, (FSTimeoutError, TimeoutError)):
+                raise StorageError(errno.ETIMEDOUT, f"{what} {self.describe(path)} did not finish within "
+                                                    f"{self.timeout_s:g} s (SaveOptions.storage_timeout_s); "
+                                                    f"the endpoint is down or frozen",
+                                   self.describe(path)) from e
+            code = (errno.EACCES if isinstance(e, PermissionError) else
+                    e.errno if isinstance(e, OSError) and e.errno else errno.EIO)
+            hint = (" Check the credentials and the permissions on the bucket (storage_options)."
+                    if code in (errno.EACCES, errno.EPERM) else "")
+            raise StorageError(code, f"{what} {self.describe(path)} failed: {type(e).__name__}: {e}.{hint}",
+                               self.describe(path)) from e
+
+    def put_bytes(self, path: str, data: bytes, exclusive: bool = False) -> None:
+        """One object written whole in one request; with `exclusive`, only if absent (FileExistsError)."""
+        self._call("writing", path, self.fs.pipe_file, self._p(path), data,
+                   mode="create" if exclusive else "overwrite")
+
+    def upload(self, pairs: list[tuple[str, str]]) -> None:
+        """Local files to objects: (local path, store path) pairs, uploaded concurrently where the client
+        can (multipart where large)."""
+        if not pairs:
+            return
+        if getattr(self.fs, "async_impl", False):
+            self._call("uploading", pairs[0][1], self.fs.put, [lp for lp, _ in pairs], [self._p(p) for _, p in pairs])
+        else:
+            for lp, p in pairs:
+                self._call("uploading", p, self.fs.put_file, lp, self._p(p))
+
+    # ---------------------------------------------------------------------------------- files
     def exists(self, path):
-        return self.fs.exists(self._p(path))
+        return self._call("checking", path, self.fs.exists, self._p(path))
 
     def isdir(self, path):
-        return self.fs.isdir(self._p(path))
+        found = self._call("checking", path, self.fs.isdir, self._p(path))
+        if not found and not path:
+            self._check_bucket()   # an empty prefix is a run that has not saved; a missing bucket is an error
+        return found
 
     def listdir(self, path):
+        self.fs.invalidate_cache(self._p(path))
         try:
-            entries = self.fs.ls(self._p(path), detail=False)
+            entries = self._call("listing", path, self.fs.ls, self._p(path), detail=False)
         except (FileNotFoundError, NotADirectoryError):
+            if not path:
+                self._check_bucket()   # a missing prefix is an empty run; a missing bucket is an error
             return []
         prefix = self._p(path).rstrip("/") + "/"
         names = []
@@ -46,42 +161,201 @@ class FsspecStorage(Storage):
         return sorted(set(names))
 
     def makedirs(self, path):
-        self.fs.makedirs(self._p(path), exist_ok=True)
+        pass  # object stores have no directories (and s3fs would create a missing bucket)
 
     def size(self, path):
-        return self.fs.size(self._p(path))
+        return self._call("reading the size of", path, self.fs.size, self._p(path))
 
     def read_bytes(self, path, offset=0, length=None):
-        with self.fs.open(self._p(path), "rb") as f:
-            if offset:
-                f.seek(offset)
-            return f.read() if length is None else f.read(length)
+        if length == 0:
+            return b""
+        # No Range header for a whole file: a range on an empty object is "not satisfiable".
+        end = None if length is None else offset + length
+        return self._call("reading", path, self.fs.cat_file, self._p(path), start=offset or None, end=end)
+
+    #: Ranged reads are merged where they touch and then cut into pieces of at most this many bytes:
+    #: fewer requests for the many small adjacent ranges of a load (columns and their padding), and
+    #: several concurrent requests for one large column. Exactly the requested bytes are fetched.
+    READ_PIECE_BYTES = 8 << 20
+
+    def read_ranges(self, ranges):
+        if not ranges:
+            return []
+        if not getattr(self.fs, "async_impl", False):
+            return super().read_ranges(ranges)
+        # Merge touching ranges of one file (in request order), then cut into pieces.
+        merged: list[list] = []   # [path, start, end, [request indexes]]
+        for k, (p, s_, e) in enumerate(ranges):
+            if e <= s_:
+                continue
+            last = merged[-1] if merged else None
+            if last is not None and last[0] == p and last[2] == s_:
+                last[2] = e
+                last[3].append(k)
+            else:
+                merged.append([p, s_, e, [k]])
+        pieces = [(m[0], lo, min(lo + self.READ_PIECE_BYTES, m[2])) for m in merged
+                  for lo in range(m[1], m[2], self.READ_PIECE_BYTES)]
+        got = self._call("reading ranges of", ranges[0][0], self.fs.cat_ranges,
+                         [self._p(p) for p, _, _ in pieces], [lo for _, lo, _ in pieces],
+                         [hi for _, _, hi in pieces], on_error="return") if pieces else []
+        for k, ((p, _, _), r) in enumerate(zip(pieces, got)):
+            if isinstance(r, OSError) and r.errno == errno.EINVAL:
+                got[k] = b""   # a range past the end of a shorter object: a short read, for the caller to judge
+            elif isinstance(r, FileNotFoundError):
+                raise FileNotFoundError(errno.ENOENT, "object not found", self.describe(p)) from r
+            elif isinstance(r, BaseException):
+                raise StorageError(errno.EIO, f"reading {self.describe(p)} failed: {type(r).__name__}: {r}",
+                                   self.describe(p)) from r
+        out: list = [b""] * len(ranges)
+        it = iter(zip(pieces, got))
+        for p, lo, hi, idx in merged:
+            parts, short = [], False
+            for _ in range(-(-(hi - lo) // self.READ_PIECE_BYTES)):
+                (_, plo, phi), data = next(it)
+                if not short:
+                    parts.append(data)
+                    short = len(data) < phi - plo   # later bytes would land at wrong offsets: stop here
+            view = memoryview(parts[0] if len(parts) == 1 else b"".join(parts))
+            for k in idx:
+                out[k] = view[ranges[k][1] - lo:ranges[k][2] - lo]
+        return out
 
     def read_into(self, path, buf):
-        with self.fs.open(self._p(path), "rb") as f:
-            return fill_from(f, buf)
+        view = memoryview(buf).cast("B")
+        data = self.read_bytes(path, 0, len(view))
+        view[:len(data)] = data
+        return len(data)
 
     @contextlib.contextmanager
     def open_write(self, path, fsync=True):
-        with self.fs.open(self._p(path), "wb") as f:
-            yield f
+        # Buffered locally and sent as one PUT: an object appears whole or not at all.
+        import io
+        buf = io.BytesIO()
+        yield buf
+        self.put_bytes(path, buf.getvalue())
 
-    def put_file(self, local_src, path):
-        self.fs.put_file(local_src, self._p(path))
-
-    def rename(self, src, dst):
-        if self.fs.exists(self._p(dst)):
-            raise FileExistsError(errno.EEXIST, "destination exists", self.describe(dst))
-        self.fs.mv(self._p(src), self._p(dst), recursive=True)
-
-    def replace_file(self, src, dst):
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(self._p(dst))
-        self.fs.mv(self._p(src), self._p(dst))
+    def write_atomic(self, path, data, tmp, fsync=True):
+        self.put_bytes(path, data)   # one PUT replaces an object atomically
 
     def remove_file(self, path):
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(self._p(path))
+            self._call("removing", path, self.fs.rm_file, self._p(path))
 
     def remove_tree(self, path):
-        self.fs.rm(self._p(path), recursive=True)
+        try:
+            self._call("removing", path, self.fs.rm, self._p(path), recursive=True)
+        except FileNotFoundError:
+            pass
+
+    # --------------------------------------------------------------------------- engine access
+    @contextlib.contextmanager
+    def engine_outputs(self, directory, rels):
+        tmp = tempfile.mkdtemp(prefix="recckpt-")
+        try:
+            paths = [os.path.join(tmp, f"{k}-{os.path.basename(r)}") for k, r in enumerate(rels)]
+            yield paths
+            self.upload([(p, f"{directory}/{r}") for p, r in zip(paths, rels) if os.path.exists(p)])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------------------- commit protocol
+    def prepare_for_save(self):
+        self._check_bucket()
+
+    def _check_bucket(self):
+        """Raise StorageError when the root's bucket does not exist: a save never creates one, so a
+        missing bucket is a wrong name or wrong credentials, never a run that has not started."""
+        split = getattr(self.fs, "split_path", None)
+        if split is None:
+            return
+        bucket = split(self.root)[0]
+        try:
+            ok = self._call("checking the bucket of", "", self.fs.exists, bucket)
+        except StorageError as e:
+            raise StorageError(e.errno, f"cannot check bucket {bucket!r} of {self.describe()}: {e.strerror}",
+                               self.describe()) from e
+        if not ok:
+            raise StorageError(errno.ENOENT, f"bucket {bucket!r} of {self.describe()} does not exist (or these "
+                                             f"credentials cannot see it); a save never creates a bucket: create "
+                                             f"it, or fix the bucket name or storage_options", self.describe())
+
+    def save_target(self, ckpt_id, staging):
+        return ckpt_id
+
+    def may_hold_uncommitted(self):
+        return True
+
+    def commit(self, target, ckpt_id, marker, data, fsync=True):
+        path = f"{ckpt_id}/{marker}"
+        try:
+            self.put_bytes(path, data, exclusive=True)
+        except FileExistsError:
+            if self._holds(path, data):   # our own PUT, retried by the client after a lost response
+                return
+            raise ConcurrentCommitError(f"checkpoint {self.describe(ckpt_id)} was committed by another writer "
+                                        f"while this save was writing it; this save's files were never "
+                                        f"visible, and the committed checkpoint is the other writer's") from None
+        except StorageError as e:
+            # The commit is the manifest's PUT: if it landed (its response was what got lost), the save
+            # succeeded; only a manifest that is not there is a failed save.
+            if not self._holds(path, data):
+                raise
+            warnings.warn(f"{e}; but {self.describe(path)} is in place, so checkpoint {ckpt_id!r} is "
+                          f"committed", stacklevel=3)
+
+    def _holds(self, path, data) -> bool:
+        try:
+            return self.read_bytes(path) == data
+        except (OSError, StorageError):
+            return False
+
+    def discard(self, target, ckpt_id, marker):
+        if not self.exists(f"{ckpt_id}/{marker}"):
+            self.remove_tree(ckpt_id)
+
+    def delete_checkpoint(self, ckpt_id, marker, trash):
+        self.remove_file(f"{ckpt_id}/{marker}")
+        self.remove_tree(ckpt_id)
+
+    def _lease_state(self, owner) -> dict | None:
+        """The lease's body when it is fresh (its writer is alive), else None."""
+        try:
+            body = json.loads(self.read_bytes(owner))
+            fresh = time.time() - float(body.get("beat", 0)) < self.lease_s
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError, AttributeError):
+            return None   # garbled: no live writer wrote it
+        if fresh and body.get("host") == socket.gethostname() and not _pid_alive(body.get("pid")):
+            return None   # its writer ran on this host and is gone: no need to wait for the lease to lapse
+        return body if fresh else None
+
+    def claim(self, target, owner):
+        body = {"pid": os.getpid(), "host": socket.gethostname(), "target": target}
+        for _ in range(2):
+            try:
+                self.put_bytes(owner, json.dumps({**body, "beat": time.time()}).encode(), exclusive=True)
+                return _Lease(self, owner, body)
+            except FileExistsError:
+                live = self._lease_state(owner)
+                if live is not None:
+                    raise CheckpointExistsError(
+                        f"{self.describe(target)} is being written by another live process (pid "
+                        f"{live.get('pid')} on {live.get('host')}, lease {self.describe(owner)}); choose "
+                        f"another ckpt_id or wait for that save") from None
+                self.remove_file(owner)   # a dead writer's lease: take over
+        raise CheckpointExistsError(f"could not claim {self.describe(target)}: another process keeps "
+                                    f"taking lease {self.describe(owner)}")
+
+    def remove_if_unowned(self, owners, paths):
+        if any(self._lease_state(o) is not None for o in owners):
+            return False
+        for p in paths:
+            if self.isdir(p):
+                self.remove_tree(p)
+            else:
+                self.remove_file(p)
+        for o in owners:
+            self.remove_file(o)
+        return True

@@ -155,14 +155,7 @@ def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = T
     or the next retention finishes it."""
     if not doomed:
         return []
-    try:
-        write_version_file(storage, kept, fsync)
-    except OSError as e:
-        # A full disk must not stop retention from freeing space: with no version file at all (rebuilt
-        # from the committed directories on the next read) nothing names a deleted checkpoint either.
-        log.warning("recckpt: rewriting the version file %s before retention failed (%s); removing it "
-                    "instead, it is rebuilt later", storage.describe(names.VERSION_FILE), e)
-        storage.remove_file(names.VERSION_FILE)
+    write_version_file(storage, kept, fsync)   # if this fails nothing is deleted: the next save retries
     deleted = []
     for cid in doomed:
         log.info("recckpt: deleting %s", storage.describe(cid))

@@ -74,8 +74,11 @@ def committed(storage: Storage) -> list[tuple[str, Manifest]]:
             m = read_manifest(storage, name)
         except (FileNotFoundError, InvalidCheckpointIdError, NotADirectoryError):
             continue
-        except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
-            log.warning("recckpt: skipping %s: %s", storage.describe(name), e)
+        except Exception as e:  # noqa: BLE001 - see below
+            # Whatever one directory holds (a hostile manifest, an unreadable file, a bug of ours in
+            # validation) must not make the whole output directory unusable: load, restore, verify
+            # and later saves all list it. That checkpoint is skipped, loudly.
+            log.warning("recckpt: skipping %s: %s: %s", storage.describe(name), type(e).__name__, e)
             continue
         found[name] = m
     order = [i for i in listed if i in found]

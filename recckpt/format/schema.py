@@ -188,6 +188,13 @@ class _V:
             self.fail(where, f"expected a list, got {type(v).__name__}")
         return v
 
+    def worker_key(self, w, where) -> int:
+        """A worker number used as an object key: ASCII digits only ("²" and "٣" are digits to
+        str.isdigit but not to int()), at most 7 of them (shard_num < 2**20)."""
+        if not (isinstance(w, str) and w.isascii() and w.isdigit() and len(w) <= 7):
+            self.fail(where, f"worker key {w!r:.20} is not a worker number")
+        return int(w)
+
     def relpath(self, v, where):
         try:
             return validate_relpath(v, where)
@@ -239,15 +246,11 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
                               v.int(v.get(f, "crc32c", f"files[{rel!r}]"), f"files[{rel!r}].crc32c", 0, _U32))
     io_state = {}
     for w, rel in v.dict(v.get(obj, "io_state", ""), "io_state").items():
-        if not (isinstance(w, str) and w.isascii() and w.isdigit() and len(w) <= 7):
-            v.fail("io_state", f"worker key {w!r:.20} is not a number")
-        io_state[int(w)] = v.relpath(rel, f"io_state[{w}]")
+        io_state[v.worker_key(w, "io_state")] = v.relpath(rel, f"io_state[{w}]")
     meta = v.dict(obj.get("metadata", {}), "metadata")
     worker_steps = {}
     for w, st in v.dict(obj.get("worker_steps", {}), "worker_steps").items():
-        if not (isinstance(w, str) and w.isdigit()):
-            v.fail("worker_steps", f"worker key {w!r:.20} is not a number")
-        worker_steps[int(w)] = v.int(st, f"worker_steps[{w}]", -_I63, _I63)
+        worker_steps[v.worker_key(w, "worker_steps")] = v.int(st, f"worker_steps[{w}]", -_I63, _I63)
     m = Manifest(
         ckpt_id=v.str(v.get(obj, "ckpt_id", ""), "ckpt_id"),
         created_ns=v.int(v.get(obj, "created_ns", ""), "created_ns"),

@@ -27,3 +27,174 @@ def resign(ckpt: str, rel: str) -> None:
     m = read_json(ckpt, "manifest.json")
     m["files"][rel] = {"size": len(data), "crc32c": _C.crc32c(data)}
     write_json(ckpt, "manifest.json", m)
+
+
+# ================================================================ the hostile-input corpus
+# One generator per attack class. Each builds, under a fresh directory, an output directory holding a
+# good checkpoint "a" (step 3) and the attacked checkpoint "b" (step 4, or "a" itself for attacks on
+# the only checkpoint), and returns a Case: what to run on it in a child process and what must happen.
+import json as _json
+import shutil as _shutil
+import subprocess as _subprocess
+import sys as _sys
+from dataclasses import dataclass as _dataclass
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+
+@_dataclass(frozen=True)
+class Case:
+    name: str
+    out_dir: str
+    action: str                 # see hostile_child.py: load, load_id, verify, listing
+    ckpt_id: str | None = None
+    error: str | None = None    # exact class name of the error that must escape (None: must succeed)
+    names: str | None = None    # what the error (or the verify report) must name: the file
+    seconds: float = 30.0       # the time bound of the action in the child
+    expect_step: int | None = None   # on success: the step the loaded model must hold
+
+    def to_json(self) -> str:
+        return _json.dumps(self.__dict__)
+
+
+@_dataclass(frozen=True)
+class Outcome:
+    error: str | None
+    message: str
+    path: str | None
+    seconds: float
+    rss_growth: int             # peak RSS during the action minus RSS before it, bytes
+    detail: dict
+
+    @property
+    def text(self) -> str:
+        return f"{self.error}: {self.message} (path={self.path})"
+
+
+def bytes_on_disk(root: str) -> int:
+    """Regular-file bytes under `root`, links not followed (a link to /dev/zero counts 0)."""
+    total = 0
+    for d, _, files in os.walk(root):
+        for f in files:
+            st = os.lstat(os.path.join(d, f))
+            if _stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
+def run_case(case: Case, timeout: float | None = None) -> Outcome:
+    """Run `case` in a child process (time and memory measured there); a hang is killed."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.path.dirname(_HERE)]))
+    budget = timeout if timeout is not None else case.seconds + 60   # + interpreter and torch start-up
+    try:
+        p = _subprocess.run([_sys.executable, "-m", "helpers.hostile_child", case.to_json()], env=env,
+                            capture_output=True, text=True, timeout=budget)
+    except _subprocess.TimeoutExpired:
+        raise AssertionError(f"{case.name}: the child did not finish in {budget:.0f} s (hang)") from None
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        raise AssertionError(f"{case.name}: child failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    r = _json.loads(lines[-1][len("RESULT "):])
+    return Outcome(r["error"], r["message"], r["path"], r["seconds"], r["rss_growth"], r["detail"])
+
+
+def check_case(case: Case) -> Outcome:
+    """Run a case and assert its three bounds: the exact error (and the file it names), the time, the
+    peak memory (at most 2x the bytes on disk + 256 MB)."""
+    disk = bytes_on_disk(case.out_dir)
+    out = run_case(case)
+    assert out.error == case.error, f"{case.name}: expected {case.error}, got {out.text}"
+    if case.names is not None:
+        assert case.names in out.message or case.names in (out.path or ""), \
+            f"{case.name}: the error does not name {case.names!r}: {out.text}"
+    if case.error is None and case.expect_step is not None:
+        assert out.detail.get("step") == case.expect_step, f"{case.name}: loaded {out.detail}"
+    assert out.seconds <= case.seconds, f"{case.name}: took {out.seconds:.1f} s (bound {case.seconds} s)"
+    bound = 2 * disk + (256 << 20)
+    assert out.rss_growth <= bound, (f"{case.name}: peak RSS grew {out.rss_growth >> 20} MiB, bound "
+                                     f"{bound >> 20} MiB ({disk} bytes on disk)")
+    return out
+
+
+import stat as _stat  # noqa: E402
+
+
+def _two_checkpoints(work: str, ids=("a", "b"), opts=None) -> tuple[str, str]:
+    """<work>/out with checkpoints ids[0] (step 3) and ids[1] (step 4); returns (out_dir, path of ids[1])."""
+    from helpers import stress_harness as h
+    out = os.path.join(work, "out")
+    m, e, r = h.Model(), {}, h.Reader()
+    for step, cid in ((3, ids[0]), (4, ids[1])):
+        h.set_step_state(m, e, r, step)
+        h.make_saver(out, m, e, r, max_keep=None, opts=opts or h.OPTS).save(cid)
+    return out, os.path.join(out, ids[1])
+
+
+def _edit_manifest(ckpt: str, fn) -> None:
+    m = read_json(ckpt, "manifest.json")
+    fn(m)
+    write_json(ckpt, "manifest.json", m)
+
+
+def _write_raw_manifest(ckpt: str, body: bytes) -> None:
+    """A manifest whose self-checksum is valid over `body` (canonical JSON without the crc32c key)."""
+    from recckpt import _C
+    raw = body[:-1] + b',"crc32c":' + str(_C.crc32c(body)).encode() + b"}"
+    open(os.path.join(ckpt, "manifest.json"), "wb").write(raw)
+
+
+# ---- listing: one bad manifest must not disable the output directory (the older checkpoint loads)
+def gen_listing_worker_steps_superscript(work):
+    out, b = _two_checkpoints(work)
+    _edit_manifest(b, lambda m: m.__setitem__("worker_steps", {"²": 1}))
+    return Case("listing_worker_steps_superscript", out, "listing", expect_step=3)
+
+
+def gen_listing_worker_steps_5000_digits(work):
+    out, b = _two_checkpoints(work)
+    _edit_manifest(b, lambda m: m.__setitem__("worker_steps", {"9" * 5000: 1}))
+    return Case("listing_worker_steps_5000_digits", out, "listing", expect_step=3)
+
+
+def gen_listing_manifest_deep_nesting(work):
+    out, b = _two_checkpoints(work)
+    body = checked_json.canonical(read_json(b, "manifest.json"))
+    _write_raw_manifest(b, body[:-1] + b',"x":' + b"[" * 990 + b"]" * 990 + b"}")
+    return Case("listing_manifest_deep_nesting", out, "listing", expect_step=3)
+
+
+# ---- the one JSON parser, reached through a load by id
+def gen_manifest_deep_nesting(work):
+    out, b = _two_checkpoints(work)
+    body = checked_json.canonical(read_json(b, "manifest.json"))
+    _write_raw_manifest(b, body[:-1] + b',"x":' + b'{"y":' * 990 + b"1" + b"}" * 990 + b"}")
+    return Case("manifest_deep_nesting", out, "load_id", "b", "CorruptCheckpointError", "b/manifest.json")
+
+
+def gen_manifest_long_number(work):
+    out, b = _two_checkpoints(work)
+    body = checked_json.canonical(read_json(b, "manifest.json"))
+    _write_raw_manifest(b, body[:-1] + b',"x":' + b"7" * 4000 + b"}")
+    return Case("manifest_long_number", out, "load_id", "b", "CorruptCheckpointError", "b/manifest.json")
+
+
+def gen_manifest_duplicate_key(work):
+    out, b = _two_checkpoints(work)
+    body = checked_json.canonical(read_json(b, "manifest.json"))
+    _write_raw_manifest(b, body[:-1] + b',"shard_num":1,"shard_num":1}')
+    return Case("manifest_duplicate_key", out, "load_id", "b", "CorruptCheckpointError", "b/manifest.json")
+
+
+def gen_index_deep_nesting(work):
+    out, b = _two_checkpoints(work)
+    from recckpt import _C
+    body = checked_json.canonical(read_json(b, "index.json"))
+    body = body[:-1] + b',"x":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    raw = body[:-1] + b',"crc32c":' + str(_C.crc32c(body)).encode() + b"}"
+    open(os.path.join(b, "index.json"), "wb").write(raw)
+    resign(b, "index.json")
+    return Case("index_deep_nesting", out, "load_id", "b", "CorruptCheckpointError", "b/index.json")
+
+
+GENERATORS = [v for k, v in sorted(globals().items()) if k.startswith("gen_")]

@@ -63,3 +63,8 @@ class CoordinationError(RecckptError):
 class ConcurrentCommitError(CheckpointExistsError):
     """Another writer committed this checkpoint id while this save was writing it. This save's data
     was discarded; the committed checkpoint on disk is the other writer's, complete and loadable."""
+
+
+class StorageURLError(RecckptError, ValueError):
+    """An output directory or checkpoint location that names no usable store: empty, or a URL whose
+    protocol fsspec does not know (or whose driver package is missing)."""

@@ -46,6 +46,10 @@ def read_version_file(storage: Storage) -> list[str] | None:
         raw = None if too_big else storage.read_bytes(names.VERSION_FILE)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
+    except CorruptCheckpointError as e:   # a FIFO, device or link (storage reads regular files only)
+        log.warning("recckpt: version file %s: %s; rebuilding it from the committed checkpoints",
+                    storage.describe(names.VERSION_FILE), e)
+        return None
     if raw is None:
         log.warning("recckpt: version file %s is too large to be one; rebuilding it from the committed "
                     "checkpoints", storage.describe(names.VERSION_FILE))

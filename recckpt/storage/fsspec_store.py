@@ -17,6 +17,9 @@ class FsspecStorage(Storage):
         self.fs, root = fsspec.core.url_to_fs(url)
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         super().__init__(root.rstrip("/") or "/")
+        from fsspec.implementations.local import LocalFileSystem
+        #: True for fsspec's local filesystem under any protocol name (open_storage uses LocalStorage then).
+        self.reaches_local_disk = isinstance(self.fs, LocalFileSystem)
 
     def describe(self, path=""):
         return f"{self.protocol}://{self._p(path)}"

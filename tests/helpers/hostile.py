@@ -75,6 +75,7 @@ class Outcome:
 def bytes_on_disk(root: str) -> int:
     """Regular-file bytes under `root`, links not followed (a link to /dev/zero counts 0)."""
     total = 0
+    root = root[len("local://"):] if root.startswith("local://") else root
     for d, _, files in os.walk(root):
         for f in files:
             st = os.lstat(os.path.join(d, f))
@@ -196,5 +197,70 @@ def gen_index_deep_nesting(work):
     resign(b, "index.json")
     return Case("index_deep_nesting", out, "load_id", "b", "CorruptCheckpointError", "b/index.json")
 
+
+
+# ---- only regular files: FIFOs, devices and links where a file should be
+def gen_version_file_fifo(work):
+    """A FIFO as <output_dir>/checkpoint: the advisory version file is rebuilt; nothing blocks."""
+    out, _ = _two_checkpoints(work)
+    os.remove(os.path.join(out, "checkpoint"))
+    os.mkfifo(os.path.join(out, "checkpoint"))
+    return Case("version_file_fifo", out, "load", seconds=20, expect_step=4)
+
+
+def gen_version_file_dev_zero(work):
+    """<output_dir>/checkpoint -> /dev/zero (stat size 0, endless bytes): never read."""
+    out, _ = _two_checkpoints(work)
+    os.remove(os.path.join(out, "checkpoint"))
+    os.symlink("/dev/zero", os.path.join(out, "checkpoint"))
+    return Case("version_file_dev_zero", out, "load", seconds=20, expect_step=4)
+
+
+def gen_manifest_fifo(work):
+    out, b = _two_checkpoints(work)
+    os.remove(os.path.join(b, "manifest.json"))
+    os.mkfifo(os.path.join(b, "manifest.json"))
+    return Case("manifest_fifo", out, "load_id", "b", "CorruptCheckpointError", "b/manifest.json", seconds=20)
+
+
+def gen_listing_manifest_fifo(work):
+    out, b = _two_checkpoints(work)
+    os.remove(os.path.join(b, "manifest.json"))
+    os.mkfifo(os.path.join(b, "manifest.json"))
+    return Case("listing_manifest_fifo", out, "listing", expect_step=3)
+
+
+def gen_shard_link_dev_zero(work):
+    out, b = _two_checkpoints(work)
+    rel = read_json(b, "index.json")["files"][0]["path"]
+    os.remove(os.path.join(b, rel))
+    os.symlink("/dev/zero", os.path.join(b, rel))
+    return Case("shard_link_dev_zero", out, "load_id", "b", "CorruptCheckpointError", rel, seconds=20)
+
+
+def gen_dense_fifo(work):
+    out, b = _two_checkpoints(work)
+    os.remove(os.path.join(b, "dense.safetensors"))
+    os.mkfifo(os.path.join(b, "dense.safetensors"))
+    return Case("dense_fifo", out, "load_id", "b", "CorruptCheckpointError", "dense.safetensors", seconds=20)
+
+
+def gen_index_is_directory(work):
+    out, b = _two_checkpoints(work)
+    os.remove(os.path.join(b, "index.json"))
+    os.mkdir(os.path.join(b, "index.json"))
+    return Case("index_is_directory", out, "load_id", "b", "CorruptCheckpointError", "index.json", seconds=20)
+
+
+def gen_local_url_link_outside(work):
+    """local:// URLs get the same link checks as plain paths: a dense file linked to an identical copy
+    outside the checkpoint (so every checksum matches) is refused."""
+    out, b = _two_checkpoints(work)
+    victim = os.path.join(work, "outside.safetensors")
+    _shutil.copyfile(os.path.join(b, "dense.safetensors"), victim)
+    os.remove(os.path.join(b, "dense.safetensors"))
+    os.symlink(victim, os.path.join(b, "dense.safetensors"))
+    return Case("local_url_link_outside", "local://" + out, "load_id", "b", "CorruptCheckpointError",
+                "dense.safetensors", seconds=20)
 
 GENERATORS = [v for k, v in sorted(globals().items()) if k.startswith("gen_")]

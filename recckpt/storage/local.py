@@ -24,6 +24,9 @@ class LocalStorage(Storage):
     def exists(self, path):
         return os.path.exists(self.local_path(path))
 
+    def is_link(self, path):
+        return os.path.islink(self.local_path(path))
+
     def isdir(self, path):
         return os.path.isdir(self.local_path(path))
 

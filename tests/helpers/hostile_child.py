@@ -24,14 +24,16 @@ def _model(case):
     return h.make_saver(case["out_dir"], m, e, r, max_keep=None), m, e, r
 
 
-def _run(case) -> dict:
+def _run(case, detail: dict) -> None:
+    """Run the action, recording what it saw in `detail` (kept when it raises)."""
     import os
     import recckpt
     from helpers import stress_harness as h
-    action, detail = case["action"], {}
-    if action in ("load", "load_id", "listing"):
+    action = case["action"]
+    if action in ("load", "load_id", "load_id_mmap", "listing"):
         s, m, e, r = _model(case)
-        s.load(ckpt_id=case["ckpt_id"] if action == "load_id" else None)
+        s.load(ckpt_id=case["ckpt_id"] if action.startswith("load_id") else None,
+               load_conf={"mmap": True} if action.endswith("_mmap") else None)
         detail["step"] = e.get("step")
         if action == "listing":
             # The rest of what lists the directory keeps working: verify of what is listed, a new save.
@@ -50,7 +52,6 @@ def _run(case) -> dict:
         rep.raise_if_failed()
     else:
         raise ValueError(f"unknown action {action!r}")
-    return detail
 
 
 def main() -> None:
@@ -65,10 +66,9 @@ def main() -> None:
     t0 = time.perf_counter()
     err, msg, path, detail = None, "", None, {}
     try:
-        detail = _run(case)
+        _run(case, detail)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which asserts the exact class
         err, msg, path = type(e).__name__, str(e), getattr(e, "path", None)
-        detail = {}
     seconds = time.perf_counter() - t0
     out = {"error": err, "message": msg[:4000], "path": path, "seconds": seconds,
            "rss_growth": _rss_bytes("VmHWM") - base, "detail": detail}

@@ -68,3 +68,8 @@ class ConcurrentCommitError(CheckpointExistsError):
 class StorageURLError(RecckptError, ValueError):
     """An output directory or checkpoint location that names no usable store: empty, or a URL whose
     protocol fsspec does not know (or whose driver package is missing)."""
+
+
+class LoadApplyError(RecckptError):
+    """A load failed part-way through changing the model for a reason other than the checkpoint's bytes
+    (out of memory, a table refusing rows). The message says exactly what was applied before it."""

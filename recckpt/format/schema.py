@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes
-from .hashing import HASH_NAME
+from .hashing import HASH_NAME, NUM_BUCKETS_LIMIT
 from .names import COLUMN_ALIGN, FORMAT_NAME, FORMAT_VERSION, READABLE_FORMAT_VERSIONS, validate_relpath
 
 CATEGORIES = ("sparse", "sparse_opt")
@@ -255,7 +255,7 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         ckpt_id=v.str(v.get(obj, "ckpt_id", ""), "ckpt_id"),
         created_ns=v.int(v.get(obj, "created_ns", ""), "created_ns"),
         writer=v.str(v.get(obj, "writer", ""), "writer"),
-        num_buckets=v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, 1 << 24),
+        num_buckets=v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, NUM_BUCKETS_LIMIT),
         chunk_bytes=v.int(v.get(obj, "chunk_bytes", ""), "chunk_bytes", 1, 1 << 31),
         shard_num=v.int(v.get(obj, "shard_num", ""), "shard_num", 1, 1 << 20),
         tables=tables, files=files,
@@ -283,7 +283,7 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
         raise IncompatibleCheckpointError(f"{path}: index format version {ver} is not supported")
     if manifest is not None and ver != manifest.format_version:
         v.fail("format_version", f"{ver} but the manifest says {manifest.format_version}")
-    nb = v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, 1 << 24)
+    nb = v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, NUM_BUCKETS_LIMIT)
     cb = v.int(v.get(obj, "chunk_bytes", ""), "chunk_bytes", 1, 1 << 31)
     if manifest is not None and (nb, cb) != (manifest.num_buckets, manifest.chunk_bytes):
         v.fail("num_buckets/chunk_bytes", "disagree with the manifest")

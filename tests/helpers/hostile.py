@@ -390,4 +390,53 @@ def gen_verify_worker_index_odd_digits(work):
     return Case("verify_worker_index_odd_digits", out, "verify", "b", "CorruptCheckpointError",
                 "worker-0000\u00b2", seconds=20)
 
+
+# ---- safetensors headers and state trees go through the same bounded parser
+def _rewrite_header(ckpt: str, rel: str, edit) -> None:
+    import struct
+    path = os.path.join(ckpt, rel)
+    data = open(path, "rb").read()
+    (n,) = struct.unpack_from("<Q", data)
+    head = edit(data[8:8 + n])
+    open(path, "wb").write(struct.pack("<Q", len(head)) + head + data[8 + n:])
+    resign(ckpt, rel)
+
+
+def gen_dense_header_deep_nesting(work):
+    out, b = _two_checkpoints(work)
+    _rewrite_header(b, "dense.safetensors", lambda h: h[:-1] + b',"x":' + b"[" * 3000 + b"]" * 3000 + b"}")
+    return Case("dense_header_deep_nesting", out, "load_id", "b", "CorruptCheckpointError", "dense.safetensors",
+                seconds=20)
+
+
+def gen_extras_tree_long_number(work):
+    """A state tree (a string inside the extras header) holding a 4000-digit number."""
+    out, b = _two_checkpoints(work)
+
+    def edit(head):
+        obj = _json.loads(head)
+        obj["__metadata__"]["recckpt.tree"] = '{"objects":{"state":{"kind":"value","state":' + "9" * 4000 + "}}}"
+        return _json.dumps(obj).encode()
+    _rewrite_header(b, "extras.safetensors", edit)
+    return Case("extras_tree_long_number", out, "load_id", "b", "CorruptCheckpointError", "extras.safetensors",
+                seconds=20)
+
+
+# ---- sizes and links of metadata files
+def gen_manifest_over_size_cap(work):
+    """A 65 MiB manifest (valid JSON padding): refused by its size, before it is read."""
+    out, b = _two_checkpoints(work)
+    with open(os.path.join(b, "manifest.json"), "ab") as f:
+        f.write(b" " * (65 << 20))
+    return Case("manifest_over_size_cap", out, "load_id", "b", "CorruptCheckpointError", "b/manifest.json",
+                seconds=20)
+
+
+def gen_manifest_symlink(work):
+    """b/manifest.json -> a's manifest (a valid, checked file): links are refused, never followed."""
+    out, b = _two_checkpoints(work)
+    os.remove(os.path.join(b, "manifest.json"))
+    os.symlink(os.path.join(out, "a", "manifest.json"), os.path.join(b, "manifest.json"))
+    return Case("manifest_symlink", out, "load_id", "b", "CorruptCheckpointError", "b/manifest.json", seconds=20)
+
 GENERATORS = [v for k, v in sorted(globals().items()) if k.startswith("gen_")]

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import hostile
 
-SAMPLE = {"listing_worker_steps_superscript", "manifest_deep_nesting"}
+SAMPLE = {"listing_worker_steps_superscript", "manifest_deep_nesting", "version_file_fifo", "overlapping_segments"}
 ALL = {g.__name__[len("gen_"):]: g for g in hostile.GENERATORS}
 
 

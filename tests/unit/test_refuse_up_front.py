@@ -93,3 +93,26 @@ def test_reads_stop_at_the_size_of_the_opened_file(tmp_path):
     assert read_regular(str(p), 2, 3) == b"cde"
     assert read_regular(str(p), 4, 100) == b"ef"
     assert read_regular(str(p), 10) == b""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_engine_reads_only_regular_files(tmp_path, kind):
+    """The engine's reader checks the opened file too (a FIFO does not block, a link is not followed)."""
+    import numpy as np
+    from recckpt import _C
+    p = tmp_path / "shard.bin"
+    if kind == "fifo":
+        os.mkfifo(p)
+    else:
+        (tmp_path / "real.bin").write_bytes(bytes(8))
+        os.symlink(tmp_path / "real.bin", p)
+    dst = np.zeros(8, dtype=np.uint8)
+    req = (str(p), 0, 8, 8, np.asarray([_C.crc32c(bytes(8))], dtype=np.uint32), 0, 8, dst, 0)
+    out = []
+    t = threading.Thread(target=lambda: out.append(_C.read_ranges([req], 1)))
+    t.start()
+    t.join(10)
+    assert out, "the engine blocked opening a FIFO"
+    _, errors = out[0]
+    assert errors and errors[0][0] == 0
+    assert ("not a regular file" in errors[0][1]) if kind == "fifo" else ("open error" in errors[0][1])

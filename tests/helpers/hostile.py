@@ -439,4 +439,27 @@ def gen_manifest_symlink(work):
     os.symlink(os.path.join(out, "a", "manifest.json"), os.path.join(b, "manifest.json"))
     return Case("manifest_symlink", out, "load_id", "b", "CorruptCheckpointError", "b/manifest.json", seconds=20)
 
+
+# ---- new classes: claimed counts no file could hold, directory loops
+def gen_num_buckets_claimed_huge(work):
+    """Manifest and index claim 2**24 - 1 buckets (128 MiB bucket blocks per segment) over small files."""
+    out, b = _two_checkpoints(work)
+    nb = (1 << 24) - 1
+    idx = read_json(b, "index.json")
+    idx["num_buckets"] = nb
+    for t in idx["tables"].values():
+        for seg in t["segments"]:
+            seg["buckets"]["length"] = 8 * (nb + 1)
+    write_json(b, "index.json", idx)
+    _edit_manifest(b, lambda m: m.__setitem__("num_buckets", nb))
+    return Case("num_buckets_claimed_huge", out, "load_id", "b", "CorruptCheckpointError", "b/index.json",
+                seconds=20)
+
+
+def gen_listing_checkpoint_dir_link_loop(work):
+    """<output_dir>/c -> c (a link to itself): listing skips it, the rest keeps working."""
+    out, _ = _two_checkpoints(work)
+    os.symlink("c", os.path.join(out, "c"))
+    return Case("listing_checkpoint_dir_link_loop", out, "listing", expect_step=4)
+
 GENERATORS = [v for k, v in sorted(globals().items()) if k.startswith("gen_")]

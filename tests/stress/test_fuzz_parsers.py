@@ -280,3 +280,23 @@ def test_tree_encode_refuses_what_decode_would():
         deep = [deep]
     with pytest.raises(ValueError, match="deep"):
         tree_codec.encode(deep, "extras")
+
+
+@settings(max_examples=max(1, settings.default.max_examples // 4))
+@given(data=st.data())
+def test_listing_survives_any_manifest(template, tmp_path_factory, data):
+    """Listing an output directory never raises, whatever a (validly self-checksummed) manifest holds:
+    the bad checkpoint is skipped and the good one stays listed."""
+    out = tmp_path_factory.mktemp("list")
+    good, bad = out / "a", out / "b"
+    good.mkdir()
+    bad.mkdir()
+    (good / "manifest.json").write_bytes(checked_json.dumps(template["manifest"]))
+    obj = _mutate(template["manifest"], data)
+    try:
+        raw = checked_json.dumps(obj)
+    except ValueError:
+        return   # not even writable (e.g. too deep): nothing to list
+    (bad / "manifest.json").write_bytes(raw)
+    ids = [i for i, _ in catalog.committed(open_storage(str(out)))]
+    assert "a" in ids

@@ -26,7 +26,10 @@ def open_storage(url: str) -> Storage:
         # Every protocol that reaches the local disk (local://, and fsspec's other names for it) gets the
         # local store: its regular-file and link checks, and the engine's direct reads.
         return LocalStorage(fs.root) if fs.reaches_local_disk else fs
-    return LocalStorage(url[len("file://"):] if url.startswith("file://") else url)
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if not path:   # "file://" alone would silently mean the current directory
+        raise StorageURLError(f"{url!r} names no directory; give a path, e.g. file:///data/run1")
+    return LocalStorage(path)
 
 
 __all__ = ["Storage", "LocalStorage", "FsspecStorage", "open_storage"]

@@ -41,6 +41,8 @@ def test_empty_output_dir_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(StorageURLError, match="non-empty path or URL"):
         Saver(torch.nn.Linear(2, 2), output_dir="")
+    with pytest.raises(StorageURLError, match="names no directory"):
+        Saver(torch.nn.Linear(2, 2), output_dir="file://")
     assert os.listdir(tmp_path) == []
 
 

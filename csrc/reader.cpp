@@ -40,6 +40,7 @@ struct Piece {
 struct OpenFile {
   int fd = -1;
   int err = 0;
+  bool not_regular = false;
   int64_t size = 0;
 };
 
@@ -136,13 +137,17 @@ class Reader {
     auto it = files_.find(r.path);
     if (it == files_.end()) {
       OpenFile of;
-      of.fd = ::open(r.path.c_str(), O_RDONLY | O_CLOEXEC);
+      // Only regular files, checked on the opened file (docs/SAFETY.md): a link is not followed, a
+      // FIFO does not block the open, and a device (/dev/zero) is refused before any read.
+      of.fd = ::open(r.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
       if (of.fd < 0) {
         of.err = errno;
       } else {
         struct stat st;
-        if (::fstat(of.fd, &st) != 0) {
-          of.err = errno;
+        const bool stat_ok = ::fstat(of.fd, &st) == 0;
+        if (!stat_ok || !S_ISREG(st.st_mode)) {
+          of.err = stat_ok ? 0 : errno;
+          of.not_regular = stat_ok;
           ::close(of.fd);
           of.fd = -1;
         } else {
@@ -152,6 +157,7 @@ class Reader {
       it = files_.emplace(r.path, of).first;
     }
     const OpenFile& f = it->second;
+    if (f.fd < 0 && f.not_regular) return report(i, -1, "not a regular file (a link, FIFO or device)"), false;
     if (f.fd < 0) return report(i, -1, std::string("open error: ") + std::strerror(f.err)), false;
     if (f.size < r.col_offset + r.col_length)
       return report(i, -1, "file too small: " + std::to_string(f.size) +

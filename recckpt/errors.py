@@ -78,3 +78,13 @@ class StorageError(RecckptError, OSError):
 class CheckpointDeletedError(CheckpointNotFoundError):
     """The checkpoint being loaded was deleted (by retention in another process) while it was read.
     Nothing was applied to the model; load again (the newest checkpoint) to recover."""
+
+
+class StorageURLError(RecckptError, ValueError):
+    """An output directory or checkpoint location that names no usable store: empty, or a URL whose
+    protocol fsspec does not know (or whose driver package is missing)."""
+
+
+class LoadApplyError(RecckptError):
+    """A load failed part-way through changing the model for a reason other than the checkpoint's bytes
+    (out of memory, a table refusing rows). The message says exactly what was applied before it."""

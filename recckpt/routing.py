@@ -12,14 +12,15 @@ import numpy as np
 import torch
 
 from . import _C
-from .format.hashing import DEFAULT_NUM_BUCKETS, owner_of_bucket
+from .format.hashing import DEFAULT_NUM_BUCKETS, NUM_BUCKETS_LIMIT, owner_of_bucket
 
 
 def _check(world: int, num_buckets: int) -> None:
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
         raise ValueError(f"partition: world must be an integer >= 1, got {world!r}")
-    if not isinstance(num_buckets, int) or isinstance(num_buckets, bool) or not 1 <= num_buckets <= 1 << 24:
-        raise ValueError(f"partition: num_buckets must be an integer in [1, 2**24], got {num_buckets!r}")
+    if not isinstance(num_buckets, int) or isinstance(num_buckets, bool) or not 1 <= num_buckets < NUM_BUCKETS_LIMIT:
+        raise ValueError(f"partition: num_buckets must be an integer in [1, 2**24), the format's range, got "
+                         f"{num_buckets!r}")
 
 
 def partition(ids, world: int, num_buckets: int = DEFAULT_NUM_BUCKETS):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
+from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, LoadApplyError, LoadConfigError
 from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
@@ -17,7 +17,7 @@ from ..state.protocol import split_sparse_dense_state_dict
 from .load_config import LoadConfig
 from .registry import Registry
 from .chain_load import load_chain_rows, plan_chain_rows
-from .row_filter import RowFilter
+from .row_filter import RowFilter, owners_of
 from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
 
 
@@ -164,6 +164,8 @@ class LoadPlan:
                 for name in self.registry.io_names():
                     if name not in self.io_tree:
                         self.problems_missing.append(f"IO state {name!r} is not in the checkpoint")
+        if conf.ownership is not None and not self.incompatible:
+            self._check_ownership(world)
         if self.incompatible:
             raise IncompatibleCheckpointError(
                 f"checkpoint {self.reader.describe()} cannot be applied: " + "; ".join(self.incompatible)
@@ -204,6 +206,19 @@ class LoadPlan:
                 and not self.problems_unexpected
                 and all(name == target for name, target, _, _ in self.sparse_jobs)
                 and set(self.result.tables) == set(self.model_sparse))
+
+    def _check_ownership(self, world: int) -> None:
+        """Call the user's ownership function on every id it will be given, before anything is applied:
+        a function that fails or returns wrong ranks must not leave a table emptied (the apply pass
+        calls it again on the same ids; reading the ids twice is the price, 8 bytes a row)."""
+        for name, _, _, slots in self.sparse_jobs:
+            if not slots:
+                continue
+            for ids, _ in self.reader.segments.iter_table(name, [], [], 0, self.m.num_buckets):
+                try:
+                    owners_of(self.conf.ownership, ids, world, name, self.reader.describe())
+                except LoadConfigError as e:
+                    raise LoadConfigError(f"{e}. Nothing was loaded.") from e.__cause__
 
     def _claimed(self, kind: str, matched: dict[str, str], name: str, target: str) -> bool:
         """Record that checkpoint `name` loads into model `target`; two sources for one target (a
@@ -340,14 +355,16 @@ class LoadPlan:
                         self.result.sparse_rows += n
                     self.result.sparse_rows -= rf.replaced
                     rf.check()
-            except (CorruptCheckpointError, OSError, IncompatibleCheckpointError) as e:
+            except Exception as e:  # noqa: BLE001 - whatever stops it (a disk error, memory, the table), say what was applied
                 objects = ", ".join(self.result.extras + (["the sparse optimizer"] if self._opt_loaded else []))
                 msg = (f"{e}. Loading stopped in table {target!r}, which is {left}; tables fully "
                        f"loaded before it: {', '.join(applied) or 'none'}; already applied: "
                        f"{objects or 'no registered objects'}; dense state and IO state were not applied")
-                if isinstance(e, IncompatibleCheckpointError):
+                if isinstance(e, (IncompatibleCheckpointError, LoadConfigError)):
                     raise type(e)(msg) from e
-                raise CorruptCheckpointError(msg, getattr(e, "path", None)) from e
+                if isinstance(e, (CorruptCheckpointError, OSError)):
+                    raise CorruptCheckpointError(msg, getattr(e, "path", None)) from e
+                raise LoadApplyError(f"{type(e).__name__}: {msg}") from e
             applied.append(target)
         self.result.tables = applied
         if self.dense_out:

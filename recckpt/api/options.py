@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..format.hashing import DEFAULT_NUM_BUCKETS
+from ..format.hashing import DEFAULT_NUM_BUCKETS, NUM_BUCKETS_LIMIT
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class SaveOptions:
             t = getattr(self, name)
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
                 raise ValueError(f"SaveOptions.{name} must be a number of seconds > 0, got {t!r}")
-        if self.num_buckets > 1 << 24:
-            raise ValueError(f"SaveOptions.num_buckets={self.num_buckets} is above the format's cap of 2**24")
+        if self.num_buckets >= NUM_BUCKETS_LIMIT:
+            raise ValueError(f"SaveOptions.num_buckets={self.num_buckets} is out of the format's range: "
+                             f"1 <= num_buckets < 2**24 ({NUM_BUCKETS_LIMIT}); the default is {DEFAULT_NUM_BUCKETS}")
         if self.chunk_bytes >= 1 << 31:
             raise ValueError("SaveOptions.chunk_bytes must be below 2 GiB")

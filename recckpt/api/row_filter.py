@@ -14,8 +14,28 @@ import numpy as np
 import torch
 
 from .. import _C
-from ..errors import IncompatibleCheckpointError
+from ..errors import IncompatibleCheckpointError, LoadConfigError
 from ..format.names import shard_file_worker
+
+
+def owners_of(ownership: Callable, ids: np.ndarray, world: int, table: str, where: str) -> np.ndarray:
+    """The ranks a user ownership function gives `ids` (int64), checked: one integer rank in [0, world)
+    per id. Anything else, or an exception from the function, is a LoadConfigError naming the table."""
+    def bad(why: str) -> LoadConfigError:
+        return LoadConfigError(f"checkpoint {where}: table {table!r}: LoadConfig.ownership {why}; it must "
+                               f"return one integer rank in [0, {world}) per id (ids: int64 tensor, world: int)")
+    try:
+        owners = torch.as_tensor(ownership(torch.from_numpy(ids), world)).reshape(-1)
+    except Exception as e:  # noqa: BLE001 - the user's function: any failure is reported as its own
+        raise bad(f"raised {type(e).__name__}: {e}") from e
+    if owners.numel() != ids.shape[0]:
+        raise bad(f"returned {owners.numel()} ranks for {ids.shape[0]} ids")
+    if owners.dtype.is_floating_point or owners.dtype.is_complex or owners.dtype == torch.bool:
+        raise bad(f"returned {owners.dtype} values")
+    arr = owners.cpu().numpy()
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= world):
+        raise bad(f"returned ranks in [{int(arr.min())}, {int(arr.max())}]")
+    return arr
 
 
 class DuplicateIdsError(IncompatibleCheckpointError):
@@ -40,11 +60,8 @@ class RowFilter:
         """Row indices of this chunk to import (None: all of them)."""
         sel = None
         if self.ownership is not None:
-            owners = self.ownership(torch.from_numpy(ids), self.world)
-            owners = torch.as_tensor(owners).reshape(-1)
-            if owners.numel() != ids.shape[0]:
-                raise ValueError(f"LoadConfig.ownership returned {owners.numel()} ranks for {ids.shape[0]} ids")
-            sel = np.nonzero((owners == self.rank).cpu().numpy())[0]
+            owners = owners_of(self.ownership, ids, self.world, self.table, self.where)
+            sel = np.nonzero(owners == self.rank)[0]
             ids = ids[sel]
         rows, is_new = self.seen.insert(np.ascontiguousarray(ids))
         rows, is_new = np.asarray(rows), np.asarray(is_new, dtype=bool)

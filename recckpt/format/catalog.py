@@ -11,7 +11,7 @@ import hashlib
 import logging
 import uuid
 
-from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, InvalidCheckpointIdError
+from ..errors import CorruptCheckpointError, InvalidCheckpointIdError
 from ..storage import Storage
 from . import checked_json, names
 from .schema import Manifest, manifest_from_json
@@ -50,6 +50,10 @@ def read_version_file(storage: Storage) -> list[str] | None:
         raw = None if too_big else storage.read_bytes(names.VERSION_FILE)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
+    except CorruptCheckpointError as e:   # a FIFO, device or link (storage reads regular files only)
+        log.warning("recckpt: version file %s: %s; rebuilding it from the committed checkpoints",
+                    storage.describe(names.VERSION_FILE), e)
+        return None
     if raw is None:
         log.warning("recckpt: version file %s is too large to be one; rebuilding it from the committed "
                     "checkpoints", storage.describe(names.VERSION_FILE))
@@ -78,8 +82,11 @@ def committed(storage: Storage) -> list[tuple[str, Manifest]]:
             m = read_manifest(storage, name)
         except (FileNotFoundError, InvalidCheckpointIdError, NotADirectoryError):
             continue
-        except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
-            log.warning("recckpt: skipping %s: %s", storage.describe(name), e)
+        except Exception as e:  # noqa: BLE001 - see below
+            # Whatever one directory holds (a hostile manifest, an unreadable file, a bug of ours in
+            # validation) must not make the whole output directory unusable: load, restore, verify
+            # and later saves all list it. That checkpoint is skipped, loudly.
+            log.warning("recckpt: skipping %s: %s: %s", storage.describe(name), type(e).__name__, e)
             continue
         found[name] = m
     order = [i for i in listed if i in found]

@@ -1,4 +1,9 @@
-"""JSON metadata files that carry their own checksum.
+"""The one JSON parser for bytes read from a checkpoint, and the metadata files that carry their own checksum.
+
+`parse` is bounded: the caller's byte cap, a nesting depth, a length for every number, string keys
+that appear once per object, text that is valid Unicode. Whatever the input, it returns a value or
+raises CorruptCheckpointError naming the file; nothing else escapes (no RecursionError, no ValueError).
+Every JSON text recckpt reads (manifest, indexes, safetensors headers, state trees) goes through it.
 
 A checked file is a JSON object with a key "crc32c": the CRC-32C of the canonical serialisation of the
 object without that key (keys sorted, no whitespace, ASCII only, integers only — no floats, so every
@@ -7,11 +12,63 @@ language serialises it to the same bytes). Any flipped byte either breaks parsin
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from .. import _C
 from ..errors import CorruptCheckpointError
 
 CRC_KEY = "crc32c"
+
+#: Nesting limit of every JSON text: the deepest file recckpt writes (an index) nests 7 deep, and
+#: state trees (extras, IO state) are refused at save time beyond this (tree_codec), so a deeper text
+#: is hostile. Python's own recursion limit (about 1000) stays far away.
+MAX_DEPTH = 200
+#: Characters of one number: an int64 or uint64 takes at most 20; 40 leaves room for a float's
+#: digits and exponent. Longer numbers cost quadratic time to convert, so they are refused first.
+MAX_NUMBER_CHARS = 40
+
+
+@dataclass(frozen=True)
+class JsonLimits:
+    """What one kind of file may contain. `max_bytes` is the file-type cap (names.py)."""
+    max_bytes: int
+    max_depth: int = MAX_DEPTH
+    floats: bool = False   # checked files are integer-only; state trees may hold floats
+
+    def __post_init__(self):
+        if not (isinstance(self.max_bytes, int) and self.max_bytes >= 0):
+            raise ValueError(f"JsonLimits.max_bytes must be an integer >= 0, got {self.max_bytes!r}")
+        if not (isinstance(self.max_depth, int) and 1 <= self.max_depth <= MAX_DEPTH):
+            raise ValueError(f"JsonLimits.max_depth must be in [1, {MAX_DEPTH}], got {self.max_depth!r}")
+
+
+class JsonRuleError(ValueError):
+    """A JSON value breaks a rule of `parse` (depth, keys, numbers, text); `parse` turns it into
+    CorruptCheckpointError, writers into an error at save time."""
+
+
+def parse(data, path: str, limits: JsonLimits):
+    """Parse JSON `data` (bytes, or str) read from file `path` within `limits`."""
+    def bad(why: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{path}: not valid checkpoint metadata ({why})", path)
+
+    if len(data) > limits.max_bytes:
+        raise CorruptCheckpointError(f"{path}: {len(data)} bytes exceeds the {limits.max_bytes}-byte cap for "
+                                     f"this kind of metadata; the file is corrupt or not a recckpt file", path)
+    try:
+        text = data if isinstance(data, str) else bytes(data).decode("utf-8")
+        obj = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_int,
+                         parse_float=_float if limits.floats else _no_float, parse_constant=_no_constant)
+        check_tree(obj, limits.max_depth)
+    except JsonRuleError as e:
+        raise bad(str(e)) from None
+    except (UnicodeError, ValueError, TypeError) as e:
+        raise bad(f"{type(e).__name__}: {e}"[:300]) from None
+    except RecursionError:  # the C scanner's own guard, far deeper than max_depth
+        raise bad(f"nested more than {limits.max_depth} deep") from None
+    except MemoryError:
+        raise bad("too large to parse") from None
+    return obj
 
 
 def canonical(obj) -> bytes:
@@ -22,6 +79,7 @@ def canonical(obj) -> bytes:
 def dumps(obj: dict) -> bytes:
     if CRC_KEY in obj:
         raise ValueError(f"metadata must not contain the key {CRC_KEY!r}")
+    check_tree(obj, MAX_DEPTH)  # what we write, we can read back: same key rules and depth
     body = canonical(obj)
     out = dict(obj)
     out[CRC_KEY] = _C.crc32c(body)
@@ -31,22 +89,81 @@ def dumps(obj: dict) -> bytes:
 
 def loads(data: bytes, path: str, max_bytes: int) -> dict:
     """Parse and verify a checked JSON file; CorruptCheckpointError names `path` on any defect."""
-    if len(data) > max_bytes:
-        raise CorruptCheckpointError(f"{path}: {len(data)} bytes exceeds the {max_bytes}-byte cap for "
-                                     f"metadata files; the file is corrupt or not a recckpt file", path)
-    try:
-        obj = json.loads(data.decode("ascii"), parse_float=_no_float, parse_constant=_no_float)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise CorruptCheckpointError(f"{path}: not valid checkpoint metadata ({e})", path) from None
-    if not isinstance(obj, dict) or not isinstance(obj.get(CRC_KEY), int):
+    if isinstance(data, (bytes, bytearray)) and not data.isascii():
+        raise CorruptCheckpointError(f"{path}: not valid checkpoint metadata (non-ASCII bytes; checked "
+                                     f"files are ASCII)", path)
+    obj = parse(data, path, JsonLimits(max_bytes))
+    if not isinstance(obj, dict) or type(obj.get(CRC_KEY)) is not int:
         raise CorruptCheckpointError(f"{path}: metadata has no integer {CRC_KEY!r} field", path)
     crc = obj.pop(CRC_KEY)
+    # parse() bounded the depth, so the canonical re-serialisation cannot run out of stack.
     actual = _C.crc32c(canonical(obj))
     if actual != crc:
-        raise CorruptCheckpointError(f"{path}: checksum mismatch (recorded {crc:#010x}, computed "
+        raise CorruptCheckpointError(f"{path}: checksum mismatch (recorded {crc:#x}, computed "
                                      f"{actual:#010x}); the file is corrupt", path)
     return obj
 
 
+def check_tree(obj, max_depth: int = MAX_DEPTH) -> None:
+    """Depth and key rules, without recursion (a hostile text must not exhaust the stack here either);
+    raises JsonRuleError. Writers call it too, so that what recckpt writes it can read back."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+            for k in node:
+                if type(k) is not str:
+                    raise JsonRuleError(f"object key {k!r:.40} is not a string")
+                _check_text(k)
+        elif isinstance(node, list):
+            children = node
+        else:
+            if type(node) is str:
+                _check_text(node)
+            continue
+        if depth > max_depth:
+            raise JsonRuleError(f"nested more than {max_depth} deep")
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list, str)))
+
+
+def _check_text(s: str) -> None:
+    # JSON escapes can spell lone surrogates (\ud800), which are not Unicode text: file names and
+    # keys built from them could not be written back or compared with what a writer produced.
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise JsonRuleError(f"string {s!r:.40} is not valid Unicode (lone surrogate)") from None
+
+
+def _unique_keys(pairs):
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise JsonRuleError(f"key {dup!r:.40} appears twice in one object")
+    return d
+
+
+def _int(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise JsonRuleError(f"a {len(text)}-character number (at most {MAX_NUMBER_CHARS})")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise JsonRuleError(f"a {len(text)}-character number (at most {MAX_NUMBER_CHARS})")
+    v = float(text)
+    if v in (float("inf"), float("-inf")):  # 1e999: not a number JSON can carry back
+        raise JsonRuleError(f"number {text!r} overflows a float")
+    return v
+
+
 def _no_float(text):
-    raise ValueError(f"unexpected non-integer number {text!r}")
+    raise JsonRuleError(f"unexpected non-integer number {text[:MAX_NUMBER_CHARS]!r}")
+
+
+def _no_constant(name):
+    raise JsonRuleError(f"{name} is not JSON")

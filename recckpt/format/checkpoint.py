@@ -12,7 +12,7 @@ import torch
 from .. import _C, __version__
 from ..errors import CorruptCheckpointError
 from ..storage import Storage
-from . import catalog, checked_json, names, safetensors_io, tree_codec
+from . import catalog, checked_json, names, safetensors_io, structure, tree_codec
 from .schema import (FileInfo, IndexDoc, Manifest, ParentRef, TableInfo, SlotInfo, index_from_json)
 from .sparse_io import SegmentReader, SparseWriteOptions, TableSource, write_tables
 
@@ -161,6 +161,7 @@ class CheckpointReader:
     def __init__(self, storage: Storage, ckpt_dir: str, threads: int = 4):
         self.storage, self.ckpt_dir, self.threads = storage, ckpt_dir, threads
         self.manifest = catalog.read_manifest(storage, ckpt_dir)
+        self._parsed: IndexDoc | None = None
         self._index: IndexDoc | None = None
         self._segments: SegmentReader | None = None
 
@@ -201,15 +202,25 @@ class CheckpointReader:
                                          f"{crc:#010x}); the file is corrupt", where)
         return data
 
-    @property
-    def index(self) -> IndexDoc:
-        if self._index is None:
+    def parsed_index(self) -> IndexDoc:
+        """The index, checked field by field against the manifest, but not yet for how its blocks tile
+        the shard files (`verify` wants every tiling finding; `index` stops at the first)."""
+        if self._parsed is None:
             if self.manifest.index is None:
-                self._index = IndexDoc(self.manifest.num_buckets, self.manifest.chunk_bytes)
+                self._parsed = IndexDoc(self.manifest.num_buckets, self.manifest.chunk_bytes)
             else:
                 where = self.describe(self.manifest.index)
                 obj = checked_json.loads(self.read_file(self.manifest.index), where, names.MAX_INDEX_BYTES)
-                self._index = index_from_json(obj, where, self.manifest)
+                self._parsed = index_from_json(obj, where, self.manifest)
+        return self._parsed
+
+    @property
+    def index(self) -> IndexDoc:
+        """The fully validated index: fields, and blocks that tile every shard file exactly."""
+        if self._index is None:
+            doc = self.parsed_index()
+            structure.check_tiling(doc, self.describe)
+            self._index = doc
         return self._index
 
     def verify_worker_indexes(self) -> None:

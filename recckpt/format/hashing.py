@@ -13,6 +13,9 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 DEFAULT_NUM_BUCKETS = 4096
+#: B < NUM_BUCKETS_LIMIT (docs/FORMAT.md): the one home of the bucket-count range, for SaveOptions and
+#: the manifest/index validation alike.
+NUM_BUCKETS_LIMIT = 1 << 24
 HASH_NAME = "splitmix64"
 
 

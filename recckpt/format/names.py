@@ -65,7 +65,9 @@ def shard_file(worker: int, part: int) -> str:
     return f"{SPARSE_DIR}/shard-{worker:05d}-{part:03d}.bin"
 
 
-_SHARD_FILE = re.compile(re.escape(SPARSE_DIR) + r"/shard-(\d{5,})-\d{3,}\.bin")
+# ASCII digits, at most 7 (shard_num < 2**20): names come from files, and int() of 5000 digits raises.
+_SHARD_FILE = re.compile(re.escape(SPARSE_DIR) + r"/shard-([0-9]{5,7})-[0-9]{3,}\.bin")
+_WORKER_INDEX = re.compile(re.escape(SPARSE_DIR) + r"/worker-([0-9]{5,7})\.index\.json")
 
 
 def shard_file_worker(rel: str) -> int | None:
@@ -76,6 +78,12 @@ def shard_file_worker(rel: str) -> int | None:
 
 def worker_index(worker: int) -> str:
     return f"{SPARSE_DIR}/worker-{worker:05d}.index.json"
+
+
+def worker_index_worker(rel: str) -> int | None:
+    """The worker whose index `rel` is, from its name (None if the name is not a worker index's)."""
+    m = _WORKER_INDEX.fullmatch(rel)
+    return int(m.group(1)) if m else None
 
 
 def io_state_file(worker: int) -> str:

@@ -16,10 +16,11 @@ import torch
 from safetensors.torch import load as _st_load
 
 from .. import _C
-from . import dtypes
+from . import checked_json, dtypes
 from ..errors import CorruptCheckpointError
 
 MAX_HEADER_BYTES = 100 << 20  # same cap as the safetensors library
+_HEADER_LIMITS = checked_json.JsonLimits(MAX_HEADER_BYTES)
 
 
 def tensor_bytes(t: torch.Tensor):
@@ -77,22 +78,13 @@ def read_views(buf, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]
     if n > MAX_HEADER_BYTES or 8 + n > len(buf):
         raise CorruptCheckpointError(f"{path}: safetensors header length {n} does not fit the "
                                      f"{len(buf)}-byte file", path)
-    try:
-        header = json.loads(bytes(buf[8:8 + n]).decode("utf-8"), object_pairs_hook=_unique_keys,
-                            parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise bad(f"header: {e}") from None
+    header = checked_json.parse(bytes(buf[8:8 + n]), path, _HEADER_LIMITS)
     if not isinstance(header, dict):
         raise bad("the header is not a JSON object")
     meta = header.pop("__metadata__", None)
     meta = {} if meta is None else meta
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise bad("__metadata__ is not an object of strings")
-    try:  # JSON escapes can spell lone surrogates, which are not UTF-8 text
-        for s in (*header, *meta, *meta.values()):
-            s.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise bad(f"header: {e}") from None
     start, size = 8 + n, len(buf) - 8 - n
     spans = []
     for name, e in header.items():
@@ -138,17 +130,6 @@ def read_views(buf, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]
     return tensors, meta
 
 
-def _unique_keys(pairs):
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        raise ValueError("a key appears twice in one object")
-    return d
-
-
-def _no_constant(name):
-    raise ValueError(f"{name} is not JSON")
-
-
 def read(data: bytes, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Parse a whole safetensors file from memory: (tensors, metadata). Defects raise
     CorruptCheckpointError naming `path`."""
@@ -158,8 +139,10 @@ def read(data: bytes, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str
     if n > MAX_HEADER_BYTES or 8 + n > len(data):
         raise CorruptCheckpointError(f"{path}: safetensors header length {n} does not fit the "
                                      f"{len(data)}-byte file", path)
+    header = checked_json.parse(data[8:8 + n], path, _HEADER_LIMITS)
     try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
         meta = header.get("__metadata__") or {}
         if not isinstance(meta, dict):
             raise ValueError("__metadata__ is not an object")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes
-from .hashing import HASH_NAME
+from .hashing import HASH_NAME, NUM_BUCKETS_LIMIT
 from .names import (COLUMN_ALIGN, FORMAT_NAME, FORMAT_VERSION, INCREMENTAL_SINCE, READABLE_FORMAT_VERSIONS,
                     validate_ckpt_id, validate_relpath)
 
@@ -213,6 +213,13 @@ class _V:
             self.fail(where, f"expected a list, got {type(v).__name__}")
         return v
 
+    def worker_key(self, w, where) -> int:
+        """A worker number used as an object key: ASCII digits only ("²" and "٣" are digits to
+        str.isdigit but not to int()), at most 7 of them (shard_num < 2**20)."""
+        if not (isinstance(w, str) and w.isascii() and w.isdigit() and len(w) <= 7):
+            self.fail(where, f"worker key {w!r:.20} is not a worker number")
+        return int(w)
+
     def relpath(self, v, where):
         try:
             return validate_relpath(v, where)
@@ -271,15 +278,11 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
                               v.int(v.get(f, "crc32c", f"files[{rel!r}]"), f"files[{rel!r}].crc32c", 0, _U32))
     io_state = {}
     for w, rel in v.dict(v.get(obj, "io_state", ""), "io_state").items():
-        if not (isinstance(w, str) and w.isascii() and w.isdigit() and len(w) <= 7):
-            v.fail("io_state", f"worker key {w!r:.20} is not a number")
-        io_state[int(w)] = v.relpath(rel, f"io_state[{w}]")
+        io_state[v.worker_key(w, "io_state")] = v.relpath(rel, f"io_state[{w}]")
     meta = v.dict(obj.get("metadata", {}), "metadata")
     worker_steps = {}
     for w, st in v.dict(obj.get("worker_steps", {}), "worker_steps").items():
-        if not (isinstance(w, str) and w.isdigit()):
-            v.fail("worker_steps", f"worker key {w!r:.20} is not a number")
-        worker_steps[int(w)] = v.int(st, f"worker_steps[{w}]", -_I63, _I63)
+        worker_steps[v.worker_key(w, "worker_steps")] = v.int(st, f"worker_steps[{w}]", -_I63, _I63)
     parent = None
     if obj.get("parent") is not None:
         p = v.dict(obj["parent"], "parent")
@@ -300,7 +303,7 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         ckpt_id=v.str(v.get(obj, "ckpt_id", ""), "ckpt_id"),
         created_ns=v.int(v.get(obj, "created_ns", ""), "created_ns"),
         writer=v.str(v.get(obj, "writer", ""), "writer"),
-        num_buckets=v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, 1 << 24),
+        num_buckets=v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, NUM_BUCKETS_LIMIT),
         chunk_bytes=v.int(v.get(obj, "chunk_bytes", ""), "chunk_bytes", 1, 1 << 31),
         shard_num=v.int(v.get(obj, "shard_num", ""), "shard_num", 1, 1 << 20),
         tables=tables, files=files,
@@ -329,7 +332,7 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
         raise IncompatibleCheckpointError(f"{path}: index format version {ver} is not supported")
     if manifest is not None and ver != manifest.format_version:
         v.fail("format_version", f"{ver} but the manifest says {manifest.format_version}")
-    nb = v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, 1 << 24)
+    nb = v.int(v.get(obj, "num_buckets", ""), "num_buckets", 1, NUM_BUCKETS_LIMIT)
     cb = v.int(v.get(obj, "chunk_bytes", ""), "chunk_bytes", 1, 1 << 31)
     if manifest is not None and (nb, cb) != (manifest.num_buckets, manifest.chunk_bytes):
         v.fail("num_buckets/chunk_bytes", "disagree with the manifest")

@@ -14,9 +14,12 @@ import math
 import numpy as np
 import torch
 
-from . import dtypes
+from . import checked_json, dtypes
 
 TREE_KEY = "recckpt.tree"
+#: A tree is one metadata value of a safetensors header, whose cap (the library's) bounds it too.
+MAX_TREE_BYTES = 100 << 20
+_LIMITS = checked_json.JsonLimits(MAX_TREE_BYTES, floats=True)
 
 
 class _Encoder:
@@ -66,6 +69,10 @@ def encode(obj, root: str) -> tuple[str, dict[str, torch.Tensor]]:
     """(JSON text of the tree, tensors it refers to by key)."""
     enc = _Encoder()
     tree = enc.encode(obj, root)
+    try:  # refuse at save time what a load would refuse (checked_json's depth and key rules)
+        checked_json.check_tree(tree)
+    except checked_json.JsonRuleError as e:
+        raise ValueError(f"{root}: cannot be stored: {e}") from None
     return json.dumps(tree, allow_nan=False, separators=(",", ":")), enc.tensors
 
 
@@ -103,7 +110,8 @@ def decode(text: str, tensors: dict[str, torch.Tensor], where: str):
     try:
         if not isinstance(text, str):
             raise TypeError(f"the tree is a {type(text).__name__}, not JSON text")
-        return dec(json.loads(text))
+        tree = checked_json.parse(text, where, _LIMITS)
+        return dec(tree)
     except (KeyError, ValueError, TypeError, RecursionError, OverflowError) as e:
         from ..errors import CorruptCheckpointError
         raise CorruptCheckpointError(f"{where}: invalid state tree ({e!r})", where) from None

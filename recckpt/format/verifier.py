@@ -19,7 +19,7 @@ import numpy as np
 from .. import _C
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage, open_storage
-from . import checked_json, extras as extras_fmt, names, safetensors_io
+from . import checked_json, extras as extras_fmt, names, safetensors_io, structure
 from .checkpoint import CheckpointReader
 from .schema import IndexDoc, index_from_json
 from .sparse_io import SegmentReader
@@ -112,13 +112,13 @@ class _Checker:
     def check_file(self, rel: str, data: bytes, worker_docs: dict[int, IndexDoc]) -> None:
         where = self.reader.describe(rel)
         if rel == self.m.index:
-            self.reader.index  # noqa: B018 - parses and validates against the manifest
+            self.reader.parsed_index()  # fields, against the manifest; tiling is check_shards' job
         elif rel.startswith(f"{names.SPARSE_DIR}/worker-") and rel.endswith(".index.json"):
-            doc = index_from_json(checked_json.loads(data, where, names.MAX_INDEX_BYTES), where)
-            worker = rel[len(f"{names.SPARSE_DIR}/worker-"):-len(".index.json")]
-            if not worker.isdigit():
-                raise CorruptCheckpointError(f"{where}: not a worker index name", where)
-            worker_docs[int(worker)] = doc
+            worker = names.worker_index_worker(rel)
+            if worker is None:
+                raise CorruptCheckpointError(f"{where}: not a worker index name (expected "
+                                             f"{names.worker_index(0)} and so on)", where)
+            worker_docs[worker] = index_from_json(checked_json.loads(data, where, names.MAX_INDEX_BYTES), where)
         elif rel == self.m.dense:
             safetensors_io.read(data, where)
         elif rel == self.m.extras:
@@ -135,7 +135,7 @@ class _Checker:
                 f"{where}: worker indexes {sorted(docs)} do not cover workers 0..{self.m.shard_num - 1}", where))
             return
         try:
-            merged = self.reader.index
+            merged = self.reader.parsed_index()
         except (CorruptCheckpointError, IncompatibleCheckpointError):
             return  # already reported
         try:
@@ -150,7 +150,7 @@ class _Checker:
 
     def check_shards(self) -> None:
         try:
-            index = self.reader.index
+            index = self.reader.parsed_index()
         except (CorruptCheckpointError, IncompatibleCheckpointError):
             return  # already reported
         seg_reader = SegmentReader(self.storage, "", index, self.reader.threads)
@@ -188,28 +188,10 @@ class _Checker:
         self.report.bytes_checked += seg_reader.bytes_read
 
     def check_tiling(self, index: IndexDoc, bad_files: set[int]) -> None:
-        # (offset, length, aligned): from format version 2 on, slot columns are preceded by the zero
-        # padding that brings them to a multiple of COLUMN_ALIGN; nothing else may leave a gap.
-        align = index.format_version >= 2
-        blocks: dict[int, list[tuple[int, int, bool]]] = {fi: [] for fi in range(len(index.files))}
-        for segs in [segs for _, segs in index.tables.values()] + list(index.removed.values()):
-            for s in segs:
-                blocks[s.file].append((s.buckets.offset, s.buckets.length, False))
-                blocks[s.file].extend((c.offset, c.length, align and k > 0 and c.length > 0)
-                                      for k, c in enumerate(s.columns))
-        for fi, bl in blocks.items():
-            pos = 0
-            for off, ln, aligned in sorted(bl):
-                if aligned:
-                    pos += -pos % names.COLUMN_ALIGN
-                if off != pos:
-                    break
-                pos += ln
-            if pos != index.files[fi][1] and fi not in bad_files:
-                where = self.storage.describe(index.files[fi][0])
-                self.problem(CorruptCheckpointError(
-                    f"{where}: the index's blocks do not tile the file (gap or overlap at byte {pos} of "
-                    f"{index.files[fi][1]})", where))
+        # The loader's rule (structure.py), every finding reported; a file that fails it is not read.
+        for fi, e in sorted(structure.tiling_problems(index, self.storage.describe).items()):
+            if fi not in bad_files:
+                self.problem(e)
                 bad_files.add(fi)
 
     def check_segment(self, seg_reader, index: IndexDoc, table: str, seg, rbs: list[int]) -> None:
@@ -238,7 +220,7 @@ class _Checker:
     def find_unlisted(self) -> None:
         listed = set(self.m.files) | {names.MANIFEST}
         try:
-            listed |= {p for p, _ in self.reader.index.files}
+            listed |= {p for p, _ in self.reader.parsed_index().files}
         except (CorruptCheckpointError, IncompatibleCheckpointError):
             pass
         stack = [""]
@@ -246,7 +228,10 @@ class _Checker:
             d = stack.pop()
             for name in self.storage.listdir(d):
                 rel = f"{d}/{name}" if d else name
-                if self.storage.isdir(rel):
+                if self.storage.is_link(rel):   # never followed: `a -> .` would never end
+                    if rel not in listed:
+                        self.report.unlisted.append(f"{rel} (a symbolic link, not followed)")
+                elif self.storage.isdir(rel):
                     stack.append(rel)
                 elif rel not in listed:
                     self.report.unlisted.append(rel)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from ..errors import StorageURLError
 from .base import Claim, Storage
 from .fsspec_store import FsspecStorage
 from .local import LocalStorage
@@ -14,11 +15,23 @@ from .local import LocalStorage
 
 def _local(url: str, storage_options: dict | None, **kw) -> Storage:
     # storage_options configure fsspec clients; a Saver on S3 may still load a local model-bank path.
-    return LocalStorage(url[len("file://"):] if url.startswith("file://") else url)
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if not path:   # "file://" alone would silently mean the current directory
+        raise StorageURLError(f"{url!r} names no directory; give a path, e.g. file:///data/run1")
+    return LocalStorage(path)
 
 
 def _fsspec(url: str, storage_options: dict | None, **kw) -> Storage:
-    return FsspecStorage(url, storage_options, **kw)
+    try:
+        fs = FsspecStorage(url, storage_options, **kw)
+    except (ValueError, ImportError) as e:   # fsspec: "Protocol not known", a missing driver
+        raise StorageURLError(
+            f"{url}: cannot open this URL ({type(e).__name__}: {e}). Use a local path, a file:// URL, or "
+            f"the URL of a filesystem fsspec knows (e.g. s3://, gs://, memory://) with its package "
+            f"installed") from None
+    # Every protocol that reaches the local disk (local://, and fsspec's other names for it) gets the
+    # local store: its regular-file and link checks, and the engine's direct reads.
+    return LocalStorage(fs.root) if fs.reaches_local_disk else fs
 
 
 #: Backends by URL scheme; any other scheme goes to fsspec, which knows many more.
@@ -29,6 +42,8 @@ def open_storage(url, storage_options: dict | None = None, **kw) -> Storage:
     """The store for a local path or an fsspec URL. `storage_options` go to fsspec (endpoint,
     credentials, profile, ...); `kw` (timeout_s, lease_s) to object-store backends."""
     url = os.fspath(url)
+    if not isinstance(url, str) or not url:
+        raise StorageURLError(f"a storage location must be a non-empty path or URL, got {url!r}")
     if storage_options is not None and not isinstance(storage_options, dict):
         raise TypeError(f"storage_options must be a dict or None, got {type(storage_options).__name__}")
     scheme = url.split("://", 1)[0] if "://" in url else ""

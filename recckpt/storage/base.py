@@ -95,6 +95,10 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def remove_tree(self, path: str) -> None: ...
 
+    def is_link(self, path: str) -> bool:
+        """True when `path` is a symbolic link (stores without links: never)."""
+        return False
+
     def why_not_inside(self, path: str, root: str) -> str | None:
         """None when `path` is a regular file whose real location is inside directory `root`; otherwise
         why not. Stores without links (object stores) have nothing to check."""

@@ -88,6 +88,9 @@ class FsspecStorage(Storage):
         self.timeout_s, self.lease_s = timeout_s, lease_s
         self._kw = {"timeout": timeout_s} if getattr(self.fs, "async_impl", False) else {}
         super().__init__(root.rstrip("/") or "/")
+        from fsspec.implementations.local import LocalFileSystem
+        #: True for fsspec's local filesystem under any protocol name (open_storage uses LocalStorage then).
+        self.reaches_local_disk = isinstance(self.fs, LocalFileSystem)
 
     def describe(self, path=""):
         return f"{self.protocol}://{self._p(path)}"

@@ -20,6 +20,7 @@ import time
 
 from ..errors import ConcurrentCommitError, StorageError
 from .base import Claim, Storage, fill_from
+from .regular import open_regular, read_regular, regular_size
 
 
 class _FlockClaim(Claim):
@@ -46,6 +47,9 @@ class LocalStorage(Storage):
     def exists(self, path):
         return os.path.exists(self.local_path(path))
 
+    def is_link(self, path):
+        return os.path.islink(self.local_path(path))
+
     def isdir(self, path):
         return os.path.isdir(self.local_path(path))
 
@@ -58,17 +62,17 @@ class LocalStorage(Storage):
     def makedirs(self, path):
         os.makedirs(self.local_path(path), exist_ok=True)
 
+    # Reads open regular files only, checked on the opened file (regular.py): a FIFO, a device or a
+    # link where a checkpoint file should be is refused, never read.
     def size(self, path):
-        return os.stat(self.local_path(path)).st_size
+        return regular_size(self.local_path(path))
 
     def read_bytes(self, path, offset=0, length=None):
-        with open(self.local_path(path), "rb") as f:
-            if offset:
-                f.seek(offset)
-            return f.read() if length is None else f.read(length)
+        return read_regular(self.local_path(path), offset, length)
 
     def read_into(self, path, buf):
-        with open(self.local_path(path), "rb", buffering=0) as f:
+        f, _ = open_regular(self.local_path(path))
+        with f:
             return fill_from(f, buf)
 
     @contextlib.contextmanager

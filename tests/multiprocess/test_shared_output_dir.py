@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 
 from helpers.shared_dir_child import Model, value

@@ -378,7 +378,7 @@ def validate_manifest(m: dict, where: str) -> dict:
         _fail(where, f"format is {m['format']!r}")
     if m["hash"] != "splitmix64" or m["checksum"] != "crc32c":
         _fail(where, f"unknown hash/checksum {m['hash']!r}/{m['checksum']!r}")
-    if not 1 <= m["num_buckets"] <= 1 << 24:
+    if not 1 <= m["num_buckets"] < 1 << 24:
         _fail(where, f"num_buckets {m['num_buckets']} out of range")
     if not 1 <= m["chunk_bytes"] < 1 << 31:
         _fail(where, f"chunk_bytes {m['chunk_bytes']} out of range")

@@ -3,7 +3,6 @@ verified by tests/spec/independent_reader.py, a pure-numpy reader written only f
 import math
 import os
 import shutil
-import sys
 
 import numpy as np
 import pytest

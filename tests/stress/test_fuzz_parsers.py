@@ -207,3 +207,96 @@ def test_version_file(tmp_path_factory, raw):
     (d / "checkpoint").write_bytes(raw)
     ids = catalog.read_version_file(open_storage(str(d)))
     assert ids is None or all(isinstance(i, str) and "/" not in i and ".." not in i for i in ids)
+
+
+# ------------------------------------------------------------------- the one bounded JSON parser
+json_texts = st.one_of(
+    st.binary(max_size=300),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.integers(1, 3000).map(lambda d: b"[" * d + b"]" * d),
+    st.integers(1, 3000).map(lambda d: b'{"a":' * d + b"1" + b"}" * d),
+    st.integers(1, 6000).map(lambda n: b'{"x":' + b"9" * n + b"}"),
+    st.sampled_from([b'{"a":1,"a":2}', b'{"a":"\\ud800"}', b'["\\udfff"]', b"NaN", b"[Infinity]",
+                     b"1e999", b"-0", b"1.5", b'"\xff"', b"\xef\xbb\xbf{}", b"[" * 200000]),
+)
+
+
+@FUZZ
+@given(raw=json_texts, floats=st.booleans())
+def test_bounded_parse_closed_errors_and_round_trip(raw, floats):
+    """Only CorruptCheckpointError escapes; what parses re-serialises and parses back to itself."""
+    limits = checked_json.JsonLimits(1 << 20, floats=floats)
+    try:
+        obj = checked_json.parse(raw, "f.json", limits)
+    except CorruptCheckpointError as e:
+        assert e.path == "f.json" and "f.json" in str(e)
+        return
+    again = checked_json.parse(json.dumps(obj).encode(), "f.json", limits)
+    assert again == obj or obj != obj  # NaN cannot appear (no constants), so equality must hold
+    checked_json.check_tree(obj)  # the writer's rules accept what the reader accepted
+
+
+@FUZZ
+@given(obj=json_values.filter(lambda v: isinstance(v, dict) and "crc32c" not in v))
+def test_checked_file_round_trip(obj):
+    """dumps → loads is the identity for every dict the writer accepts (integers, strings, nesting)."""
+    try:
+        data = checked_json.dumps(obj)
+    except (ValueError, TypeError):
+        return  # the writer refuses (e.g. a lone surrogate); then there is nothing to read back
+    assert checked_json.loads(data, "f", 1 << 20) == obj
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"[" * 1000 + b"]" * 1000, "deep"),
+    (b'{"a":' * 250 + b"1" + b"}" * 250, "deep"),
+    (b'{"a":' + b"1" * 5000 + b"}", "number"),
+    (b'{"a":1,"a":1}', "twice"),
+    (b'{"\\ud800":1}', "surrogate"),
+])
+def test_bounded_parse_refuses(raw, why):
+    with pytest.raises(CorruptCheckpointError, match=why):
+        checked_json.parse(raw, "f.json", checked_json.JsonLimits(1 << 20))
+
+
+def test_checked_loads_deep_nesting_no_recursion_error():
+    """Nested ~1000 deep with a valid checksum: refused by the depth rule, never a RecursionError from
+    the canonical re-serialisation."""
+    body = b'{"x":' + b"[" * 990 + b"1" + b"]" * 990 + b"}"   # canonical form, built without recursion
+    from recckpt import _C
+    raw = body[:-1] + b',"crc32c":' + str(_C.crc32c(body)).encode() + b"}"
+    with pytest.raises(CorruptCheckpointError, match="deep"):
+        checked_json.loads(raw, "m.json", 1 << 20)
+    deep: object = 1
+    for _ in range(checked_json.MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(ValueError, match="deep"):
+        checked_json.dumps({"x": deep})
+
+
+def test_tree_encode_refuses_what_decode_would():
+    deep: object = 1
+    for _ in range(checked_json.MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(ValueError, match="deep"):
+        tree_codec.encode(deep, "extras")
+
+
+@settings(max_examples=max(1, settings.default.max_examples // 4))
+@given(data=st.data())
+def test_listing_survives_any_manifest(template, tmp_path_factory, data):
+    """Listing an output directory never raises, whatever a (validly self-checksummed) manifest holds:
+    the bad checkpoint is skipped and the good one stays listed."""
+    out = tmp_path_factory.mktemp("list")
+    good, bad = out / "a", out / "b"
+    good.mkdir()
+    bad.mkdir()
+    (good / "manifest.json").write_bytes(checked_json.dumps(template["manifest"]))
+    obj = _mutate(template["manifest"], data)
+    try:
+        raw = checked_json.dumps(obj)
+    except ValueError:
+        return   # not even writable (e.g. too deep): nothing to list
+    (bad / "manifest.json").write_bytes(raw)
+    ids = [i for i, _ in catalog.committed(open_storage(str(out)))]
+    assert "a" in ids

@@ -4,7 +4,6 @@ together. Every mapped load is compared with a copying load of the same checkpoi
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest

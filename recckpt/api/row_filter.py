@@ -14,13 +14,9 @@ import numpy as np
 import torch
 
 from .. import _C
-from ..errors import IncompatibleCheckpointError
+# DuplicateIdsError lives in recckpt.errors; imported here also for the old import path.
+from ..errors import DuplicateIdsError
 from ..format.names import shard_file_worker
-
-
-class DuplicateIdsError(IncompatibleCheckpointError):
-    """The same id is stored by more than one worker of a checkpoint and the duplicate rule could not
-    pick one copy."""
 
 
 class RowFilter:
@@ -101,4 +97,5 @@ class RowFilter:
         raise DuplicateIdsError(
             f"checkpoint {self.where}: table {self.table!r} stores {self.duplicates} id(s) more than once "
             f"(e.g. id {i} in {wa} and in {wb}; among the ids loading rank {self.rank} of "
-            f"{self.world} owns); the job that saved it probably routed ids inconsistently. {why}")
+            f"{self.world} owns); the job that saved it probably routed ids inconsistently. {why}",
+            path=self.where, table=self.table, rank=self.rank)

@@ -27,7 +27,6 @@ PENDING: frozenset[tuple[str, str]] = frozenset({
     # not yet rebased onto this main
     ("recckpt.format.verifier", "_check_size"),
     ("recckpt.format.verifier", "_read"),
-    ("recckpt.format.verifier", "_tree"),
 })
 
 #: Import cycles that still exist (sorted module lists), on the same terms as PENDING.

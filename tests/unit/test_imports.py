@@ -30,10 +30,7 @@ PENDING: frozenset[tuple[str, str]] = frozenset({
 })
 
 #: Import cycles that still exist (sorted module lists), on the same terms as PENDING.
-PENDING_CYCLES: list[list[str]] = [
-    # coordinator_for moves to coordination/factory.py on branch issue-13b-full-370dc8d
-    ["recckpt.coordination.coordinator", "recckpt.coordination.torch_coordinator"],
-]
+PENDING_CYCLES: list[list[str]] = []
 
 #: Layer of each top-level part of the package, and the layers each may import (its own included).
 LAYER_OF = {"cli": "cli", "__main__": "cli", "api": "api", "routing": "routing", "state": "state", "format": "format",

@@ -1,12 +1,31 @@
 """The errors recckpt raises. Each message says what failed, where (file, table, rank) and what to do.
 
-Every class derives from RecckptError and from the builtin a caller would otherwise catch
-(FileNotFoundError, ValueError, ...), so existing `except` clauses keep working.
+Every public error class lives here (docs/SAFETY.md lists them; a test keeps the two in step). Every
+class derives from RecckptError and from the builtin a caller would otherwise catch
+(FileNotFoundError, ValueError, ...), so existing `except` clauses keep working. Besides the message,
+each error carries the structured fields `path`, `table` and `rank` (None where the raise site did
+not know them), so a caller can act on where it failed without parsing the text.
 """
+from __future__ import annotations
 
 
 class RecckptError(Exception):
-    """Base class of every error raised on purpose by recckpt."""
+    """Base class of every error raised on purpose by recckpt.
+
+    Attributes:
+        path: the file or checkpoint directory concerned, or None.
+        table: the sparse table concerned, or None.
+        rank: the worker (shard) concerned, or None.
+    """
+
+    def __init__(self, message: str = "", *, path: str | None = None, table: str | None = None,
+                 rank: int | None = None):
+        super().__init__(message)
+        self.path, self.table, self.rank = path, table, rank
+
+    def fields(self) -> dict:
+        """The structured fields, for re-raising with a longer message: `type(e)(msg, **e.fields())`."""
+        return {"path": self.path, "table": self.table, "rank": self.rank}
 
 
 class CheckpointNotFoundError(RecckptError, FileNotFoundError):
@@ -15,11 +34,12 @@ class CheckpointNotFoundError(RecckptError, FileNotFoundError):
 
 class CorruptCheckpointError(RecckptError):
     """A checkpoint's bytes do not match what was written: a checksum mismatch, a truncated file, or a
-    header/index that fails structural validation. The message names the file (and table when known)."""
+    header/index that fails structural validation. The message names the file (and table when known).
+    `path` may also be given positionally, as before the fields moved to RecckptError."""
 
-    def __init__(self, message: str, path: str | None = None):
-        super().__init__(message)
-        self.path = path
+    def __init__(self, message: str = "", path: str | None = None, *, table: str | None = None,
+                 rank: int | None = None):
+        super().__init__(message, path=path, table=table, rank=rank)
 
 
 class IncompatibleCheckpointError(RecckptError, ValueError):
@@ -53,11 +73,12 @@ class LoadConfigError(RecckptError, ValueError):
 
 class CoordinationError(RecckptError):
     """A collective on recckpt's coordination group failed or timed out: another rank failed, exited
-    or stopped responding. The message names this rank and the step of the protocol."""
+    or stopped responding. The message names this rank and the step of the protocol. `rank` may also
+    be given positionally."""
 
-    def __init__(self, message: str, rank: int | None = None):
-        super().__init__(message)
-        self.rank = rank
+    def __init__(self, message: str = "", rank: int | None = None, *, path: str | None = None,
+                 table: str | None = None):
+        super().__init__(message, path=path, table=table, rank=rank)
 
 
 class ConcurrentCommitError(CheckpointExistsError):
@@ -72,7 +93,16 @@ class InvalidArgumentError(RecckptError, ValueError):
 
 class StorageError(RecckptError, OSError):
     """A store refused or failed an operation (an object-store request that failed after its retries, a
-    missing bucket, wrong credentials, a timeout). The message names the object and the operation."""
+    missing bucket, wrong credentials, a timeout). The message names the object and the operation.
+    Also built like an OSError, `StorageError(errno, message, path)`, so `.errno` says what kind of failure."""
+
+    def __init__(self, *args, path: str | None = None, table: str | None = None, rank: int | None = None):
+        if len(args) >= 2 and isinstance(args[0], int):   # (errno, message[, path])
+            OSError.__init__(self, *args[:3])
+            path = args[2] if len(args) > 2 and path is None else path
+        else:
+            OSError.__init__(self, *args)
+        self.path, self.table, self.rank = path, table, rank
 
 
 class CheckpointDeletedError(CheckpointNotFoundError):
@@ -88,3 +118,17 @@ class StorageURLError(RecckptError, ValueError):
 class LoadApplyError(RecckptError):
     """A load failed part-way through changing the model for a reason other than the checkpoint's bytes
     (out of memory, a table refusing rows). The message says exactly what was applied before it."""
+
+
+class DuplicateIdsError(IncompatibleCheckpointError):
+    """The same id is stored by more than one worker of a checkpoint and the duplicate rule could not
+    pick one copy."""
+
+
+class AsyncSaveError(CheckpointSaveError):
+    """A save that was written in the background failed. Earlier checkpoints are intact."""
+
+
+class AsyncCommitOutcomeUnknownError(AsyncSaveError, CommitOutcomeUnknownError):
+    """The background write of a distributed async save handed its part to rank 0 and never learned
+    whether rank 0 committed it (see CommitOutcomeUnknownError)."""

@@ -12,20 +12,13 @@ import threading
 import time
 from typing import Callable
 
-from ..errors import CheckpointSaveError, CommitOutcomeUnknownError
+# AsyncSaveError and AsyncCommitOutcomeUnknownError live in recckpt.errors; imported here also so that
+# the old import path (recckpt.api.async_save) keeps working.
+from ..errors import AsyncCommitOutcomeUnknownError, AsyncSaveError, CommitOutcomeUnknownError
 
 log = logging.getLogger("recckpt")
 
 STAGED, DURABLE, FAILED = "staged", "durable", "failed"
-
-
-class AsyncSaveError(CheckpointSaveError):
-    """A save that was written in the background failed. Earlier checkpoints are intact."""
-
-
-class AsyncCommitOutcomeUnknownError(AsyncSaveError, CommitOutcomeUnknownError):
-    """The background write of a distributed async save handed its part to rank 0 and never learned
-    whether rank 0 committed it (see CommitOutcomeUnknownError)."""
 
 
 class SaveHandle:
@@ -99,12 +92,13 @@ class AsyncWriter:
                 if isinstance(e, CommitOutcomeUnknownError):  # "nothing was committed" would be wrong
                     err = AsyncCommitOutcomeUnknownError(
                         f"the async save of checkpoint {handle.ckpt_id!r} (step {handle.step}) did not learn "
-                        f"its outcome in the background: {e}")
+                        f"its outcome in the background: {e}", rank=getattr(e, "rank", None))
                 else:
                     err = AsyncSaveError(
                         f"the async save of checkpoint {handle.ckpt_id!r} (step {handle.step}) failed in the "
                         f"background: {type(e).__name__}: {e}. Nothing of it was committed and earlier "
-                        f"checkpoints are intact.")
+                        f"checkpoints are intact.", path=getattr(e, "path", None), table=getattr(e, "table", None),
+                        rank=getattr(e, "rank", None))
                 err.__cause__ = e
                 with self._lock:
                     self._unreported = handle

@@ -361,10 +361,11 @@ class LoadPlan:
                        f"loaded before it: {', '.join(applied) or 'none'}; already applied: "
                        f"{objects or 'no registered objects'}; dense state and IO state were not applied")
                 if isinstance(e, (IncompatibleCheckpointError, LoadConfigError)):
-                    raise type(e)(msg) from e
+                    raise type(e)(msg, path=e.path, table=target, rank=e.rank) from e
                 if isinstance(e, (CorruptCheckpointError, OSError)):
-                    raise CorruptCheckpointError(msg, getattr(e, "path", None)) from e
-                raise LoadApplyError(f"{type(e).__name__}: {msg}") from e
+                    raise CorruptCheckpointError(msg, getattr(e, "path", None), table=target,
+                                                 rank=getattr(e, "rank", None)) from e
+                raise LoadApplyError(f"{type(e).__name__}: {msg}", table=target) from e
             applied.append(target)
         self.result.tables = applied
         if self.dense_out:

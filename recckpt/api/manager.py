@@ -408,7 +408,8 @@ class CheckpointManager:
                                       shard_id=self.shard_id, shard_num=self.shard_num, storage_options=options)
             except RecckptError as e:
                 done = ", ".join(r.path for r in results) or "none"
-                raise type(e)(f"model bank source #{i} ({path}): {e} (sources already applied: {done})") from e
+                raise type(e)(f"model bank source #{i} ({path}): {e} (sources already applied: {done})",
+                              **e.fields()) from e
             results.append(res)
             if resume:
                 step = self._step_of(res.ckpt_id or "", res.metadata)

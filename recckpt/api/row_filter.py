@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from .. import _C
-from ..errors import IncompatibleCheckpointError, LoadConfigError
+# DuplicateIdsError lives in recckpt.errors; imported here also for the old import path.
+from ..errors import DuplicateIdsError, LoadConfigError
 from ..format.names import shard_file_worker
 
 
@@ -36,11 +37,6 @@ def owners_of(ownership: Callable, ids: np.ndarray, world: int, table: str, wher
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= world):
         raise bad(f"returned ranks in [{int(arr.min())}, {int(arr.max())}]")
     return arr
-
-
-class DuplicateIdsError(IncompatibleCheckpointError):
-    """The same id is stored by more than one worker of a checkpoint and the duplicate rule could not
-    pick one copy."""
 
 
 class RowFilter:
@@ -118,4 +114,5 @@ class RowFilter:
         raise DuplicateIdsError(
             f"checkpoint {self.where}: table {self.table!r} stores {self.duplicates} id(s) more than once "
             f"(e.g. id {i} in {wa} and in {wb}; among the ids loading rank {self.rank} of "
-            f"{self.world} owns); the job that saved it probably routed ids inconsistently. {why}")
+            f"{self.world} owns); the job that saved it probably routed ids inconsistently. {why}",
+            path=self.where, table=self.table, rank=self.rank)

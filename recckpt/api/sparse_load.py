@@ -17,11 +17,11 @@ from typing import Sequence
 import torch
 
 from .. import _C
+from ..errors import DuplicateIdsError
 from ..format import dtypes
 from ..format.schema import SlotInfo
 from ..format.sparse_io import SegmentReader
 from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState
-from .row_filter import DuplicateIdsError
 
 
 def _bytes_of(t: torch.Tensor, what: str):
@@ -49,7 +49,8 @@ def _duplicates(where: str, name: str, e: Exception) -> DuplicateIdsError:
     return DuplicateIdsError(
         f"checkpoint {where}: table {name!r} stores an id more than once ({e}); the job that saved it "
         f"probably routed ids inconsistently. load_conf {{'duplicates': 'newest'}} keeps the copy of "
-        f"the worker that saved at the highest step, if the workers recorded different steps")
+        f"the worker that saved at the highest step, if the workers recorded different steps",
+        path=where, table=name)
 
 
 def map_table_rows(segments: SegmentReader, name: str, target: str, table: SparseState,

@@ -82,19 +82,3 @@ class InProcessCoordinator(Coordinator):
     def active_nonces(self, root):
         with self._lock:
             return {k[1]: s["nonce"] for k, s in self._saves.items() if k[0] == root}
-
-
-def coordinator_for(shard_id: int, shard_num: int, timeout_s: float = 1800.0) -> Coordinator:
-    """The coordinator for worker `shard_id` of `shard_num`: collectives on a dedicated gloo group when
-    this process is rank `shard_id` of an initialised torch.distributed world of `shard_num`, else all
-    shards are expected from this one process (see InProcessCoordinator)."""
-    if shard_num < 1 or not 0 <= shard_id < shard_num:
-        raise ValueError(f"shard_id={shard_id} is not in [0, shard_num={shard_num})")
-    if shard_num == 1:
-        return SingleCoordinator()
-    from .world import process_group_world
-    pg = process_group_world()
-    if pg == (shard_id, shard_num):
-        from .torch_coordinator import TorchCoordinator
-        return TorchCoordinator(timeout_s)
-    return InProcessCoordinator(shard_id, shard_num)

@@ -110,7 +110,7 @@ class TorchCoordinator(Coordinator):
             which = ", ".join(f"rank {r}: {g['ckpt_id']!r}" for r, g in enumerate(got))
             raise CheckpointSaveError(
                 f"rank {self.rank}: the ranks are saving different checkpoints at once ({which}); every "
-                f"rank must call save() with the same ckpt_id")
+                f"rank must call save() with the same ckpt_id", rank=self.rank)
         self._phase[key] = "writing"
         return got[0]["nonce"]
 
@@ -127,7 +127,7 @@ class TorchCoordinator(Coordinator):
         if failed:
             raise CheckpointSaveError(
                 f"checkpoint {key[1]!r} was not committed because " + "; ".join(
-                    f"rank {r} failed: {err}" for r, err in failed))
+                    f"rank {r} failed: {err}" for r, err in failed), rank=failed[0][0])
         return [g["part"] for g in got]
 
     def end(self, key, error):
@@ -150,7 +150,7 @@ class TorchCoordinator(Coordinator):
         self._phase[key] = "done"
         if outcome["error"] is not None:
             raise CheckpointSaveError(f"rank {self.rank}: checkpoint {key[1]!r} was not committed: "
-                                      f"{outcome['error']}")
+                                      f"{outcome['error']}", rank=self.rank)
 
     def abort(self, key, error: str | None = None):
         """This rank failed: take part in the steps the other ranks are waiting in, carrying the error."""

@@ -250,7 +250,8 @@ class CheckpointReader:
                                                self.describe(self.manifest.dense))
         return tensors
 
-    def _tree(self, rel: str):
+    def tree(self, rel: str):
+        """The verified tree (extras, IO state) stored in safetensors file `rel` of the checkpoint."""
         where = self.describe(rel)
         tensors, meta = safetensors_io.read(self.read_file(rel), where)
         if tree_codec.TREE_KEY not in meta:
@@ -258,11 +259,11 @@ class CheckpointReader:
         return tree_codec.decode(meta[tree_codec.TREE_KEY], tensors, where)
 
     def extras(self):
-        return None if self.manifest.extras is None else self._tree(self.manifest.extras)
+        return None if self.manifest.extras is None else self.tree(self.manifest.extras)
 
     def io_state(self, worker: int):
         rel = self.manifest.io_state.get(worker)
-        return None if rel is None else self._tree(rel)
+        return None if rel is None else self.tree(rel)
 
 
 __all__ = ["WorkerPart", "write_worker_part", "copy_whole_files", "finalize", "CheckpointReader", "TableSource",

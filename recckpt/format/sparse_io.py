@@ -173,7 +173,7 @@ class SegmentReader:
                 i, msg = errors[0]
                 fi, what = reqs[i][0], reqs[i][4]
                 raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
-                                             f"{what}: {msg}", self._path(fi))
+                                             f"{what}: {msg}", self._path(fi), table=table)
             return out
         # Through the store: every range (and padding) the requests need, exactly, in one concurrent call.
         ranges, spans = [], []
@@ -190,17 +190,17 @@ class SegmentReader:
             where = self.storage.describe(self._path(fi))
             if check_pad and any(next(datas)):
                 raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: non-zero byte in the padding "
-                                             f"before the column", self._path(fi))
+                                             f"before the column", self._path(fi), table=table)
             data = next(datas)
             self.bytes_read += len(data)
             arr = np.frombuffer(data, dtype=np.uint8)
             if len(arr) != end - start:
-                raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: short read", self._path(fi))
+                raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: short read", self._path(fi), table=table)
             crcs = _C.crc32c_chunks(arr, step)
             bad = np.nonzero(crcs != np.asarray(c.crc32c[k0:k1], dtype=np.uint32))[0]
             if bad.size:
                 raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: crc32c mismatch in chunk "
-                                             f"{k0 + int(bad[0])}", self._path(fi))
+                                             f"{k0 + int(bad[0])}", self._path(fi), table=table)
             dst[:] = arr[lo - start:hi - start]
         return out
 
@@ -228,7 +228,7 @@ class SegmentReader:
             if off[0] != 0 or off[nb] != seg.rows or np.any(np.diff(off) < 0):
                 raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
                                              f"bucket offsets are not a valid partition of {seg.rows} rows",
-                                             self._path(seg.file))
+                                             self._path(seg.file), table=table)
             out.append(off)
         return out
 

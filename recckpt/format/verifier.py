@@ -122,9 +122,9 @@ class _Checker:
         elif rel == self.m.dense:
             safetensors_io.read(data, where)
         elif rel == self.m.extras:
-            extras_fmt.validate(self.reader._tree(rel), where)  # pickled entries stay bytes: never unpickled
+            extras_fmt.validate(self.reader.tree(rel), where)  # pickled entries stay bytes: never unpickled
         elif rel in self.m.io_state.values():
-            self.reader._tree(rel)
+            self.reader.tree(rel)
 
     def check_worker_indexes(self, docs: dict[int, IndexDoc]) -> None:
         if not self.m.tables:

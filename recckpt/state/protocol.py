@@ -276,6 +276,10 @@ class AdoptStorage(Protocol):
         ...
 
 
+#: The key suffix under which ``torch.nn.Module.state_dict()`` stores ``get_extra_state()``.
+_EXTRA_STATE_SUFFIX = "_extra_state"
+
+
 def split_sparse_dense_state_dict(
     state_dict: Mapping[str, Any],
 ) -> Tuple[Dict[str, SparseState], Dict[str, Any]]:
@@ -287,10 +291,16 @@ def split_sparse_dense_state_dict(
     order. The input mapping is not modified. Two values with the same table name raise
     ``ValueError`` naming both state_dict keys. The same table object reachable under two keys is
     also rejected: each table must appear once.
+
+    A table found as a module's extra state (key ``<prefix>_extra_state``) owns that module's own
+    parameters and buffers (keys ``<prefix><name>`` with no further dot): they are its storage,
+    saved and loaded through the protocol, so they are left out of ``dense``. Saving them as dense
+    state too would store the table twice, and on load the dense copy would overwrite the rows
+    just loaded. A submodule's entries (``<prefix><child>.<name>``) stay dense.
     """
     sparse: Dict[str, SparseState] = {}
     sparse_keys: Dict[str, str] = {}
-    dense: Dict[str, Any] = {}
+    table_prefixes = set()
     for key, value in state_dict.items():
         if not isinstance(value, torch.Tensor) and isinstance(value, SparseState):
             name = value.sparse_meta().name
@@ -301,6 +311,18 @@ def split_sparse_dense_state_dict(
                 )
             sparse[name] = value
             sparse_keys[name] = key
-        else:
-            dense[key] = value
+            if key.endswith(_EXTRA_STATE_SUFFIX):
+                table_prefixes.add(key[: -len(_EXTRA_STATE_SUFFIX)])
+    table_keys = set(sparse_keys.values())
+    dense: Dict[str, Any] = {}
+    for key, value in state_dict.items():
+        if key in table_keys or _owned_by_table(key, table_prefixes):
+            continue
+        dense[key] = value
     return sparse, dense
+
+
+def _owned_by_table(key: str, table_prefixes: set) -> bool:
+    """True for a direct parameter or buffer of a module whose extra state is a sparse table."""
+    prefix, _, _leaf = key.rpartition(".")
+    return (prefix + "." if prefix else "") in table_prefixes

@@ -72,3 +72,54 @@ def assert_tables_equal(a, b, slots=None):
             assert row.dtype == other.dtype and row.shape == other.shape, (k, i)
             # compare bit patterns, so NaN payloads and -0.0 count too
             assert torch.equal(row.reshape(-1).view(torch.uint8), other.reshape(-1).view(torch.uint8)), (k, i)
+
+
+class ParamTable(torch.nn.Module):
+    """A custom embedding written to docs/SPARSE_STATE.md whose storage is an ``nn.Parameter`` and
+    whose ids are a plain tensor: the parameter shows up in ``state_dict()`` next to the table itself,
+    which is the case the state split must not save (and load) twice."""
+
+    def __init__(self, name: str, dim: int, capacity: int = 16):
+        super().__init__()
+        self.name = name
+        self.weight = torch.nn.Parameter(torch.zeros(capacity, dim))
+        self.ids = torch.zeros(capacity, dtype=torch.int64)
+        self.n = 0
+
+    def sparse_meta(self):
+        return SparseTableMeta(self.name, {"embedding": SlotSpec(self.weight.dtype, (self.weight.shape[1],), "sparse")},
+                               self.n)
+
+    def export_chunks(self, slots, max_rows):
+        for s in range(0, self.n, max_rows):
+            e = min(self.n, s + max_rows)
+            yield self.ids[s:e], {k: self.weight.detach()[s:e] for k in slots}
+
+    def import_rows(self, ids, columns):
+        rows = torch.full_like(ids, -1)
+        if self.n:
+            order = torch.argsort(self.ids[:self.n])
+            known = self.ids[:self.n][order]
+            at = torch.searchsorted(known, ids).clamp(max=self.n - 1)
+            hit = known[at] == ids
+            rows[hit] = order[at[hit]]
+        new = rows < 0
+        k = int(new.sum())
+        if self.n + k > self.ids.numel():
+            raise ValueError(f"table {self.name!r} is full")
+        rows[new] = torch.arange(self.n, self.n + k)
+        self.ids[self.n:self.n + k] = ids[new]
+        with torch.no_grad():
+            self.weight[rows[new]] = 0.0
+            if "embedding" in columns:
+                self.weight[rows] = columns["embedding"]
+        self.n += k
+
+    def clear_rows(self):
+        self.n = 0
+
+    def get_extra_state(self):
+        return self
+
+    def set_extra_state(self, state):
+        pass

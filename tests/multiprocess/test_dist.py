@@ -150,7 +150,7 @@ def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when)
 def test_duplicate_ids_across_ranks(tmp_path):
     from helpers.ranks import SPEC, DictTable, Holder, rows_for
     from recckpt import Saver
-    from recckpt.api.row_filter import DuplicateIdsError
+    from recckpt.errors import DuplicateIdsError
     import torch
     out = str(tmp_path / "run")
     ok(run_ranks(2, sc.save_duplicates, out, out_dir=str(tmp_path / "r")))

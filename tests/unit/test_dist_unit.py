@@ -8,9 +8,8 @@ import torch
 
 from helpers.ranks import SPEC, DictTable, Holder, Reader, rows_for
 from recckpt import LoadConfig, SaveOptions, Saver, partition, split_by_owner
-from recckpt.api.row_filter import DuplicateIdsError
 from recckpt.coordination import resolve_shard
-from recckpt.errors import IncompatibleCheckpointError, LoadConfigError
+from recckpt.errors import DuplicateIdsError, IncompatibleCheckpointError, LoadConfigError
 from recckpt.format.hashing import bucket_of, bucket_range
 
 FAST = SaveOptions(fsync=False)
@@ -91,8 +90,9 @@ def _load(out, **conf):
 
 def test_duplicate_id_saved_by_two_workers_in_one_process(tmp_path):
     _save_two_workers(tmp_path, [[5, 1, 2], [5, 3]])
-    with pytest.raises(DuplicateIdsError, match=r"table 'emb' stores 1 id\(s\).*e\.g\. id 5 in worker 0 and in worker 1"):
+    with pytest.raises(DuplicateIdsError, match=r"table 'emb' stores 1 id\(s\).*e\.g\. id 5 in worker 0 and in worker 1") as ei:
         _load(tmp_path)
+    assert (ei.value.table, ei.value.rank) == ("emb", 0)
     with pytest.raises(DuplicateIdsError, match="were not recorded"):
         _load(tmp_path, duplicates="newest")
 

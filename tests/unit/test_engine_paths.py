@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from recckpt.api.row_filter import DuplicateIdsError
+from recckpt.errors import DuplicateIdsError
 import torch
 
 from recckpt import HashTable, Saver, SaveOptions, _C
@@ -196,8 +196,9 @@ def test_corrupt_byte_on_direct_path_names_table(tmp_path):
     data[-5] ^= 0xFF  # inside the last slot column
     shard.write_bytes(bytes(data))
     d = Holder(empty_like(t))
-    with pytest.raises(CorruptCheckpointError, match=r"table 't'.*partially loaded"):
+    with pytest.raises(CorruptCheckpointError, match=r"table 't'.*partially loaded") as ei:
         Saver(d, output_dir=str(tmp_path)).load()
+    assert ei.value.table == "t" and ei.value.path.endswith(shard.name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["direct-path", "general-path-cast"])
@@ -218,8 +219,9 @@ def test_repeated_id_in_checkpoint_is_reported_on_every_path(tmp_path, dtype):
 
     bad = Twice("t", dim=3)
     Saver(Holder(bad), output_dir=str(tmp_path), options=SaveOptions(num_buckets=4, fsync=False)).save("c")
-    with pytest.raises(DuplicateIdsError, match=r"table 't' stores .*more than once"):
+    with pytest.raises(DuplicateIdsError, match=r"table 't' stores .*more than once") as ei:
         Saver(Holder(HashTable("t", dim=3, dtype=dtype)), output_dir=str(tmp_path)).load()
+    assert ei.value.table == "t"
 
 
 # ------------------------------------------------------------------ HashTable bulk append

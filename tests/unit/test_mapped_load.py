@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from recckpt import HashTable, LoadConfig, Saver, SaveOptions, _C, verify
-from recckpt.api.row_filter import DuplicateIdsError
+from recckpt.errors import DuplicateIdsError
 from recckpt.errors import CorruptCheckpointError, LoadConfigError
 from recckpt.format import names
 from recckpt.format.sparse_io import SegmentReader, row_granule

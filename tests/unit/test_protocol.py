@@ -194,3 +194,50 @@ def test_split_finds_hashtable_in_module_state_dict():
     assert list(sparse) == ["users"] and sparse["users"] is model["users"]
     assert list(dense) == ["mlp.weight", "mlp.bias"]
     assert "users._extra_state" in sd
+
+
+# ------------------------------------------------- a table's own parameters are not dense state
+def test_split_leaves_a_tables_own_parameters_and_buffers_out_of_dense():
+    from helpers.tables import ParamTable
+    model = torch.nn.ModuleDict({"emb": ParamTable("users", 4), "mlp": torch.nn.Linear(4, 1)})
+    model["emb"].register_buffer("hits", torch.zeros(3))
+    sd = model.state_dict()
+    assert "emb.weight" in sd and "emb.hits" in sd   # the case: the table's storage is in state_dict
+    sparse, dense = split_sparse_dense_state_dict(sd)
+    assert list(sparse) == ["users"] and sparse["users"] is model["emb"]
+    assert list(dense) == ["mlp.weight", "mlp.bias"]
+
+
+def test_split_leaves_a_root_tables_own_parameters_out_but_keeps_submodules():
+    from helpers.tables import ParamTable
+    root = ParamTable("root", 2)
+    root.mlp = torch.nn.Linear(2, 1)   # a submodule's parameters are not the table's
+    sparse, dense = split_sparse_dense_state_dict(root.state_dict())
+    assert list(sparse) == ["root"]
+    assert list(dense) == ["mlp.weight", "mlp.bias"]
+
+
+def test_parameter_backed_table_round_trips_through_saver(tmp_path):
+    """Before the fix the table was saved twice and on load the dense copy of the full storage
+    silently overwrote the rows just loaded."""
+    import recckpt
+    from helpers.tables import ParamTable
+
+    def make():
+        return torch.nn.ModuleDict({"emb": ParamTable("users", 4), "mlp": torch.nn.Linear(4, 1)})
+
+    model = make()
+    ids = torch.tensor([7, -3, 2**62, 0, 11, -2**63, 123456789, 5, 6, 1])
+    model["emb"].import_rows(ids, {"embedding": torch.randn(len(ids), 4)})
+    saver = recckpt.Saver(model, output_dir=str(tmp_path))
+    saver.save("c1")
+
+    fresh = make()
+    fresh["emb"].import_rows(torch.tensor([99]), {"embedding": torch.full((1, 4), 5.0)})
+    result = recckpt.Saver(fresh, output_dir=str(tmp_path)).load()
+    got = dict(zip(fresh["emb"].ids[:fresh["emb"].n].tolist(), fresh["emb"].weight.detach()[:fresh["emb"].n]))
+    assert set(got) == set(ids.tolist())
+    for i, row in zip(ids.tolist(), model["emb"].weight.detach()[:len(ids)]):
+        assert torch.equal(got[i], row)
+    assert torch.equal(fresh["mlp"].weight, model["mlp"].weight)
+    assert sorted(result.dense_keys) == ["mlp.bias", "mlp.weight"]

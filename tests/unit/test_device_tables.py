@@ -109,3 +109,106 @@ def test_cuda_table_eval_lookup_and_output_device():
     out = t(torch.tensor([3, 1000]))  # host ids: output on the host, zeros for the unseen id
     assert out.device.type == "cpu" and out[1].abs().sum() == 0
     assert t(torch.tensor([3], device="cuda")).device.type == "cuda"
+
+
+# ------------------------------------------------------------------------- device-to-host staging
+from recckpt.api.manager import CheckpointManager  # noqa: E402
+from recckpt.errors import CheckpointSaveError  # noqa: E402
+from recckpt.state import staging  # noqa: E402
+
+
+@pytest.fixture
+def force_staging(monkeypatch):
+    """Send host tensors through the staging buffers, as device tensors go: the CPU runs the GPU path."""
+    monkeypatch.setattr(staging, "needs_staging", lambda t: True)
+
+
+def _filled(n, dim=16, device="cpu", name="t"):
+    t = _table(device, name=name, dim=dim, capacity=n)
+    SparseAdam([t])  # adds adam.m and adam.v
+    g = torch.Generator().manual_seed(n)
+    ids = torch.randperm(4 * n, generator=g)[:n] - 2 * n
+    t.import_rows(ids, {s: torch.randn(n, *t.slot_spec(s).shape, generator=g) for s in t.slot_names})
+    return t
+
+
+def test_staging_pool_never_holds_more_than_its_bound(force_staging):
+    table = _filled(20000)  # 20000 rows x (8 + 3 x 64) bytes = 4 MB through a 64 KiB pool
+    pool = staging.StagingPool(64 << 10)
+    seen_ids, seen = [], {s: [] for s in table.slot_names}
+    for piece in pool.stage(table.export_chunks(table.slot_names, 1 << 30), "table 't'"):
+        assert piece.borrowed
+        assert pool.allocated_bytes <= pool.max_bytes
+        seen_ids.append(piece.ids.clone())
+        for s, c in piece.cols.items():
+            seen[s].append(c.clone())
+    assert pool.peak_bytes <= 64 << 10 and pool.pieces >= 4 * 1000 * 1000 // (64 << 10)
+    assert torch.equal(torch.cat(seen_ids), table.ids())
+    for s in table.slot_names:
+        assert torch.equal(torch.cat(seen[s]), table.slot(s))
+
+
+def test_staging_reuses_buffers_and_pieces_are_whole_granules(force_staging):
+    table = _filled(3000)
+    pool = staging.StagingPool(32 << 10)
+    ptrs = set()
+    for piece in pool.stage(table.export_chunks(table.slot_names, 1 << 30), "t", row_multiple=16):
+        assert piece.ids.shape[0] % 16 == 0 or piece.ids[-1] == table.ids()[-1]
+        ptrs.add(piece.ids.data_ptr())  # ids come first in a buffer: its base address
+    assert len(ptrs) <= 2  # double buffering: two buffers, reused for every piece
+    first = pool.allocated_bytes
+    list(pool.stage(table.export_chunks(table.slot_names, 1 << 30), "t"))
+    assert pool.allocated_bytes == first  # a second save allocates nothing
+
+
+def test_host_chunks_pass_through_without_copies():
+    table = _filled(100)
+    pool = staging.StagingPool(1 << 10)  # too small for a staged row: never used for host tensors
+    (piece,) = list(pool.stage(table.export_chunks(table.slot_names, 1000), "t"))
+    assert not piece.borrowed and pool.allocated_bytes == 0
+    assert piece.cols["embedding"].data_ptr() == table.slot("embedding").data_ptr()
+
+
+def test_staging_buffer_smaller_than_a_row_names_the_option(force_staging, tmp_path):
+    table = _filled(10, dim=256)
+    saver = Saver(Model(table), output_dir=str(tmp_path), options=SaveOptions(staging_bytes=1024, fsync=False))
+    with pytest.raises(CheckpointSaveError, match="staging_bytes"):
+        saver.save("c1")
+    assert saver.checkpoints() == []
+
+
+def _load_into(tmp_path, ckpt, device, **kw):
+    t = _table(device, capacity=0, dim=16)
+    SparseAdam([t])
+    Saver(Model(t), output_dir=str(tmp_path)).load(ckpt_id=ckpt, **kw)
+    return t
+
+
+def test_staged_save_writes_the_same_checkpoint(force_staging, tmp_path, monkeypatch):
+    table = _filled(5000)
+    opts = SaveOptions(num_buckets=16, segment_bytes=64 << 10, staging_bytes=16 << 10, fsync=False)
+    saver = Saver(Model(table), output_dir=str(tmp_path / "staged"), options=opts)
+    saver.save("c1")
+    assert saver._staging.pieces > 1 and saver._staging.peak_bytes <= 16 << 10
+    monkeypatch.setattr(staging, "needs_staging", lambda t: t.device.type != "cpu")
+    Saver(Model(table), output_dir=str(tmp_path / "plain"), options=opts).save("c1")
+    for d in ("staged", "plain"):
+        _assert_same_rows(_load_into(tmp_path / d, "c1", "cpu"), table)
+
+
+def test_async_snapshot_goes_through_the_staging_pool(force_staging, tmp_path):
+    table = _filled(4000)
+    opts = SaveOptions(num_buckets=16, staging_bytes=16 << 10, fsync=False)
+    saver = Saver(Model(table), output_dir=str(tmp_path), options=opts)
+    mgr = CheckpointManager(saver, async_save=True)
+    pool = mgr._buffers.staging() if hasattr(mgr, "_buffers") else None
+    expected = {s: table.slot(s).clone() for s in table.slot_names}
+    ids = table.ids()
+    mgr.save()
+    table.import_rows(ids[:100], {"embedding": torch.zeros(100, 16)})  # training goes on meanwhile
+    mgr.wait()
+    assert pool is not None and pool.pieces > 1 and pool.peak_bytes <= 16 << 10
+    got = _load_into(tmp_path, saver.latest_checkpoint(), "cpu")
+    order = got.lookup(ids)
+    for s in table.slot_names:
+        assert torch.equal(got.slot(s)[order], expected[s])

@@ -212,3 +212,101 @@ def test_async_snapshot_goes_through_the_staging_pool(force_staging, tmp_path):
     order = got.lookup(ids)
     for s in table.slot_names:
         assert torch.equal(got.slot(s)[order], expected[s])
+
+
+# ------------------------------------------------------------------------------ host-to-device loads
+@pytest.fixture
+def uploads(monkeypatch):
+    """Counts the batches the loader copies host -> table storage through HostToDevice."""
+    count = [0]
+    orig = staging.HostToDevice.upload
+
+    def spy(self, views, targets):
+        count[0] += sum(v is not t for v, t in zip(views, targets)) > 0
+        return orig(self, views, targets)
+    monkeypatch.setattr(staging.HostToDevice, "upload", spy)
+    return count
+
+
+def _saved(tmp_path, table, **opts):
+    saver = Saver(Model(table), output_dir=str(tmp_path), options=SaveOptions(num_buckets=16, fsync=False, **opts))
+    saver.save("c1")
+    return saver
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_load_through_host_buffers_gives_the_same_table(force_staging, uploads, tmp_path, mmap):
+    table = _filled(3000)
+    _saved(tmp_path, table)
+    got = _load_into(tmp_path, "c1", "cpu", load_conf={"mmap": mmap})
+    _assert_same_rows(got, table)
+    assert uploads[0] >= (0 if mmap else 1)  # a mapped load adopts storage instead of reading batches
+
+
+def test_resharded_load_through_host_buffers(force_staging, uploads, tmp_path):
+    table = _filled(3000)
+    _saved(tmp_path, table)
+    parts = [_load_into(tmp_path, "c1", "cpu", shard_id=r, shard_num=3) for r in range(3)]
+    assert uploads[0] >= 3
+    ids = torch.cat([p.ids() for p in parts])
+    assert sorted(ids.tolist()) == sorted(table.ids().tolist())
+    for p in parts:
+        rows = table.lookup(p.ids())
+        for s in table.slot_names:
+            assert torch.equal(p.slot(s), table.slot(s)[rows])
+
+
+def test_merge_load_into_a_table_uses_import_rows(force_staging, tmp_path):
+    table = _filled(500)
+    _saved(tmp_path, table)
+    t = _table("cpu", dim=16)
+    SparseAdam([t])
+    t.import_rows(torch.tensor([10 ** 12]), {"embedding": torch.ones(1, 16)})
+    Saver(Model(t), output_dir=str(tmp_path)).load(ckpt_id="c1", load_conf={"merge": True})
+    assert len(t) == 501 and torch.equal(t.slot("embedding")[t.lookup(torch.tensor([10 ** 12]))], torch.ones(1, 16))
+
+
+# ------------------------------------------------------------------------------------- CUDA checks
+@needs_cuda
+@pytest.mark.parametrize("mmap", [False, True])
+def test_checkpoint_from_cuda_loads_on_cpu_and_back(tmp_path, mmap):
+    gpu = _filled(20000, device="cuda")
+    saver = _saved(tmp_path / "g", gpu, staging_bytes=64 << 10)
+    assert saver._staging.pieces > 1 and saver._staging.peak_bytes <= 64 << 10
+    cpu = _load_into(tmp_path / "g", "c1", "cpu", load_conf={"mmap": mmap})
+    _assert_same_rows(cpu, gpu)
+    _saved(tmp_path / "c", cpu)
+    back = _load_into(tmp_path / "c", "c1", "cuda", load_conf={"mmap": mmap})
+    assert back.slot("embedding").device.type == "cuda"
+    _assert_same_rows(back, gpu)
+    parts = [_load_into(tmp_path / "g", "c1", "cuda", shard_id=r, shard_num=3) for r in range(3)]
+    assert sum(len(p) for p in parts) == len(gpu)
+
+
+@needs_cuda
+def test_cuda_table_trains_on_after_a_load(tmp_path):
+    cpu, gpu = _cuda_vs_cpu(SparseAdam)
+    saver = _saved(tmp_path, gpu)
+    t = HashTable("t", 8, initializer=initializers.zeros(), device="cuda")
+    opt = SparseAdam([t])
+    Saver(Model(t), sparse_optim=opt, output_dir=str(tmp_path)).load(ckpt_id="c1")
+    _assert_same_rows(t, gpu)
+    _train(t, opt, steps=3, seed=5)  # growth and updates after the upload see the loaded rows
+    assert len(t) >= len(gpu)
+
+
+@needs_cuda
+def test_cuda_async_snapshot_is_consistent(tmp_path):
+    gpu = _filled(20000, device="cuda")
+    saver = Saver(Model(gpu), output_dir=str(tmp_path), options=SaveOptions(num_buckets=16, fsync=False,
+                                                                             staging_bytes=64 << 10))
+    mgr = CheckpointManager(saver, async_save=True)
+    expected = {s: gpu.slot(s).cpu() for s in gpu.slot_names}
+    ids = gpu.ids()
+    mgr.save()
+    gpu.import_rows(ids[:100], {"embedding": torch.zeros(100, 16)})
+    mgr.wait()
+    got = _load_into(tmp_path, saver.latest_checkpoint(), "cpu")
+    order = got.lookup(ids)
+    for s in gpu.slot_names:
+        assert torch.equal(got.slot(s)[order], expected[s])

@@ -313,3 +313,20 @@ def test_cuda_async_snapshot_is_consistent(tmp_path):
     order = got.lookup(ids)
     for s in gpu.slot_names:
         assert torch.equal(got.slot(s)[order], expected[s])
+
+
+def test_staging_keeps_order_when_staged_and_host_chunks_mix(monkeypatch):
+    # float32 tensors stand for device ones: ids (int64) pass through inside a staged piece, and
+    # whole float64 chunks pass through between staged ones; the order of rows must not change.
+    monkeypatch.setattr(staging, "needs_staging", lambda t: t.dtype == torch.float32)
+    g = torch.Generator().manual_seed(3)
+    chunks = []
+    for i in range(6):
+        n = 50 + 37 * i
+        dtype = torch.float32 if i % 2 == 0 else torch.float64
+        chunks.append((torch.arange(n) + 1000 * i, {"a": torch.randn(n, 5, generator=g).to(dtype)}))
+    pool = staging.StagingPool(1024)  # 512-byte buffers: a few rows per piece
+    got = [(p.ids.clone(), p.cols["a"].clone(), p.borrowed) for p in pool.stage(iter(chunks), "t")]
+    assert torch.equal(torch.cat([i for i, _, _ in got]), torch.cat([i for i, _ in chunks]))
+    assert torch.equal(torch.cat([c.double() for _, c, _ in got]), torch.cat([c["a"].double() for _, c in chunks]))
+    assert {b for *_, b in got} == {True, False} and pool.peak_bytes <= 1024

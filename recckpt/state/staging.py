@@ -16,8 +16,8 @@ send CPU tensors through them).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -27,7 +27,7 @@ __all__ = ["HostChunk", "HostToDevice", "StagingPool", "needs_staging"]
 
 _ALIGN = 64  # each column of a piece starts on a cache line (and a safe alignment for every dtype)
 
-Chunk = Tuple[torch.Tensor, Dict[str, torch.Tensor]]
+Chunk = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
 def needs_staging(t: torch.Tensor) -> bool:
@@ -49,7 +49,7 @@ class HostChunk:
     valid until the next piece is requested (copy them to keep them); otherwise they are the
     source's own host tensors."""
     ids: torch.Tensor
-    cols: Dict[str, torch.Tensor]
+    cols: dict[str, torch.Tensor]
     borrowed: bool
 
 
@@ -57,7 +57,7 @@ class _Buffer:
     """One reusable host buffer and the event of the copy last started into it."""
 
     def __init__(self) -> None:
-        self.mem: Optional[torch.Tensor] = None
+        self.mem: torch.Tensor | None = None
         self.pinned = False
         self.event = None
 
@@ -71,7 +71,7 @@ class _Copier:
     """Starts copies on a device's side stream (CUDA) or runs them at once (anything else)."""
 
     def __init__(self) -> None:
-        self._streams: Dict[torch.device, object] = {}
+        self._streams: dict[torch.device, object] = {}
 
     def _side(self, device: torch.device):
         s = self._streams.get(device)
@@ -79,7 +79,7 @@ class _Copier:
             s = self._streams[device] = torch.cuda.Stream(device=device)
         return s
 
-    def copy(self, pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]], device: torch.device, *,
+    def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device, *,
              to_device: bool):
         """Copy each ``src`` into its ``dst``; returns an event to wait on (None: already done).
         ``device`` is the non-host side of the copies."""
@@ -141,7 +141,7 @@ class StagingPool:
         are split into pieces that fit one buffer (a multiple of ``row_multiple`` rows where a buffer
         holds that many) and copied; a borrowed piece is valid until the next one is requested.
         ``what`` names the table in errors."""
-        pending: Optional[Tuple[_Buffer, HostChunk]] = None
+        pending: tuple[_Buffer, HostChunk] | None = None
         turn = 0
         try:
             for ids, cols in chunks:
@@ -168,7 +168,7 @@ class StagingPool:
             for b in self._bufs:  # an abandoned iteration must not leave copies writing into reused memory
                 b.wait()
 
-    def _pieces(self, n: int, staged: List[torch.Tensor], what: str, row_multiple: int):
+    def _pieces(self, n: int, staged: list[torch.Tensor], what: str, row_multiple: int):
         per_row = sum(_row_bytes(t) for t in staged)
         room = self.buffer_bytes - _ALIGN * len(staged)  # alignment padding of each column
         rows = room // per_row if per_row else n
@@ -182,7 +182,7 @@ class StagingPool:
         for lo in range(0, n, rows):
             yield lo, min(n, lo + rows)
 
-    def _start(self, buf: _Buffer, piece: Dict[str, torch.Tensor], staged: List[str]) -> HostChunk:
+    def _start(self, buf: _Buffer, piece: dict[str, torch.Tensor], staged: list[str]) -> HostChunk:
         device = piece[staged[0]].device
         sizes = [_align(piece[k].numel() * piece[k].element_size()) for k in staged]
         mem = self._memory(buf, sum(sizes), pinned=device.type == "cuda")
@@ -217,10 +217,10 @@ class HostToDevice:
         self._bufs = [_Buffer() for _ in range(buffers)]
         self._copier = _Copier()
         self._turn = 0
-        self._current: Optional[_Buffer] = None
+        self._current: _Buffer | None = None
         self.uploads = 0
 
-    def host_views(self, targets: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def host_views(self, targets: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         staged = [t for t in targets if needs_staging(t)]
         if not staged:
             return list(targets)

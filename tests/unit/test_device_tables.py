@@ -14,8 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recckpt import HashTable, Saver, SaveOptions, SparseAdagrad, SparseAdam
-from recckpt.state import initializers
+from recckpt import HashTable, SaveOptions, Saver, SparseAdagrad, SparseAdam
+from recckpt.api.manager import CheckpointManager
+from recckpt.errors import CheckpointSaveError
+from recckpt.state import initializers, staging
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device: torch.cuda.is_available() is False here")
@@ -112,9 +114,6 @@ def test_cuda_table_eval_lookup_and_output_device():
 
 
 # ------------------------------------------------------------------------- device-to-host staging
-from recckpt.api.manager import CheckpointManager  # noqa: E402
-from recckpt.errors import CheckpointSaveError  # noqa: E402
-from recckpt.state import staging  # noqa: E402
 
 
 @pytest.fixture

@@ -3,9 +3,10 @@
 The table is the reference implementation of :class:`~recckpt.state.protocol.SparseState`.
 
 Storage
-    One C-contiguous tensor per slot, on the table's ``device``, with ``capacity`` rows (``[capacity, *shape]``), plus an
-    ``int64`` tensor of ids in row order: row ``i`` of every slot belongs to ``ids[i]``, the ``i``-th
-    distinct id inserted (the engine's ``recckpt._C.IdMap`` assigns rows densely in insertion order).
+    One C-contiguous tensor per slot on the table's ``device``, with ``capacity`` rows
+    (``[capacity, *shape]``), plus a host ``int64`` tensor of ids in row order: row ``i`` of every
+    slot belongs to ``ids[i]``, the ``i``-th distinct id inserted (the engine's ``recckpt._C.IdMap``
+    assigns rows densely in insertion order).
     All slots grow together, geometrically (x1.5), when new ids need more rows. Rows are never
     removed one by one; :meth:`HashTable.clear_rows` removes all of them.
 
@@ -69,7 +70,8 @@ def _table_device(name: str, device: Union[str, torch.device]) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"HashTable {name!r}: device must be a torch device or its name, got {device!r} ({e})") from None
+        raise ValueError(f"HashTable {name!r}: device must be a torch device or its name, "
+                         f"got {device!r} ({e})") from None
     if dev.type == "meta":
         raise ValueError(f"HashTable {name!r}: device 'meta' holds no data; use 'cpu' or a CUDA device")
     if dev.type == "cuda":
@@ -244,8 +246,9 @@ class HashTable(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"name={self.name!r}, dim={self.dim}, dtype={self.dtype}, device={self.device}, rows={self._size}, "
-            f"capacity={self._capacity}, slots={self.slot_names}, initializer={self.initializer!r}"
+            f"name={self.name!r}, dim={self.dim}, dtype={self.dtype}, device={self.device}, "
+            f"rows={self._size}, capacity={self._capacity}, slots={self.slot_names}, "
+            f"initializer={self.initializer!r}"
         )
 
     def _check_slot(self, name: str) -> None:

@@ -5,9 +5,9 @@ pool, the host-to-device load path) with device="cpu". The CUDA tests skip, sayi
 sees no CUDA device; they are complete and run unchanged on a GPU machine.
 
 Tolerance of CUDA vs CPU numerics: both run the same float32 torch ops, but CUDA kernels may fuse or
-reorder (sqrt, division, addcmul), so results differ by a few ulps per step; after 20 steps we allow
-rtol=1e-5, atol=1e-6 on embeddings and optimizer slots (float32 tables; documented in
-docs/SPARSE_STATE.md).
+reorder (sqrt, division, addcmul) and sum repeated ids with atomics in any order, so results differ
+by a few ulps per step; after 20 steps we allow rtol=1e-4, atol=1e-5 on embeddings and optimizer
+slots (float32 tables; documented in docs/SPARSE_STATE.md).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from recckpt.state import initializers, staging
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device: torch.cuda.is_available() is False here")
-RTOL, ATOL = 1e-5, 1e-6
+RTOL, ATOL = 1e-4, 1e-5
 SMALL = SaveOptions(num_buckets=16, chunk_bytes=64, segment_bytes=4096, fsync=False)
 
 

@@ -116,7 +116,7 @@ class CheckpointManager:
         """Every save this manager started, oldest first (stall and write times, bytes)."""
         self._agreement = agreement_for(self.shard_num, saver.options.coordination_timeout_s)
         self._writer = AsyncWriter()
-        self._buffers = HostBuffers()
+        self._buffers = HostBuffers(saver.options.staging_bytes)
         self._last_save_time = time.monotonic()
         self._last: SaveHandle | None = None
         self._rng: RNGState | None = None

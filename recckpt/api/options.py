@@ -23,6 +23,12 @@ class SaveOptions:
     max_inflight_bytes: int = 256 << 20
     """Exported bytes that may wait for the writer threads before the exporter blocks."""
 
+    staging_bytes: int = 64 << 20
+    """Host memory a save may use to copy tables that live on a device (e.g. ``HashTable(device="cuda")``)
+    to the host: two reusable buffers of half this size (pinned for CUDA tables), so the pinned memory a
+    save holds is bounded by this value whatever the table size. Each buffer must hold at least one row
+    of a table's slots. Tables in host memory are written without it."""
+
     fsync: bool = True
     """fsync files and directories before the commit. Turn off only for tests on throwaway disks."""
 
@@ -37,7 +43,8 @@ class SaveOptions:
     endpoint fails a save within about this time. Raise it for very large shard files on slow links."""
 
     def __post_init__(self):
-        for name, lo in (("num_buckets", 1), ("chunk_bytes", 64), ("segment_bytes", 1), ("max_inflight_bytes", 1)):
+        for name, lo in (("num_buckets", 1), ("chunk_bytes", 64), ("segment_bytes", 1), ("max_inflight_bytes", 1),
+                         ("staging_bytes", 256)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"SaveOptions.{name} must be an integer >= {lo}, got {v!r}")

@@ -21,6 +21,7 @@ from ..format.schema import ParentRef, SlotInfo
 from ..format.sparse_io import SparseWriteOptions, TableSource, row_granule
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
 from ..state.protocol import ChangeTracking, SparseState, split_sparse_dense_state_dict
+from ..state.staging import StagingPool
 from ..storage import open_storage
 from .load_apply import LoadPlan, LoadResult
 from .load_config import LoadConfig
@@ -107,6 +108,9 @@ class Saver:
             if pol is not None and not isinstance(pol, EvictionPolicy):
                 raise TypeError(f"Saver {what} must be a recckpt.state.eviction.EvictionPolicy, got {pol!r}")
         self.eviction, self.write_filter = eviction, write_filter
+        # Host buffers that device tables are copied through on a save, kept across saves (pinned
+        # memory is slow to allocate); bounded by SaveOptions.staging_bytes.
+        self._staging = StagingPool(self.options.staging_bytes)
         self._recovered = False  # start-up recovery of output_dir done (first save on worker 0)
         self.last_save: SaveStats | None = None
         self._chain: _ChainState | None = None  # what the next incremental save is an increment on
@@ -188,7 +192,12 @@ class Saver:
         filt_step = _step_for(step, table)
 
         def chunks():
-            for ids, cols in exported:
+            # Chunks on a device come back as host pieces in the staging buffers, which are reused for
+            # the next piece; the writer keeps what it is given until written, so those are copied out.
+            for piece in self._staging.stage(exported, f"table {meta.name!r}", granule):
+                ids, cols = piece.ids, piece.cols
+                if piece.borrowed:
+                    ids, cols = ids.clone(), {k: c.clone() for k, c in cols.items()}
                 if filt is not None:  # vectorised over the chunk's counter columns
                     keep = ~filt.select(cols[FREQ], cols[LAST_STEP], filt_step)
                     if not bool(keep.all()):
@@ -201,7 +210,9 @@ class Saver:
                                               f"and shape {tuple(ids.shape)}; expected int64 [n]")
                 out = []
                 for k in names:
-                    c, spec = cols[k], meta.slots[k]
+                    c, spec = cols.get(k), meta.slots[k]
+                    if c is None:
+                        raise CheckpointSaveError(f"table {meta.name!r}: export_chunks gave no column {k!r}")
                     if c.dtype != spec.dtype or tuple(c.shape) != (n, *spec.shape):
                         raise CheckpointSaveError(
                             f"table {meta.name!r}, slot {k!r}: export_chunks gave {c.dtype} {tuple(c.shape)}; "

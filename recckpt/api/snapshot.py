@@ -4,7 +4,9 @@ An async save must not let training change what is being written, so the step th
 part (sparse tables with all slots, dense tensors, extras, IO state) and returns. The copies land in
 buffers kept from one save to the next: on a CPU the first touch of fresh memory costs several times
 a copy into memory already mapped, so reuse is what keeps the stall small. Buffers grow (with
-headroom) only when a table grows; at most one save is in flight, so one set suffices.
+headroom) only when a table grows; at most one save is in flight, so one set suffices. Tables on a
+device reach these buffers through a staging pool (`recckpt.state.staging`) of pinned memory bounded by
+`SaveOptions.staging_bytes`, also kept across saves.
 """
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ import torch
 
 from ..errors import CheckpointSaveError
 from ..state.protocol import SparseTableMeta
+from ..state.staging import StagingPool
+from .options import SaveOptions
+
 
 @dataclass
 class Snapshot:
@@ -34,10 +39,20 @@ _HEADROOM = 1.25  # a table that grows a little between saves does not reallocat
 class HostBuffers:
     """Named byte buffers, handed out as typed views and reused by later requests for the same name."""
 
-    def __init__(self):
+    def __init__(self, staging_bytes: int = SaveOptions.staging_bytes):
+        """`staging_bytes`: the bound on the staging pool device tables are copied through
+        (`SaveOptions.staging_bytes` of the saver whose snapshots these buffers hold)."""
         # Keyed by tuple paths of the real keys, never by joined strings: {1: a, "1": b}, "a/b" vs a→b,
         # or a slot named "ids" would otherwise share one buffer and corrupt the snapshot silently.
         self._bufs: dict[tuple, torch.Tensor] = {}
+        self._staging_bytes = staging_bytes
+        self._staging: StagingPool | None = None
+
+    def staging(self) -> StagingPool:
+        """The pool device tables are copied through, made on first use and kept."""
+        if self._staging is None:
+            self._staging = StagingPool(self._staging_bytes)
+        return self._staging
 
     @property
     def nbytes(self) -> int:
@@ -72,14 +87,16 @@ class SnapshotTable:
             yield self._ids[s:s + max_rows], {k: self._cols[k][s:s + max_rows] for k in slots}
 
 
-def _copy_table(table, bufs: HostBuffers) -> SnapshotTable:
+def _copy_table(table, bufs: HostBuffers, staging: StagingPool) -> SnapshotTable:
     meta = table.sparse_meta()
     n, name = meta.num_rows, meta.name
     ids = bufs.get(("sparse", name, "ids"), torch.int64, (n,))
     cols = {k: bufs.get(("sparse", name, "slot", k), s.dtype, (n, *s.shape)) for k, s in meta.slots.items()}
     off = 0
-    # One chunk per table for implementations that can hand out views of their storage.
-    for cids, ccols in table.export_chunks(list(meta.slots), max(1, n)):
+    # One chunk per table for implementations that can hand out views of their storage; device chunks
+    # come back in bounded host pieces, each copied out before the next is asked for.
+    for piece in staging.stage(table.export_chunks(list(meta.slots), max(1, n)), f"table {name!r}"):
+        cids, ccols = piece.ids, piece.cols
         m = cids.shape[0]
         if off + m > n:
             raise CheckpointSaveError(f"table {name!r}: export_chunks gave more than the {n} rows its "
@@ -123,7 +140,7 @@ def _freeze(obj, bufs: HostBuffers, path: tuple):
 def copy_snapshot(live: Snapshot, bufs: HostBuffers) -> Snapshot:
     """`live` (from `Saver.capture`) with every part copied into `bufs`, so training may go on."""
     return Snapshot(
-        tables=[_copy_table(t, bufs) for t in live.tables],
+        tables=[_copy_table(t, bufs, bufs.staging()) for t in live.tables],
         dense=None if live.dense is None else {k: _freeze(v, bufs, ("dense", k)) for k, v in live.dense.items()},
         extras=_freeze(live.extras, bufs, ("extras",)),
         io_state=_freeze(live.io_state, bufs, ("io",)))

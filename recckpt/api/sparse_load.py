@@ -9,6 +9,10 @@ copy is most of a load's time. Every other load goes through `RowFilter` + `impo
 A mapped load (`LoadConfig.mmap`) goes one step further for tables that implement `AdoptStorage`: the
 slot columns are mapped copy-on-write from the shard files and handed to the table as its storage, so
 the load copies nothing but the ids (docs/LOADING.md, "Mapped loads").
+
+A table whose storage is on a device (`HashTable(device="cuda")`) lends device views: each batch is read
+into reusable host buffers (pinned for CUDA) and copied over on a side stream while the next batch is
+read (`recckpt.state.staging.HostToDevice`).
 """
 from __future__ import annotations
 
@@ -22,12 +26,13 @@ from ..format import dtypes
 from ..format.schema import SlotInfo
 from ..format.sparse_io import SegmentReader
 from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState
+from ..state.staging import HostToDevice
 
 
 def _bytes_of(t: torch.Tensor, what: str):
     """Writable uint8 numpy view of a C-contiguous tensor's storage (no copy)."""
     if not t.is_contiguous() or t.device.type != "cpu":
-        raise ValueError(f"{what}: append_views must return C-contiguous CPU tensors")
+        raise ValueError(f"{what}: staged views must be C-contiguous host tensors")
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
@@ -85,15 +90,23 @@ def load_table_rows(segments: SegmentReader, name: str, target: str, table: Spar
     names = [s for s, _, _ in slots]
     rbs = [si.row_bytes for _, si, _ in slots]
     rows = 0
-    for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi):
-        n = batch.rows
-        ids_t, cols_t = table.append_views(n, names)
-        dst = [_bytes_of(ids_t, f"table {target!r} ids")]
-        dst += [_bytes_of(cols_t[s], f"table {target!r} slot {s!r}") for s in names]
-        segments.read_batch(batch, dst)
-        try:
-            table.commit_append()
-        except ValueError as e:
-            raise _duplicates(where, name, e) from e
-        rows += n
+    upload = HostToDevice()  # host views stand in for device ones; CPU storage is read into directly
+    try:
+        for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi):
+            n = batch.rows
+            ids_t, cols_t = table.append_views(n, names)
+            for what, t in [("ids", ids_t)] + [(f"slot {s!r}", cols_t[s]) for s in names]:
+                if not t.is_contiguous():
+                    raise ValueError(f"table {target!r} {what}: append_views must return C-contiguous tensors")
+            targets = [ids_t] + [cols_t[s] for s in names]
+            views = upload.host_views(targets)
+            segments.read_batch(batch, [_bytes_of(v, f"table {target!r}") for v in views])
+            upload.upload(views, targets)  # runs while the next batch is read
+            try:
+                table.commit_append()
+            except ValueError as e:
+                raise _duplicates(where, name, e) from e
+            rows += n
+    finally:
+        upload.finish()
     return rows

@@ -3,11 +3,19 @@
 The table is the reference implementation of :class:`~recckpt.state.protocol.SparseState`.
 
 Storage
-    One C-contiguous CPU tensor per slot with ``capacity`` rows (``[capacity, *shape]``), plus an
-    ``int64`` tensor of ids in row order: row ``i`` of every slot belongs to ``ids[i]``, the ``i``-th
-    distinct id inserted (the engine's ``recckpt._C.IdMap`` assigns rows densely in insertion order).
+    One C-contiguous tensor per slot on the table's ``device``, with ``capacity`` rows
+    (``[capacity, *shape]``), plus a host ``int64`` tensor of ids in row order: row ``i`` of every
+    slot belongs to ``ids[i]``, the ``i``-th distinct id inserted (the engine's ``recckpt._C.IdMap``
+    assigns rows densely in insertion order).
     All slots grow together, geometrically (x1.5), when new ids need more rows. Rows are never
     removed one by one; :meth:`HashTable.clear_rows` removes all of them.
+
+Device
+    Slots (embedding and optimizer state) live on ``device``; the id map and the ids stay on the
+    host, where ids arrive from the data loader (docs/SPARSE_STATE.md, "Tables on a device"). A
+    lookup maps ids to row numbers on the host and moves those to the device; gathers, gradients
+    and optimizer updates are torch ops on the device. ``export_chunks`` yields host ids with
+    device columns (the saver stages them to the host, :mod:`recckpt.state.staging`).
 
 Gradients
     Embeddings are not ``nn.Parameter``s, so a dense optimizer over ``model.parameters()`` never
@@ -56,6 +64,30 @@ def _unique_inverse(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return x[torch.from_numpy(is_new)], torch.from_numpy(inv)
 
 
+def _table_device(name: str, device: Union[str, torch.device]) -> torch.device:
+    """The device a table's slots live on, with the index made explicit (``"cuda"`` -> the current
+    CUDA device), so that comparing devices later is exact."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"HashTable {name!r}: device must be a torch device or its name, "
+                         f"got {device!r} ({e})") from None
+    if dev.type == "meta":
+        raise ValueError(f"HashTable {name!r}: device 'meta' holds no data; use 'cpu' or a CUDA device")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"HashTable {name!r}: device {device!r} asked for, but torch sees no CUDA device; "
+                             f"use device='cpu' on this machine")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+#: Rows per host-to-device copy when a device table adopts host storage (bounds the transient
+#: device memory of one copy step, not the table).
+_ADOPT_COPY_ROWS = 1 << 16
+
+
 class HashTable(nn.Module):
     """An embedding table over arbitrary int64 ids that grows as new ids arrive.
 
@@ -75,6 +107,8 @@ class HashTable(nn.Module):
         track_changes: keep a per-row change stamp (8 bytes a row) and a log of removed ids, so
             that an incremental save writes only the rows changed since its parent (see
             :meth:`mark_changes`). ``False`` saves the table in full in every checkpoint.
+        device: where the slots live (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``); the
+            id map stays on the host. ``"cuda"`` means the current CUDA device.
 
     Calling the table (``table(ids)``) maps int64 ids of any shape and any value to embeddings of
     shape ``[*ids.shape, dim]`` in the embedding dtype:
@@ -87,9 +121,9 @@ class HashTable(nn.Module):
 
     When autograd is enabled the output requires grad and ``backward()`` records gradients for the
     looked-up rows on the table (see the module docstring); use :class:`recckpt.state.optim.SparseAdagrad`
-    or :class:`~recckpt.state.optim.SparseAdam` to apply them. Storage always lives on the CPU;
-    ids on another device are copied to the CPU and the output is moved back to their device.
-    ``Module.to()``/``.half()`` do not affect the table.
+    or :class:`~recckpt.state.optim.SparseAdam` to apply them. Slots live on ``device``; ids on
+    another device are copied to the host (for the id map) and the output is moved to the ids'
+    device. ``Module.to()``/``.half()`` do not affect the table.
 
     ``model.state_dict()`` holds the table itself under ``<prefix>_extra_state`` (see
     :meth:`get_extra_state`), which is how recckpt finds it.
@@ -105,6 +139,7 @@ class HashTable(nn.Module):
         *,
         counters: bool = False,
         track_changes: bool = True,
+        device: Union[str, torch.device] = "cpu",
     ) -> None:
         super().__init__()
         if not isinstance(name, str) or not name:
@@ -121,6 +156,7 @@ class HashTable(nn.Module):
             initializer = initializers.default()
         if not callable(initializer):
             raise TypeError(f"HashTable {name!r}: initializer must be callable, got {initializer!r}")
+        self.device = _table_device(name, device)
         self.name = name
         self.dim = int(dim)
         self.initializer = initializer
@@ -128,7 +164,8 @@ class HashTable(nn.Module):
         self._specs: Dict[str, SlotSpec] = {EMBEDDING: SlotSpec(dtype, (self.dim,), "sparse")}
         self._inits: Dict[str, SlotInit] = {EMBEDDING: initializer}
         with torch.inference_mode(False):  # see _realloc
-            self._data: Dict[str, torch.Tensor] = {EMBEDDING: torch.empty(capacity, self.dim, dtype=dtype)}
+            self._data: Dict[str, torch.Tensor] = {
+                EMBEDDING: torch.empty(capacity, self.dim, dtype=dtype, device=self.device)}
             self._ids = torch.empty(capacity, dtype=torch.int64)
         self._capacity = capacity
         self._size = 0
@@ -209,8 +246,9 @@ class HashTable(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"name={self.name!r}, dim={self.dim}, dtype={self.dtype}, rows={self._size}, "
-            f"capacity={self._capacity}, slots={self.slot_names}, initializer={self.initializer!r}"
+            f"name={self.name!r}, dim={self.dim}, dtype={self.dtype}, device={self.device}, "
+            f"rows={self._size}, capacity={self._capacity}, slots={self.slot_names}, "
+            f"initializer={self.initializer!r}"
         )
 
     def _check_slot(self, name: str) -> None:
@@ -257,7 +295,7 @@ class HashTable(nn.Module):
                 + ("" if not exist_ok else f", requested {spec}")
             )
         with torch.inference_mode(False):  # see _realloc
-            data = torch.empty((self._capacity, *spec.shape), dtype=spec.dtype)
+            data = torch.empty((self._capacity, *spec.shape), dtype=spec.dtype, device=self.device)
             self._init_rows(data[: self._size], init)
         self._specs[name] = spec
         self._inits[name] = init
@@ -291,7 +329,7 @@ class HashTable(nn.Module):
         # (inference tensors cannot be updated in place outside it, e.g. by an optimizer step).
         with torch.inference_mode(False):
             for k, t in self._data.items():
-                nt = torch.empty((cap, *t.shape[1:]), dtype=t.dtype)
+                nt = torch.empty((cap, *t.shape[1:]), dtype=t.dtype, device=t.device)
                 nt[:n].copy_(t[:n])
                 new_data[k] = nt
             new_ids = torch.empty(cap, dtype=torch.int64)
@@ -391,8 +429,9 @@ class HashTable(nn.Module):
             # The leaf is in the compute dtype so that autograd sums the gradients of repeated ids
             # in float32 (a hot id can occur thousands of times in a batch), not in bf16/fp16.
             leaf = values.to(self.compute_dtype).requires_grad_(True)
-            self._attach_grad_hook(leaf, uniq if valid is None else uniq[valid], valid)
-            out = leaf.index_select(0, inv).to(emb.dtype)
+            # Pending rows stay on the host (coalescing uses the host IdMap); the mask follows them.
+            self._attach_grad_hook(leaf, uniq if valid is None else uniq[valid.cpu()], valid)
+            out = leaf.index_select(0, inv.to(emb.device)).to(emb.dtype)
         else:
             out, _ = self._gather_masked(emb, rows)
         out = out.view(*ids.shape, self.dim)
@@ -415,10 +454,11 @@ class HashTable(nn.Module):
         (None when all are valid)."""
         if rows.numel() == 0:
             return data.new_empty((0, *data.shape[1:])), None
+        rows = rows.to(data.device)  # host row numbers -> the storage's device (no-op on CPU)
         valid = rows >= 0
         if bool(valid.all()):
             return data.index_select(0, rows), None
-        out = torch.zeros((rows.numel(), *data.shape[1:]), dtype=data.dtype)
+        out = torch.zeros((rows.numel(), *data.shape[1:]), dtype=data.dtype, device=data.device)
         if bool(valid.any()):
             out[valid] = data.index_select(0, rows[valid])
         return out, valid
@@ -479,26 +519,29 @@ class HashTable(nn.Module):
         if rows.numel() == 0:
             return rows, grads
         uniq, inv = _unique_inverse(rows)
-        out = torch.zeros((uniq.numel(), self.dim), dtype=grads.dtype)
-        out.index_add_(0, inv, grads)
+        out = torch.zeros((uniq.numel(), self.dim), dtype=grads.dtype, device=grads.device)
+        out.index_add_(0, inv.to(grads.device), grads)
         return uniq, out
 
     # ------------------------------------------------------------------ row access for optimizers
     def read_rows(self, slot: str, rows: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """Copy of slot ``slot`` at ``rows`` (int64[k], each in ``[0, len(self))``), optionally cast."""
+        """Copy of slot ``slot`` at ``rows`` (int64[k], each in ``[0, len(self))``, on any device),
+        optionally cast; the copy is on the table's device."""
         self._check_slot(slot)
-        out = self._data[slot].index_select(0, rows)
+        data = self._data[slot]
+        out = data.index_select(0, rows.to(data.device))
         return out if dtype is None else out.to(dtype)
 
     def write_rows(self, slot: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Set slot ``slot`` at ``rows`` (unique, in range) to ``values`` (cast to the slot dtype)."""
         self._check_slot(slot)
         data = self._data[slot]
-        data.index_copy_(0, rows, values.to(data.dtype))
+        data.index_copy_(0, rows.to(data.device), values.to(device=data.device, dtype=data.dtype))
         if self._stamps is not None:
-            self._stamps.index_fill_(0, rows, self._gen)
+            self._stamps.index_fill_(0, rows.to(self._stamps.device), self._gen)
         if self._counters and slot == EMBEDDING:
-            self._data[LAST_STEP].index_fill_(0, rows, self.step)
+            last = self._data[LAST_STEP]
+            last.index_fill_(0, rows.to(last.device), self.step)
         self._version += 1
 
     # ------------------------------------------------------------------ SparseState
@@ -509,7 +552,8 @@ class HashTable(nn.Module):
     def export_chunks(
         self, slots: Sequence[str], max_rows: int
     ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
-        """Zero-copy views of the storage in row order, ``max_rows`` rows at a time.
+        """Zero-copy views of the storage in row order, ``max_rows`` rows at a time (ids on the
+        host, slots on the table's device).
 
         See :meth:`recckpt.state.protocol.SparseState.export_chunks`. Arguments are checked when
         called; iterating after the table was modified raises ``RuntimeError``.
@@ -540,7 +584,7 @@ class HashTable(nn.Module):
     def import_rows(self, ids: torch.Tensor, columns: Mapping[str, torch.Tensor]) -> None:
         """Upsert rows; see :meth:`recckpt.state.protocol.SparseState.import_rows`.
 
-        Columns on another device are copied to the CPU. Slots not in ``columns`` keep their values
+        Columns on another device are copied to the table's device. Slots not in ``columns`` keep their values
         for ids that already existed and start at their initial value for new ids.
         """
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
@@ -588,7 +632,7 @@ class HashTable(nn.Module):
                     # existing ids keep their values; only the new rows [old, new) start fresh
                     self._init_rows(data[old:new], self._inits[k])
                 else:
-                    data.index_copy_(0, rows, col.detach().cpu())
+                    data.index_copy_(0, rows.to(data.device), col.detach().to(data.device))
         except BaseException:
             if new != old:
                 self._rollback(old)
@@ -718,7 +762,9 @@ class HashTable(nn.Module):
         :meth:`recckpt.state.protocol.BulkAppend.append_views`.
 
         The views are rows ``[len(self), len(self) + n)`` of the table's own storage (grown if
-        needed), so a loader reads the checkpoint straight into the table with no staging copy.
+        needed), so a loader reads the checkpoint straight into the table with no staging copy. On a
+        device table the ids are host memory and the slot views device memory: the loader reads into
+        host buffers and copies them over (:func:`recckpt.api.sparse_load.load_table_rows`).
         """
         slots = list(slots)
         for s in slots:
@@ -771,7 +817,8 @@ class HashTable(nn.Module):
         contents; see :meth:`recckpt.state.protocol.AdoptStorage.adopt_storage`.
 
         A mapped load passes copy-on-write mappings of the checkpoint: rows are shared with the page
-        cache until written, and growing past their capacity copies them into ordinary memory."""
+        cache until written, and growing past their capacity copies them into ordinary memory. A table
+        on a device copies the first ``rows`` rows to the device instead (in bounded steps)."""
         if self._size:
             raise ValueError(f"table {self.name!r}: adopt_storage needs an empty table, it holds {self._size} rows")
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
@@ -804,10 +851,14 @@ class HashTable(nn.Module):
         data = {}
         with torch.inference_mode(False):  # see _realloc
             for k, spec in self._specs.items():
-                if k in columns:
+                if k in columns and self.device.type == "cpu":
                     data[k] = columns[k]
+                elif k in columns:  # a device table copies the host storage over, chunk by chunk
+                    data[k] = torch.empty((cap, *spec.shape), dtype=spec.dtype, device=self.device)
+                    for s in range(0, rows, _ADOPT_COPY_ROWS):
+                        data[k][s:s + _ADOPT_COPY_ROWS].copy_(columns[k][s:min(rows, s + _ADOPT_COPY_ROWS)])
                 else:
-                    data[k] = torch.empty((cap, *spec.shape), dtype=spec.dtype)
+                    data[k] = torch.empty((cap, *spec.shape), dtype=spec.dtype, device=self.device)
                     self._init_rows(data[k][:rows], self._inits[k])
             stamps = torch.full((cap,), self._gen, dtype=torch.int64) if self._stamps is not None else None
         self._map, self._data, self._ids, self._capacity, self._size = id_map, data, ids, cap, rows

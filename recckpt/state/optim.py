@@ -15,6 +15,10 @@ Numerics follow torch: :class:`SparseAdagrad` matches ``torch.optim.Adagrad`` on
 weight for the rows that receive gradients, and :class:`SparseAdam` matches ``torch.optim.SparseAdam``
 on ``nn.Embedding(sparse=True)``. Like torch, a table's step count advances on every ``step()`` in
 which the table has a pending gradient (one count per table, not per row).
+
+Updates are pure torch ops on the rows the table hands out (``read_rows``/``write_rows``), so they run
+where the table's slots live: on the CPU, or on a CUDA device for ``HashTable(device="cuda")``; the
+row numbers come from the host id map and are moved to that device by the table.
 """
 from __future__ import annotations
 

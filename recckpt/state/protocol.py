@@ -136,7 +136,10 @@ class SparseTableMeta:
 class SparseState(Protocol):
     """What a sparse table implements to be checkpointed by recckpt.
 
-    All tensors exchanged through this protocol are CPU tensors. Ids are ``torch.int64`` and cover
+    Tensors exchanged through this protocol are CPU tensors, except that a table whose storage lives
+    on a device (``HashTable(device="cuda")``) may hand out its slot columns on that device from
+    :meth:`export_chunks` and ``append_views``; the saver and loader copy them through bounded host
+    buffers (:mod:`recckpt.state.staging`). Ids are ``torch.int64`` and cover
     the full signed 64-bit range (no value is reserved). Within one table every id appears at most
     once. An implementation need not be thread-safe: recckpt calls it from one thread at a time and
     does not modify the table while iterating :meth:`export_chunks`.
@@ -153,7 +156,8 @@ class SparseState(Protocol):
 
         Each item is ``(ids, columns)``: ``ids`` is a C-contiguous CPU ``int64`` tensor of shape
         ``[n]`` and ``columns`` maps each requested slot name (in the order given) to a C-contiguous
-        CPU tensor of shape ``[n, *spec.shape]`` in the slot's dtype, row ``i`` belonging to
+        tensor (CPU, or the table's device; see the class docstring) of shape ``[n, *spec.shape]``
+        in the slot's dtype, row ``i`` belonging to
         ``ids[i]``. ``1 <= n <= max_rows`` for every chunk; across all chunks every id of the table
         appears exactly once; an empty table yields nothing. ``max_rows`` must be >= 1 and every
         name in ``slots`` must be a slot of the table (``ValueError`` otherwise).
@@ -199,7 +203,7 @@ class BulkAppend(Protocol):
     def append_views(
         self, n: int, slots: Sequence[str]
     ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-        """Return writable, C-contiguous CPU tensors for ``n`` rows that are not yet in the table:
+        """Return writable, C-contiguous tensors (CPU, or the table's device for slots) for ``n`` rows that are not yet in the table:
         ``ids`` (``int64[n]``) and, for each slot named in ``slots``, ``[n, *spec.shape]`` in the
         slot's dtype. The caller fills every element, then calls :meth:`commit_append`. Until then
         the rows are not part of the table (``len`` and lookups are unchanged); a caller that gives

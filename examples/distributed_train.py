@@ -54,14 +54,14 @@ def global_batch(step: int):
     return u, (u % 3 == 0).float()
 
 
-def build(out: str, *, interval: int, async_save: bool, **manager_kwargs):
+def build(out: str, *, interval: int, async_save: bool, coordination_timeout_s: float = 60.0, **manager_kwargs):
     """The model, its optimizers, the reader and the manager of one worker."""
     model = CTR()
     sparse_opt = SparseAdagrad(model, lr=0.05)
     dense_opt = torch.optim.Adam(model.mlp.parameters(), lr=0.01)
     reader = Reader()
     saver = Saver(model, sparse_optim=sparse_opt, output_dir=out, max_keep=None,
-                  options=SaveOptions(coordination_timeout_s=60))
+                  options=SaveOptions(coordination_timeout_s=coordination_timeout_s))
     manager = CheckpointManager(saver, interval, async_save=async_save, **manager_kwargs)
     manager.register_for_checkpointing("dense_opt", dense_opt)
     manager.register_io_state("reader", reader)

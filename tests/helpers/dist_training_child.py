@@ -1,7 +1,7 @@
 """A data-parallel CTR job around CheckpointManager, launched by torchrun in the multi-process tests:
 
     python -m torch.distributed.run --standalone --nproc_per_node=N tests/helpers/dist_training_child.py \
-        --out DIR --steps S [--interval K] [--async] [--preemption] [--sleep T] [--fail-rank R --fail-save I]
+        --out DIR --steps S [--interval K] [--async] [--preemption] [--sleep T] [--fail-rank R --fail-save I [--stall T]] [--timeout T]
 
 The manager gets no shard_id/shard_num: it must take them from the process group. The user table is
 sharded by `recckpt.partition` (each rank trains on the examples of the ids it owns), the MLP is
@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--fail-rank", type=int, default=-1)
     ap.add_argument("--fail-save", type=int, default=-1, help="the fail-rank raises inside this save (0-based)")
+    ap.add_argument("--stall", type=float, default=0.0, help="the fail-rank stalls this long instead of raising")
+    ap.add_argument("--timeout", type=float, default=60.0, help="SaveOptions.coordination_timeout_s")
     a = ap.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     guard_default_group()
@@ -84,7 +86,7 @@ def main():
     policies = [recckpt.EveryNSeconds(a.seconds)] if a.seconds else []
     model, sopt, dopt, reader, mgr = ex.build(os.path.join(a.out, "ckpt"), interval=a.interval,
                                               async_save=a.async_save, policies=policies,
-                                              preemption=a.preemption)
+                                              preemption=a.preemption, coordination_timeout_s=a.timeout)
     assert (mgr.shard_id, mgr.shard_num) == (rank, world), "the manager must take its world from the group"
 
     if a.fail_rank == rank:
@@ -94,7 +96,10 @@ def main():
         def failing(*args, **kw):
             calls.append(1)
             if len(calls) - 1 == a.fail_save:
-                raise OSError(5, f"injected failure on rank {rank} inside save #{a.fail_save}")
+                if a.stall:
+                    time.sleep(a.stall)   # a rank that stops responding inside the save
+                else:
+                    raise OSError(5, f"injected failure on rank {rank} inside save #{a.fail_save}")
             return real(*args, **kw)
         saver_mod.write_worker_part = failing
 

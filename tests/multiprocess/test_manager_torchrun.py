@@ -180,3 +180,20 @@ def test_manager_world_comes_from_the_group_and_restore_agrees_across_ranks(tmp_
         # rank 1 finds ckpt_2 corrupt: both ranks fall back to ckpt_1 together, never to different steps
         assert g["restored"] == 1, g
         assert any("ckpt_2" in w and "corrupt" in w for w in g["warnings"]), g["warnings"]
+
+
+def test_a_rank_that_stalls_inside_an_async_save_fails_it_within_the_timeout(tmp_path):
+    """Rank 1 stops responding for 3x the coordination timeout inside the save of ckpt_10: every rank
+    fails that save (none waits for ever), nothing of it commits, and later saves work again."""
+    t0 = time.monotonic()
+    run(2, tmp_path, "--steps", 20, "--interval", 5, "--async", "--fail-rank", 1, "--fail-save", 1,
+        "--stall", 24, "--timeout", 8, timeout=300)
+    assert "ckpt_10" not in committed(tmp_path)
+    assert committed(tmp_path)[0] == "ckpt_5" and committed(tmp_path)[-1] == "ckpt_20"
+    for rank in (0, 1):
+        with open(os.path.join(tmp_path, "report", f"errors-2-{rank}.txt")) as f:
+            errors = f.read()
+        assert "ckpt_10" in errors, f"rank {rank} must report the failed save: {errors}"
+    for cid in committed(tmp_path):
+        verified(tmp_path, cid)
+    assert time.monotonic() - t0 < 240

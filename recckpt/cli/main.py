@@ -199,6 +199,16 @@ def cmd_gc(a) -> int:
     return EXIT_OK
 
 
+def cmd_compact(a) -> int:
+    res = recckpt.compact(a.src, a.dst, memory_bytes=a.memory_mb << 20)
+    if a.json:
+        print(render.dumps({"src": res.src, "dst": res.dst, "links": res.links, "rows": res.rows,
+                            "seconds": res.seconds}))
+    else:
+        print(f"compacted {res.src} ({res.links} link(s)) into {res.dst}: {res.rows} rows in {res.seconds:.2f}s")
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -246,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("output_dir", metavar="OUTPUT_DIR")
     sp.add_argument("--keep", type=_positive, required=True, metavar="N")
     sp.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    sp = verb("compact", cmd_compact, "fold a chain of incremental checkpoints (SRC, any link) into one full "
+                                      "checkpoint DST (<output_dir>/<new_id>), committed like a save")
+    sp.add_argument("src", metavar="SRC")
+    sp.add_argument("dst", metavar="DST")
+    sp.add_argument("--memory-mb", type=_positive, default=256, help="rows held at a time (default 256 MiB)")
     sp = verb("gc", cmd_gc, "remove leftovers of crashed saves and deletes from an output directory")
     sp.add_argument("output_dir", metavar="OUTPUT_DIR")
     sp.add_argument("--dry-run", action="store_true", help="only say what would be removed")

@@ -19,7 +19,7 @@ from helpers.checkpoints import make_checkpoint, table_rows
 from recckpt.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VERBS = ["ls", "inspect", "verify", "diff", "export", "prune", "gc"]
+VERBS = ["ls", "inspect", "verify", "diff", "export", "prune", "gc", "compact"]
 
 
 def run(capsys, *argv):
@@ -241,3 +241,19 @@ def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, tmp_path):
     code, out, err = run(capsys, "export", str(tmp_path / "run" / "c"), "--out", str(tmp_path / "b"),
                          "--chunk-rows", "50")
     assert code == 0 and "export:" in err and "rows" in err
+
+
+def test_compact_verb_folds_a_chain_into_one_full_checkpoint(capsys, tmp_path):
+    from unit.test_incremental import assert_contents, run_chain
+    import recckpt
+    model, saver, snaps = run_chain(tmp_path / "run", n_incr=3)
+    code, doc, _ = run_json(capsys, "compact", str(tmp_path / "run" / "c3"), str(tmp_path / "run" / "full3"))
+    assert code == 0 and doc["links"] == 4 and doc["rows"] == len(snaps["c3"]["embedding"])
+    view = recckpt.open(str(tmp_path / "run" / "full3"))
+    assert view.parent is None                       # a full checkpoint: no chain behind it
+    fresh = type(model)()
+    opt = recckpt.SparseAdam([fresh.emb], lr=0.05)       # the optimizer slots the chain holds
+    recckpt.Saver(fresh, opt, output_dir=tmp_path / "run").load(ckpt_id="full3")
+    assert_contents(fresh.emb, snaps["c3"])
+    code, _, err = run(capsys, "compact", str(tmp_path / "run" / "c3"), str(tmp_path / "run" / "full3"))
+    assert code != 0 and "full3" in err and "Traceback" not in err   # exists already: one line, no overwrite

@@ -360,7 +360,9 @@ class Saver:
             if handed_over:
                 return self._failed_after_handover(ckpt_id, e, t0)
             committed = manifest is not None or self.is_committed(ckpt_id)
-            if not committed and not isinstance(e, CheckpointExistsError):
+            # A private staging target (stage != ckpt_id) is this save's alone, even when a rival
+            # committed the id; a target under the final keys may hold a rival's files.
+            if stage != ckpt_id or (not committed and not isinstance(e, CheckpointExistsError)):
                 try:
                     self.storage.discard(stage, ckpt_id, MANIFEST)   # never a committed checkpoint
                 except OSError:

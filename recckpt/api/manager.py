@@ -286,9 +286,7 @@ class CheckpointManager:
         that listed a shared store a moment apart must still restore the same checkpoint."""
         listing = None
         if self._agreement.rank == 0:
-            storage = self.saver.storage
-            listing = ([[cid, self._step_of(cid, m.metadata)] for cid, m in catalog.committed(storage)]
-                       if storage.isdir("") else [])
+            listing = [list(e) for e in self.checkpoints()] if self.saver.storage.isdir("") else []
         return self._agreement.broadcast0(listing)
 
     def restore(self, global_step: int | None = None, load_conf=None) -> int | None:

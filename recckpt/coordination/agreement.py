@@ -3,7 +3,7 @@
 Two things must be the same on every rank at a step boundary: a save decision that only rank 0 can
 make (a clock), and a preemption request that reached any one rank. `Agreement.exchange` settles both
 in one small all_reduce on recckpt's step group (groups.py), and only when asked: the manager calls it
-only when a policy or the preemption handler needs it. `restore` uses `broadcast0` and `all_true` to make
+only when a policy or the preemption handler needs it. `restore` uses `broadcast0` and `worst` to make
 every rank load the same checkpoint.
 
 `LocalAgreement` is the one-worker case: nothing travels.
@@ -24,9 +24,6 @@ class LocalAgreement:
 
     def broadcast0(self, obj):
         return obj
-
-    def all_true(self, ok: bool) -> bool:
-        return bool(ok)
 
     def worst(self, code: int) -> int:
         return int(code)
@@ -67,12 +64,6 @@ class Agreement(LocalAgreement):
         t = torch.tensor([int(bool(rank0_flag)) if self.rank == 0 else 0, int(signal)], dtype=torch.int64)
         t = self._run("the per-step agreement", lambda g: self._all_reduce(t, self._dist.ReduceOp.MAX, g))
         return bool(t[0]), int(t[1])
-
-    def all_true(self, ok: bool) -> bool:
-        import torch
-        t = torch.tensor([1 if ok else 0], dtype=torch.int64)
-        t = self._run("agreeing on a restore", lambda g: self._all_reduce(t, self._dist.ReduceOp.MIN, g))
-        return bool(t[0])
 
     def worst(self, code: int) -> int:
         """The largest `code` of any rank (e.g. 0 ok, 1 recoverable, 2 fatal), on every rank."""

@@ -22,18 +22,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compare  # noqa: E402
 
-from recckpt import _C  # noqa: E402
+from recckpt import _C, ReadOptions  # noqa: E402
 
 SETTINGS = {"on": _C.DEFAULT_READAHEAD_BYTES, "off": 0}
 
 
 def child(path: str, setting: str, cache: str, ids: int, dim: int, threads: int) -> None:
-    from recckpt.format import sparse_io
-    sparse_io.READAHEAD_BYTES = SETTINGS[setting]
+    read_options = ReadOptions(readahead_bytes=SETTINGS[setting])
     dst, dst_opt = compare.fresh_model(compare.dense_keys(64), dim)
     (compare.drop_cache if cache == "cold" else compare.warm_cache)(path)
     t = time.perf_counter()
-    compare.recckpt_load(dst, dst_opt, path, threads)
+    compare.recckpt_load(dst, dst_opt, path, threads, read_options)
     dt = time.perf_counter() - t
     if len(dst.table) != ids:
         raise SystemExit(f"loaded {len(dst.table)} rows, saved {ids}")

@@ -17,7 +17,7 @@ import argparse
 import json
 import time
 
-from recckpt.format import checked_json, names, structure
+from recckpt.format import checked_json, layout, names, structure
 from recckpt.format.schema import index_from_json
 
 
@@ -35,7 +35,7 @@ def build(segments: int, nb: int = 16, cb: int = 1 << 16) -> dict:
         cols = []
         for k, w in enumerate(rb):
             if k:
-                pos += -pos % names.COLUMN_ALIGN
+                pos = layout.align_up(pos)
             n = rows * w
             cols.append({"offset": pos, "length": n, "crc32c": [7] * -(-n // cb)})
             pos += n

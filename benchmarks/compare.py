@@ -241,8 +241,9 @@ def recckpt_save(src, opt, path, threads):
     Saver(src, sparse_optim=opt, output_dir=path, concurrency=threads, max_keep=None).save("c")
 
 
-def recckpt_load(dst, dst_opt, path, threads):
-    Saver(dst, sparse_optim=dst_opt, output_dir=path, concurrency=threads).load(ckpt_id="c")
+def recckpt_load(dst, dst_opt, path, threads, read_options=None):
+    Saver(dst, sparse_optim=dst_opt, output_dir=path, concurrency=threads,
+          read_options=read_options).load(ckpt_id="c")
 
 
 def recckpt_mmap_load(dst, dst_opt, path, threads):

@@ -9,6 +9,7 @@ _EXPORTS = {
     "Saver": "recckpt.api.saver",
     "LoadResult": "recckpt.api.load_apply",
     "SaveOptions": "recckpt.api.options",
+    "ReadOptions": "recckpt.format.sparse_io",
     "LoadConfig": "recckpt.api.load_config",
     "CheckpointManager": "recckpt.api.manager",
     "compact": "recckpt.api.compaction",

@@ -21,7 +21,8 @@ from ..format import catalog
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
 from ..format.names import MANIFEST, validate_ckpt_id
-from ..format.sparse_io import SparseWriteOptions, TableSource, row_granule
+from ..format.layout import segment_rows
+from ..format.sparse_io import SparseWriteOptions, TableSource
 from ..storage import open_storage
 from .chain_load import plan_chain_rows
 
@@ -121,9 +122,7 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
             rbs = [s.row_bytes for s in info.slots.values()]
             upper = sum(link.manifest.tables[name].rows for link in tl)   # rows before removals win
             groups = max(1, min(m.num_buckets, -(-upper * (8 + sum(rbs)) // max(1, memory_bytes))))
-            g = row_granule(rbs)
-            seg_rows = max(1, SEGMENT_BYTES // (8 + sum(rbs)))
-            seg_rows = seg_rows - seg_rows % g if seg_rows >= g else seg_rows
+            seg_rows = segment_rows(SEGMENT_BYTES, rbs)
             rows_iter = _surviving_rows(tl, name, m.num_buckets, groups, slots, rbs)
             sources.append(TableSource(name, dict(info.slots), upper, _segments_of(rows_iter, seg_rows)))
         parts = []

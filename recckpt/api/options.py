@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import InvalidArgumentError
 from ..format.hashing import DEFAULT_NUM_BUCKETS, NUM_BUCKETS_LIMIT
 
 
@@ -47,13 +48,13 @@ class SaveOptions:
                          ("staging_bytes", 256)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                raise ValueError(f"SaveOptions.{name} must be an integer >= {lo}, got {v!r}")
+                raise InvalidArgumentError(f"SaveOptions.{name} must be an integer >= {lo}, got {v!r}")
         for name in ("coordination_timeout_s", "storage_timeout_s"):
             t = getattr(self, name)
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-                raise ValueError(f"SaveOptions.{name} must be a number of seconds > 0, got {t!r}")
+                raise InvalidArgumentError(f"SaveOptions.{name} must be a number of seconds > 0, got {t!r}")
         if self.num_buckets >= NUM_BUCKETS_LIMIT:
-            raise ValueError(f"SaveOptions.num_buckets={self.num_buckets} is out of the format's range: "
+            raise InvalidArgumentError(f"SaveOptions.num_buckets={self.num_buckets} is out of the format's range: "
                              f"1 <= num_buckets < 2**24 ({NUM_BUCKETS_LIMIT}); the default is {DEFAULT_NUM_BUCKETS}")
         if self.chunk_bytes >= 1 << 31:
-            raise ValueError("SaveOptions.chunk_bytes must be below 2 GiB")
+            raise InvalidArgumentError("SaveOptions.chunk_bytes must be below 2 GiB")

@@ -18,7 +18,8 @@ from ..format import catalog, dtypes, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.schema import ParentRef, SlotInfo
-from ..format.sparse_io import SparseWriteOptions, TableSource, row_granule
+from ..format.layout import granule_cut, row_granule, segment_rows
+from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
 from ..state.protocol import ChangeTracking, SparseState, split_sparse_dense_state_dict
 from ..state.staging import StagingPool
@@ -73,6 +74,7 @@ class Saver:
             applied only after a new checkpoint commits; it is `KeepPolicy(max_keep)` (`self.keep`).
         concurrency: writer threads (and shard files per worker) for sparse tables; reader threads on load.
         options: SaveOptions (bucket count, checksum chunk, segment size, fsync, storage timeout).
+        read_options: ReadOptions (read batch size, kernel read-ahead) for loads: tuning only.
         storage_options: passed to fsspec for an fsspec URL (endpoint_url, key/secret, profile, ...),
             and used for every other path this Saver opens unless a load names its own.
         eviction: an `EvictionPolicy` applied to every table with counters when a save captures the
@@ -86,7 +88,7 @@ class Saver:
     def __init__(self, model, sparse_optim=None, output_dir: str | os.PathLike | None = None,
                  max_keep: int | None = 1, concurrency: int = 4, *, options: SaveOptions | None = None,
                  storage_options: dict | None = None, eviction: EvictionPolicy | None = None,
-                 write_filter: EvictionPolicy | None = None):
+                 write_filter: EvictionPolicy | None = None, read_options: ReadOptions | None = None):
         if output_dir is None:
             raise ValueError("Saver needs output_dir: a local directory or an fsspec URL")
         if max_keep is not None and (not isinstance(max_keep, int) or isinstance(max_keep, bool) or max_keep < 1):
@@ -97,6 +99,9 @@ class Saver:
         self.sparse_optim = sparse_optim
         self.output_dir = os.fspath(output_dir)
         self.options = options or SaveOptions()
+        if read_options is not None and not isinstance(read_options, ReadOptions):
+            raise TypeError(f"read_options must be a recckpt.ReadOptions, got {type(read_options).__name__}")
+        self.read_options = read_options or ReadOptions()
         self.storage_options = storage_options
         self.storage = self.open_storage(self.output_dir)
         self.keep = KeepPolicy(max_keep=max_keep)
@@ -173,11 +178,9 @@ class Saver:
         meta = table.sparse_meta()
         slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
         names = list(slots)
-        max_rows = max(1, self.options.segment_bytes // (8 + sum(s.row_bytes for s in slots.values())))
         # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
+        max_rows = segment_rows(self.options.segment_bytes, [s.row_bytes for s in slots.values()])
         granule = row_granule(s.row_bytes for s in slots.values())
-        if max_rows >= granule:
-            max_rows -= max_rows % granule
 
         changes = None
         if since is not None:
@@ -219,7 +222,7 @@ class Saver:
                             f"the table's metadata says {spec.dtype} {(n, *spec.shape)}")
                     out.append(_row_bytes_view(c.detach().cpu(), n, slots[k].row_bytes))
                 ids_np = ids.detach().cpu().contiguous().numpy()
-                cut = n - n % granule
+                cut = granule_cut(n, granule)
                 if 0 < cut < n:  # whole granules, then the short rest as its own segment
                     yield ids_np[:cut], [c[:cut] for c in out]
                     yield ids_np[cut:], [c[cut:] for c in out]
@@ -565,7 +568,7 @@ class Saver:
         shard_id, world = resolve_shard(shard_id, shard_num)
         storage, ckpt_dir, resolved_id = self._resolve(ckpt_path, ckpt_id, direct_path, storage_options)
         try:
-            reader = CheckpointReader(storage, ckpt_dir, threads=self.concurrency)
+            reader = CheckpointReader(storage, ckpt_dir, threads=self.concurrency, read_options=self.read_options)
             result = LoadResult(reader.describe(), resolved_id)
             result.metadata = dict(reader.manifest.metadata)
             plan = LoadPlan(self.model, self.sparse_optim, self.registry, reader, conf, result)

@@ -42,7 +42,8 @@ def open_chain(newest: CheckpointReader) -> list[CheckpointReader]:
                 f"{cur.describe()} is an incremental checkpoint on {ref.ckpt_id!r}, a sibling directory: "
                 f"open it through its output directory (ckpt_path=<output_dir>, ckpt_id=...)")
         try:
-            parent = CheckpointReader(storage, sibling(cur.ckpt_dir, ref.ckpt_id), threads=newest.threads)
+            parent = CheckpointReader(storage, sibling(cur.ckpt_dir, ref.ckpt_id), threads=newest.threads,
+                                      read_options=newest.read_options)
         except FileNotFoundError:
             raise CorruptCheckpointError(
                 f"{where}: link of the chain of {newest.describe()} is missing (parent of {cur.describe()}); "

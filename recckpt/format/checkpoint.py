@@ -14,7 +14,7 @@ from ..errors import CorruptCheckpointError
 from ..storage import Storage
 from . import catalog, checked_json, names, safetensors_io, structure, tree_codec
 from .schema import (FileInfo, IndexDoc, Manifest, ParentRef, TableInfo, SlotInfo, index_from_json)
-from .sparse_io import SegmentReader, SparseWriteOptions, TableSource, write_tables
+from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
 
 
 @dataclass
@@ -158,8 +158,9 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
 class CheckpointReader:
     """One committed checkpoint. Every accessor verifies what it returns."""
 
-    def __init__(self, storage: Storage, ckpt_dir: str, threads: int = 4):
+    def __init__(self, storage: Storage, ckpt_dir: str, threads: int = 4, read_options: ReadOptions | None = None):
         self.storage, self.ckpt_dir, self.threads = storage, ckpt_dir, threads
+        self.read_options = read_options or ReadOptions()
         self.manifest = catalog.read_manifest(storage, ckpt_dir)
         self._parsed: IndexDoc | None = None
         self._index: IndexDoc | None = None
@@ -233,7 +234,7 @@ class CheckpointReader:
     @property
     def segments(self) -> SegmentReader:
         if self._segments is None:
-            seg = SegmentReader(self.storage, self.ckpt_dir, self.index, self.threads)
+            seg = SegmentReader(self.storage, self.ckpt_dir, self.index, self.threads, self.read_options)
             # Every offset and length of the index lies inside the size it records for its file; checking
             # those sizes against the files now bounds every later allocation by what is really on disk.
             seg.check_sizes()

@@ -8,10 +8,9 @@ from ..errors import InvalidCheckpointIdError
 
 FORMAT_NAME = "recckpt"
 FORMAT_VERSION = 3                   # what this recckpt writes
-READABLE_FORMAT_VERSIONS = (1, 2, 3)  # what it reads: 2 added the slot-column alignment below,
+READABLE_FORMAT_VERSIONS = (1, 2, 3)  # what it reads: 2 added the slot-column alignment (format/layout.py),
 #                                       3 incremental checkpoints (parent, changed rows, removed ids)
 INCREMENTAL_SINCE = 3                # the first version whose manifests may name a parent
-COLUMN_ALIGN = 4096                  # version 2: non-empty slot columns start at multiples of this
 
 VERSION_FILE = "checkpoint"          # <output_dir>/checkpoint: committed ids, oldest first
 STAGING_PREFIX = ".staging-"         # <output_dir>/.staging-<ckpt_id>-<nonce>/ while a save is running

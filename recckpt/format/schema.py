@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
-from . import dtypes
+from . import dtypes, layout
 from .hashing import HASH_NAME, NUM_BUCKETS_LIMIT
-from .names import (COLUMN_ALIGN, FORMAT_NAME, FORMAT_VERSION, INCREMENTAL_SINCE, READABLE_FORMAT_VERSIONS,
+from .names import (FORMAT_NAME, FORMAT_VERSION, INCREMENTAL_SINCE, READABLE_FORMAT_VERSIONS,
                     validate_ckpt_id, validate_relpath)
 
 CATEGORIES = ("sparse", "sparse_opt")
@@ -122,12 +122,11 @@ class Segment:
     columns: tuple[Column, ...]  # [ids, slot 0, slot 1, ...]
 
     def pad_before(self, k: int, format_version: int) -> int:
-        """Zero bytes between column k-1 and column k: format version 2's alignment padding (< COLUMN_ALIGN,
-        as the index validation pins the layout); 0 for the ids column and in version 1."""
-        if k == 0 or format_version < 2:
+        """Zero bytes before column k (the rule: `layout.pad_before`)."""
+        if k == 0:
             return 0
         prev = self.columns[k - 1]
-        return max(0, self.columns[k].offset - (prev.offset + prev.length))
+        return layout.pad_before(prev.offset + prev.length, self.columns[k].offset, k, format_version)
 
     def to_json(self):
         b = self.buckets
@@ -374,14 +373,13 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
             if c.offset + c.length > size:
                 v.fail(sw, f"block {k} [{c.offset}, {c.offset + c.length}) lies beyond the end of "
                            f"{doc.files[fi][0]} ({size} bytes)")
-        if ver >= 2:
+        if ver >= layout.ALIGNED_FROM_VERSION:
             for k, c in enumerate(cols[1:], 1):
-                end = cols[k - 1].offset + cols[k - 1].length
-                want = end + (-end % COLUMN_ALIGN if c.length else 0)
+                want = layout.column_start(cols[k - 1].offset + cols[k - 1].length, k, c.length, ver)
                 if c.offset != want:
                     v.fail(f"{sw}.columns[{k}].offset", f"{c.offset}, expected {want}: in format version {ver} "
                                                         f"a slot column follows the previous column, padded "
-                                                        f"to a multiple of {COLUMN_ALIGN} when not empty")
+                                                        f"to a multiple of {layout.COLUMN_ALIGN} when not empty")
         return Segment(fi, rows, buckets, cols)
 
     for name, t in v.dict(v.get(obj, "tables", ""), "tables").items():

@@ -7,7 +7,6 @@ are one contiguous range per column, read in parallel and checked against the ch
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -15,9 +14,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .. import _C
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, InvalidArgumentError
 from ..storage import Storage
-from . import names
+from . import layout, names
 from .catalog import check_inside
 from .schema import Column, IndexDoc, Segment, SlotInfo
 
@@ -34,19 +33,6 @@ class TableSource:
     @property
     def nbytes(self) -> int:
         return self.rows * (8 + sum(s.row_bytes for s in self.slots.values()))
-
-
-def row_granule(row_bytes: Iterable[int]) -> int:
-    """The smallest row count g such that g rows of every slot fill whole COLUMN_ALIGN blocks.
-
-    Segments of a multiple of g rows keep, in a table's storage, every later segment's rows on the same
-    page offset as in the file (slot columns start page-aligned, format version 2), which is what lets
-    a load map them instead of copying. The saver cuts segments at multiples of g."""
-    g = 1
-    for rb in row_bytes:
-        if rb > 0:
-            g = math.lcm(g, names.COLUMN_ALIGN // math.gcd(rb, names.COLUMN_ALIGN))
-    return g
 
 
 @dataclass(frozen=True)
@@ -102,18 +88,57 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     return doc
 
 
-#: How far ahead of its reading threads the engine asks the kernel to start reading (local files);
-#: 0: off. A knob for benchmarks/bench_readahead.py.
-READAHEAD_BYTES: int = _C.DEFAULT_READAHEAD_BYTES
+@dataclass(frozen=True)
+class ReadOptions:
+    """How loads read shard files: tuning only, never what is read or how it is checked."""
+
+    batch_bytes: int = 64 << 20
+    """Bytes of rows planned into one parallel read (`SegmentReader.batches`). Bigger batches keep more
+    reads in flight and hold more scratch memory."""
+
+    readahead_bytes: int = _C.DEFAULT_READAHEAD_BYTES
+    """How far ahead of its reading threads the engine asks the kernel to start reading local files; 0
+    turns it off (benchmarks/bench_readahead.py compares both)."""
+
+    def __post_init__(self):
+        for name, lo in (("batch_bytes", 1), ("readahead_bytes", 0)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise InvalidArgumentError(f"ReadOptions.{name} must be an integer >= {lo}, got {v!r}")
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """Bytes [lo, hi) of one column of a shard file, checked against the column's chunk checksums.
+
+    `pad` is the zero padding before the column (`Segment.pad_before`); it is read and checked when
+    lo == 0, so no byte of a file goes unchecked by a full read."""
+    file: int            # position in IndexDoc.files
+    column: Column
+    lo: int
+    hi: int
+    what: str            # names the column in errors ("ids", "slot 'embedding'", ...)
+    checksum_step: int   # bytes per checksum chunk
+    pad: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.hi - self.lo
+
+    def for_engine(self, path: str, dst: np.ndarray) -> tuple:
+        """The engine's request tuple (csrc/io_bindings.cpp, read_ranges) for the file at `path`."""
+        c = self.column
+        return (path, c.offset, c.length, self.checksum_step, np.asarray(c.crc32c, dtype=np.uint32),
+                self.lo, self.hi, dst, self.pad)
 
 
 class SegmentReader:
     """Reads rows of one checkpoint's tables, verifying every byte it returns."""
 
     def __init__(self, storage: Storage, ckpt_dir: str, index: IndexDoc, threads: int = 4,
-                 batch_bytes: int = 64 << 20):
+                 options: ReadOptions | None = None):
         self.storage, self.ckpt_dir, self.index = storage, ckpt_dir, index
-        self.threads, self.batch_bytes = max(1, threads), batch_bytes
+        self.threads, self.options = max(1, threads), options or ReadOptions()
         self.bytes_read = 0
         self._checked_sizes: set[int] = set()
         self._scratch = np.empty(0, dtype=np.uint8)
@@ -124,9 +149,11 @@ class SegmentReader:
     def check_sizes(self) -> None:
         """Compare every shard file's size with the index (missing or truncated files fail here)."""
         for fi in range(len(self.index.files)):
-            self._check_size(fi)
+            self.check_size(fi)
 
-    def _check_size(self, fi: int):
+    def check_size(self, fi: int) -> None:
+        """Check shard file `fi` against the size the index records and that it lies inside the
+        checkpoint (once per file; a missing, truncated or replaced file fails here)."""
         if fi in self._checked_sizes:
             return
         rel, want = self.index.files[fi]
@@ -153,31 +180,31 @@ class SegmentReader:
             pos += n
         return out
 
-    def _read(self, table: str, reqs: list[tuple[int, Column, int, int, str, int, int]],
-              dsts: list[np.ndarray] | None = None, map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
-        """reqs: (file, column, lo, hi, what, checksum step, padding before the column) → verified bytes
-        [lo, hi) of each column (and, when lo == 0, zero padding before it),
-        written into `dsts` (writable uint8 arrays of hi - lo bytes) or into fresh arrays. Whole columns
-        whose destination lies in `map_into` at a page-congruent address are mapped, not copied."""
-        out = dsts if dsts is not None else [np.empty(hi - lo, dtype=np.uint8) for _, _, lo, hi, *_ in reqs]
-        for fi, *_ in reqs:
-            self._check_size(fi)
-        local = [self.storage.engine_path(self._path(fi)) for fi, *_ in reqs]
+    def read(self, table: str, reqs: list[ReadRequest], dsts: list[np.ndarray] | None = None,
+             map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
+        """The verified bytes [lo, hi) of each request (and, when lo == 0, the zero padding before its
+        column is checked too), written into `dsts` (writable uint8 arrays of hi - lo bytes) or into
+        fresh arrays. Whole columns whose destination lies in `map_into` at a page-congruent address
+        are mapped, not copied."""
+        out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
+        for r in reqs:
+            self.check_size(r.file)
+        local = [self.storage.engine_path(self._path(r.file)) for r in reqs]
         if all(p is not None for p in local):
-            engine_reqs = [(path, c.offset, c.length, step, np.asarray(c.crc32c, dtype=np.uint32), lo, hi, dst, pad)
-                           for path, (fi, c, lo, hi, _, step, pad), dst in zip(local, reqs, out)]
-            nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=READAHEAD_BYTES,
+            engine_reqs = [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)]
+            nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=self.options.readahead_bytes,
                                            map_into=map_into)
             self.bytes_read += nread
             if errors:
                 i, msg = errors[0]
-                fi, what = reqs[i][0], reqs[i][4]
+                fi, what = reqs[i].file, reqs[i].what
                 raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
                                              f"{what}: {msg}", self._path(fi), table=table)
             return out
         # Through the store: every range (and padding) the requests need, exactly, in one concurrent call.
         ranges, spans = [], []
-        for fi, c, lo, hi, what, step, pad in reqs:
+        for r in reqs:
+            fi, c, lo, hi, step, pad = r.file, r.column, r.lo, r.hi, r.checksum_step, r.pad
             k0, k1 = lo // step, -(-hi // step) if hi > lo else lo // step
             start, end = k0 * step, min(k1 * step, c.length)
             check_pad = bool(pad and lo == 0 and hi > 0)
@@ -186,7 +213,8 @@ class SegmentReader:
             ranges.append((self._path(fi), c.offset + start, c.offset + end))
             spans.append((check_pad, k0, k1, start, end))
         datas = iter(self.storage.read_ranges(ranges))
-        for (fi, c, lo, hi, what, step, pad), (check_pad, k0, k1, start, end), dst in zip(reqs, spans, out):
+        for r, (check_pad, k0, k1, start, end), dst in zip(reqs, spans, out):
+            fi, c, lo, hi, what, step = r.file, r.column, r.lo, r.hi, r.what, r.checksum_step
             where = self.storage.describe(self._path(fi))
             if check_pad and any(next(datas)):
                 raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: non-zero byte in the padding "
@@ -219,8 +247,8 @@ class SegmentReader:
 
     def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list[np.ndarray]:
         """The verified bucket offsets of each of `segs`, read in one parallel call."""
-        raws = self._read(table, [(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
-                                   max(seg.buckets.length, 1), 0) for seg in segs])
+        raws = self.read(table, [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
+                                             max(seg.buckets.length, 1)) for seg in segs])
         nb = self.index.num_buckets
         out = []
         for seg, raw in zip(segs, raws):
@@ -233,17 +261,17 @@ class SegmentReader:
         return out
 
     def _row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
-                      row_bytes: list[int]) -> list[tuple]:
-        """`_read` requests for rows [r0, r1) of a segment: its ids, then each slot in `slots` (column
+                      row_bytes: list[int]) -> list[ReadRequest]:
+        """`read` requests for rows [r0, r1) of a segment: its ids, then each slot in `slots` (column
         `col_of[k]`, `row_bytes[k]` bytes a row), slot columns with their alignment padding."""
         cb, ver = self.index.chunk_bytes, self.index.format_version
-        return [(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb, 0)] + [
-            (seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c, ver))
+        return [ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb)] + [
+            ReadRequest(seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c, ver))
             for s, c, rb in zip(slots, col_of, row_bytes)]
 
     def batches(self, table: str, slots: list[str], row_bytes: list[int],
                 bucket_lo: int = 0, bucket_hi: int | None = None) -> Iterator["ReadBatch"]:
-        """Plan the reads of buckets [lo, hi) of `table` in batches of about `batch_bytes`: each batch
+        """Plan the reads of buckets [lo, hi) of `table` in batches of about `options.batch_bytes`: each batch
         is one or more segments' row ranges, read together so the engine's threads share the work."""
         all_slots, segs = self.index.tables[table]
         col_of = [1 + all_slots.index(s) for s in slots]
@@ -258,7 +286,7 @@ class SegmentReader:
             if r1 == r0:
                 continue
             batch.add(r1 - r0, self._row_requests(seg, r0, r1, slots, col_of, row_bytes))
-            if batch.nbytes >= self.batch_bytes:
+            if batch.nbytes >= self.options.batch_bytes:
                 yield batch
                 batch = ReadBatch(table, row_bytes)
         if batch.rows:
@@ -274,10 +302,10 @@ class SegmentReader:
         for seg, off in self.iter_bucket_offsets(table, segs):
             r0, r1 = (0, seg.rows) if (bucket_lo, hi_b) == (0, nb) else (int(off[bucket_lo]), int(off[hi_b]))
             if r1 > r0:
-                reqs.append((seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids", self.index.chunk_bytes, 0))
+                reqs.append(ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids", self.index.chunk_bytes))
         if not reqs:
             return np.empty(0, dtype="<i8")
-        return np.concatenate([a.view("<i8") for a in self._read(table, reqs)])
+        return np.concatenate([a.view("<i8") for a in self.read(table, reqs)])
 
     def map_table(self, table: str, slots: list[str], row_bytes: list[int], bucket_lo: int = 0,
                   bucket_hi: int | None = None, spare_rows: int = 0) -> "MappedTable":
@@ -297,7 +325,7 @@ class SegmentReader:
             if r1 > r0:
                 parts.append((seg, r0, r1))
         # Whole segments of whole granules first: each then starts on the page offset of its file column.
-        g = row_granule(row_bytes)
+        g = layout.row_granule(row_bytes)
         parts.sort(key=lambda p: not (p[1] == 0 and p[2] == p[0].rows and p[0].rows % g == 0))
         rows = sum(r1 - r0 for _, r0, r1 in parts)
         cap = rows + spare_rows
@@ -318,7 +346,7 @@ class SegmentReader:
             dsts += [whole[st + rb * pos:st + rb * (pos + n)] for rb, st in zip(row_bytes, starts)]
             pos += n
         if reqs:
-            self._read(table, reqs, dsts, map_into=region)
+            self.read(table, reqs, dsts, map_into=region)
         cols = {s: whole[st:st + cap * rb] for s, rb, st in zip(slots, row_bytes, starts)}
         return MappedTable(rows, ids, cols, region.bytes_mapped)
 
@@ -349,7 +377,7 @@ class SegmentReader:
                 flat_reqs.append(r)
                 flat_dst.append(out[c][pos[c]:pos[c] + nb])
                 pos[c] += nb
-        self._read(batch.table, flat_reqs, dsts=flat_dst)
+        self.read(batch.table, flat_reqs, dsts=flat_dst)
         return out
 
     def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
@@ -365,7 +393,7 @@ class SegmentReader:
                 ids = cols[0][8 * pos:8 * (pos + n)].view("<i8")
                 parts = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols[1:], row_bytes)]
                 pos += n
-                yield (ids, parts, reqs[0][0]) if with_file else (ids, parts)
+                yield (ids, parts, reqs[0].file) if with_file else (ids, parts)
 
 
 @dataclass
@@ -383,11 +411,11 @@ class ReadBatch:
 
     def __init__(self, table: str, row_bytes: list[int]):
         self.table, self.row_bytes = table, list(row_bytes)
-        self.parts: list[tuple[int, list]] = []  # (rows, [request per column])
+        self.parts: list[tuple[int, list[ReadRequest]]] = []  # (rows, [request per column])
         self.rows = 0
         self.nbytes = 0
 
-    def add(self, rows: int, reqs: list) -> None:
+    def add(self, rows: int, reqs: list[ReadRequest]) -> None:
         self.parts.append((rows, reqs))
         self.rows += rows
-        self.nbytes += sum(r[3] - r[2] for r in reqs)
+        self.nbytes += sum(r.nbytes for r in reqs)

@@ -3,7 +3,7 @@
 Every shard file is tiled exactly by the blocks the index places in it (each segment's bucket offsets,
 ids and slot columns): no overlap, no gap, no block shared by two segments, the last block ending at
 the file's recorded size. Only format version 2's alignment padding (zeros before a non-empty slot
-column, up to the next multiple of COLUMN_ALIGN) lies between blocks. With the sizes checked against
+column, up to the next multiple of layout.COLUMN_ALIGN) lies between blocks. With the sizes checked against
 the files on disk, this bounds every read and allocation of a load by the bytes on disk: a block
 listed twice, or zero-row segments sharing one large bucket block, would otherwise be read (and
 buffered) once per mention. The loader and `verify` both use this module; `verify` reports every
@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import CorruptCheckpointError
-from .names import COLUMN_ALIGN
+from . import layout
 from .schema import IndexDoc
 
 #: Misplaced blocks quoted per file in a finding (the count is always given).
@@ -28,7 +28,7 @@ def tiling_problems(index: IndexDoc, describe: Callable[[str], str]) -> dict[int
     `describe(rel)` names a file in messages. Linear in the number of blocks (plus a sort)."""
     nfiles = len(index.files)
     fis, offs, lens, aligned = [], [], [], []
-    align = index.format_version >= 2
+    ver = index.format_version
     # Table segments and an incremental checkpoint's removed-id segments share the shard files.
     for segs in [segs for _, segs in index.tables.values()] + list(index.removed.values()):
         for s in segs:
@@ -40,7 +40,7 @@ def tiling_problems(index: IndexDoc, describe: Callable[[str], str]) -> dict[int
                 fis.append(s.file)
                 offs.append(c.offset)
                 lens.append(c.length)
-                aligned.append(align and k > 0 and c.length > 0)
+                aligned.append(layout.is_aligned(k, c.length, ver))
     fi = np.asarray(fis, dtype=np.int64)
     off = np.asarray(offs, dtype=np.int64)   # schema validation: 0 <= offset + length <= size < 2**63
     ln = np.asarray(lens, dtype=np.int64)
@@ -55,7 +55,7 @@ def tiling_problems(index: IndexDoc, describe: Callable[[str], str]) -> dict[int
     prev_end = np.zeros(len(fi), dtype=np.int64)
     prev_end[1:] = end[:-1]
     prev_end[first] = 0
-    want = prev_end + np.where(al, -prev_end % COLUMN_ALIGN, 0)
+    want = np.where(al, layout.align_up(prev_end), prev_end)
     bad = np.nonzero(off != want)[0]
     out: dict[int, CorruptCheckpointError] = {}
     by_file: dict[int, list[int]] = {}

@@ -22,7 +22,7 @@ from ..storage import Storage, open_storage
 from . import checked_json, extras as extras_fmt, names, safetensors_io, structure
 from .checkpoint import CheckpointReader
 from .schema import IndexDoc, index_from_json
-from .sparse_io import SegmentReader
+from .sparse_io import ReadRequest, SegmentReader
 
 _WINDOW = 64 << 20  # bytes of one column read at a time
 
@@ -153,11 +153,11 @@ class _Checker:
             index = self.reader.parsed_index()
         except (CorruptCheckpointError, IncompatibleCheckpointError):
             return  # already reported
-        seg_reader = SegmentReader(self.storage, "", index, self.reader.threads)
+        seg_reader = SegmentReader(self.storage, "", index, self.reader.threads, self.reader.read_options)
         bad_files: set[int] = set()
         for fi in range(len(index.files)):
             try:
-                seg_reader._check_size(fi)
+                seg_reader.check_size(fi)
             except CorruptCheckpointError as e:
                 self.problem(e)
                 bad_files.add(fi)
@@ -203,7 +203,7 @@ class _Checker:
             for lo in range(0, col.length, window):
                 hi = min(col.length, lo + window)
                 pad = seg.pad_before(k, index.format_version)
-                (data,) = seg_reader._read(table, [(seg.file, col, lo, hi, what, cb, pad)])
+                (data,) = seg_reader.read(table, [ReadRequest(seg.file, col, lo, hi, what, cb, pad)])
                 if k == 0:
                     self.check_ids(table, seg, data.view("<i8"), off, lo // 8, index)
 

@@ -10,14 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from recckpt.errors import DuplicateIdsError
 import torch
 
-from recckpt import HashTable, Saver, SaveOptions, _C
-from recckpt.errors import CorruptCheckpointError
-from recckpt.format.sparse_io import SegmentReader
-from recckpt.state.protocol import BulkAppend, SlotSpec
 from helpers.tables import DictTable, assert_tables_equal, table_contents
+from recckpt import _C, HashTable, ReadOptions, SaveOptions, Saver
+from recckpt.errors import CorruptCheckpointError, DuplicateIdsError
+from recckpt.state.protocol import BulkAppend, SlotSpec
 
 
 class Holder(torch.nn.Module):
@@ -51,11 +49,12 @@ def empty_like(t: HashTable, dtype=None):
     return out
 
 
-def roundtrip(tmp_path, tables, opts, concurrency, load_tables=None, load_conf=None, shard=(0, 1)):
+def roundtrip(tmp_path, tables, opts, concurrency, load_tables=None, load_conf=None, shard=(0, 1),
+              read_options=None):
     src = Holder(*tables)
     Saver(src, output_dir=str(tmp_path), concurrency=concurrency, options=opts).save("c")
     dst = Holder(*(load_tables or [empty_like(t) for t in tables]))
-    Saver(dst, output_dir=str(tmp_path), concurrency=concurrency).load(
+    Saver(dst, output_dir=str(tmp_path), concurrency=concurrency, read_options=read_options).load(
         load_conf=load_conf, shard_id=shard[0], shard_num=shard[1])
     return src, dst
 
@@ -123,15 +122,8 @@ class Counting:
 def test_replace_load_uses_direct_path_and_matches(tmp_path, monkeypatch, batch_bytes):
     """One batch per segment, a few segments per batch, everything in one batch."""
     c = Counting(monkeypatch)
-    init = SegmentReader.__init__
-
-    def small_batches(self, *a, **k):
-        init(self, *a, **k)
-        self.batch_bytes = batch_bytes
-
-    monkeypatch.setattr(SegmentReader, "__init__", small_batches)
     opts = SaveOptions(num_buckets=8, chunk_bytes=64, segment_bytes=300, fsync=False)
-    src, dst = roundtrip(tmp_path, [filled("t", 100)], opts, 2)
+    src, dst = roundtrip(tmp_path, [filled("t", 100)], opts, 2, read_options=ReadOptions(batch_bytes=batch_bytes))
     segments = -(-100 // (300 // 36))  # rows per segment = segment_bytes // (8 + 12 + 12 + 4)
     if batch_bytes == 1:
         assert c.calls == segments

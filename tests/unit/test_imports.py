@@ -22,12 +22,7 @@ ALLOWED_PRIVATE = {"_C"}
 #: (module, name) pairs that still break rule 1, each with the reason it may, until fixed. Empty since
 #: issue 13 item 1 gave Saver a public registry and write entry. Entries must match exactly: a fixed
 #: one fails the test until it is removed here, a new one fails it until it is fixed or listed.
-PENDING: frozenset[tuple[str, str]] = frozenset({
-    # fixed on branch issue-13b-full-370dc8d (SegmentReader.read/check_size, CheckpointReader.tree),
-    # not yet rebased onto this main
-    ("recckpt.format.verifier", "_check_size"),
-    ("recckpt.format.verifier", "_read"),
-})
+PENDING: frozenset[tuple[str, str]] = frozenset()
 
 #: Import cycles that still exist (sorted module lists), on the same terms as PENDING.
 PENDING_CYCLES: list[list[str]] = []

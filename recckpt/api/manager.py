@@ -304,7 +304,7 @@ class CheckpointManager:
             if not match:
                 raise CheckpointNotFoundError(
                     f"no committed checkpoint of global step {global_step} in {storage.describe()}; "
-                    f"committed: {[tuple(f) for f in found]}")
+                    f"committed: {[tuple(f) for f in found]}", path=storage.describe())
             candidates = match[-1:]
         else:
             candidates = [tuple(f) for f in reversed(found)]
@@ -344,7 +344,7 @@ class CheckpointManager:
             raise CheckpointNotFoundError(
                 f"{storage.describe(cid)} was loaded but records no global step (no {META_STEP!r} in its "
                 f"manifest metadata and its id does not match {self.prefix!r}<step>); it was not written "
-                f"by a CheckpointManager with this prefix")
+                f"by a CheckpointManager with this prefix", path=storage.describe(cid))
         self.global_step, self.restored_from, self.restored = step, cid, result
         if result.io_state_dropped:
             if self._rng is not None:
@@ -415,7 +415,8 @@ class CheckpointManager:
                     raise CheckpointNotFoundError(
                         f"model bank source #{i} ({path}) has resume_step=True, but {res.path} records no "
                         f"global step (no {META_STEP!r} in its manifest metadata); it was not written by a "
-                        f"CheckpointManager. Sources already applied: {', '.join(r.path for r in results)}")
+                        f"CheckpointManager. Sources already applied: {', '.join(r.path for r in results)}",
+                        path=res.path)
                 self.global_step = step
                 self._last_save_time = time.monotonic()
         return results

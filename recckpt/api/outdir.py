@@ -34,7 +34,8 @@ class Listing:
 def _require_dir(storage) -> None:
     if not storage.isdir(""):
         raise CheckpointNotFoundError(f"{storage.describe()} is not a directory; pass an output directory "
-                                      f"(the one given to Saver/CheckpointManager as output_dir)")
+                                      f"(the one given to Saver/CheckpointManager as output_dir)",
+                                      path=storage.describe())
     if storage.exists(names.MANIFEST):
         raise InvalidArgumentError(f"{storage.describe()} is one checkpoint, not an output directory; pass "
                                    f"its parent directory")

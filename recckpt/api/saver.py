@@ -524,7 +524,8 @@ class Saver:
             if not storage.exists(MANIFEST):
                 raise CheckpointNotFoundError(
                     f"{storage.describe()} is not a committed checkpoint (no manifest.json); with "
-                    f"direct_path=True pass the checkpoint directory itself, e.g. <output_dir>/<ckpt_id>")
+                    f"direct_path=True pass the checkpoint directory itself, e.g. <output_dir>/<ckpt_id>",
+                    path=storage.describe())
             if catalog.read_manifest(storage, "").parent is not None:
                 # An increment's parents are its sibling directories: open it from its output directory.
                 head, _, name = os.fspath(ckpt_path).rstrip("/").rpartition("/")
@@ -533,21 +534,22 @@ class Saver:
             return storage, "", None
         storage = self.storage if ckpt_path is None else self.open_storage(ckpt_path, storage_options)
         if not storage.isdir(""):
-            raise CheckpointNotFoundError(f"checkpoint directory {storage.describe()} does not exist")
+            raise CheckpointNotFoundError(f"checkpoint directory {storage.describe()} does not exist",
+                                          path=storage.describe())
         if ckpt_id is None:
             found = catalog.committed(storage)
             if not found:
                 raise CheckpointNotFoundError(
                     f"no committed checkpoint in {storage.describe()} (version file "
                     f"{'missing' if catalog.read_version_file(storage) is None else 'lists none that exist'}); "
-                    f"save one first, or pass ckpt_path/ckpt_id of an existing checkpoint")
+                    f"save one first, or pass ckpt_path/ckpt_id of an existing checkpoint", path=storage.describe())
             ckpt_id = found[-1][0]
         else:
             validate_ckpt_id(ckpt_id)
             if not catalog.is_committed(storage, ckpt_id):
                 raise CheckpointNotFoundError(
                     f"checkpoint {storage.describe(ckpt_id)} does not exist or was never committed; "
-                    f"committed: {[i for i, _ in catalog.committed(storage)]}")
+                    f"committed: {[i for i, _ in catalog.committed(storage)]}", path=storage.describe(ckpt_id))
         return storage, ckpt_id, ckpt_id
 
     def load(self, ckpt_path: str | None = None, ckpt_id: str | None = None, load_conf=None,

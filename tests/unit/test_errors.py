@@ -74,3 +74,36 @@ def test_builtin_bases_still_catch():
     assert isinstance(errors.CheckpointNotFoundError("x", path="/p"), FileNotFoundError)
     assert isinstance(errors.DuplicateIdsError("x", table="t"), ValueError)
     assert isinstance(errors.AsyncCommitOutcomeUnknownError("x"), errors.CommitOutcomeUnknownError)
+
+
+def test_checkpoint_not_found_names_its_path(tmp_path):
+    """Each way a load, restore or listing can find no checkpoint sets `path` to where it looked."""
+    import pytest
+    import torch
+
+    from recckpt import CheckpointManager, Saver
+    from recckpt.api import outdir
+
+    model = torch.nn.Linear(2, 2)
+    saver = Saver(model, output_dir=str(tmp_path / "run"))
+    with pytest.raises(errors.CheckpointNotFoundError) as e:
+        saver.load()                                      # no directory yet
+    assert e.value.path and e.value.path.endswith("run")
+    saver.save("a")
+    with pytest.raises(errors.CheckpointNotFoundError) as e:
+        saver.load(ckpt_id="b")                           # an id never committed
+    assert e.value.path and e.value.path.endswith("b")
+    with pytest.raises(errors.CheckpointNotFoundError) as e:
+        saver.load(ckpt_path=str(tmp_path / "run"), direct_path=True)   # not a checkpoint directory
+    assert e.value.path and e.value.path.endswith("run")
+    with pytest.raises(errors.CheckpointNotFoundError) as e:
+        outdir.list_checkpoints(str(tmp_path / "nowhere"))
+    assert e.value.path and e.value.path.endswith("nowhere")
+    mgr = CheckpointManager(Saver(model, output_dir=str(tmp_path / "m")))
+    mgr.step()
+    mgr.save()
+    mgr.wait()
+    with pytest.raises(errors.CheckpointNotFoundError) as e:
+        mgr.restore(global_step=99)
+    assert e.value.path and e.value.path.endswith("m")
+    mgr.close()

@@ -49,7 +49,7 @@ def build(ids, dim, dense_mb):
 
 def tensors_of(m):
     t = m.table
-    return [t._ids[:len(t)]] + [t.slot(s) for s in t.slot_names] + [p.detach() for p in m.dense]
+    return [t.ids()] + [t.slot(s) for s in t.slot_names] + [p.detach() for p in m.dense]
 
 
 def main():

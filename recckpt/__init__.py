@@ -49,6 +49,7 @@ _EXPORTS = {
     "list_checkpoints": "recckpt.api.outdir",
     "prune": "recckpt.api.outdir",
     "gc": "recckpt.api.outdir",
+    "delete": "recckpt.api.outdir",
     "diff": "recckpt.api.compare",
 }
 

@@ -27,6 +27,10 @@ class RecckptError(Exception):
         """The structured fields, for re-raising with a longer message: `type(e)(msg, **e.fields())`."""
         return {"path": self.path, "table": self.table, "rank": self.rank}
 
+    def retold(self, message: str) -> "RecckptError":
+        """The same error (class and fields) with a new message: for adding context while re-raising."""
+        return type(self)(message, **self.fields())
+
 
 class CheckpointNotFoundError(RecckptError, FileNotFoundError):
     """No committed checkpoint where one was asked for (missing directory, empty version file, unknown id)."""
@@ -103,6 +107,11 @@ class StorageError(RecckptError, OSError):
         else:
             OSError.__init__(self, *args)
         self.path, self.table, self.rank = path, table, rank
+
+    def retold(self, message: str) -> "StorageError":
+        out = StorageError(self.errno, message, path=self.path, table=self.table, rank=self.rank) \
+            if self.errno is not None else StorageError(message, path=self.path, table=self.table, rank=self.rank)
+        return out
 
 
 class CheckpointDeletedError(CheckpointNotFoundError):

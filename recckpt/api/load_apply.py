@@ -124,6 +124,11 @@ class LoadPlan:
             for key in dense:
                 if key not in matched and conf.dense_selected(key):
                     self.problems_missing.append(f"model dense key {key!r} is not in the checkpoint")
+        sparse_wanted = conf.wants("sparse") or conf.wants("sparse_opt")
+        self.problems_unexpected += conf.unmatched(
+            list(m.tables) if sparse_wanted else None,
+            sorted({s for t in m.tables.values() for s in t.slots}) if sparse_wanted else None,
+            list(ckpt_dense) if conf.wants("dense") else None)
         self.extras_tree = None
         if conf.wants("extra") or conf.wants("sparse_opt"):
             tree = self.reader.extras()
@@ -175,8 +180,10 @@ class LoadPlan:
         if problems:
             text = (f"checkpoint {self.reader.describe()} does not match the model: " + "; ".join(problems))
             if self.conf.strict:
-                raise IncompatibleCheckpointError(text + ". Nothing was loaded. Use load_conf "
-                                                  "{'strict': False} to load what matches, or 'rename'/'tables'.")
+                raise IncompatibleCheckpointError(
+                    text + ". Nothing was loaded. To load what matches, use load_conf {'strict': False}; to map "
+                    "names, 'rename'/'tables'/'dense_keys'; when only optimizer slots differ (another sparse "
+                    "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
 
     def _plan_chains(self, shard_id: int, world: int) -> None:

@@ -93,6 +93,10 @@ class LoadConfig:
                                   f"{type(self.ownership).__name__}")
         for name in ("load", "exclude", "tables", "slots", "dense_keys"):
             object.__setattr__(self, name, _tuple_of_str(getattr(self, name), name))
+        if not self.load or "*" in self.exclude or (
+                "*" not in self.load and not set(self.load) - set(self.exclude)):
+            raise LoadConfigError(f"LoadConfig load={list(self.load)}, exclude={list(self.exclude)} selects "
+                                  f"nothing to load; name at least one of {', '.join(CATEGORIES)} (or '*')")
         for name in ("load", "exclude"):
             bad = [c for c in getattr(self, name) if c != "*" and c not in CATEGORIES]
             if bad:
@@ -134,6 +138,27 @@ class LoadConfig:
 
     def dense_selected(self, key: str) -> bool:
         return any(fnmatch.fnmatchcase(key, g) for g in self.dense_keys)
+
+    def unmatched(self, tables: list[str] | None, slots: list[str] | None, dense_keys: list[str] | None
+                  ) -> list[str]:
+        """The selectors a user wrote that match nothing in a checkpoint with these table names, slot
+        names and dense keys (None: a part this load does not read, so not checked): a typo there would
+        otherwise load nothing for that part, silently."""
+        out = []
+        pairs = [("tables", self.tables, tables), ("slots", self.slots, slots), ("dense_keys", self.dense_keys, dense_keys)]
+        for field_name, globs, names in pairs:
+            if names is None:
+                continue
+            for g in globs:
+                if g != "*" and not any(fnmatch.fnmatchcase(n, g) for n in names):
+                    out.append(f"load_conf {field_name} pattern {g!r} matches nothing in the checkpoint "
+                               f"(it has {sorted(names)[:20]})")
+        known = (tables or []) + (dense_keys or [])
+        for k in self.rename:
+            hit = any(n.startswith(k) for n in known) if k.endswith(".") else k in known
+            if not hit and dense_keys is not None and tables is not None:   # else it may name what is not read
+                out.append(f"load_conf rename key {k!r} names nothing in the checkpoint")
+        return out
 
     def renamed(self, name: str) -> str:
         if name in self.rename:

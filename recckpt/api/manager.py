@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import time
 import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..coordination import agreement_for, check_world, resolve_shard
-from ..errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError, RecckptError
+from ..errors import (CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError, InvalidArgumentError,
+                      InvalidCheckpointIdError, RecckptError)
 from ..format import catalog
 from ..format.chain import chain_stats
+from ..format.names import validate_ckpt_id
 from .async_save import FAILED, AsyncWriter, SaveHandle
 from .increments import IncrementPolicy
 from .load_config import LoadConfig
@@ -50,7 +51,8 @@ class CheckpointManager:
     """Saves `saver`'s checkpoints on a schedule, keeps what the keep policy says, and restores.
 
     Args:
-        saver: the Saver of the model (its own `max_keep` is not used: retention is `keep`).
+        saver: the Saver of the model. The manager's `keep` becomes the saver's retention too
+            (`saver.keep`), so a direct `saver.save()` in the same output_dir keeps what the manager keeps.
         save_interval: save every N steps (shorthand for `EveryNSteps(N)`); None for none.
         policies: more save policies (EveryNSeconds, AtSteps, EphemeralEveryNSteps, EveryNSteps); a step
             saves when any says so.
@@ -63,7 +65,8 @@ class CheckpointManager:
             rank and world size of the initialised torch.distributed process group, else RANK and
             WORLD_SIZE, else 0 of 1. Values that disagree with an initialised process group are an
             error (a silent single-worker save under torchrun would lose every other rank's rows).
-        prefix: checkpoint ids are f"{prefix}{global_step}".
+        prefix: checkpoint ids are f"{prefix}{global_step}" (checked at construction against the
+            checkpoint-id rule, recckpt.format.names.validate_ckpt_id).
         save_rng: save and restore Python/NumPy/torch(/CUDA) RNG state per worker (exact resume).
         resize_policy: what `restore()` does with per-worker state when the checkpoint was saved by a
             different number of workers: 'reseed' (default) keeps the global step, drops the saved IO
@@ -86,10 +89,15 @@ class CheckpointManager:
                  save_rng: bool = True, resize_policy: str = "reseed", increments: IncrementPolicy | None = None):
         if not isinstance(saver, Saver):
             raise TypeError(f"CheckpointManager needs a recckpt.Saver, got {type(saver).__name__}")
+        if isinstance(policies, (str, bytes, Mapping)) or not isinstance(policies, Iterable):
+            raise InvalidArgumentError(f"CheckpointManager policies must be a list of save policies, got {policies!r}")
         pols = list(policies)
         if save_interval is not None:
             pols.insert(0, EveryNSteps(save_interval))
         self.keep = saver.keep if keep is _FROM_SAVER else KeepPolicy.coerce(keep)
+        # One retention for the output directory: a Saver applying its own max_keep after a direct
+        # save() would delete what this policy keeps (e.g. keep_every_n_steps checkpoints).
+        saver.keep = self.keep
         if not isinstance(async_save, bool):
             raise ValueError(f"async_save must be a bool, got {async_save!r}")
         self.schedule = SaveSchedule(pols, self.keep, async_save)
@@ -99,8 +107,13 @@ class CheckpointManager:
             raise ValueError("increments need synchronous saves (async_save=False): an async save writes a "
                              "snapshot copied before the write, which is always saved in full")
         self.increments = increments
-        if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z0-9_.-]*", prefix):
-            raise ValueError(f"prefix must be letters, digits, '_', '.' or '-', got {prefix!r}")
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError(f"CheckpointManager prefix must be a str, got {type(prefix).__name__}")
+        try:  # the id rule has one home; the longest step an int64 counter can reach must fit too
+            validate_ckpt_id(f"{prefix}0")
+            validate_ckpt_id(f"{prefix}{2 ** 63 - 1}")
+        except InvalidCheckpointIdError as e:
+            raise InvalidArgumentError(f"CheckpointManager prefix {prefix!r} cannot start checkpoint ids: {e}") from None
         if resize_policy not in ("reseed", "error"):
             raise ValueError(f"resize_policy must be 'reseed' or 'error', got {resize_policy!r}")
         self.shard_id, self.shard_num = resolve_shard(shard_id, shard_num, saving=True)
@@ -124,14 +137,17 @@ class CheckpointManager:
             self._rng = RNGState()
             saver.register_io_state(RNG_IO_NAME, self._rng)
         self._preemption: PreemptionHandler | None = None
+        if not isinstance(preemption, (bool, PreemptionHandler)):
+            raise InvalidArgumentError(f"CheckpointManager preemption must be a bool or a PreemptionHandler, "
+                                       f"got {preemption!r}")
         if preemption:
             self._preemption = preemption if isinstance(preemption, PreemptionHandler) else PreemptionHandler()
             self._preemption.install()
 
     # ----------------------------------------------------------------------------- registration
-    def register_for_checkpointing(self, name: str, obj: Any) -> None:
+    def register_for_checkpointing(self, name: str, obj: Any, *, allow_pickle: bool = False) -> None:
         """See `Saver.register_for_checkpointing`."""
-        self.saver.register_for_checkpointing(name, obj)
+        self.saver.register_for_checkpointing(name, obj, allow_pickle=allow_pickle)
 
     def register_io_state(self, name: str, obj: Any) -> None:
         """See `Saver.register_io_state`."""
@@ -166,10 +182,17 @@ class CheckpointManager:
         return handle
 
     def save(self) -> SaveHandle:
-        """Save the current step now (a regular checkpoint); returns its handle."""
+        """Save the current step now (a regular checkpoint); returns its handle. A step already saved
+        (or being saved) returns that save: if a policy saved it as ephemeral, it stays ephemeral
+        (committed checkpoints are never rewritten), which this warns about."""
         self._writer.raise_failure()
         last = self._last
         if last is not None and last.step == self.global_step and not self._needs_retry(last):
+            if last.ephemeral:
+                warnings.warn(f"recckpt: step {self.global_step} was already saved as the ephemeral checkpoint "
+                              f"{self.ckpt_id(self.global_step)!r}; it stays ephemeral and retention deletes it "
+                              f"once a newer checkpoint commits. To keep this step, add it to a regular policy "
+                              f"(AtSteps / EveryNSteps), or save at a later step.", stacklevel=2)
             return last  # this step is already saved (or being saved) under ckpt_<step>
         return self._save(ephemeral=False)
 
@@ -307,7 +330,14 @@ class CheckpointManager:
                     f"committed: {[tuple(f) for f in found]}", path=storage.describe())
             candidates = match[-1:]
         else:
-            candidates = [tuple(f) for f in reversed(found)]
+            # Checkpoints without a global step (a direct saver.save("final") in the same directory)
+            # are not restore points: restoring one would change the model and then have no step.
+            candidates = [tuple(f) for f in reversed(found) if f[1] is not None]
+            if found and not candidates:
+                raise CheckpointNotFoundError(
+                    f"{storage.describe()} holds committed checkpoints {[f[0] for f in found]}, but none records "
+                    f"a global step (none was written by a CheckpointManager with prefix {self.prefix!r}); "
+                    f"load one with saver.load(ckpt_id=...), or use another output_dir", path=storage.describe())
         if not candidates:
             log.info("recckpt: %s holds no committed checkpoint; starting fresh", storage.describe())
             return None
@@ -368,7 +398,8 @@ class CheckpointManager:
             warnings.warn(
                 f"recckpt: restored global step {step}, but {self.saver.storage.describe()} also holds newer "
                 f"checkpoints {newer}; saving at their steps again will fail with CheckpointExistsError. "
-                f"Delete them if this run replaces them (recckpt.format.catalog.delete), or restore the newest.",
+                f"Delete them if this run replaces them (recckpt.delete(output_dir, {newer!r})), or restore the "
+                f"newest.",
                 stacklevel=3)
 
     def load_model_bank(self, confs: Sequence[Mapping[str, Any]]) -> list[LoadResult]:
@@ -406,8 +437,7 @@ class CheckpointManager:
                                       shard_id=self.shard_id, shard_num=self.shard_num, storage_options=options)
             except RecckptError as e:
                 done = ", ".join(r.path for r in results) or "none"
-                raise type(e)(f"model bank source #{i} ({path}): {e} (sources already applied: {done})",
-                              **e.fields()) from e
+                raise e.retold(f"model bank source #{i} ({path}): {e} (sources already applied: {done})") from e
             results.append(res)
             if resume:
                 step = self._step_of(res.ckpt_id or "", res.metadata)

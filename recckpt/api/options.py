@@ -49,6 +49,8 @@ class SaveOptions:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise InvalidArgumentError(f"SaveOptions.{name} must be an integer >= {lo}, got {v!r}")
+        if not isinstance(self.fsync, bool):
+            raise InvalidArgumentError(f"SaveOptions.fsync must be a bool, got {self.fsync!r}")
         for name in ("coordination_timeout_s", "storage_timeout_s"):
             t = getattr(self, name)
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:

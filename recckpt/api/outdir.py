@@ -1,5 +1,6 @@
-"""An output directory as a whole: list its checkpoints and leftovers, prune old checkpoints, and
-remove what crashed saves left behind (gc). The command-line verbs ls, prune and gc are these."""
+"""An output directory as a whole: list its checkpoints and leftovers, prune old checkpoints, delete
+named ones, and remove what crashed saves left behind (gc). The command-line verbs ls, prune and gc
+are these."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -72,7 +73,7 @@ def prune(output_dir, keep: int, *, dry_run: bool = False,
     max_keep=keep: ephemeral ones go unless newest). Each is invalidated before its data is removed.
     Returns the ids deleted (or, with dry_run, that would be)."""
     if type(keep) is not int or keep < 1:
-        raise InvalidArgumentError(f"--keep {keep!r}: expected an integer >= 1 (the newest checkpoint is "
+        raise InvalidArgumentError(f"prune: keep={keep!r}, expected an integer >= 1 (the newest checkpoint is "
                                    f"always kept)")
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
@@ -82,10 +83,36 @@ def prune(output_dir, keep: int, *, dry_run: bool = False,
     doomed = catalog.without_needed_links(found, KeepPolicy(max_keep=keep).doomed(entries))
     if dry_run:
         return doomed
-    for cid in doomed:
-        catalog.delete(storage, cid)
-    catalog.sync_version_file(storage)
+    catalog.retire(storage, [cid for cid, _ in found if cid not in doomed], doomed)
     return doomed
+
+
+def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[str, Any] | None = None
+           ) -> list[str]:
+    """Delete the named committed checkpoints of `output_dir`, e.g. newer ones that a run rewound past
+    (`CheckpointManager.restore` after a corrupt newest checkpoint, or an explicit older step) will
+    reach again. The version file is rewritten first, then each is invalidated before its data is
+    removed (docs/SAFETY.md). Refuses, before deleting anything, an id that is not committed, and a
+    link that a checkpoint not being deleted depends on (delete its dependents too). Do not delete a
+    checkpoint that another process may be loading. Returns the ids deleted."""
+    ids = [ckpt_ids] if isinstance(ckpt_ids, str) else list(ckpt_ids)
+    storage = open_output_dir(output_dir, storage_options)
+    _require_dir(storage)
+    found = catalog.committed(storage)
+    committed = [cid for cid, _ in found]
+    unknown = [cid for cid in ids if cid not in committed]
+    if unknown:
+        raise CheckpointNotFoundError(f"delete: {[storage.describe(c) for c in unknown]} not committed checkpoints "
+                                      f"of {storage.describe()}; committed: {committed}",
+                                      path=storage.describe(unknown[0]))
+    needed = sorted(set(ids) - set(catalog.without_needed_links(found, ids)))
+    if needed:
+        dependents = [cid for cid, m in found if m.parent is not None and m.parent.ckpt_id in needed
+                      and cid not in ids]
+        raise InvalidArgumentError(f"delete: {needed} are links of incremental checkpoints {dependents} that are "
+                                   f"not being deleted; delete those too, or compact them first "
+                                   f"(recckpt.compact)", path=storage.describe(needed[0]))
+    return catalog.retire(storage, [cid for cid in committed if cid not in ids], ids)
 
 
 def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] | None = None

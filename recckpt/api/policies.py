@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 EPHEMERAL = "ephemeral"
 PERMANENT = "permanent"
@@ -163,6 +163,14 @@ class AnySavePolicy:
 SavePolicy = SaveDecisionPolicy  # the name the manager's signature uses
 
 
+def _flatten(policies: Iterable) -> Iterator:
+    for p in policies:
+        if isinstance(p, AnySavePolicy):
+            yield from _flatten(p.policies)
+        else:
+            yield p
+
+
 @dataclass(frozen=True)
 class KeepPolicy:
     """Which committed checkpoints retention keeps. Retention runs only after a new checkpoint commits,
@@ -227,7 +235,9 @@ class SaveSchedule:
     """The composition of save policies: validates the combination, then decides per step."""
 
     def __init__(self, policies: Iterable[SaveDecisionPolicy], keep: KeepPolicy, async_save: bool = False):
-        self.policies = tuple(policies)
+        # Nested AnySavePolicy lists are the same "any of" as the top-level list: flattened, so that an
+        # ephemeral policy inside one stays ephemeral and the combination rules below see every policy.
+        self.policies = tuple(_flatten(policies))
         for p in self.policies:
             _check_policy(p)
         if not isinstance(keep, KeepPolicy):

@@ -2,6 +2,7 @@
 checkpoint, and load all or part of it back."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -11,7 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..coordination import coordinator_for, resolve_shard
+from ..coordination import check_world, coordinator_for, resolve_shard
 from ..errors import (CheckpointDeletedError, CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError,
                       CommitOutcomeUnknownError, ConcurrentCommitError, CorruptCheckpointError, RecckptError)
 from ..format import catalog, dtypes, recovery
@@ -44,6 +45,7 @@ class SaveStats:
     seconds: float
     parent: str | None = None       # the parent of an incremental checkpoint (None: a full one)
     full_reason: str | None = None  # why an incremental save wrote a full checkpoint instead
+    committed: bool = True          # False: shards saved from one process, this part waits for the others
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,9 @@ class Saver:
         sparse_optim: optional sparse optimizer whose small scalar state (`state_dict()`) is saved with the
             optimizer slots under the 'sparse_opt' category.
         output_dir: a local path or an fsspec URL (e.g. 'memory://run1', 's3://bucket/run1').
-        max_keep: keep the newest N committed checkpoints (None: keep all). Counted from what is on disk,
-            applied only after a new checkpoint commits; it is `KeepPolicy(max_keep)` (`self.keep`).
+        max_keep: keep the newest N committed checkpoints (default 1: each save deletes the older ones;
+            None: keep all). Counted from what is on disk, applied only after a new checkpoint commits;
+            it is `KeepPolicy(max_keep)` (`self.keep`, which a CheckpointManager replaces with its own).
         concurrency: writer threads (and shard files per worker) for sparse tables; reader threads on load.
         options: SaveOptions (bucket count, checksum chunk, segment size, fsync, storage timeout).
         read_options: ReadOptions (read batch size, kernel read-ahead) for loads: tuning only.
@@ -254,7 +257,11 @@ class Saver:
         dense state and extras, and the checkpoint commits once all shards are written. Nothing is
         visible before the commit, and older checkpoints are untouched if anything fails.
         shard_id/shard_num default to this process's rank and world size in torch.distributed (every
-        rank calls save; see docs/DISTRIBUTED.md), else RANK/WORLD_SIZE, else 0 of 1. `step` (the
+        rank calls save; see docs/DISTRIBUTED.md), else RANK/WORLD_SIZE, else 0 of 1; explicit values
+        that disagree with an initialised process group are an error. Without a process group, explicit
+        values > 1 mean every shard is saved from this process: the checkpoint commits at the save of
+        the last shard, and the earlier calls return the location it will have (with a warning;
+        `last_save` is not set, `write()` reports `committed=False`). `step` (the
         training step) is recorded per worker and decides duplicate ids under duplicates='newest'.
 
         incremental=True writes only the sparse rows changed since the newest checkpoint this Saver
@@ -292,6 +299,7 @@ class Saver:
         if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
             raise ValueError(f"save: step must be an integer (the training step) or None, got {step!r}")
         shard_id, shard_num = resolve_shard(shard_id, shard_num, saving=True)
+        check_world(shard_id, shard_num, "Saver.save")
         t0 = time.perf_counter()
         coord = coordinator_for(shard_id, shard_num, self.options.coordination_timeout_s)
         key = (self.storage.describe(), ckpt_id)
@@ -357,6 +365,13 @@ class Saver:
                                       f["size"] for f in part.index["files"]), time.perf_counter() - t0,
                                   parent.ckpt_id if parent is not None else None, full_reason)
             coord.end(key, None)   # other ranks learn the outcome (and raise if it was not committed)
+            if handed_over and not self.is_committed(ckpt_id):
+                # Only when all shards are saved from this one process (no process group): the part
+                # waits for the remaining shards' save() calls, and nothing is committed yet.
+                stats = dataclasses.replace(stats, committed=False)
+                log.warning("recckpt: shard %d of %d of %s is written but not committed: with no "
+                            "torch.distributed process group, the checkpoint commits when this process has "
+                            "saved every shard", shard_id, shard_num, self.storage.describe(ckpt_id))
             self._committed_chain(ckpt_id, manifest, marks, snap.tables)
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
@@ -530,7 +545,7 @@ class Saver:
                 # An increment's parents are its sibling directories: open it from its output directory.
                 head, _, name = os.fspath(ckpt_path).rstrip("/").rpartition("/")
                 if head:
-                    return open_storage(head), name, None
+                    return self.open_storage(head, storage_options), name, None
             return storage, "", None
         storage = self.storage if ckpt_path is None else self.open_storage(ckpt_path, storage_options)
         if not storage.isdir(""):
@@ -538,6 +553,11 @@ class Saver:
                                           path=storage.describe())
         if ckpt_id is None:
             found = catalog.committed(storage)
+            if not found and storage.exists(MANIFEST):
+                raise CheckpointNotFoundError(
+                    f"{storage.describe()} is one checkpoint directory, not an output directory: pass "
+                    f"direct_path=True to load it, or its parent directory as ckpt_path",
+                    path=storage.describe())
             if not found:
                 raise CheckpointNotFoundError(
                     f"no committed checkpoint in {storage.describe()} (version file "

@@ -10,10 +10,11 @@ import numpy as np
 import torch
 
 from .. import _C, __version__
-from ..errors import CorruptCheckpointError
+from ..errors import CheckpointSaveError, CorruptCheckpointError
 from ..storage import Storage
 from . import catalog, checked_json, names, safetensors_io, structure, tree_codec
-from .schema import (FileInfo, IndexDoc, Manifest, ParentRef, TableInfo, SlotInfo, index_from_json)
+from .schema import (FileInfo, IndexDoc, Manifest, ParentRef, SlotInfo, TableInfo, index_from_json,
+                     manifest_from_json)
 from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
 
 
@@ -150,6 +151,14 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         m.files[names.INDEX] = FileInfo(len(data), _C.crc32c(data))
         m.index = names.INDEX
     data = checked_json.dumps(m.to_json())
+    # The writer refuses what every reader would: a manifest that fails the reader's validation (e.g. a
+    # table or slot name with a NUL) would commit a checkpoint that listings skip and loads refuse.
+    try:
+        manifest_from_json(checked_json.loads(data, names.MANIFEST, names.MAX_MANIFEST_BYTES), names.MANIFEST)
+    except CorruptCheckpointError as e:
+        raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest would "
+                                  f"not be readable ({e}); rename what the message names",
+                                  path=storage.describe(ckpt_id)) from None
     catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
     m.content_sha256 = hashlib.sha256(data).hexdigest()
     return m

@@ -174,6 +174,11 @@ def manager_world(rank, world, out):
         got["explicit_single"] = "accepted"
     except ValueError as e:
         got["explicit_single"] = str(e)
+    try:  # the same for a direct Saver.save: each rank would commit its own rows alone as 'solo'
+        Saver(Holder(owned_table(rank, world, all_ids(10))), output_dir=out).save("solo", shard_id=0, shard_num=1)
+        got["saver_explicit_single"] = "accepted"
+    except ValueError as e:
+        got["saver_explicit_single"] = str(e)
     mgr.step()                      # ckpt_1
     mgr.step()                      # ckpt_2
     if rank == world - 1:           # this rank's share of ckpt_2 is damaged; rank 0 reads fine

@@ -177,6 +177,7 @@ def test_manager_world_comes_from_the_group_and_restore_agrees_across_ranks(tmp_
     for rank, g in enumerate(got):
         assert g["default"] == [rank, 2]
         assert "disagree with the initialised torch.distributed process group (rank" in g["explicit_single"]
+        assert "Saver.save: shard_id=0, shard_num=1 disagree" in g["saver_explicit_single"]
         # rank 1 finds ckpt_2 corrupt: both ranks fall back to ckpt_1 together, never to different steps
         assert g["restored"] == 1, g
         assert any("ckpt_2" in w and "corrupt" in w for w in g["warnings"]), g["warnings"]

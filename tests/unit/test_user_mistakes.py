@@ -1,0 +1,160 @@
+"""Mistakes a first-time user makes with the training-side API, each caught with a recckpt error that
+names what to fix instead of losing checkpoints or loading nothing (found by a hostile-user review)."""
+import warnings
+
+import pytest
+import torch
+
+import recckpt
+from recckpt import (AnySavePolicy, CheckpointManager, EphemeralEveryNSteps, EveryNSteps, HashTable, KeepPolicy,
+                     SaveOptions, Saver)
+from recckpt.errors import (CheckpointNotFoundError, CheckpointSaveError, IncompatibleCheckpointError,
+                            InvalidArgumentError, LoadConfigError, StorageError)
+
+
+class Tables(torch.nn.Module):
+    def __init__(self, name_a="a"):
+        super().__init__()
+        self.a = HashTable(name_a, 4)
+        self.b = HashTable("b", 4)
+        self.lin = torch.nn.Linear(2, 2)
+        for t in (self.a, self.b):
+            t.lookup(torch.arange(10))
+
+
+def ids_of(saver):
+    return [c for c in saver.checkpoints()]
+
+
+def test_a_direct_save_keeps_what_the_manager_keeps(tmp_path):
+    saver = Saver(torch.nn.Linear(2, 2), output_dir=str(tmp_path), max_keep=3)
+    mgr = CheckpointManager(saver, save_interval=10, keep=KeepPolicy(max_keep=3, keep_every_n_steps=20))
+    for _ in range(80):
+        mgr.step()
+    mgr.wait()
+    saver.save("final")
+    assert ids_of(saver) == ["ckpt_20", "ckpt_40", "ckpt_60", "ckpt_70", "ckpt_80", "final"]
+
+
+def test_an_ephemeral_policy_nested_in_any_save_policy_stays_ephemeral(tmp_path):
+    saver = Saver(torch.nn.Linear(2, 2), output_dir=str(tmp_path))
+    mgr = CheckpointManager(saver, policies=[AnySavePolicy([EphemeralEveryNSteps(3), EveryNSteps(10)])], keep=1)
+    for _ in range(12):
+        mgr.step()
+    mgr.wait()
+    assert ids_of(saver) == ["ckpt_10", "ckpt_12"]   # flat or nested: the regular ckpt_10 is kept
+    with pytest.raises(ValueError, match="more often"):
+        CheckpointManager(saver, policies=[AnySavePolicy([EveryNSteps(10)]), EphemeralEveryNSteps(20)])
+
+
+def test_saving_again_a_step_saved_as_ephemeral_warns(tmp_path):
+    mgr = CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=str(tmp_path)), save_interval=100,
+                            policies=[EphemeralEveryNSteps(5)], keep=3)
+    for _ in range(5):
+        mgr.step()
+    with pytest.warns(UserWarning, match="stays ephemeral"):
+        assert mgr.save().ephemeral
+    mgr.close()
+
+
+@pytest.mark.parametrize("prefix", [".x", "-", "a..b", "x" * 190, "a/b"])
+def test_a_prefix_that_cannot_start_an_id_is_refused_at_construction(tmp_path, prefix):
+    with pytest.raises(InvalidArgumentError, match="prefix"):
+        CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=str(tmp_path)), prefix=prefix)
+
+
+def test_preemption_must_be_a_bool_or_handler(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="preemption"):
+        CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=str(tmp_path)), preemption="yes")
+
+
+def test_restore_skips_checkpoints_without_a_step_and_leaves_the_model_alone_when_none_has_one(tmp_path):
+    src = torch.nn.Linear(2, 2)
+    saver = Saver(src, output_dir=str(tmp_path / "r"), max_keep=None)
+    mgr = CheckpointManager(saver, save_interval=5, keep=None)
+    for _ in range(5):
+        mgr.step()
+    mgr.wait()
+    with torch.no_grad():
+        src.weight.add_(1.0)
+    saver.save("final")                       # newest, no global step
+    dst = torch.nn.Linear(2, 2)
+    assert CheckpointManager(Saver(dst, output_dir=str(tmp_path / "r")), keep=None).restore() == 5
+    assert not torch.equal(dst.weight, src.weight)   # ckpt_5's weights, not final's
+
+    Saver(src, output_dir=str(tmp_path / "only")).save("final")
+    fresh = torch.nn.Linear(2, 2)
+    before = fresh.weight.clone()
+    with pytest.raises(CheckpointNotFoundError, match="none records a global step"):
+        CheckpointManager(Saver(fresh, output_dir=str(tmp_path / "only"))).restore()
+    assert torch.equal(fresh.weight, before)
+
+
+def test_rewound_run_can_delete_the_newer_checkpoints_it_will_reach_again(tmp_path):
+    saver = Saver(torch.nn.Linear(2, 2), output_dir=str(tmp_path), max_keep=None)
+    mgr = CheckpointManager(saver, save_interval=5, keep=None)
+    for _ in range(10):
+        mgr.step()
+    mgr.wait()
+    again = CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=str(tmp_path), max_keep=None), save_interval=5,
+                              keep=None)
+    with pytest.warns(UserWarning, match=r"recckpt.delete\(output_dir, \['ckpt_10'\]\)"):
+        again.restore(global_step=5)
+    assert recckpt.delete(str(tmp_path), ["ckpt_10"]) == ["ckpt_10"]
+    for _ in range(5):
+        again.step()                            # step 10 saves again instead of CheckpointExistsError
+    again.wait()
+    assert ids_of(saver) == ["ckpt_5", "ckpt_10"]
+    with pytest.raises(CheckpointNotFoundError):
+        recckpt.delete(str(tmp_path), "nope")
+
+
+def test_explicit_shards_without_a_process_group_say_they_are_not_committed(tmp_path):
+    saver = Saver(torch.nn.Linear(2, 2), output_dir=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = saver.write("x", shard_id=1, shard_num=2)
+    assert first.committed is False and saver.checkpoints() == []
+    last = saver.write("x", shard_id=0, shard_num=2)
+    assert last.committed is True and saver.checkpoints() == ["x"]
+
+
+def test_the_writer_refuses_a_manifest_the_reader_would_refuse(tmp_path):
+    good = Saver(Tables(), output_dir=str(tmp_path))
+    good.save("good")
+    with pytest.raises(CheckpointSaveError, match="not committed.*expected a string"):
+        Saver(Tables("a\x00"), output_dir=str(tmp_path)).save("bad")
+    assert good.checkpoints() == ["good"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "good"]
+
+
+@pytest.mark.parametrize("conf, what", [({"tables": ["usr"]}, "tables pattern 'usr'"),
+                                        ({"dense_keys": ["lin.wieght"]}, "dense_keys pattern 'lin.wieght'"),
+                                        ({"slots": ["embeding"]}, "slots pattern 'embeding'"),
+                                        ({"rename": {"zz": "a"}}, "rename key 'zz'")])
+def test_a_selector_that_matches_nothing_is_an_error_under_strict(tmp_path, conf, what):
+    Saver(Tables(), output_dir=str(tmp_path)).save("c")
+    dst = Tables()
+    before = {k: v.clone() for k, v in dst.lin.state_dict().items()}
+    with pytest.raises(IncompatibleCheckpointError, match=what):
+        Saver(dst, output_dir=str(tmp_path)).load(load_conf=conf)
+    assert all(torch.equal(before[k], v) for k, v in dst.lin.state_dict().items())
+    with pytest.warns(UserWarning, match=what):
+        Saver(Tables(), output_dir=str(tmp_path)).load(load_conf=dict(conf, strict=False))
+
+
+@pytest.mark.parametrize("conf", [{"load": []}, {"exclude": ["*"]}, {"load": ["dense"], "exclude": ["dense"]}])
+def test_a_load_config_that_selects_nothing_is_refused(conf):
+    with pytest.raises(LoadConfigError, match="selects nothing"):
+        recckpt.LoadConfig(**conf)
+
+
+def test_a_storage_error_keeps_its_errno_when_context_is_added():
+    e = StorageError(13, "denied", "s3://b/k")
+    again = e.retold("model bank source #0: denied")
+    assert (again.errno, again.path, str(again).endswith("model bank source #0: denied")) == (13, "s3://b/k", True)
+
+
+def test_options_refuse_a_non_bool_fsync():
+    with pytest.raises(InvalidArgumentError, match="fsync"):
+        SaveOptions(fsync="yes")

@@ -292,20 +292,24 @@ class SegmentReader:
         if batch.rows:
             yield batch
 
-    def removed_ids(self, table: str, bucket_lo: int = 0, bucket_hi: int | None = None) -> np.ndarray:
+    def removed_ids(self, table: str, bucket_lo: int = 0, bucket_hi: int | None = None, *,
+                    with_file: bool = False):
         """The verified ids an incremental checkpoint records as removed from `table`, in buckets
-        [lo, hi) (int64, a new array)."""
+        [lo, hi) (int64, a new array). with_file=True returns (ids, the shard file index of each id)."""
         segs = self.index.removed.get(table, [])
         nb = self.index.num_buckets
         hi_b = nb if bucket_hi is None else bucket_hi
-        reqs = []
+        reqs, files = [], []
         for seg, off in self.iter_bucket_offsets(table, segs):
             r0, r1 = (0, seg.rows) if (bucket_lo, hi_b) == (0, nb) else (int(off[bucket_lo]), int(off[hi_b]))
             if r1 > r0:
                 reqs.append(ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids", self.index.chunk_bytes))
-        if not reqs:
-            return np.empty(0, dtype="<i8")
-        return np.concatenate([a.view("<i8") for a in self.read(table, reqs)])
+                files.append(np.full(r1 - r0, seg.file, dtype=np.int64))
+        ids = (np.concatenate([a.view("<i8") for a in self.read(table, reqs)]) if reqs
+               else np.empty(0, dtype="<i8"))
+        if with_file:
+            return ids, (np.concatenate(files) if files else np.empty(0, dtype=np.int64))
+        return ids
 
     def map_table(self, table: str, slots: list[str], row_bytes: list[int], bucket_lo: int = 0,
                   bucket_hi: int | None = None, spare_rows: int = 0) -> "MappedTable":

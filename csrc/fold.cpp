@@ -1,0 +1,131 @@
+// Chain fold: see fold.h. One open-addressing table keyed by id; links are visited newest first, so the
+// first event met for an id is its newest and wins, and every later (older) event for it loses.
+#include "fold.h"
+
+#include <cstring>
+
+#include "hash.h"
+
+namespace recckpt {
+namespace {
+
+struct Entry {
+  int64_t id;
+  int64_t base_pos;   // position of the id's row in the base, -1 if the base lacks it
+  int32_t claimed;    // link whose event won for this id, -1 while none did
+  int32_t last_seen;  // newest link met so far for this id (a second event in it is a duplicate)
+};
+
+class Table {
+ public:
+  explicit Table(int64_t n) {
+    size_t cap = 16;
+    while (cap < (size_t)n * 2 + 16) cap <<= 1;
+    mask_ = cap - 1;
+    slot_.assign(cap, -1);
+    entries_.reserve((size_t)n);
+  }
+  // The entry of `id`, created (base_pos -1, unclaimed, unseen) if absent; `fresh` says which.
+  Entry& get(int64_t id, bool& fresh) {
+    size_t h = (size_t)mix64((uint64_t)id) & mask_;
+    while (true) {
+      int64_t s = slot_[h];
+      if (s < 0) {
+        slot_[h] = (int64_t)entries_.size();
+        entries_.push_back(Entry{id, -1, -1, -1});
+        fresh = true;
+        return entries_.back();
+      }
+      if (entries_[(size_t)s].id == id) {
+        fresh = false;
+        return entries_[(size_t)s];
+      }
+      h = (h + 1) & mask_;
+    }
+  }
+
+ private:
+  size_t mask_ = 0;
+  std::vector<int64_t> slot_;
+  std::vector<Entry> entries_;  // reserved up front: references stay valid while filling
+};
+
+}  // namespace
+
+void fold_links(const std::vector<FoldLink>& links, FoldResult& out) {
+  const size_t L = links.size();
+  int64_t total = 0;
+  for (const FoldLink& l : links) total += l.n_rows + l.n_removed;
+  Table t(total);
+  out = FoldResult();
+  out.src.resize(L);
+  out.dst.resize(L);
+  if (L == 0) return;
+  const FoldLink& base = links[0];
+  for (int64_t i = 0; i < base.n_rows; i++) {
+    const int64_t id = base.rows[i];
+    if (base.skip_rows && base.skip_rows[i]) {
+      out.holes.push_back(i);
+      out.hole_ids.push_back(id);
+      continue;
+    }
+    bool fresh;
+    Entry& e = t.get(id, fresh);
+    if (!fresh) {  // the base stores the id twice: the first copy keeps its place, this one is dropped
+      out.dup_link.push_back(0);
+      out.dup_ids.push_back(id);
+      out.holes.push_back(i);
+      out.hole_ids.push_back(id);
+      continue;
+    }
+    e.base_pos = i;
+    e.last_seen = 0;
+  }
+  const int64_t n_base = base.n_rows;
+  for (size_t j = L - 1; j >= 1; j--) {
+    const FoldLink& l = links[j];
+    const int32_t jj = (int32_t)j;
+    for (int64_t i = 0; i < l.n_removed; i++) {
+      if (l.skip_removed && l.skip_removed[i]) continue;
+      bool fresh;
+      Entry& e = t.get(l.removed[i], fresh);
+      if (e.last_seen == jj) {
+        out.dup_link.push_back(jj);
+        out.dup_ids.push_back(e.id);
+        continue;
+      }
+      e.last_seen = jj;
+      if (e.claimed >= 0) continue;  // a newer link decided this id
+      e.claimed = jj;
+      if (e.base_pos >= 0) {
+        out.holes.push_back(e.base_pos);
+        out.hole_ids.push_back(e.id);
+      }
+    }
+    std::vector<int64_t>& src = out.src[j];
+    std::vector<int64_t>& dst = out.dst[j];
+    for (int64_t i = 0; i < l.n_rows; i++) {
+      if (l.skip_rows && l.skip_rows[i]) continue;
+      bool fresh;
+      Entry& e = t.get(l.rows[i], fresh);
+      if (e.last_seen == jj) {
+        out.dup_link.push_back(jj);
+        out.dup_ids.push_back(e.id);
+        continue;
+      }
+      e.last_seen = jj;
+      if (e.claimed >= 0) continue;
+      e.claimed = jj;
+      src.push_back(i);
+      dst.push_back(e.base_pos >= 0 ? e.base_pos : n_base + out.new_rows++);
+    }
+  }
+}
+
+void copy_rows(const uint8_t* src, const int64_t* src_idx, uint8_t* dst, const int64_t* dst_idx, int64_t n,
+               int64_t row_bytes) {
+  const size_t rb = (size_t)row_bytes;
+  for (int64_t k = 0; k < n; k++) std::memcpy(dst + (size_t)dst_idx[k] * rb, src + (size_t)src_idx[k] * rb, rb);
+}
+
+}  // namespace recckpt

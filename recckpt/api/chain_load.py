@@ -15,8 +15,8 @@ module applies its result to a live table, in two passes:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch

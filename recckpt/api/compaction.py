@@ -20,9 +20,9 @@ from ..errors import CheckpointExistsError, CheckpointNotFoundError, RecckptErro
 from ..format import catalog
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
-from ..format.names import MANIFEST, validate_ckpt_id
 from ..format.fold import fold_rows
 from ..format.layout import segment_rows
+from ..format.names import MANIFEST, validate_ckpt_id
 from ..format.sparse_io import SparseWriteOptions, TableSource
 from ..storage import open_storage
 

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from recckpt import HashTable, SaveOptions, Saver
-from recckpt import _C
+from recckpt import _C, HashTable, SaveOptions, Saver
 from recckpt.errors import DuplicateIdsError
-from recckpt.format.checkpoint import CheckpointReader
 from recckpt.format.chain import open_chain
+from recckpt.format.checkpoint import CheckpointReader
 from recckpt.format.fold import bucket_groups, fold_rows, plan_fold
 from recckpt.storage import open_storage
 

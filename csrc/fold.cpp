@@ -2,12 +2,15 @@
 // first event met for an id is its newest and wins, and every later (older) event for it loses.
 #include "fold.h"
 
+#include <climits>
 #include <cstring>
 
 #include "hash.h"
 
 namespace recckpt {
 namespace {
+
+constexpr int32_t kEmpty = INT32_MIN;  // last_seen of a free slot (every int64 is a valid id)
 
 struct Entry {
   int64_t id;
@@ -16,39 +19,42 @@ struct Entry {
   int32_t last_seen;  // newest link met so far for this id (a second event in it is a duplicate)
 };
 
+// Open addressing with the entries in the slots themselves: one cache miss per id, and the slot of an
+// id a few positions ahead is prefetched while the current one is handled.
 class Table {
  public:
   explicit Table(int64_t n) {
     size_t cap = 16;
     while (cap < (size_t)n * 2 + 16) cap <<= 1;
     mask_ = cap - 1;
-    slot_.assign(cap, -1);
-    entries_.reserve((size_t)n);
+    slots_.assign(cap, Entry{0, -1, -1, kEmpty});
   }
-  // The entry of `id`, created (base_pos -1, unclaimed, unseen) if absent; `fresh` says which.
+  void prefetch(int64_t id) const { __builtin_prefetch(&slots_[home(id)]); }
+  // The entry of `id`, created (base_pos -1, unclaimed, last_seen -1) if absent; `fresh` says which.
   Entry& get(int64_t id, bool& fresh) {
-    size_t h = (size_t)mix64((uint64_t)id) & mask_;
+    size_t h = home(id);
     while (true) {
-      int64_t s = slot_[h];
-      if (s < 0) {
-        slot_[h] = (int64_t)entries_.size();
-        entries_.push_back(Entry{id, -1, -1, -1});
+      Entry& e = slots_[h];
+      if (e.last_seen == kEmpty) {
+        e = Entry{id, -1, -1, -1};
         fresh = true;
-        return entries_.back();
+        return e;
       }
-      if (entries_[(size_t)s].id == id) {
+      if (e.id == id) {
         fresh = false;
-        return entries_[(size_t)s];
+        return e;
       }
       h = (h + 1) & mask_;
     }
   }
 
  private:
+  size_t home(int64_t id) const { return (size_t)mix64((uint64_t)id) & mask_; }
   size_t mask_ = 0;
-  std::vector<int64_t> slot_;
-  std::vector<Entry> entries_;  // reserved up front: references stay valid while filling
+  std::vector<Entry> slots_;
 };
+
+constexpr int64_t kAhead = 16;  // ids prefetched ahead of the one being folded
 
 }  // namespace
 
@@ -63,6 +69,7 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out) {
   if (L == 0) return;
   const FoldLink& base = links[0];
   for (int64_t i = 0; i < base.n_rows; i++) {
+    if (i + kAhead < base.n_rows) t.prefetch(base.rows[i + kAhead]);
     const int64_t id = base.rows[i];
     if (base.skip_rows && base.skip_rows[i]) {
       out.holes.push_back(i);
@@ -86,6 +93,7 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out) {
     const FoldLink& l = links[j];
     const int32_t jj = (int32_t)j;
     for (int64_t i = 0; i < l.n_removed; i++) {
+      if (i + kAhead < l.n_removed) t.prefetch(l.removed[i + kAhead]);
       if (l.skip_removed && l.skip_removed[i]) continue;
       bool fresh;
       Entry& e = t.get(l.removed[i], fresh);
@@ -105,6 +113,7 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out) {
     std::vector<int64_t>& src = out.src[j];
     std::vector<int64_t>& dst = out.dst[j];
     for (int64_t i = 0; i < l.n_rows; i++) {
+      if (i + kAhead < l.n_rows) t.prefetch(l.rows[i + kAhead]);
       if (l.skip_rows && l.skip_rows[i]) continue;
       bool fresh;
       Entry& e = t.get(l.rows[i], fresh);

@@ -1,130 +1,111 @@
 """Loading one sparse table from a chain of checkpoints (a full base and increments on it).
 
-Two passes, both vectorised (no per-row Python):
-1. `plan_chain_rows`, before the model is touched: read the ids of this rank's buckets in every link
-   (verifying their checksums) and each increment's removed ids; for every id the newest event wins,
-   a row or a removal. The result is one keep-mask per link over its rows in read order, and the ids
-   whose newest event is a removal. Memory: about 25 bytes per id the rank reads, across the links
-   (the ids, not the rows).
-2. `load_chain_rows`: stream each link's rows (base first) and import the kept ones. Every id is
-   imported once, so no row is written twice and removed ids never reach the table. When the table
-   was emptied for this load, can take rows straight into its storage (`BulkAppend`) and can remove
-   ids (`remove_ids`), the base is instead read whole the fast way, the increments' winning rows are
-   upserted over it and the removed ids removed at the end: the same result, at the speed of a full
-   load for the base.
+The chain rule (newest event wins, removed ids stay removed) lives in `recckpt.format.fold`; this
+module applies its result to a live table, in two passes:
+1. `plan_chain`, before the model is touched: a `FoldPlan` per bucket group of this rank's range
+   (ids of every link read and verified, where each winning row goes decided by the engine).
+   Memory kept until the load: 16 bytes per winning row of an increment, plus holes.
+2. `load_chain_rows`: per group, the folded rows are written once into their final place. When the
+   table was emptied for this load and lends its storage (`BulkAppend`), that place is the table's
+   own memory: the base is read there straight from the shard files, as in a full load, and the
+   increments' winning rows are copied over it from a reused read buffer. Other tables (a dtype cast,
+   an ownership function, a table without `BulkAppend`, a device table) get the folded rows of each
+   group through `import_rows`. Rows whose id ends removed are dropped (`remove_ids` at the end for
+   the first kind).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 
 from ..format import dtypes
 from ..format.checkpoint import CheckpointReader
-from .row_filter import DuplicateIdsError
-from .sparse_load import load_table_rows
+from ..format.fold import FoldPlan, bucket_groups, fill_fold, plan_fold
+from .row_filter import owners_of
+from .sparse_load import duplicate_ids_error
+
+#: Bytes of chain rows planned per bucket group of a load: bounds the transient memory of planning
+#: (the ids of a group, about 60 bytes each while the engine folds them).
+LOAD_GROUP_BYTES = 1 << 30
 
 
-def _read_ids(link: CheckpointReader, table: str, lo: int, hi: int) -> np.ndarray:
-    parts = [ids.copy() for ids, _ in link.segments.iter_table(table, [], [], lo, hi)]
-    return np.concatenate(parts) if parts else np.empty(0, dtype="<i8")
-
-
-@dataclass
+@dataclass(frozen=True)
 class ChainPlan:
-    links: list[CheckpointReader]
-    masks: list[np.ndarray]      # per link (base first): its rows, in read order, that hold the newest value
-    removed: np.ndarray          # ids whose newest event is a removal (int64)
+    groups: tuple[FoldPlan, ...]
+
+    @property
+    def out_rows(self) -> int:
+        return sum(g.out_rows for g in self.groups)
 
 
-def plan_chain_rows(links: list[CheckpointReader], table: str, lo: int, hi: int, *, rank: int, world: int,
-                    ownership: Callable | None, duplicates: str) -> ChainPlan:
-    """What `load_chain_rows` keeps of each link's rows for buckets [lo, hi)."""
-    ids_l, link_l, row_l, counts = [], [], [], []
-    for j, link in enumerate(links):
-        ids = _read_ids(link, table, lo, hi)
-        counts.append(len(ids))
-        gone = link.segments.removed_ids(table, lo, hi) if j else np.empty(0, dtype="<i8")
-        ids_l += [ids, gone]
-        link_l += [np.full(len(ids) + len(gone), j, dtype=np.int32)]
-        row_l += [np.ones(len(ids), dtype=bool), np.zeros(len(gone), dtype=bool)]
-    all_ids = np.concatenate(ids_l)
-    link_of = np.concatenate(link_l)
-    is_row = np.concatenate(row_l)
-    row_pos = np.cumsum(is_row) - 1  # position of each row event among all rows (base first)
-    keep_event = np.ones(len(all_ids), dtype=bool)
-    if ownership is not None:  # a foreign ownership function: every row was read, keep this rank's
-        owners = torch.as_tensor(ownership(torch.from_numpy(all_ids), world)).reshape(-1)
-        if owners.numel() != len(all_ids):
-            raise ValueError(f"LoadConfig.ownership returned {owners.numel()} ranks for {len(all_ids)} ids")
-        keep_event = (owners == rank).cpu().numpy()
-    idx = np.nonzero(keep_event)[0]
-    order = idx[np.lexsort((link_of[idx], all_ids[idx]))]   # by id, then link (stable within a link)
-    sid, slink = all_ids[order], link_of[order]
-    same_next = np.zeros(len(order), dtype=bool)
-    if len(order) > 1:
-        same_next[:-1] = sid[1:] == sid[:-1]
-    same_link_next = np.zeros(len(order), dtype=bool)
-    if len(order) > 1:
-        same_link_next[:-1] = slink[1:] == slink[:-1]
-    dup = np.nonzero(same_next & same_link_next)[0]
-    if len(dup) and duplicates == "error":
-        d = order[dup[0]]
-        raise DuplicateIdsError(
-            f"{links[link_of[d]].describe()}: table {table!r}: id {int(all_ids[d])} is stored more than once "
-            f"in this link of the chain (by two workers); load_conf duplicates='newest' or 'any' keeps one copy")
-    winners = order[~same_next]  # the newest event of every id (the last in id, link order)
-    keep = np.zeros(int(is_row.sum()), dtype=bool)
-    won_rows = winners[is_row[winners]]
-    keep[row_pos[won_rows]] = True
-    removed = all_ids[winners[~is_row[winners]]]
-    return ChainPlan(list(links), list(np.split(keep, np.cumsum(counts)[:-1])), removed)
+def plan_chain(links: list[CheckpointReader], table: str, lo: int, hi: int, *, rank: int, world: int,
+               ownership: Callable | None, duplicates: str) -> ChainPlan:
+    """The fold plans of `table` over `links` (base first) for buckets [lo, hi), one per bucket group.
+    With a foreign `ownership` function every bucket was read and only this rank's ids are kept."""
+    keep = None
+    if ownership is not None:
+        where = links[-1].describe()
+
+        def keep(ids: np.ndarray) -> np.ndarray:
+            return owners_of(ownership, ids, world, table, where) == rank
+    return ChainPlan(tuple(plan_fold(links, table, g_lo, g_hi, duplicates=duplicates, keep=keep)
+                           for g_lo, g_hi in bucket_groups(links, table, lo, hi, LOAD_GROUP_BYTES)))
 
 
-def load_chain_rows(plan: ChainPlan, table: str, target: str, target_table, slots, lo: int, hi: int,
-                    direct: bool) -> int:
-    """Import the kept rows of every link into `target_table` (a SparseState); returns the rows it holds
-    from the chain. `direct`: the table was emptied for this load and takes the base whole through
-    `BulkAppend` (see the module docstring)."""
-    remove = getattr(target_table, "remove_ids", None)
-    direct = direct and (len(plan.removed) == 0 or callable(remove))
-    total = 0
-    first = 0
-    if direct:
-        base = plan.links[0]
-        total += load_table_rows(base.segments, table, target, target_table, slots, lo, hi, base.describe())
-        total -= int((~plan.masks[0]).sum())   # base rows replaced or removed by later links
-        first = 1
-    for link, mask in list(zip(plan.links, plan.masks))[first:]:
-        total += _import_kept(link, mask, table, target_table, slots, lo, hi, upsert=direct)
-    if direct and len(plan.removed):
-        remove(torch.from_numpy(plan.removed))
-    return total
+def _bytes_of(t: torch.Tensor) -> np.ndarray:
+    return t.reshape(-1).view(torch.uint8).numpy()
 
 
-def _import_kept(link, mask, table, target_table, slots, lo, hi, upsert: bool) -> int:
+def load_chain_rows(plan: ChainPlan, table: str, target: str, target_table, slots, direct: bool) -> int:
+    """Write the folded rows of `plan` into `target_table` (a SparseState); returns the rows it holds
+    from the chain. `direct`: the table was emptied for this load and supports `BulkAppend`."""
     names = [s for s, _, _ in slots]
     rbs = [si.row_bytes for _, si, _ in slots]
-    pos = total = 0
-    for ids, cols in link.segments.iter_table(table, names, rbs, lo, hi):
-        n = len(ids)
-        keep = mask[pos:pos + n]
-        pos += n
-        if not keep.any():
+    remove = getattr(target_table, "remove_ids", None)
+    total = 0
+    gone = []
+    for g in plan.groups:
+        if g.out_rows == 0:
             continue
-        if not keep.all():  # else the views of the read buffer go in as they are (import_rows copies)
-            ids, cols = ids[keep], [raw[keep] for raw in cols]
-        k = len(ids)
-        tensors = {}
-        for (slot, si, spec), raw in zip(slots, cols):
-            t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(k, *si.shape)
-            tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
-        target_table.import_rows(torch.from_numpy(ids), tensors)
-        # an upserted id the base also held replaced its row: counted once, in the base's correction
-        total += k
-    if pos != len(mask):
-        raise RuntimeError(f"{link.describe()}: table {table!r}: the rows read changed between the two "
-                           f"passes of a chain load ({pos} vs {len(mask)})")
+        # the base is read in place only if no base row was left out before folding (such a row's id
+        # may live on in another copy, which a removal of its id would take too)
+        if direct and g.base_skipped == 0 and (len(g.holes) == 0 or callable(remove)):
+            ids_t, cols_t = target_table.append_views(g.out_rows, names)
+            views = [ids_t] + [cols_t[s] for s in names]
+            if all(v.device.type == "cpu" and v.is_contiguous() for v in views):
+                fill_fold(g, names, rbs, _bytes_of(ids_t), [_bytes_of(v) for v in views[1:]])
+                try:
+                    target_table.commit_append()
+                except ValueError as e:
+                    raise duplicate_ids_error(g.links[-1].describe(), table, e) from e
+                if len(g.holes):
+                    gone.append(g.hole_ids)
+                total += g.rows
+                continue
+            # device storage: never committed, so the next call discards the views; fold on the host
+        total += _import_folded(g, table, target_table, slots, names, rbs)
+    if gone:
+        remove(torch.from_numpy(np.concatenate(gone)))
     return total
+
+
+def _import_folded(g: FoldPlan, table: str, target_table, slots, names, rbs) -> int:
+    ids = np.empty(g.out_rows, dtype="<i8")
+    cols = [np.empty((g.out_rows, rb), dtype=np.uint8) for rb in rbs]
+    fill_fold(g, names, rbs, ids.view(np.uint8), [c.reshape(-1) for c in cols])
+    if len(g.holes):
+        live = np.ones(g.out_rows, dtype=bool)
+        live[g.holes] = False
+        ids, cols = ids[live], [c[live] for c in cols]
+    k = len(ids)
+    if k == 0:
+        return 0
+    tensors = {}
+    for (slot, si, spec), raw in zip(slots, cols):
+        t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(k, *si.shape)
+        tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
+    target_table.import_rows(torch.from_numpy(ids), tensors)
+    return k

@@ -20,11 +20,11 @@ from ..errors import CheckpointExistsError, CheckpointNotFoundError, RecckptErro
 from ..format import catalog
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
-from ..format.names import MANIFEST, validate_ckpt_id
+from ..format.fold import fold_rows
 from ..format.layout import segment_rows
+from ..format.names import MANIFEST, validate_ckpt_id
 from ..format.sparse_io import SparseWriteOptions, TableSource
 from ..storage import open_storage
-from .chain_load import plan_chain_rows
 
 log = logging.getLogger("recckpt")
 
@@ -48,22 +48,12 @@ def _split(path: str) -> tuple[str, str]:
     return head, name
 
 
-def _surviving_rows(links, table: str, nb: int, groups: int, slots: list[str], row_bytes: list[int]):
-    """The surviving rows of `table`, bucket group by bucket group: (ids, [uint8 rows per slot])."""
-    for g in range(groups):
-        lo, hi = g * nb // groups, (g + 1) * nb // groups
-        if lo == hi:
-            continue
-        plan = plan_chain_rows(links, table, lo, hi, rank=0, world=1, ownership=None, duplicates="error")
-        for link, mask in zip(links, plan.masks):
-            pos = 0
-            for ids, cols in link.segments.iter_table(table, slots, row_bytes, lo, hi):
-                keep = mask[pos:pos + len(ids)]
-                pos += len(ids)
-                if keep.all():  # the read buffer is reused: the writer gets its own copy
-                    yield ids.copy(), [c.copy() for c in cols]
-                elif keep.any():
-                    yield ids[keep], [c[keep] for c in cols]
+def _pieces(links, table: str, slots: list[str], seg_rows: int, group_bytes: int):
+    """The folded rows of `table`, bucket group by bucket group, cut into pieces of at most `seg_rows`
+    rows (views of each group's arrays, which the writer keeps until written)."""
+    for ids, cols in fold_rows(links, table, slots, group_bytes=group_bytes):
+        for k in range(0, len(ids), seg_rows):
+            yield ids[k:k + seg_rows], [c[k:k + seg_rows] for c in cols]
 
 
 def _segments_of(pieces, seg_rows: int):
@@ -122,9 +112,8 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
             slots = list(info.slots)
             rbs = [s.row_bytes for s in info.slots.values()]
             upper = sum(link.manifest.tables[name].rows for link in tl)   # rows before removals win
-            groups = max(1, min(m.num_buckets, -(-upper * (8 + sum(rbs)) // max(1, memory_bytes))))
             seg_rows = segment_rows(SEGMENT_BYTES, rbs)
-            rows_iter = _surviving_rows(tl, name, m.num_buckets, groups, slots, rbs)
+            rows_iter = _pieces(tl, name, slots, seg_rows, memory_bytes)
             sources.append(TableSource(name, dict(info.slots), upper, _segments_of(rows_iter, seg_rows)))
         parts = []
         for w in range(m.shard_num):

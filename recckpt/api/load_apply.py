@@ -16,7 +16,7 @@ from ..format.hashing import bucket_range
 from ..state.protocol import split_sparse_dense_state_dict
 from .load_config import LoadConfig
 from .registry import Registry
-from .chain_load import load_chain_rows, plan_chain_rows
+from .chain_load import load_chain_rows, plan_chain
 from .row_filter import RowFilter, owners_of
 from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
 
@@ -201,9 +201,9 @@ class LoadPlan:
                 continue
             tl = table_links(links, name)
             if len(tl) > 1:
-                self.chain_plans[name] = plan_chain_rows(tl, name, lo, hi, rank=shard_id, world=world,
-                                                         ownership=self.conf.ownership,
-                                                         duplicates=self.conf.duplicates)
+                self.chain_plans[name] = plan_chain(tl, name, lo, hi, rank=shard_id, world=world,
+                                                    ownership=self.conf.ownership,
+                                                    duplicates=self.conf.duplicates)
 
     def replaced_whole_state(self) -> bool:
         """Whether this load replaced every sparse table of the model with the checkpoint's, all slots,
@@ -320,9 +320,9 @@ class LoadPlan:
                     plan = self.chain_plans[name]
                     reserve = getattr(table, "reserve", None)
                     if callable(reserve):
-                        reserve(len(table) + len(plan.masks[0]) + sum(int(m.sum()) for m in plan.masks[1:]))
+                        reserve(len(table) + plan.out_rows)
                     direct = conf.ownership is None and direct_load_possible(table, slots, cleared)
-                    self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, lo, hi, direct)
+                    self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, direct)
                     applied.append(target)
                     continue
                 simple = conf.ownership is None and conf.duplicates == "error"

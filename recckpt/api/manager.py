@@ -34,7 +34,7 @@ from .policies import (EPHEMERAL, META_EPHEMERAL, META_STEP, EveryNSteps, KeepPo
 from .preemption import PreemptionHandler
 from .rng import RNGState
 from .saver import LoadResult, Saver
-from .snapshot import HostBuffers, copy_snapshot
+from .snapshot import HostBuffers
 
 log = logging.getLogger("recckpt")
 
@@ -75,7 +75,8 @@ class CheckpointManager:
             the restore before anything is loaded.
         increments: an IncrementPolicy: write increments (only the changed sparse rows) between full
             checkpoints, a full one every k increments or once the chain's bytes pass a fraction of its
-            base's (docs/INCREMENTAL.md). Needs async_save=False. Ephemeral saves are always full.
+            base's (docs/INCREMENTAL.md). With async_save the changes are copied at the step that saves
+            (a smaller stall than a full copy). Ephemeral saves are always full.
 
     Every collective the manager issues runs on recckpt's own gloo groups (never the default group,
     which may be NCCL), and a step runs one only when an `EveryNSeconds`-like policy or preemption
@@ -103,9 +104,6 @@ class CheckpointManager:
         self.schedule = SaveSchedule(pols, self.keep, async_save)
         if increments is not None and not isinstance(increments, IncrementPolicy):
             raise TypeError(f"increments must be a recckpt.IncrementPolicy or None, got {increments!r}")
-        if increments is not None and async_save:
-            raise ValueError("increments need synchronous saves (async_save=False): an async save writes a "
-                             "snapshot copied before the write, which is always saved in full")
         self.increments = increments
         if not isinstance(prefix, str):
             raise InvalidArgumentError(f"CheckpointManager prefix must be a str, got {type(prefix).__name__}")
@@ -236,11 +234,13 @@ class CheckpointManager:
         if self.async_save:
             self._writer.drain()           # at most one in flight: its buffers are about to be reused
             self._writer.raise_failure()
-            snap = copy_snapshot(self.saver.capture(self.shard_id), self._buffers)
+            # after the drain: the save in flight committed (or failed), so the chain's parent is known
+            incremental = self._increment_next(ephemeral)
+            snap = self.saver.capture_copy(self._buffers, self.shard_id, incremental)
             handle.stall_seconds = time.perf_counter() - t0
 
             def write_async():
-                stats = write(snap)
+                stats = write(snap, incremental)
                 return stats.path, stats.bytes_written
 
             self._writer.submit(handle, write_async)

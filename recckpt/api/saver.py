@@ -30,7 +30,7 @@ from .load_config import LoadConfig
 from .options import SaveOptions
 from .policies import CkptEntry, KeepPolicy
 from .registry import Registry
-from .snapshot import Snapshot
+from .snapshot import HostBuffers, Snapshot, copy_snapshot
 
 log = logging.getLogger("recckpt")
 
@@ -122,6 +122,7 @@ class Saver:
         self._recovered = False  # start-up recovery of output_dir done (first save on worker 0)
         self.last_save: SaveStats | None = None
         self._chain: _ChainState | None = None  # what the next incremental save is an increment on
+        self._pending_forget: dict | None = None  # marks the live tables may forget up to (async saves)
 
     def open_storage(self, url, storage_options: dict | None = None):
         """The store at `url` with `storage_options` (default: this Saver's) and this Saver's timeout
@@ -284,6 +285,34 @@ class Saver:
                         extras=self.registry.extras_tree(self.sparse_optim) if first else None,
                         io_state=self.registry.io_tree())
 
+    def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False) -> Snapshot:
+        """A frozen copy of what a save of this worker writes, in `bufs` (reused across saves), for a
+        write in the background (`write(ckpt_id, snapshot)`). With `incremental`, change-tracking tables
+        are copied as their changes since the parent (what `chain_parent()` names) and their marks are
+        taken now, so the increment holds exactly the changes up to this capture; without a parent the
+        copy is whole and `full_reason` says why. Call it from the training thread, with no save of
+        this Saver in flight."""
+        self._forget_written()
+        chain, reason = (self._chain, None)
+        if incremental:
+            parent, reason = self._parent_for(True)
+            chain = self._chain if parent is not None else None
+        live = self.capture(shard_id)
+        live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if isinstance(t, ChangeTracking)}
+        live.chain, live.full_reason = (chain, None) if incremental and chain is not None else (None, reason)
+        return copy_snapshot(live, bufs, chain.marks if incremental and chain is not None else None)
+
+    def _forget_written(self) -> None:
+        """Let the live tables drop the change records a committed checkpoint holds, for saves written
+        from a snapshot (deferred to the training thread: the tables are not thread-safe)."""
+        pending, self._pending_forget = self._pending_forget, None
+        if pending is None:
+            return
+        for name, table in self._state()[0].items():
+            mark = pending.get(name)
+            if mark is not None and isinstance(table, ChangeTracking):
+                table.forget_changes(mark)
+
     def write(self, ckpt_id: str, snapshot: Snapshot | None = None, *, shard_id: int | None = None,
               shard_num: int | None = None, metadata: dict[str, str] | None = None, step: int | None = None,
               keep: KeepPolicy | None = None, protect: str | None = None, incremental: bool = False) -> SaveStats:
@@ -291,8 +320,10 @@ class Saver:
         apply retention; `save()` with everything spelled out. `metadata` goes into the manifest;
         `keep` (default `self.keep`) chooses what retention deletes after the commit, never `protect`
         (e.g. the checkpoint a run restored from) while it is the newest, nor a checkpoint a kept one's
-        chain needs. `incremental`: as in `save()` (not with a prepared `snapshot`). Returns what was
-        written: on the committing worker the whole checkpoint, on the others their own part."""
+        chain needs. `incremental`: as in `save()`; with a prepared `snapshot` it must come from
+        `capture_copy(..., incremental=True)`, which decided the parent when it copied the changes.
+        Returns what was written: on the committing worker the whole checkpoint, on the others their
+        own part."""
         snap = snapshot
         keep = self.keep if keep is None else keep
         validate_ckpt_id(ckpt_id)
@@ -308,8 +339,9 @@ class Saver:
             raise CheckpointExistsError(
                 f"checkpoint {self.storage.describe(ckpt_id)} already exists; committed checkpoints are never "
                 f"overwritten: choose another ckpt_id or delete it first")
-        if incremental and snap is not None:
-            raise ValueError("incremental saves capture the live tables; a prepared snapshot is saved in full")
+        if incremental and snap is not None and snap.marks is None:
+            raise ValueError("an incremental save from a prepared snapshot needs one taken with "
+                             "Saver.capture_copy(..., incremental=True)")
         nonce = coord.begin(key)
         # The store decides where a save writes: a staging directory, or the checkpoint's own keys.
         stage = self.storage.save_target(ckpt_id, catalog.new_staging_dir(ckpt_id, nonce))
@@ -329,15 +361,24 @@ class Saver:
                     f"save was starting; committed checkpoints are never overwritten: choose another ckpt_id")
             if shard_id == 0 and not self._recovered:
                 self._recover(coord, stage)
-            parent, full_reason = self._parent_for(incremental)
-            marks = None
-            if snap is None:
+            live = snap is None
+            if live:
+                parent, full_reason = self._parent_for(incremental)
+                chain = self._chain
                 if self.eviction is not None:
                     self._evict(step)
                 snap = self.capture(shard_id)
                 marks = {t.sparse_meta().name: t.mark_changes() for t in snap.tables
                          if isinstance(t, ChangeTracking)}
-            since = self._chain.marks if parent is not None else {}
+            else:
+                marks, chain = snap.marks, snap.chain
+                parent, full_reason = (None, snap.full_reason) if chain is None else self._parent_for(True, chain)
+                if chain is not None and parent is None:
+                    raise CheckpointSaveError(
+                        f"the parent {chain.ckpt_id!r} of incremental checkpoint {ckpt_id!r} changed between the "
+                        f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
+                        f"was written: the next save writes a full checkpoint")
+            since = chain.marks if parent is not None else {}
             sources = [self._table_source(t, since.get(t.sparse_meta().name), step) for t in snap.tables]
             part = write_worker_part(
                 self.storage, stage, shard_id, tables=[t for t, _ in sources],
@@ -372,7 +413,7 @@ class Saver:
                 log.warning("recckpt: shard %d of %d of %s is written but not committed: with no "
                             "torch.distributed process group, the checkpoint commits when this process has "
                             "saved every shard", shard_id, shard_num, self.storage.describe(ckpt_id))
-            self._committed_chain(ckpt_id, manifest, marks, snap.tables)
+            self._committed_chain(ckpt_id, manifest, marks, snap.tables if live else None)
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
             if handed_over:
@@ -420,11 +461,13 @@ class Saver:
             if n:
                 log.info("recckpt: evicted %d rows of table %r (%s)", n, name, self.eviction)
 
-    def _parent_for(self, incremental: bool) -> tuple[ParentRef | None, str | None]:
-        """(parent of the increment to write, None) or (None, why a full checkpoint is written instead)."""
+    def _parent_for(self, incremental: bool, chain: _ChainState | None = None
+                    ) -> tuple[ParentRef | None, str | None]:
+        """(parent of the increment to write, None) or (None, why a full checkpoint is written instead).
+        `chain`: the parent state to check (default: this Saver's current one)."""
         if not incremental:
             return None, None
-        chain, reason = self._chain, None
+        chain, reason = (self._chain if chain is None else chain), None
         if chain is None:
             reason = "this Saver has not committed or fully loaded a checkpoint to build an increment on"
         else:
@@ -444,13 +487,18 @@ class Saver:
         log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
         return None, reason
 
-    def _committed_chain(self, ckpt_id: str, manifest, marks: dict | None, tables: list) -> None:
+    def _committed_chain(self, ckpt_id: str, manifest, marks: dict | None, tables: list | None) -> None:
         """Remember the checkpoint just committed as the parent of the next increment. `marks` None: it
-        was saved from a prepared snapshot (no marks), so the next incremental save writes a full one."""
+        was saved from a prepared snapshot without marks, so the next incremental save writes a full
+        one. `tables`: the live tables, told to forget what the checkpoint holds; None (written from a
+        snapshot, maybe in the background) defers that to the next capture on the training thread."""
         if marks is None:
             self._chain = None
             return
         self._chain = _ChainState(ckpt_id, manifest.content_sha256 if manifest is not None else None, marks)
+        if tables is None:
+            self._pending_forget = marks
+            return
         for t in tables:
             mark = marks.get(t.sparse_meta().name)
             if mark is not None:
@@ -596,6 +644,7 @@ class Saver:
             plan = LoadPlan(self.model, self.sparse_optim, self.registry, reader, conf, result)
             plan.prepare(shard_id, world)
             self._chain = None  # the tables are about to change: the last checkpoint no longer describes them
+            self._pending_forget = None
             plan.apply(shard_id, world)
         except (RecckptError, OSError) as e:
             # A checkpoint deleted under the load (retention in another process) shows up as missing or

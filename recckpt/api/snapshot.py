@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointSaveError
-from ..state.protocol import SparseTableMeta
+from ..state.protocol import Changes, SparseTableMeta
 from ..state.staging import StagingPool
 from .options import SaveOptions
 
@@ -26,11 +26,18 @@ from .options import SaveOptions
 class Snapshot:
     """One worker's part of a save before it is written: sparse tables (anything with `sparse_meta()`
     and `export_chunks()`), dense tensors, the extras tree and the IO-state tree (None: not written
-    by this worker). `Saver.capture` takes one from the live objects; `copy_snapshot` freezes it."""
+    by this worker). `Saver.capture` takes one from the live objects; `copy_snapshot` freezes it.
+
+    A snapshot taken for an incremental save (`Saver.capture_copy(..., incremental=True)`) also carries
+    `chain`, the parent it was taken against, and `marks`, each change-tracking table's mark taken at
+    capture time: the changes are what changed up to the capture, never up to the background write."""
     tables: list
     dense: dict[str, torch.Tensor] | None
     extras: Any
     io_state: Any
+    marks: dict | None = None        # table name -> its mark at capture (None: not captured with marks)
+    chain: Any = None                # the parent state the tables' changes are relative to (incremental)
+    full_reason: str | None = None   # why an incremental capture holds every row instead
 
 
 _HEADROOM = 1.25  # a table that grows a little between saves does not reallocate every time
@@ -73,29 +80,49 @@ class HostBuffers:
 
 
 class SnapshotTable:
-    """A sparse table frozen at capture time; `export_chunks` yields views of the host buffers."""
+    """A sparse table frozen at capture time; `export_chunks` yields views of the host buffers. Frozen
+    for an incremental save (`since` given), it holds only the rows changed since the parent's mark
+    `since` and the ids removed since, and answers `export_changes(since, ...)` with them."""
 
-    def __init__(self, meta: SparseTableMeta, ids: torch.Tensor, cols: dict[str, torch.Tensor]):
+    def __init__(self, meta: SparseTableMeta, ids: torch.Tensor, cols: dict[str, torch.Tensor],
+                 since: int | None = None, removed: torch.Tensor | None = None):
         self._meta, self._ids, self._cols = meta, ids, cols
+        self._since, self._removed = since, removed
 
     def sparse_meta(self) -> SparseTableMeta:
         return self._meta
 
     def export_chunks(self, slots: Sequence[str], max_rows: int) -> Iterator[tuple[torch.Tensor, dict]]:
+        if self._since is not None:
+            raise CheckpointSaveError(f"table {self._meta.name!r}: this snapshot holds only the rows changed "
+                                      f"since its parent; it can only be written as an increment on it")
         n = self._ids.shape[0]
         for s in range(0, n, max_rows):
             yield self._ids[s:s + max_rows], {k: self._cols[k][s:s + max_rows] for k in slots}
 
+    def export_changes(self, since: int, slots: Sequence[str], max_rows: int) -> Changes | None:
+        if self._since is None or since != self._since:
+            return None
+        n = self._ids.shape[0]
+        chunks = ((self._ids[s:s + max_rows], {k: self._cols[k][s:s + max_rows] for k in slots})
+                  for s in range(0, n, max_rows))
+        return Changes(n, chunks, self._removed)
 
-def _copy_table(table, bufs: HostBuffers, staging: StagingPool) -> SnapshotTable:
+
+def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: int | None = None) -> SnapshotTable:
     meta = table.sparse_meta()
-    n, name = meta.num_rows, meta.name
+    name = meta.name
+    changes = None
+    if since is not None:  # only what changed since the parent (ChangeTracking), else every row
+        changes = table.export_changes(since, list(meta.slots), max(1, meta.num_rows))
+    n = meta.num_rows if changes is None else changes.rows
     ids = bufs.get(("sparse", name, "ids"), torch.int64, (n,))
     cols = {k: bufs.get(("sparse", name, "slot", k), s.dtype, (n, *s.shape)) for k, s in meta.slots.items()}
     off = 0
+    exported = table.export_chunks(list(meta.slots), max(1, n)) if changes is None else changes.chunks
     # One chunk per table for implementations that can hand out views of their storage; device chunks
     # come back in bounded host pieces, each copied out before the next is asked for.
-    for piece in staging.stage(table.export_chunks(list(meta.slots), max(1, n)), f"table {name!r}"):
+    for piece in staging.stage(exported, f"table {name!r}"):
         cids, ccols = piece.ids, piece.cols
         m = cids.shape[0]
         if off + m > n:
@@ -113,7 +140,10 @@ def _copy_table(table, bufs: HostBuffers, staging: StagingPool) -> SnapshotTable
         off += m
     if off != n:
         raise CheckpointSaveError(f"table {name!r}: export_chunks gave {off} rows, sparse_meta() reported {n}")
-    return SnapshotTable(meta, ids, cols)
+    if changes is None:
+        return SnapshotTable(meta, ids, cols)
+    removed = changes.removed.detach().to("cpu", torch.int64).clone()
+    return SnapshotTable(meta, ids, cols, since=since, removed=removed)
 
 
 def _freeze(obj, bufs: HostBuffers, path: tuple):
@@ -137,13 +167,17 @@ def _freeze(obj, bufs: HostBuffers, path: tuple):
     return obj
 
 
-def copy_snapshot(live: Snapshot, bufs: HostBuffers) -> Snapshot:
-    """`live` (from `Saver.capture`) with every part copied into `bufs`, so training may go on."""
+def copy_snapshot(live: Snapshot, bufs: HostBuffers, since: dict | None = None) -> Snapshot:
+    """`live` (from `Saver.capture`) with every part copied into `bufs`, so training may go on. `since`:
+    table name -> the parent's mark, for an incremental save: those tables (when they can tell) are
+    copied as their changes since the mark. The result carries `live`'s marks, chain and full_reason."""
+    since = since or {}
     return Snapshot(
-        tables=[_copy_table(t, bufs, bufs.staging()) for t in live.tables],
+        tables=[_copy_table(t, bufs, bufs.staging(), since.get(t.sparse_meta().name)) for t in live.tables],
         dense=None if live.dense is None else {k: _freeze(v, bufs, ("dense", k)) for k, v in live.dense.items()},
         extras=_freeze(live.extras, bufs, ("extras",)),
-        io_state=_freeze(live.io_state, bufs, ("io",)))
+        io_state=_freeze(live.io_state, bufs, ("io",)),
+        marks=live.marks, chain=live.chain, full_reason=live.full_reason)
 
 
 __all__ = ["Snapshot", "HostBuffers", "SnapshotTable", "copy_snapshot"]

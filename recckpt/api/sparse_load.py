@@ -50,7 +50,7 @@ def mapped_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo
     return cleared and local and isinstance(table, AdoptStorage) and _same_dtypes(slots)
 
 
-def _duplicates(where: str, name: str, e: Exception) -> DuplicateIdsError:
+def duplicate_ids_error(where: str, name: str, e: Exception) -> DuplicateIdsError:
     return DuplicateIdsError(
         f"checkpoint {where}: table {name!r} stores an id more than once ({e}); the job that saved it "
         f"probably routed ids inconsistently. load_conf {{'duplicates': 'newest'}} keeps the copy of "
@@ -77,7 +77,7 @@ def map_table_rows(segments: SegmentReader, name: str, target: str, table: Spars
     except ValueError as e:
         if _C.IdMap(got.rows).insert_new(got.ids[:got.rows]) == got.rows:
             raise  # not the checkpoint's ids: the table refused for its own reason
-        raise _duplicates(where, name, e) from e
+        raise duplicate_ids_error(where, name, e) from e
     return got.rows, got.bytes_mapped
 
 
@@ -105,7 +105,7 @@ def load_table_rows(segments: SegmentReader, name: str, target: str, table: Spar
             try:
                 table.commit_append()
             except ValueError as e:
-                raise _duplicates(where, name, e) from e
+                raise duplicate_ids_error(where, name, e) from e
             rows += n
     finally:
         upload.finish()

@@ -132,6 +132,10 @@ class ReadRequest:
                 self.lo, self.hi, dst, self.pad)
 
 
+#: Bytes of verified bucket offsets one SegmentReader keeps for later reads of the same segments.
+OFFSETS_CACHE_BYTES = 64 << 20
+
+
 class SegmentReader:
     """Reads rows of one checkpoint's tables, verifying every byte it returns."""
 
@@ -141,6 +145,10 @@ class SegmentReader:
         self.threads, self.options = max(1, threads), options or ReadOptions()
         self.bytes_read = 0
         self._checked_sizes: set[int] = set()
+        # Verified bucket offsets, kept (up to OFFSETS_CACHE_BYTES) for the next pass over the same
+        # segments: a chain fold reads a link's ids, then its rows; compaction does so per bucket group.
+        self._offsets: dict[tuple, np.ndarray] = {}
+        self._offsets_bytes = 0
         self._scratch = np.empty(0, dtype=np.uint8)
 
     def _path(self, file_idx: int) -> str:
@@ -243,7 +251,16 @@ class SegmentReader:
         group = max(1, group_bytes // (8 * (self.index.num_buckets + 1)))
         for k in range(0, len(segs), group):
             part = segs[k:k + group]
-            yield from zip(part, self.all_bucket_offsets(table, part))
+            have = [self._offsets.get((table, seg.file, seg.buckets.offset)) for seg in part]
+            missing = [seg for seg, off in zip(part, have) if off is None]
+            read = iter(self.all_bucket_offsets(table, missing) if missing else [])
+            for seg, off in zip(part, have):
+                if off is None:
+                    off = next(read)
+                    if self._offsets_bytes + off.nbytes <= OFFSETS_CACHE_BYTES:
+                        self._offsets[(table, seg.file, seg.buckets.offset)] = off
+                        self._offsets_bytes += off.nbytes
+                yield seg, off
 
     def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list[np.ndarray]:
         """The verified bucket offsets of each of `segs`, read in one parallel call."""
@@ -292,20 +309,24 @@ class SegmentReader:
         if batch.rows:
             yield batch
 
-    def removed_ids(self, table: str, bucket_lo: int = 0, bucket_hi: int | None = None) -> np.ndarray:
+    def removed_ids(self, table: str, bucket_lo: int = 0, bucket_hi: int | None = None, *,
+                    with_file: bool = False):
         """The verified ids an incremental checkpoint records as removed from `table`, in buckets
-        [lo, hi) (int64, a new array)."""
+        [lo, hi) (int64, a new array). with_file=True returns (ids, the shard file index of each id)."""
         segs = self.index.removed.get(table, [])
         nb = self.index.num_buckets
         hi_b = nb if bucket_hi is None else bucket_hi
-        reqs = []
+        reqs, files = [], []
         for seg, off in self.iter_bucket_offsets(table, segs):
             r0, r1 = (0, seg.rows) if (bucket_lo, hi_b) == (0, nb) else (int(off[bucket_lo]), int(off[hi_b]))
             if r1 > r0:
                 reqs.append(ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids", self.index.chunk_bytes))
-        if not reqs:
-            return np.empty(0, dtype="<i8")
-        return np.concatenate([a.view("<i8") for a in self.read(table, reqs)])
+                files.append(np.full(r1 - r0, seg.file, dtype=np.int64))
+        ids = (np.concatenate([a.view("<i8") for a in self.read(table, reqs)]) if reqs
+               else np.empty(0, dtype="<i8"))
+        if with_file:
+            return ids, (np.concatenate(files) if files else np.empty(0, dtype=np.int64))
+        return ids
 
     def map_table(self, table: str, slots: list[str], row_bytes: list[int], bucket_lo: int = 0,
                   bucket_hi: int | None = None, spare_rows: int = 0) -> "MappedTable":

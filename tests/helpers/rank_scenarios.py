@@ -266,3 +266,30 @@ def chain_load(rank, world, out, ckpt_id):
     salt = (emb[:, 0] - rows_for(ids)["embedding"][:, 0]).tolist()
     return {"ids": ids.tolist(), "salt": salt, "rows": res.sparse_rows,
             "own": bool((partition(ids, world) == rank).all())}
+
+
+def chain_save_async(rank, world, out, n_ids):
+    """chain_save through CheckpointManager(async_save=True, increments=...): checkpoint ckpt_{k+1} is the
+    state after chain step k, and step k+1 already changes the table while ckpt_{k+1} is written in the
+    background. Returns the parent of every checkpoint (rank 0)."""
+    from helpers.ranks import DIM, rows_for
+    from recckpt import CheckpointManager, HashTable, IncrementPolicy
+    from recckpt.format import catalog
+    ids = all_ids(n_ids)
+    mine = ids[partition(ids, world) == rank]
+    t = HashTable("emb", DIM)
+    t.import_rows(mine, {"embedding": rows_for(mine)["embedding"]})
+    s = Saver(Holder(t), output_dir=out, options=OPTS, max_keep=None)
+    mgr = CheckpointManager(s, 1, keep=None, save_rng=False, async_save=True,
+                            increments=IncrementPolicy(full_every=10, max_chain_fraction=None))
+    for k in range(CHAIN_STEPS + 1):
+        if k:
+            touched, gone, new = chain_ops(t.ids(), k)
+            t.write_rows("embedding", t.lookup(touched), rows_for(touched, salt=float(k))["embedding"])
+            t.remove_ids(gone)
+            new = new[partition(new, world) == rank]
+            t.import_rows(new, {"embedding": rows_for(new, salt=float(k))["embedding"]})
+        mgr.step()
+    mgr.close()
+    found = dict(catalog.committed(s.storage))
+    return {c: (m.parent.ckpt_id if m.parent is not None else None) for c, m in found.items()}

@@ -63,3 +63,22 @@ def test_every_link_equals_the_state_at_its_step(chain, ckpt, upto):
         emb = t.slot("embedding")[t.lookup(ids)]
         got.update(zip(ids.tolist(), (emb[:, 0] - rows_for(ids)["embedding"][:, 0]).tolist()))
     assert got == sc.chain_expected(N_IDS, upto)
+
+
+def test_async_manager_increments_on_real_processes(tmp_path):
+    """CheckpointManager(async_save=True, increments=...) on 2 ranks: each checkpoint holds the state at its
+    step although the next step changed the table during its background write; loads on 3 ranks."""
+    from recckpt import HashTable, Saver
+    from helpers.ranks import DIM, Holder, rows_for
+    out = str(tmp_path / "run")
+    rep = ok(run_ranks(2, sc.chain_save_async, out, N_IDS, out_dir=str(tmp_path / "r")))
+    assert rep[0] == {"ckpt_1": None, "ckpt_2": "ckpt_1", "ckpt_3": "ckpt_2", "ckpt_4": "ckpt_3"}
+    for k in range(sc.CHAIN_STEPS + 1):
+        got = {}
+        for r in range(3):
+            t = HashTable("emb", DIM)
+            Saver(Holder(t), output_dir=out).load(ckpt_id=f"ckpt_{k + 1}", shard_id=r, shard_num=3)
+            ids = t.ids()
+            emb = t.slot("embedding")[t.lookup(ids)]
+            got.update(zip(ids.tolist(), (emb[:, 0] - rows_for(ids)["embedding"][:, 0]).tolist()))
+        assert got == sc.chain_expected(N_IDS, k), f"ckpt_{k + 1}"

@@ -62,7 +62,30 @@ def _setup_model_bank_runs(ns):
     ns["_bank_item_rows"] = len(tower.item_v2)
 
 
-SETUPS = {"model_bank_runs": _setup_model_bank_runs}
+def _setup_incremental_model(ns):
+    """docs/INCREMENTAL.md: a model with a change-tracking table, its optimizer, a `train_step()` that
+    changes a few rows, and the names the page's blocks use."""
+    import recckpt
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = recckpt.HashTable("emb", dim=8)
+
+    model = Model()
+    model.emb(torch.arange(100))
+    opt = recckpt.SparseAdam([model.emb], lr=0.01)
+
+    def train_step():
+        model.emb(torch.randint(0, 200, (20,))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    ns.update(model=model, opt=opt, train_step=train_step, recckpt=recckpt, Saver=recckpt.Saver,
+              CheckpointManager=recckpt.CheckpointManager, IncrementPolicy=recckpt.IncrementPolicy)
+
+
+SETUPS = {"model_bank_runs": _setup_model_bank_runs, "incremental_model": _setup_incremental_model}
 
 
 def _check_readme(ns, cwd):
@@ -72,7 +95,16 @@ def _check_readme(ns, cwd):
     assert ns["_bank_item_rows"] > 0
 
 
-CHECKS = {"README.md": _check_readme}
+def _check_incremental(ns, cwd):
+    import json
+    inc = json.loads((cwd / "ckpts" / "step_2000" / "manifest.json").read_text())
+    full = json.loads((cwd / "ckpts" / "step_2000_full" / "manifest.json").read_text())
+    assert inc["parent"]["ckpt_id"] == "step_1000" and inc["tables"]["emb"]["changes"]
+    assert "parent" not in full and full["tables"]["emb"]["rows"] == len(ns["model"].emb)
+    assert ns["mgr"].increments.full_every == 10
+
+
+CHECKS = {"README.md": _check_readme, os.path.join("docs", "INCREMENTAL.md"): _check_incremental}
 
 
 def blocks(path):

@@ -450,13 +450,6 @@ def test_manager_writes_increments_between_full_checkpoints_and_keeps_the_chain(
     assert saver2.last_save.parent is None and saver2.checkpoints() == ["ckpt_7"]
 
 
-def test_manager_refuses_increments_with_async_saves(tmp_path):
-    from recckpt import CheckpointManager, IncrementPolicy
-    with pytest.raises(ValueError, match="async_save"):
-        CheckpointManager(Saver(Model(), output_dir=tmp_path), save_interval=1, async_save=True,
-                          increments=IncrementPolicy())
-
-
 def test_cli_prune_keeps_the_chain_of_what_it_keeps(tmp_path):
     from recckpt.api.outdir import prune
     run_chain(tmp_path, n_incr=2)

@@ -1,0 +1,125 @@
+"""Incremental checkpoints written in the background: the changes are taken when the snapshot is copied
+(the training step), not when the background thread writes, so every increment holds the state at its
+step, whatever training does meanwhile; CheckpointManager(async_save=True, increments=...) chains them."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from helpers.tables import table_contents
+from recckpt import CheckpointManager, HashTable, IncrementPolicy, SaveOptions, Saver, SparseAdam
+from recckpt.api.snapshot import HostBuffers
+from recckpt.errors import CheckpointSaveError
+from recckpt.format import catalog
+
+OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=4096, fsync=False)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = HashTable("emb", 4, track_changes=True)
+        self.lin = torch.nn.Linear(4, 1)
+
+
+def train_step(model, opt, ids):
+    loss = model.lin(model.emb(ids)).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    model.lin.zero_grad()
+
+
+def loaded(out, ckpt_id):
+    m = Model()
+    Saver(m, SparseAdam([m.emb], lr=0.05), output_dir=out, options=OPTS).load(ckpt_id=ckpt_id)
+    return table_contents(m.emb)
+
+
+def assert_same(a, b):
+    assert set(a) == set(b)
+    for slot in a:
+        assert set(a[slot]) == set(b[slot]), slot
+        assert all(torch.equal(a[slot][i], b[slot][i]) for i in a[slot]), slot
+
+
+def test_an_increment_copied_at_capture_holds_the_state_of_the_capture(tmp_path):
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=tmp_path, max_keep=None, options=OPTS)
+    bufs = HostBuffers()
+    train_step(model, opt, torch.arange(0, 200))
+    saver.write("c0", saver.capture_copy(bufs))                  # full, from a snapshot: still a parent
+    train_step(model, opt, torch.arange(150, 260))
+    model.emb.remove_ids(torch.arange(0, 10))
+    snap = saver.capture_copy(bufs, incremental=True)
+    at_capture = table_contents(model.emb)
+    copied = snap.tables[0].export_changes(snap.chain.marks["emb"], ["embedding"], 1000)
+    assert copied.rows == 110 and copied.removed.numel() == 10     # only the changes were copied
+    train_step(model, opt, torch.arange(100, 400))                # training goes on before the write
+    model.emb.remove_ids(torch.arange(20, 30))
+    saver.write("c1", snap, incremental=True)
+    assert saver.last_save.parent == "c0" and saver.last_save.full_reason is None
+    assert_same(loaded(tmp_path, "c1"), at_capture)
+    saver.save("c2", incremental=True)   # what changed after the capture is in the next increment
+    assert saver.last_save.parent == "c1"
+    assert_same(loaded(tmp_path, "c2"), table_contents(model.emb))
+
+
+def test_without_a_parent_the_capture_is_whole_and_says_why(tmp_path):
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=tmp_path, options=OPTS)
+    train_step(model, opt, torch.arange(50))
+    snap = saver.capture_copy(HostBuffers(), incremental=True)
+    assert snap.chain is None and "has not committed" in snap.full_reason
+    saver.write("c0", snap, incremental=True)
+    assert saver.last_save.parent is None and "has not committed" in saver.last_save.full_reason
+    with pytest.raises(ValueError, match="capture_copy"):
+        saver.write("c1", saver.capture(), incremental=True)    # a snapshot without marks
+
+
+def test_a_parent_gone_before_the_background_write_fails_the_save_and_nothing_is_committed(tmp_path):
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=tmp_path, max_keep=None, options=OPTS)
+    train_step(model, opt, torch.arange(50))
+    saver.save("c0")
+    train_step(model, opt, torch.arange(40, 60))
+    snap = saver.capture_copy(HostBuffers(), incremental=True)
+    shutil.rmtree(tmp_path / "c0")
+    with pytest.raises(CheckpointSaveError, match=r"parent 'c0' of incremental checkpoint 'c1' changed"):
+        saver.write("c1", snap, incremental=True)
+    assert not saver.is_committed("c1")
+    saver.save("c2", incremental=True)
+    assert saver.last_save.parent is None and "no longer committed" in saver.last_save.full_reason
+    assert_same(loaded(tmp_path, "c2"), table_contents(model.emb))
+
+
+@pytest.mark.parametrize("full_every", [2, 3])
+def test_manager_async_saves_increments_between_full_checkpoints(tmp_path, full_every):
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=tmp_path, options=OPTS)
+    mgr = CheckpointManager(saver, save_interval=1, keep=None, save_rng=False, async_save=True,
+                            increments=IncrementPolicy(full_every=full_every, max_chain_fraction=None))
+    at_step = {}
+    gen = torch.Generator().manual_seed(0)
+    for step in range(1, 8):
+        train_step(model, opt, torch.randint(0, 300, (60,), generator=gen))
+        if step % 3 == 0:
+            model.emb.remove_ids(torch.randint(0, 300, (10,), generator=gen))
+        handle = mgr.step()
+        at_step[handle.ckpt_id] = table_contents(model.emb)   # the state the snapshot was taken of
+        train_step(model, opt, torch.randint(0, 300, (60,), generator=gen))  # overlaps the write
+    mgr.close()
+    parents = {}
+    for ckpt_id in at_step:
+        m = catalog.read_manifest(saver.storage, ckpt_id)
+        parents[ckpt_id] = m.parent.ckpt_id if m.parent is not None else None
+        assert_same(loaded(tmp_path, ckpt_id), at_step[ckpt_id])
+    fulls = [c for c, p in parents.items() if p is None]
+    assert len(fulls) == -(-7 // (full_every + 1))          # a full one, then full_every increments
+    assert all(p is None or int(c.split("_")[1]) - 1 == int(p.split("_")[1]) for c, p in parents.items())

@@ -90,9 +90,11 @@ class ConcurrentCommitError(CheckpointExistsError):
     was discarded; the committed checkpoint on disk is the other writer's, complete and loadable."""
 
 
-class InvalidArgumentError(RecckptError, ValueError):
-    """An argument that cannot be valid for this checkpoint or call: an unknown table or slot, a bad option
-    value (reader, export and command-line tool). The message names the argument and the valid choices."""
+class InvalidArgumentError(RecckptError, ValueError, TypeError):
+    """An argument that cannot be valid for this checkpoint or call: a bad option value or type (Saver,
+    CheckpointManager, policies, options, tables, reader, export and command-line tool), an unknown table,
+    slot or registered name. The message names the argument and the valid choices. It is both a
+    ValueError and a TypeError, so code written against Python's conventions keeps catching it."""
 
 
 class StorageError(RecckptError, OSError):

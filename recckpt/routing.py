@@ -13,13 +13,14 @@ import torch
 
 from . import _C
 from .format.hashing import DEFAULT_NUM_BUCKETS, NUM_BUCKETS_LIMIT, owner_of_bucket
+from .errors import InvalidArgumentError
 
 
 def _check(world: int, num_buckets: int) -> None:
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-        raise ValueError(f"partition: world must be an integer >= 1, got {world!r}")
+        raise InvalidArgumentError(f"partition: world must be an integer >= 1, got {world!r}")
     if not isinstance(num_buckets, int) or isinstance(num_buckets, bool) or not 1 <= num_buckets < NUM_BUCKETS_LIMIT:
-        raise ValueError(f"partition: num_buckets must be an integer in [1, 2**24), the format's range, got "
+        raise InvalidArgumentError(f"partition: num_buckets must be an integer in [1, 2**24), the format's range, got "
                          f"{num_buckets!r}")
 
 
@@ -30,13 +31,13 @@ def partition(ids, world: int, num_buckets: int = DEFAULT_NUM_BUCKETS):
     _check(world, num_buckets)
     if isinstance(ids, torch.Tensor):
         if ids.dtype != torch.int64:
-            raise TypeError(f"partition: ids must be int64, got {ids.dtype}")
+            raise InvalidArgumentError(f"partition: ids must be int64, got {ids.dtype}")
         flat = ids.detach().reshape(-1).cpu().contiguous().numpy()
         out = _owner(flat, world, num_buckets).reshape(tuple(ids.shape))
         return torch.from_numpy(out).to(ids.device)
     arr = np.asarray(ids)
     if arr.dtype != np.int64:
-        raise TypeError(f"partition: ids must be int64, got {arr.dtype}")
+        raise InvalidArgumentError(f"partition: ids must be int64, got {arr.dtype}")
     return _owner(np.ascontiguousarray(arr.reshape(-1)), world, num_buckets).reshape(arr.shape)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+from ..errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)
@@ -19,15 +20,15 @@ class IncrementPolicy:
     def __post_init__(self):
         if self.full_every is not None:
             if isinstance(self.full_every, bool):
-                raise TypeError("IncrementPolicy.full_every must be an int or None")
+                raise InvalidArgumentError("IncrementPolicy.full_every must be an int or None")
             object.__setattr__(self, "full_every", operator.index(self.full_every))
             if self.full_every < 1:
-                raise ValueError(f"IncrementPolicy.full_every must be >= 1, got {self.full_every}")
+                raise InvalidArgumentError(f"IncrementPolicy.full_every must be >= 1, got {self.full_every}")
         f = self.max_chain_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0):
-            raise ValueError(f"IncrementPolicy.max_chain_fraction must be a number > 0 or None, got {f!r}")
+            raise InvalidArgumentError(f"IncrementPolicy.max_chain_fraction must be a number > 0 or None, got {f!r}")
         if self.full_every is None and f is None:
-            raise ValueError("IncrementPolicy needs full_every or max_chain_fraction: an unbounded chain grows "
+            raise InvalidArgumentError("IncrementPolicy needs full_every or max_chain_fraction: an unbounded chain grows "
                              "every restore and everything retention keeps")
 
     def incremental(self, chain: tuple[int, int, int] | None) -> bool:

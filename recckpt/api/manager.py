@@ -89,7 +89,7 @@ class CheckpointManager:
                  shard_id: int | None = None, shard_num: int | None = None, prefix: str = "ckpt_",
                  save_rng: bool = True, resize_policy: str = "reseed", increments: IncrementPolicy | None = None):
         if not isinstance(saver, Saver):
-            raise TypeError(f"CheckpointManager needs a recckpt.Saver, got {type(saver).__name__}")
+            raise InvalidArgumentError(f"CheckpointManager needs a recckpt.Saver, got {type(saver).__name__}")
         if isinstance(policies, (str, bytes, Mapping)) or not isinstance(policies, Iterable):
             raise InvalidArgumentError(f"CheckpointManager policies must be a list of save policies, got {policies!r}")
         pols = list(policies)
@@ -100,10 +100,10 @@ class CheckpointManager:
         # save() would delete what this policy keeps (e.g. keep_every_n_steps checkpoints).
         saver.keep = self.keep
         if not isinstance(async_save, bool):
-            raise ValueError(f"async_save must be a bool, got {async_save!r}")
+            raise InvalidArgumentError(f"async_save must be a bool, got {async_save!r}")
         self.schedule = SaveSchedule(pols, self.keep, async_save)
         if increments is not None and not isinstance(increments, IncrementPolicy):
-            raise TypeError(f"increments must be a recckpt.IncrementPolicy or None, got {increments!r}")
+            raise InvalidArgumentError(f"increments must be a recckpt.IncrementPolicy or None, got {increments!r}")
         self.increments = increments
         if not isinstance(prefix, str):
             raise InvalidArgumentError(f"CheckpointManager prefix must be a str, got {type(prefix).__name__}")
@@ -113,7 +113,7 @@ class CheckpointManager:
         except InvalidCheckpointIdError as e:
             raise InvalidArgumentError(f"CheckpointManager prefix {prefix!r} cannot start checkpoint ids: {e}") from None
         if resize_policy not in ("reseed", "error"):
-            raise ValueError(f"resize_policy must be 'reseed' or 'error', got {resize_policy!r}")
+            raise InvalidArgumentError(f"resize_policy must be 'reseed' or 'error', got {resize_policy!r}")
         self.shard_id, self.shard_num = resolve_shard(shard_id, shard_num, saving=True)
         check_world(self.shard_id, self.shard_num, "CheckpointManager")
         self.saver, self.async_save, self.prefix = saver, async_save, prefix
@@ -414,16 +414,16 @@ class CheckpointManager:
         (a restarted run continues from its own checkpoints: `restore()` takes precedence), and an empty
         list is returned; the sources are still validated."""
         if isinstance(confs, Mapping) or not isinstance(confs, Sequence):
-            raise TypeError(f"load_model_bank takes a list of source dicts, got {type(confs).__name__}")
+            raise InvalidArgumentError(f"load_model_bank takes a list of source dicts, got {type(confs).__name__}")
         sources = []
         for i, src in enumerate(confs):
             if not isinstance(src, Mapping) or "path" not in src:
-                raise ValueError(f"model bank source #{i} must be a dict with a 'path', got {src!r}")
+                raise InvalidArgumentError(f"model bank source #{i} must be a dict with a 'path', got {src!r}")
             conf = {k: v for k, v in src.items() if k not in BANK_SOURCE_KEYS}
             conf.setdefault("load", list(BANK_DEFAULT_LOAD))
             resume = src.get("resume_step", False)
             if not isinstance(resume, bool):
-                raise ValueError(f"model bank source #{i}: resume_step must be a bool, got {resume!r}")
+                raise InvalidArgumentError(f"model bank source #{i}: resume_step must be a bool, got {resume!r}")
             sources.append((src["path"], LoadConfig.coerce(conf), resume, src.get("storage_options")))
         if self._committed_everywhere():
             log.info("recckpt: %s holds committed checkpoints: restore() resumes from them, so the model "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from ..errors import InvalidArgumentError
 
 EPHEMERAL = "ephemeral"
 PERMANENT = "permanent"
@@ -55,7 +56,7 @@ class SaveDecisionPolicy(Protocol):
 
 def _positive_int(owner: str, field: str, v) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"{owner}.{field} must be an integer >= 1, got {v!r}")
+        raise InvalidArgumentError(f"{owner}.{field} must be an integer >= 1, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class EveryNSeconds:
     def __post_init__(self):
         if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) \
                 or not math.isfinite(self.seconds) or self.seconds <= 0:
-            raise ValueError(f"EveryNSeconds.seconds must be a finite number > 0, got {self.seconds!r}")
+            raise InvalidArgumentError(f"EveryNSeconds.seconds must be a finite number > 0, got {self.seconds!r}")
 
     def should_save(self, step: int, context: SaveContext) -> bool:
         return context.seconds_since_save >= self.seconds
@@ -99,7 +100,7 @@ class AtSteps:
         try:
             steps = frozenset(self.steps)
         except TypeError:
-            raise ValueError(f"AtSteps.steps must be an iterable of integers >= 1, got {self.steps!r}") from None
+            raise InvalidArgumentError(f"AtSteps.steps must be an iterable of integers >= 1, got {self.steps!r}") from None
         for s in steps:
             _positive_int("AtSteps", "steps[...]", s)
         object.__setattr__(self, "steps", steps)
@@ -127,7 +128,7 @@ class EphemeralEveryNSteps:
 
 def _check_policy(p) -> None:
     if not callable(getattr(p, "should_save", None)):
-        raise TypeError(f"save policy must have a should_save(step, context) method (EveryNSteps, "
+        raise InvalidArgumentError(f"save policy must have a should_save(step, context) method (EveryNSteps, "
                         f"EveryNSeconds, AtSteps, EphemeralEveryNSteps, AnySavePolicy or your own), got {p!r}")
 
 
@@ -186,7 +187,7 @@ class KeepPolicy:
     def __post_init__(self):
         if self.max_keep is not None and (not isinstance(self.max_keep, int) or isinstance(self.max_keep, bool)
                                           or self.max_keep < 1):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"KeepPolicy.max_keep must be an integer >= 1 or None (keep all), got {self.max_keep!r}: the "
                 f"newest committed checkpoint must survive until a newer one commits, which matters most "
                 f"with async saves where the next one is still being written")
@@ -199,7 +200,7 @@ class KeepPolicy:
             return keep
         if keep is None or isinstance(keep, int):
             return cls(max_keep=keep)
-        raise TypeError(f"keep must be a KeepPolicy, an int (max_keep) or None (keep all), got {keep!r}")
+        raise InvalidArgumentError(f"keep must be a KeepPolicy, an int (max_keep) or None (keep all), got {keep!r}")
 
     def doomed(self, entries: Sequence["CkptEntry"], restored_from: str | None = None) -> list[str]:
         """Ids among `entries` (committed, oldest first; the last is the newest) that may be deleted."""
@@ -241,17 +242,17 @@ class SaveSchedule:
         for p in self.policies:
             _check_policy(p)
         if not isinstance(keep, KeepPolicy):
-            raise TypeError(f"keep must be a KeepPolicy, got {keep!r}")
+            raise InvalidArgumentError(f"keep must be a KeepPolicy, got {keep!r}")
         if async_save and keep.max_keep is not None and keep.max_keep < 1:  # KeepPolicy refuses it too
-            raise ValueError("async_save=True needs KeepPolicy.max_keep >= 1: the last committed checkpoint "
+            raise InvalidArgumentError("async_save=True needs KeepPolicy.max_keep >= 1: the last committed checkpoint "
                              "is the fallback while the next one is written in the background")
         eph = [p for p in self.policies if is_ephemeral(p)]
         if len(eph) > 1:
-            raise ValueError(f"at most one ephemeral save policy (EphemeralEveryNSteps), got {eph}")
+            raise InvalidArgumentError(f"at most one ephemeral save policy (EphemeralEveryNSteps), got {eph}")
         regular_n = [p.n for p in self.policies if isinstance(p, EveryNSteps)]
         eph_n = getattr(eph[0], "n", None) if eph else None
         if eph_n is not None and regular_n and eph_n >= min(regular_n):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"EphemeralEveryNSteps(n={eph_n}) must save more often than EveryNSteps(n={min(regular_n)}): "
                 f"ephemeral saves fill the gaps between regular ones; a larger or equal interval would never "
                 f"add a checkpoint")

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass, field
+from ..errors import InvalidArgumentError
 
 
 @dataclass
@@ -28,14 +29,14 @@ class PreemptionHandler:
     def __post_init__(self):
         sigs = tuple(self.signals)
         if not sigs:
-            raise ValueError("PreemptionHandler.signals must name at least one signal")
+            raise InvalidArgumentError("PreemptionHandler.signals must name at least one signal")
         for s in sigs:
             if not isinstance(s, int) or s in (signal.SIGKILL, signal.SIGSTOP):
-                raise ValueError(f"PreemptionHandler.signals: {s!r} cannot be handled (SIGKILL/SIGSTOP "
+                raise InvalidArgumentError(f"PreemptionHandler.signals: {s!r} cannot be handled (SIGKILL/SIGSTOP "
                                  f"cannot be caught; give signal numbers such as signal.SIGTERM)")
         self.signals = tuple(signal.Signals(s) for s in sigs)
         if not isinstance(self.exit_after_save, bool):
-            raise ValueError(f"PreemptionHandler.exit_after_save must be a bool, got {self.exit_after_save!r}")
+            raise InvalidArgumentError(f"PreemptionHandler.exit_after_save must be a bool, got {self.exit_after_save!r}")
         self._previous: dict = {}
 
     def install(self) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..format import extras as extras_fmt
+from ..errors import InvalidArgumentError
 
 
 def _check_name(name, registry: dict, what: str) -> None:
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{what}: name must be a non-empty string, got {name!r}")
+        raise InvalidArgumentError(f"{what}: name must be a non-empty string, got {name!r}")
     if name in registry:
-        raise ValueError(f"{what}: {name!r} is already registered")
+        raise InvalidArgumentError(f"{what}: {name!r} is already registered")
 
 
 class Registry:
@@ -28,7 +29,7 @@ class Registry:
         """See `Saver.register_for_checkpointing`."""
         _check_name(name, self._objects, "register_for_checkpointing")
         if not isinstance(allow_pickle, bool):
-            raise TypeError(f"register_for_checkpointing({name!r}): allow_pickle must be a bool")
+            raise InvalidArgumentError(f"register_for_checkpointing({name!r}): allow_pickle must be a bool")
         self._objects[name] = obj
         if allow_pickle:
             self._pickle_allowed.add(name)
@@ -37,12 +38,14 @@ class Registry:
         """See `Saver.register_io_state`."""
         _check_name(name, self._io, "register_io_state")
         if not (callable(getattr(obj, "dump_io_state", None)) and callable(getattr(obj, "load_io_state", None))):
-            raise TypeError(f"register_io_state({name!r}): {type(obj).__name__} needs dump_io_state() and "
+            raise InvalidArgumentError(f"register_io_state({name!r}): {type(obj).__name__} needs dump_io_state() and "
                             f"load_io_state(state) methods")
         self._io[name] = obj
 
     # ---------------------------------------------------------------------------------- reading
     def object(self, name: str) -> Any:
+        if name not in self._objects:
+            raise InvalidArgumentError(f"no object is registered as {name!r}; registered: {list(self._objects)}")
         return self._objects[name]
 
     def object_names(self) -> list[str]:

@@ -12,6 +12,7 @@ import random
 
 import numpy as np
 import torch
+from ..errors import InvalidArgumentError
 
 
 class RNGState:
@@ -42,7 +43,7 @@ class RNGState:
         cuda = state.get("cuda")
         if cuda is not None and torch.cuda.is_available():
             if len(cuda) != torch.cuda.device_count():
-                raise ValueError(f"RNG state holds {len(cuda)} CUDA generators but this process sees "
+                raise InvalidArgumentError(f"RNG state holds {len(cuda)} CUDA generators but this process sees "
                                  f"{torch.cuda.device_count()} devices; resume with the same device layout")
             torch.cuda.set_rng_state_all(cuda)
 

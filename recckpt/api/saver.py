@@ -13,8 +13,7 @@ from typing import Any, Mapping
 import torch
 
 from ..coordination import check_world, coordinator_for, resolve_shard
-from ..errors import (CheckpointDeletedError, CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError,
-                      CommitOutcomeUnknownError, ConcurrentCommitError, CorruptCheckpointError, RecckptError)
+from ..errors import (CheckpointDeletedError, CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError, CommitOutcomeUnknownError, ConcurrentCommitError, CorruptCheckpointError, InvalidArgumentError, RecckptError)
 from ..format import catalog, dtypes, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
@@ -93,17 +92,17 @@ class Saver:
                  storage_options: dict | None = None, eviction: EvictionPolicy | None = None,
                  write_filter: EvictionPolicy | None = None, read_options: ReadOptions | None = None):
         if output_dir is None:
-            raise ValueError("Saver needs output_dir: a local directory or an fsspec URL")
+            raise InvalidArgumentError("Saver needs output_dir: a local directory or an fsspec URL")
         if max_keep is not None and (not isinstance(max_keep, int) or isinstance(max_keep, bool) or max_keep < 1):
-            raise ValueError(f"max_keep must be an integer >= 1 or None (keep all), got {max_keep!r}")
+            raise InvalidArgumentError(f"max_keep must be an integer >= 1 or None (keep all), got {max_keep!r}")
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-            raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+            raise InvalidArgumentError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         self.model = model
         self.sparse_optim = sparse_optim
         self.output_dir = os.fspath(output_dir)
         self.options = options or SaveOptions()
         if read_options is not None and not isinstance(read_options, ReadOptions):
-            raise TypeError(f"read_options must be a recckpt.ReadOptions, got {type(read_options).__name__}")
+            raise InvalidArgumentError(f"read_options must be a recckpt.ReadOptions, got {type(read_options).__name__}")
         self.read_options = read_options or ReadOptions()
         self.storage_options = storage_options
         self.storage = self.open_storage(self.output_dir)
@@ -114,7 +113,7 @@ class Saver:
         """Objects registered by name, and IO-state providers."""
         for what, pol in (("eviction", eviction), ("write_filter", write_filter)):
             if pol is not None and not isinstance(pol, EvictionPolicy):
-                raise TypeError(f"Saver {what} must be a recckpt.state.eviction.EvictionPolicy, got {pol!r}")
+                raise InvalidArgumentError(f"Saver {what} must be a recckpt.state.eviction.EvictionPolicy, got {pol!r}")
         self.eviction, self.write_filter = eviction, write_filter
         # Host buffers that device tables are copied through on a save, kept across saves (pinned
         # memory is slow to allocate); bounded by SaveOptions.staging_bytes.
@@ -272,7 +271,7 @@ class Saver:
         committed it writes a full checkpoint and says why (a log line and `last_save.full_reason`).
         Every worker of a distributed save must make the same choice (docs/INCREMENTAL.md)."""
         if not isinstance(incremental, bool):
-            raise TypeError(f"save: incremental must be a bool, got {incremental!r}")
+            raise InvalidArgumentError(f"save: incremental must be a bool, got {incremental!r}")
         return self.write(ckpt_id, shard_id=shard_id, shard_num=shard_num, step=step,
                           incremental=incremental).path
 
@@ -328,7 +327,7 @@ class Saver:
         keep = self.keep if keep is None else keep
         validate_ckpt_id(ckpt_id)
         if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
-            raise ValueError(f"save: step must be an integer (the training step) or None, got {step!r}")
+            raise InvalidArgumentError(f"save: step must be an integer (the training step) or None, got {step!r}")
         shard_id, shard_num = resolve_shard(shard_id, shard_num, saving=True)
         check_world(shard_id, shard_num, "Saver.save")
         t0 = time.perf_counter()
@@ -340,7 +339,7 @@ class Saver:
                 f"checkpoint {self.storage.describe(ckpt_id)} already exists; committed checkpoints are never "
                 f"overwritten: choose another ckpt_id or delete it first")
         if incremental and snap is not None and snap.marks is None:
-            raise ValueError("an incremental save from a prepared snapshot needs one taken with "
+            raise InvalidArgumentError("an incremental save from a prepared snapshot needs one taken with "
                              "Saver.capture_copy(..., incremental=True)")
         nonce = coord.begin(key)
         # The store decides where a save writes: a staging directory, or the checkpoint's own keys.
@@ -582,7 +581,7 @@ class Saver:
     def _resolve(self, ckpt_path, ckpt_id, direct_path, storage_options=None):
         if direct_path:
             if ckpt_path is None:
-                raise ValueError("direct_path=True needs ckpt_path: the committed checkpoint directory")
+                raise InvalidArgumentError("direct_path=True needs ckpt_path: the committed checkpoint directory")
             storage = self.open_storage(ckpt_path, storage_options)
             if not storage.exists(MANIFEST):
                 raise CheckpointNotFoundError(

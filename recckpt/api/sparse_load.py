@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from .. import _C
-from ..errors import DuplicateIdsError
+from ..errors import DuplicateIdsError, InvalidArgumentError
 from ..format import dtypes
 from ..format.schema import SlotInfo
 from ..format.sparse_io import SegmentReader
@@ -32,7 +32,7 @@ from ..state.staging import HostToDevice
 def _bytes_of(t: torch.Tensor, what: str):
     """Writable uint8 numpy view of a C-contiguous tensor's storage (no copy)."""
     if not t.is_contiguous() or t.device.type != "cpu":
-        raise ValueError(f"{what}: staged views must be C-contiguous host tensors")
+        raise InvalidArgumentError(f"{what}: staged views must be C-contiguous host tensors")
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
@@ -97,7 +97,7 @@ def load_table_rows(segments: SegmentReader, name: str, target: str, table: Spar
             ids_t, cols_t = table.append_views(n, names)
             for what, t in [("ids", ids_t)] + [(f"slot {s!r}", cols_t[s]) for s in names]:
                 if not t.is_contiguous():
-                    raise ValueError(f"table {target!r} {what}: append_views must return C-contiguous tensors")
+                    raise InvalidArgumentError(f"table {target!r} {what}: append_views must return C-contiguous tensors")
             targets = [ids_t] + [cols_t[s] for s in names]
             views = upload.host_views(targets)
             segments.read_batch(batch, [_bytes_of(v, f"table {target!r}") for v in views])

@@ -3,6 +3,7 @@ implementations (TorchCoordinator among them), which themselves import the base 
 from __future__ import annotations
 
 from .coordinator import Coordinator, InProcessCoordinator, SingleCoordinator
+from ..errors import InvalidArgumentError
 
 
 def coordinator_for(shard_id: int, shard_num: int, timeout_s: float = 1800.0) -> Coordinator:
@@ -10,7 +11,7 @@ def coordinator_for(shard_id: int, shard_num: int, timeout_s: float = 1800.0) ->
     this process is rank `shard_id` of an initialised torch.distributed world of `shard_num`, else all
     shards are expected from this one process (see InProcessCoordinator)."""
     if shard_num < 1 or not 0 <= shard_id < shard_num:
-        raise ValueError(f"shard_id={shard_id} is not in [0, shard_num={shard_num})")
+        raise InvalidArgumentError(f"shard_id={shard_id} is not in [0, shard_num={shard_num})")
     if shard_num == 1:
         return SingleCoordinator()
     from .world import process_group_world

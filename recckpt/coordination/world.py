@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from ..errors import InvalidArgumentError
 
 
 def process_group_world() -> tuple[int, int] | None:
@@ -22,7 +23,7 @@ def _env_int(name: str) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer; unset it or pass "
+        raise InvalidArgumentError(f"environment variable {name}={raw!r} is not an integer; unset it or pass "
                          f"shard_id/shard_num explicitly") from None
 
 
@@ -37,7 +38,7 @@ def resolve_shard(shard_id: int | None, shard_num: int | None, *, saving: bool =
         rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
         found = (rank if rank is not None else 0, world if world is not None else 1)
         if saving and shard_num is None and found[1] > 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"WORLD_SIZE={found[1]} but torch.distributed is not initialised, so the workers of this "
                 f"save cannot agree on a commit: call torch.distributed.init_process_group() first (gloo "
                 f"or nccl), or pass shard_id/shard_num to save all shards from one process")
@@ -45,9 +46,9 @@ def resolve_shard(shard_id: int | None, shard_num: int | None, *, saving: bool =
     num = found[1] if shard_num is None else shard_num
     for name, v in (("shard_id", sid), ("shard_num", num)):
         if not isinstance(v, int) or isinstance(v, bool):
-            raise ValueError(f"{name} must be an integer, got {v!r}")
+            raise InvalidArgumentError(f"{name} must be an integer, got {v!r}")
     if num < 1 or not 0 <= sid < num:
-        raise ValueError(f"shard_id={sid} is not in [0, shard_num={num})")
+        raise InvalidArgumentError(f"shard_id={sid} is not in [0, shard_num={num})")
     return sid, num
 
 
@@ -56,7 +57,7 @@ def check_world(shard_id: int, shard_num: int, who: str) -> None:
     every rank saving as "worker 0 of 1" would race to commit one id and keep one rank's rows."""
     pg = process_group_world()
     if pg is not None and (shard_id, shard_num) != pg:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{who}: shard_id={shard_id}, shard_num={shard_num} disagree with the initialised "
             f"torch.distributed process group (rank {pg[0]} of {pg[1]}); leave shard_id/shard_num unset to "
             f"take them from the process group, or pass the rank and world size")

@@ -11,6 +11,7 @@ import operator
 from dataclasses import dataclass
 
 import torch
+from ..errors import InvalidArgumentError
 
 __all__ = ["EvictionPolicy", "FREQ", "LAST_STEP"]
 
@@ -24,13 +25,13 @@ def _opt_int(v, name: str, lo: int):
     if v is None:
         return None
     if isinstance(v, bool):
-        raise TypeError(f"EvictionPolicy.{name} must be an int or None, got {v!r}")
+        raise InvalidArgumentError(f"EvictionPolicy.{name} must be an int or None, got {v!r}")
     try:
         v = operator.index(v)
     except TypeError:
-        raise TypeError(f"EvictionPolicy.{name} must be an int or None, got {v!r}") from None
+        raise InvalidArgumentError(f"EvictionPolicy.{name} must be an int or None, got {v!r}") from None
     if v < lo:
-        raise ValueError(f"EvictionPolicy.{name} must be >= {lo}, got {v}")
+        raise InvalidArgumentError(f"EvictionPolicy.{name} must be >= {lo}, got {v}")
     return v
 
 
@@ -47,7 +48,7 @@ class EvictionPolicy:
         object.__setattr__(self, "max_idle_steps", _opt_int(self.max_idle_steps, "max_idle_steps", 0))
         object.__setattr__(self, "min_freq", _opt_int(self.min_freq, "min_freq", 1))
         if self.max_idle_steps is None and self.min_freq is None:
-            raise ValueError("EvictionPolicy needs max_idle_steps or min_freq (or both)")
+            raise InvalidArgumentError("EvictionPolicy needs max_idle_steps or min_freq (or both)")
 
     def select(self, freq: torch.Tensor, last_step: torch.Tensor, step: int) -> torch.Tensor:
         """Bool mask of the rows this policy selects (vectorised over the counter columns)."""

@@ -42,6 +42,7 @@ from recckpt import _C
 from recckpt.state import initializers
 from recckpt.state.eviction import FREQ, LAST_STEP
 from recckpt.state.protocol import Changes, SlotSpec, SparseState, SparseTableMeta
+from ..errors import InvalidArgumentError
 
 __all__ = ["HashTable", "EMBEDDING", "FREQ", "LAST_STEP"]
 
@@ -70,13 +71,13 @@ def _table_device(name: str, device: Union[str, torch.device]) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"HashTable {name!r}: device must be a torch device or its name, "
+        raise InvalidArgumentError(f"HashTable {name!r}: device must be a torch device or its name, "
                          f"got {device!r} ({e})") from None
     if dev.type == "meta":
-        raise ValueError(f"HashTable {name!r}: device 'meta' holds no data; use 'cpu' or a CUDA device")
+        raise InvalidArgumentError(f"HashTable {name!r}: device 'meta' holds no data; use 'cpu' or a CUDA device")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"HashTable {name!r}: device {device!r} asked for, but torch sees no CUDA device; "
+            raise InvalidArgumentError(f"HashTable {name!r}: device {device!r} asked for, but torch sees no CUDA device; "
                              f"use device='cpu' on this machine")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
@@ -143,19 +144,19 @@ class HashTable(nn.Module):
     ) -> None:
         super().__init__()
         if not isinstance(name, str) or not name:
-            raise ValueError(f"HashTable: name must be a non-empty str, got {name!r}")
+            raise InvalidArgumentError(f"HashTable: name must be a non-empty str, got {name!r}")
         if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 1:
-            raise ValueError(f"HashTable {name!r}: dim must be an int >= 1, got {dim!r}")
+            raise InvalidArgumentError(f"HashTable {name!r}: dim must be an int >= 1, got {dim!r}")
         if dtype not in _FLOAT_DTYPES:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"HashTable {name!r}: dtype must be one of {_FLOAT_DTYPES}, got {dtype!r}"
             )
         if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 0:
-            raise ValueError(f"HashTable {name!r}: capacity must be an int >= 0, got {capacity!r}")
+            raise InvalidArgumentError(f"HashTable {name!r}: capacity must be an int >= 0, got {capacity!r}")
         if initializer is None:
             initializer = initializers.default()
         if not callable(initializer):
-            raise TypeError(f"HashTable {name!r}: initializer must be callable, got {initializer!r}")
+            raise InvalidArgumentError(f"HashTable {name!r}: initializer must be callable, got {initializer!r}")
         self.device = _table_device(name, device)
         self.name = name
         self.dim = int(dim)
@@ -177,7 +178,7 @@ class HashTable(nn.Module):
         # Change tracking: row i was last written in generation _stamps[i]; mark_changes() closes
         # the current generation. Removed ids are logged with the generation they left in.
         if not isinstance(track_changes, bool):
-            raise TypeError(f"HashTable {name!r}: track_changes must be a bool, got {track_changes!r}")
+            raise InvalidArgumentError(f"HashTable {name!r}: track_changes must be a bool, got {track_changes!r}")
         self._gen = 1
         self._valid_from = 0  # marks older than this cannot describe the changes (cleared, slot added)
         self._removed_log: List[Tuple[int, torch.Tensor]] = []
@@ -188,7 +189,7 @@ class HashTable(nn.Module):
         self.step = 0
         self._counters = False
         if not isinstance(counters, bool):
-            raise TypeError(f"HashTable {name!r}: counters must be a bool, got {counters!r}")
+            raise InvalidArgumentError(f"HashTable {name!r}: counters must be a bool, got {counters!r}")
         if counters:
             self.enable_counters()
 
@@ -253,7 +254,7 @@ class HashTable(nn.Module):
 
     def _check_slot(self, name: str) -> None:
         if name not in self._specs:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"table {self.name!r}: no slot {name!r} (slots: {', '.join(self._specs)})"
             )
 
@@ -279,10 +280,10 @@ class HashTable(nn.Module):
         ``ValueError``.
         """
         if not isinstance(name, str) or not name:
-            raise ValueError(f"table {self.name!r}: slot name must be a non-empty str, got {name!r}")
+            raise InvalidArgumentError(f"table {self.name!r}: slot name must be a non-empty str, got {name!r}")
         spec = SlotSpec(dtype, tuple(shape) if not isinstance(shape, int) else (shape,), category)
         if not callable(init) and (isinstance(init, bool) or not isinstance(init, numbers.Number)):
-            raise TypeError(
+            raise InvalidArgumentError(
                 f"table {self.name!r}: slot {name!r} init must be a number or a callable, got {init!r}"
             )
         if name in self._specs:
@@ -290,7 +291,7 @@ class HashTable(nn.Module):
             if exist_ok and old == spec:
                 self._inits[name] = init
                 return
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"table {self.name!r}: slot {name!r} already exists as {old}"
                 + ("" if not exist_ok else f", requested {spec}")
             )
@@ -388,9 +389,9 @@ class HashTable(nn.Module):
     @staticmethod
     def _flat_ids(ids: torch.Tensor, what: str, table: str) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
-            raise TypeError(f"table {table!r}: {what} must be a torch.Tensor, got {type(ids)}")
+            raise InvalidArgumentError(f"table {table!r}: {what} must be a torch.Tensor, got {type(ids)}")
         if ids.dtype != torch.int64:
-            raise TypeError(f"table {table!r}: {what} must be int64, got {ids.dtype}")
+            raise InvalidArgumentError(f"table {table!r}: {what} must be int64, got {ids.dtype}")
         return ids.detach().reshape(-1).cpu().contiguous()
 
     def lookup(self, ids: torch.Tensor, insert: bool = False) -> torch.Tensor:
@@ -562,7 +563,7 @@ class HashTable(nn.Module):
         for s in slots:
             self._check_slot(s)
         if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
-            raise ValueError(f"table {self.name!r}: max_rows must be an int >= 1, got {max_rows!r}")
+            raise InvalidArgumentError(f"table {self.name!r}: max_rows must be an int >= 1, got {max_rows!r}")
         return self._export(slots, int(max_rows), self._version)
 
     def _export(
@@ -589,23 +590,23 @@ class HashTable(nn.Module):
         """
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
             got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids)
-            raise ValueError(f"table {self.name!r}: import_rows ids must be int64 [n], got {got}")
+            raise InvalidArgumentError(f"table {self.name!r}: import_rows ids must be int64 [n], got {got}")
         n = ids.numel()
         for k, col in columns.items():
             if k not in self._specs:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"table {self.name!r}: import_rows got unknown slot {k!r} "
                     f"(slots: {', '.join(self._specs)})"
                 )
             spec = self._specs[k]
             want = (n, *spec.shape)
             if not isinstance(col, torch.Tensor):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"table {self.name!r}, slot {k!r}: expected a tensor of shape {want} "
                     f"dtype {spec.dtype}, got {type(col)}"
                 )
             if tuple(col.shape) != want or col.dtype != spec.dtype:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"table {self.name!r}, slot {k!r}: expected shape {want} dtype {spec.dtype}, "
                     f"got shape {tuple(col.shape)} dtype {col.dtype}"
                 )
@@ -615,7 +616,7 @@ class HashTable(nn.Module):
         local = _C.IdMap(n)
         local.insert(_np(ids))
         if len(local) != n:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"table {self.name!r}: import_rows ids contain {n - len(local)} repeated id(s)"
             )
         rows, old, new = self._insert_raw(ids)
@@ -677,7 +678,7 @@ class HashTable(nn.Module):
         for s in slots:
             self._check_slot(s)
         if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
-            raise ValueError(f"table {self.name!r}: max_rows must be an int >= 1, got {max_rows!r}")
+            raise InvalidArgumentError(f"table {self.name!r}: max_rows must be an int >= 1, got {max_rows!r}")
         if self._stamps is None or not isinstance(since, int) or not self._valid_from <= since < self._gen:
             return None
         rows = torch.nonzero(self._stamps[: self._size] > since).reshape(-1)
@@ -714,7 +715,7 @@ class HashTable(nn.Module):
         """Remove the rows `policy` (an :class:`recckpt.state.eviction.EvictionPolicy`) selects at
         ``step`` (default :attr:`step`); returns how many. Needs the counters (``counters=True``)."""
         if not self._counters:
-            raise ValueError(f"table {self.name!r}: eviction needs the freq/last_step counters: create it "
+            raise InvalidArgumentError(f"table {self.name!r}: eviction needs the freq/last_step counters: create it "
                              f"with HashTable(..., counters=True) or call enable_counters()")
         step = self.step if step is None else step
         n = self._size
@@ -770,7 +771,7 @@ class HashTable(nn.Module):
         for s in slots:
             self._check_slot(s)
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-            raise ValueError(f"table {self.name!r}: append_views n must be an int >= 0, got {n!r}")
+            raise InvalidArgumentError(f"table {self.name!r}: append_views n must be an int >= 0, got {n!r}")
         n = int(n)
         old = self._size
         self._grow_for(old + n)
@@ -796,7 +797,7 @@ class HashTable(nn.Module):
         if bad != n:
             dup = int(self._ids[old + bad])
             self._rollback(old)
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"table {self.name!r}: commit_append: id {dup} (row {bad} of {n} appended) is already "
                 f"in the table or repeated; nothing was appended"
             )
@@ -820,13 +821,13 @@ class HashTable(nn.Module):
         cache until written, and growing past their capacity copies them into ordinary memory. A table
         on a device copies the first ``rows`` rows to the device instead (in bounded steps)."""
         if self._size:
-            raise ValueError(f"table {self.name!r}: adopt_storage needs an empty table, it holds {self._size} rows")
+            raise InvalidArgumentError(f"table {self.name!r}: adopt_storage needs an empty table, it holds {self._size} rows")
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
             got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids)
-            raise ValueError(f"table {self.name!r}: adopt_storage ids must be int64 [capacity], got {got}")
+            raise InvalidArgumentError(f"table {self.name!r}: adopt_storage ids must be int64 [capacity], got {got}")
         cap = ids.numel()
         if isinstance(rows, bool) or not isinstance(rows, numbers.Integral) or not 0 <= rows <= cap:
-            raise ValueError(f"table {self.name!r}: adopt_storage rows must be an int in [0, {cap}], got {rows!r}")
+            raise InvalidArgumentError(f"table {self.name!r}: adopt_storage rows must be an int in [0, {cap}], got {rows!r}")
         rows = int(rows)
         for k, col in columns.items():
             self._check_slot(k)
@@ -835,18 +836,18 @@ class HashTable(nn.Module):
             if not isinstance(col, torch.Tensor) or tuple(col.shape) != want or col.dtype != spec.dtype \
                     or col.device.type != "cpu" or not col.is_contiguous():
                 got = f"{tuple(col.shape)} {col.dtype} on {col.device}" if isinstance(col, torch.Tensor) else type(col)
-                raise ValueError(f"table {self.name!r}, slot {k!r}: adopt_storage expects a C-contiguous CPU "
+                raise InvalidArgumentError(f"table {self.name!r}, slot {k!r}: adopt_storage expects a C-contiguous CPU "
                                  f"tensor of shape {want} dtype {spec.dtype}, got {got}")
         if ids.device.type != "cpu" or not ids.is_contiguous():
-            raise ValueError(f"table {self.name!r}: adopt_storage ids must be a C-contiguous CPU tensor")
+            raise InvalidArgumentError(f"table {self.name!r}: adopt_storage ids must be a C-contiguous CPU tensor")
         if ids.is_inference() or any(c.is_inference() for c in columns.values()):
-            raise ValueError(f"table {self.name!r}: adopt_storage got inference tensors (made under "
+            raise InvalidArgumentError(f"table {self.name!r}: adopt_storage got inference tensors (made under "
                              f"torch.inference_mode()), which training could not update in place")
         id_map = _C.IdMap(cap)  # sized for the storage, so the first new ids do not rehash it
         if rows:
             bad = id_map.insert_new(_np(ids[:rows]))
             if bad != rows:
-                raise ValueError(f"table {self.name!r}: adopt_storage: id {int(ids[bad])} (row {bad}) is repeated; "
+                raise InvalidArgumentError(f"table {self.name!r}: adopt_storage: id {int(ids[bad])} (row {bad}) is repeated; "
                                  f"nothing was adopted")
         data = {}
         with torch.inference_mode(False):  # see _realloc
@@ -883,14 +884,14 @@ class HashTable(nn.Module):
         if state is self:
             return
         if not isinstance(state, SparseState):
-            raise TypeError(
+            raise InvalidArgumentError(
                 f"table {self.name!r}: set_extra_state expects a SparseState, got {type(state)}"
             )
         meta = state.sparse_meta()
         for k, spec in meta.slots.items():
             mine = self._specs.get(k)
             if mine is not None and mine.shape != spec.shape:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"table {self.name!r}, slot {k!r}: row shape {mine.shape} here, "
                     f"{spec.shape} in the state being loaded (table {meta.name!r})"
                 )

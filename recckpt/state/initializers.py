@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from ..errors import InvalidArgumentError
 
 __all__ = ["Initializer", "zeros", "constant", "normal", "uniform", "DEFAULT_STD", "default"]
 
@@ -59,7 +60,7 @@ def normal(mean: float = 0.0, std: float = DEFAULT_STD) -> Initializer:
     """Draw from N(mean, std^2) (``torch.nn.init.normal_``)."""
     mean, std = float(mean), float(std)
     if std < 0:
-        raise ValueError(f"normal: std must be >= 0, got {std}")
+        raise InvalidArgumentError(f"normal: std must be >= 0, got {std}")
     return _Init(lambda t: torch.nn.init.normal_(t, mean=mean, std=std), normal, (mean, std))
 
 
@@ -67,7 +68,7 @@ def uniform(a: float = -0.01, b: float = 0.01) -> Initializer:
     """Draw from U(a, b) (``torch.nn.init.uniform_``)."""
     a, b = float(a), float(b)
     if not a <= b:
-        raise ValueError(f"uniform: need a <= b, got a={a}, b={b}")
+        raise InvalidArgumentError(f"uniform: need a <= b, got a={a}, b={b}")
     return _Init(lambda t: torch.nn.init.uniform_(t, a=a, b=b), uniform, (a, b))
 
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from recckpt.state.hashtable import EMBEDDING, HashTable
+from ..errors import InvalidArgumentError
 
 __all__ = ["SparseOptimizer", "SparseAdagrad", "SparseAdam"]
 
@@ -41,7 +42,7 @@ def _collect_tables(tables: Union[nn.Module, Iterable[HashTable]]) -> List[HashT
         found = []
         for t in tables:
             if not isinstance(t, HashTable):
-                raise TypeError(f"expected HashTable instances, got {type(t).__name__}")
+                raise InvalidArgumentError(f"expected HashTable instances, got {type(t).__name__}")
             found.append(t)
     out: List[HashTable] = []
     seen = set()
@@ -51,20 +52,20 @@ def _collect_tables(tables: Union[nn.Module, Iterable[HashTable]]) -> List[HashT
             continue
         seen.add(id(t))
         if t.name in names:
-            raise ValueError(f"two different tables named {t.name!r}; table names must be unique")
+            raise InvalidArgumentError(f"two different tables named {t.name!r}; table names must be unique")
         names[t.name] = t
         out.append(t)
     if not out:
-        raise ValueError("optimizer got no HashTable to optimize")
+        raise InvalidArgumentError("optimizer got no HashTable to optimize")
     return out
 
 
 def _check_float(name: str, value: Any, lo: float = 0.0, hi: Optional[float] = None) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a real number, got {value!r}")
     value = float(value)
     if not (value >= lo) or (hi is not None and not value < hi) or math.isnan(value):
-        raise ValueError(f"invalid {name}: {value}")
+        raise InvalidArgumentError(f"invalid {name}: {value}")
     return value
 
 
@@ -141,14 +142,14 @@ class SparseOptimizer:
         """
         kind = state_dict.get("optimizer")
         if kind != type(self).__name__:
-            raise ValueError(f"{type(self).__name__}.load_state_dict: state is for {kind!r}")
+            raise InvalidArgumentError(f"{type(self).__name__}.load_state_dict: state is for {kind!r}")
         tables = state_dict.get("tables")
         if not isinstance(tables, Mapping):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: 'tables' must be a dict")
+            raise InvalidArgumentError(f"{type(self).__name__}.load_state_dict: 'tables' must be a dict")
         if strict:
             mine, theirs = set(self._steps), set(tables)
             if mine != theirs:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"{type(self).__name__}.load_state_dict: tables differ; missing in state: "
                     f"{sorted(mine - theirs)}, unexpected in state: {sorted(theirs - mine)}"
                 )
@@ -158,17 +159,17 @@ class SparseOptimizer:
                 continue
             step = entry.get("step") if isinstance(entry, Mapping) else None
             if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"{type(self).__name__}.load_state_dict: table {name!r}: bad step {step!r}"
                 )
             new_steps[name] = int(step)
         hp = state_dict.get("hyperparams")
         if not isinstance(hp, Mapping):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: 'hyperparams' must be a dict")
+            raise InvalidArgumentError(f"{type(self).__name__}.load_state_dict: 'hyperparams' must be a dict")
         try:
             self._set_hyperparams(hp)
         except KeyError as e:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{type(self).__name__}.load_state_dict: missing hyperparameter {e.args[0]!r}"
             ) from None
         self._steps = new_steps
@@ -284,7 +285,7 @@ class SparseAdam(SparseOptimizer):
         eps = _check_float("eps", d["eps"])
         betas = d["betas"]
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be a pair, got {betas!r}")
+            raise InvalidArgumentError(f"betas must be a pair, got {betas!r}")
         b1 = _check_float("beta1", betas[0], 0.0, 1.0)
         b2 = _check_float("beta2", betas[1], 0.0, 1.0)
         self.lr, self.betas, self.eps = lr, (b1, b2), eps

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Mapping, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
+from ..errors import InvalidArgumentError
 
 __all__ = [
     "AdoptStorage",
@@ -36,17 +37,17 @@ SLOT_CATEGORIES = ("sparse", "sparse_opt")
 
 def _as_shape(shape: Any, what: str) -> Tuple[int, ...]:
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
-        raise TypeError(f"{what}: shape must be a sequence of ints, got {shape!r}")
+        raise InvalidArgumentError(f"{what}: shape must be a sequence of ints, got {shape!r}")
     out = []
     for d in shape:
         if isinstance(d, bool):
-            raise TypeError(f"{what}: shape entries must be ints, got {d!r} in {shape!r}")
+            raise InvalidArgumentError(f"{what}: shape entries must be ints, got {d!r} in {shape!r}")
         try:
             d = operator.index(d)
         except TypeError:
-            raise TypeError(f"{what}: shape entries must be ints, got {d!r} in {shape!r}") from None
+            raise InvalidArgumentError(f"{what}: shape entries must be ints, got {d!r} in {shape!r}") from None
         if d < 0:
-            raise ValueError(f"{what}: shape entries must be non-negative, got {tuple(shape)!r}")
+            raise InvalidArgumentError(f"{what}: shape entries must be non-negative, got {tuple(shape)!r}")
         out.append(d)
     return tuple(out)
 
@@ -74,10 +75,10 @@ class SlotSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.dtype, torch.dtype):
-            raise TypeError(f"SlotSpec.dtype must be a torch.dtype, got {self.dtype!r}")
+            raise InvalidArgumentError(f"SlotSpec.dtype must be a torch.dtype, got {self.dtype!r}")
         object.__setattr__(self, "shape", _as_shape(self.shape, "SlotSpec"))
         if self.category not in SLOT_CATEGORIES:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"SlotSpec.category must be one of {SLOT_CATEGORIES}, got {self.category!r}"
             )
 
@@ -114,21 +115,21 @@ class SparseTableMeta:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"SparseTableMeta.name must be a non-empty str, got {self.name!r}")
+            raise InvalidArgumentError(f"SparseTableMeta.name must be a non-empty str, got {self.name!r}")
         if not isinstance(self.slots, Mapping):
-            raise TypeError(f"table {self.name!r}: slots must be a mapping, got {type(self.slots)}")
+            raise InvalidArgumentError(f"table {self.name!r}: slots must be a mapping, got {type(self.slots)}")
         slots = dict(self.slots)
         for k, v in slots.items():
             if not isinstance(k, str) or not k:
-                raise ValueError(f"table {self.name!r}: slot names must be non-empty str, got {k!r}")
+                raise InvalidArgumentError(f"table {self.name!r}: slot names must be non-empty str, got {k!r}")
             if not isinstance(v, SlotSpec):
-                raise TypeError(f"table {self.name!r}: slot {k!r} must be a SlotSpec, got {v!r}")
+                raise InvalidArgumentError(f"table {self.name!r}: slot {k!r} must be a SlotSpec, got {v!r}")
         object.__setattr__(self, "slots", slots)
         if isinstance(self.num_rows, bool):
-            raise TypeError(f"table {self.name!r}: num_rows must be an int")
+            raise InvalidArgumentError(f"table {self.name!r}: num_rows must be an int")
         n = operator.index(self.num_rows)
         if n < 0:
-            raise ValueError(f"table {self.name!r}: num_rows must be >= 0, got {n}")
+            raise InvalidArgumentError(f"table {self.name!r}: num_rows must be >= 0, got {n}")
         object.__setattr__(self, "num_rows", n)
 
 
@@ -309,7 +310,7 @@ def split_sparse_dense_state_dict(
         if not isinstance(value, torch.Tensor) and isinstance(value, SparseState):
             name = value.sparse_meta().name
             if name in sparse:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"two sparse tables named {name!r} in the state_dict: keys "
                     f"{sparse_keys[name]!r} and {key!r}; give every table a unique name"
                 )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import CheckpointSaveError
+from ..errors import CheckpointSaveError, InvalidArgumentError
 
 __all__ = ["HostChunk", "HostToDevice", "StagingPool", "needs_staging"]
 
@@ -112,9 +112,9 @@ class StagingPool:
 
     def __init__(self, max_bytes: int, buffers: int = 2) -> None:
         if isinstance(buffers, bool) or not isinstance(buffers, int) or buffers < 1:
-            raise ValueError(f"StagingPool: buffers must be an int >= 1, got {buffers!r}")
+            raise InvalidArgumentError(f"StagingPool: buffers must be an int >= 1, got {buffers!r}")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < buffers * _ALIGN:
-            raise ValueError(f"StagingPool: max_bytes must be an int >= {buffers * _ALIGN}, got {max_bytes!r}")
+            raise InvalidArgumentError(f"StagingPool: max_bytes must be an int >= {buffers * _ALIGN}, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self.buffer_bytes = max_bytes // buffers
         self._bufs = [_Buffer() for _ in range(buffers)]

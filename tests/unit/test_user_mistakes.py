@@ -158,3 +158,29 @@ def test_a_storage_error_keeps_its_errno_when_context_is_added():
 def test_options_refuse_a_non_bool_fsync():
     with pytest.raises(InvalidArgumentError, match="fsync"):
         SaveOptions(fsync="yes")
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: Saver(torch.nn.Linear(2, 2)),
+    lambda d: Saver(torch.nn.Linear(2, 2), output_dir=d, max_keep=0),
+    lambda d: Saver(torch.nn.Linear(2, 2), output_dir=d, concurrency=0),
+    lambda d: Saver(torch.nn.Linear(2, 2), output_dir=d, read_options={}),
+    lambda d: Saver(torch.nn.Linear(2, 2), output_dir=d).save("x", step="5"),
+    lambda d: Saver(torch.nn.Linear(2, 2), output_dir=d).save("x", incremental=1),
+    lambda d: Saver(torch.nn.Linear(2, 2), output_dir=d).extra("nope"),
+    lambda d: recckpt.KeepPolicy(0),
+    lambda d: recckpt.EveryNSteps(0),
+    lambda d: recckpt.AtSteps([0]),
+    lambda d: recckpt.AnySavePolicy([5]),
+    lambda d: CheckpointManager(None),
+    lambda d: CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=d), resize_policy="x"),
+    lambda d: CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=d), policies=5),
+    lambda d: HashTable("x", 0),
+    lambda d: recckpt.partition(torch.arange(4), 0),
+], ids=lambda f: "")
+def test_bad_arguments_are_invalid_argument_errors(tmp_path, call):
+    """One recckpt error for every argument that cannot be valid; it is still a ValueError and a
+    TypeError, so `except ValueError` / `except TypeError` written against Python's conventions keep working."""
+    with pytest.raises(InvalidArgumentError) as e:
+        call(str(tmp_path))
+    assert isinstance(e.value, ValueError) and isinstance(e.value, TypeError) and str(e.value)

@@ -96,7 +96,7 @@ class AsyncWriter:
                 else:
                     err = AsyncSaveError(
                         f"the async save of checkpoint {handle.ckpt_id!r} (step {handle.step}) failed in the "
-                        f"background: {type(e).__name__}: {e}. Nothing of it was committed and earlier "
+                        f"background: {type(e).__name__}: {str(e).rstrip('.')}. Nothing of it was committed and earlier "
                         f"checkpoints are intact.", path=getattr(e, "path", None), table=getattr(e, "table", None),
                         rank=getattr(e, "rank", None))
                 err.__cause__ = e

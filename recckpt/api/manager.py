@@ -318,7 +318,9 @@ class CheckpointManager:
         when output_dir has no committed checkpoint. Every rank restores the same checkpoint: a newest
         checkpoint found corrupt by any rank is skipped by all for the next older one (each load
         replaces the whole state), with a warning. A checkpoint saved by another number of workers is
-        resharded; per-worker state follows `resize_policy`. Takes precedence over `load_model_bank`."""
+        resharded; per-worker state follows `resize_policy` (which sets `io_state_on_resize` of
+        `load_conf`). Only checkpoints that record a global step are restore points. Takes precedence
+        over `load_model_bank`."""
         self.wait()
         storage = self.saver.storage
         found = self._committed_everywhere()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import StorageURLError
+from ..errors import InvalidArgumentError, StorageURLError
 from .base import Claim, Storage
 from .fsspec_store import FsspecStorage
 from .local import LocalStorage
@@ -45,8 +45,10 @@ def open_storage(url, storage_options: dict | None = None, **kw) -> Storage:
     if not isinstance(url, str) or not url:
         raise StorageURLError(f"a storage location must be a non-empty path or URL, got {url!r}")
     if storage_options is not None and not isinstance(storage_options, dict):
-        raise TypeError(f"storage_options must be a dict or None, got {type(storage_options).__name__}")
+        raise InvalidArgumentError(f"storage_options must be a dict or None, got {type(storage_options).__name__}")
     scheme = url.split("://", 1)[0] if "://" in url else ""
+    if not scheme:
+        url = os.path.expanduser(url)   # "~/ckpts" means the home directory, as in a shell, not "./~"
     return BACKENDS.get(scheme, _fsspec)(url, storage_options, **kw)
 
 

@@ -184,3 +184,10 @@ def test_bad_arguments_are_invalid_argument_errors(tmp_path, call):
     with pytest.raises(InvalidArgumentError) as e:
         call(str(tmp_path))
     assert isinstance(e.value, ValueError) and isinstance(e.value, TypeError) and str(e.value)
+
+
+def test_a_home_relative_output_dir_means_the_home_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    Saver(torch.nn.Linear(2, 2), output_dir="~/ckpts").save("a")
+    assert (tmp_path / "ckpts" / "a" / "manifest.json").exists() and not (tmp_path / "~").exists()

@@ -233,7 +233,10 @@ class CheckpointManager:
 
         if self.async_save:
             self._writer.drain()           # at most one in flight: its buffers are about to be reused
-            self._writer.raise_failure()
+            # A failure of the save just drained is NOT raised here: it stays for the next step(), save()
+            # or wait(). Raised here, it would cancel this save on the ranks whose previous save ended
+            # after this step began, while ranks that reported it earlier go on saving this step: the
+            # ranks would then be saving different checkpoints and every later save would fail.
             # after the drain: the save in flight committed (or failed), so the chain's parent is known
             incremental = self._increment_next(ephemeral)
             snap = self.saver.capture_copy(self._buffers, self.shard_id, incremental)

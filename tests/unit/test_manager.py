@@ -227,6 +227,41 @@ def test_background_failure_surfaces_at_next_call_and_keeps_older(tmp_path, monk
     assert fresh[4].restore() == 2
 
 
+def test_a_failure_found_while_draining_for_the_next_save_does_not_cancel_that_save(tmp_path, monkeypatch):
+    """The previous async save fails only once the next save is draining it. Raising there would cancel
+    this step's save on this rank, while ranks that saw the failure earlier save this step: on many
+    ranks they would then save different checkpoints. The save goes ahead; the failure is reported by
+    the next call."""
+    import threading
+    job = make_job(tmp_path, interval=2, async_save=True, keep=None)
+    model, sopt, dopt, reader, mgr = job
+    storage = mgr.saver.storage
+    real_open, real_drain = storage.open_write, mgr._writer.drain
+    draining = threading.Event()
+
+    def failing(path, *a, **kw):
+        if "ckpt_2" in path:
+            assert draining.wait(30)      # fail only once the next save has started draining
+            raise Boom("disk full")
+        return real_open(path, *a, **kw)
+
+    drains = []
+
+    def drain():
+        drains.append(1)
+        if len(drains) == 2:              # the first drain is ckpt_2's own (nothing in flight yet)
+            draining.set()
+        real_drain()
+
+    monkeypatch.setattr(storage, "open_write", failing)
+    monkeypatch.setattr(mgr._writer, "drain", drain)
+    train(job, 4)                         # step 2 fails in the background while step 4 drains it
+    with pytest.raises(AsyncSaveError, match="ckpt_2.*disk full"):
+        mgr.wait()
+    assert [h.ckpt_id for h in mgr.saves] == ["ckpt_2", "ckpt_4"]
+    assert committed(tmp_path) == ["ckpt_4"]
+
+
 @pytest.mark.parametrize("async_save", [False, True])
 @pytest.mark.parametrize("rank0_committed", [True, False])
 def test_a_save_whose_outcome_was_lost_is_looked_up_before_saving_the_step_again(

@@ -2,7 +2,6 @@
 // first event met for an id is its newest and wins, and every later (older) event for it loses.
 #include "fold.h"
 
-#include <algorithm>
 #include <climits>
 #include <cstring>
 
@@ -20,17 +19,14 @@ struct Entry {        // 16 bytes: four to a cache line
   int16_t last_seen;  // newest link met so far for this id (a second event in it is a duplicate)
 };
 
-// Open addressing with the entries in the slots themselves. An id's home slot lies in the part of the
-// table that belongs to its bucket, so ids met in bucket order (as every segment stores them) sweep the
-// table nearly in order instead of jumping at random; slots a few ids ahead are prefetched.
+// Open addressing with the entries in the slots themselves (one cache miss per id, four entries to a
+// line); the slots of ids a few positions ahead are prefetched while the current one is handled.
 class Table {
  public:
-  Table(int64_t n, uint64_t num_buckets) : mod_(num_buckets) {
+  explicit Table(int64_t n) {
     size_t cap = 16;
     while (cap < (size_t)n + (size_t)n / 4 + 16) cap <<= 1;  // load <= 0.8: short probes, a smaller table
     mask_ = cap - 1;
-    cap_ = cap;
-    region_ = std::max<uint64_t>(1, cap / num_buckets);
     slots_.assign(cap, Entry{0, -1, -1, kEmpty});
   }
   void prefetch(int64_t id) const { __builtin_prefetch(&slots_[home(id)]); }
@@ -53,14 +49,8 @@ class Table {
   }
 
  private:
-  size_t home(int64_t id) const {
-    const uint64_t m = mix64((uint64_t)id);
-    const uint64_t start = (uint64_t)(((unsigned __int128)mod_(m) * cap_) / mod_.divisor());
-    return (size_t)(start + (((m >> 32) * region_) >> 32)) & mask_;
-  }
-  FastMod mod_;
+  size_t home(int64_t id) const { return (size_t)mix64((uint64_t)id) & mask_; }
   size_t mask_ = 0;
-  uint64_t cap_ = 0, region_ = 1;
   std::vector<Entry> slots_;
 };
 
@@ -68,11 +58,11 @@ constexpr int64_t kAhead = 16;  // ids prefetched ahead of the one being folded
 
 }  // namespace
 
-void fold_links(const std::vector<FoldLink>& links, uint64_t num_buckets, FoldResult& out) {
+void fold_links(const std::vector<FoldLink>& links, FoldResult& out) {
   const size_t L = links.size();
   int64_t total = 0;
   for (const FoldLink& l : links) total += l.n_rows + l.n_removed;
-  Table t(total, num_buckets);
+  Table t(total);
   out = FoldResult();
   out.src.resize(L);
   out.dst.resize(L);

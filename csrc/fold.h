@@ -30,11 +30,10 @@ struct FoldResult {
 };
 
 // links[0] is the base (its removed ids are ignored); at most kMaxFoldLinks links and kMaxFoldBase base
-// rows (the caller checks). num_buckets: the chain's bucket count (ids are met in bucket order, which
-// the hash table's layout follows). Runs in O(total events) with one hash table.
+// rows (the caller checks). Runs in O(total events) with one hash table.
 constexpr int64_t kMaxFoldLinks = 32000;
 constexpr int64_t kMaxFoldBase = ((int64_t)1 << 31) - 1;
-void fold_links(const std::vector<FoldLink>& links, uint64_t num_buckets, FoldResult& out);
+void fold_links(const std::vector<FoldLink>& links, FoldResult& out);
 
 // dst[dst_idx[k]] = src[src_idx[k]] for rows of row_bytes bytes. Indices are checked by the caller.
 void copy_rows(const uint8_t* src, const int64_t* src_idx, uint8_t* dst, const int64_t* dst_idx, int64_t n,

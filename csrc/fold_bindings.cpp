@@ -27,9 +27,8 @@ const uint8_t* optional_mask(const py::handle& obj, int64_t n, const char* what,
 }
 
 py::dict py_fold_links(const py::sequence& rows, const py::sequence& removed, const py::sequence& skip_rows,
-                       const py::sequence& skip_removed, int64_t num_buckets) {
+                       const py::sequence& skip_removed) {
   const size_t L = (size_t)py::len(rows);
-  if (num_buckets <= 0) throw py::value_error("fold_links: num_buckets must be > 0");
   if ((int64_t)L > kMaxFoldLinks) throw py::value_error("fold_links: too many links");
   if ((size_t)py::len(removed) != L || (size_t)py::len(skip_rows) != L || (size_t)py::len(skip_removed) != L)
     throw py::value_error("fold_links: rows, removed, skip_rows and skip_removed need one entry per link");
@@ -51,7 +50,7 @@ py::dict py_fold_links(const py::sequence& rows, const py::sequence& removed, co
   FoldResult r;
   {
     py::gil_scoped_release nogil;
-    fold_links(links, (uint64_t)num_buckets, r);
+    fold_links(links, r);
   }
   py::list src, dst;
   for (size_t j = 0; j < L; j++) {
@@ -99,9 +98,9 @@ void py_copy_rows(const py::buffer& src, const py::handle& src_idx, const py::bu
 
 void bind_fold(py::module_& m) {
   m.def("fold_links", &py_fold_links, py::arg("rows"), py::arg("removed"), py::arg("skip_rows"),
-        py::arg("skip_removed"), py::arg("num_buckets"),
+        py::arg("skip_removed"),
         "Fold the links of a chain (base first) for one bucket range: per link its row ids and removed ids "
-        "(int64), optional bool masks of events to ignore, and the bucket count. Returns a dict: new_rows, src/dst (per link, "
+        "(int64), and optional bool masks of events to ignore. Returns a dict: new_rows, src/dst (per link, "
         "index 0 empty: winning row indices and their output positions; the base's rows keep positions "
         "[0, n_base)), holes/hole_ids (base positions that do not survive and their ids), dup_link/dup_ids "
         "(ids stored twice within one link).");

@@ -137,7 +137,6 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
     if duplicates not in ("error", "newest"):
         raise ValueError(f"plan_fold: duplicates must be 'error' or 'newest', got {duplicates!r}")
     links = tuple(table_links(list(links), table))
-    nb = links[-1].manifest.num_buckets
     rows, row_files, removed, removed_files = [], [], [], []
     for j, link in enumerate(links):
         ids, files = _ids_and_files(link, table, lo, hi)
@@ -155,7 +154,7 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
         for j in range(len(links)):
             skip_rows[j] = ~np.asarray(keep(rows[j]), dtype=bool).reshape(-1)
             skip_removed[j] = ~np.asarray(keep(removed[j]), dtype=bool).reshape(-1)
-    r = _C.fold_links(rows, removed, skip_rows, skip_removed, nb)
+    r = _C.fold_links(rows, removed, skip_rows, skip_removed)
     if len(r["dup_ids"]):
         dup_link = r["dup_link"]
         if duplicates == "error":
@@ -170,7 +169,7 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
                                          np.unique(r["dup_ids"][dup_link == j]))
             skip_rows[j] = sr if skip_rows[j] is None else skip_rows[j] | sr
             skip_removed[j] = sg if skip_removed[j] is None else skip_removed[j] | sg
-        r = _C.fold_links(rows, removed, skip_rows, skip_removed, nb)
+        r = _C.fold_links(rows, removed, skip_rows, skip_removed)
         if len(r["dup_ids"]):  # cannot happen: every duplicate kept one copy
             raise RuntimeError(f"table {table!r}: duplicates left after resolving them")
     base_skipped = int(skip_rows[0].sum()) if skip_rows[0] is not None else 0

@@ -36,7 +36,7 @@ def test_engine_fold_matches_a_dictionary_replay(seed):
         ids = rng.choice(600, 160, replace=False)
         rows, removed = ids[:120].astype("<i8"), ids[120:].astype("<i8")   # disjoint within a link
         links.append((rows, removed))
-    r = _C.fold_links([a for a, _ in links], [b for _, b in links], [None] * len(links), [None] * len(links), 16)
+    r = _C.fold_links([a for a, _ in links], [b for _, b in links], [None] * len(links), [None] * len(links))
     assert len(r["dup_ids"]) == 0
     n_base = len(links[0][0])
     out = {}                                     # position -> (link, row)
@@ -58,11 +58,11 @@ def test_engine_fold_matches_a_dictionary_replay(seed):
 def test_engine_reports_duplicates_within_a_link_and_skips_masked_events():
     base = np.array([1, 2, 2, 3], dtype="<i8")
     inc = np.array([4, 4, 1], dtype="<i8")
-    r = _C.fold_links([base, inc], [np.empty(0, "<i8"), np.array([3], "<i8")], [None, None], [None, None], 16)
+    r = _C.fold_links([base, inc], [np.empty(0, "<i8"), np.array([3], "<i8")], [None, None], [None, None])
     assert sorted(zip(r["dup_link"].tolist(), r["dup_ids"].tolist())) == [(0, 2), (1, 4)]
     skip = np.array([0, 1, 0], dtype=bool)       # the second copy of 4 is left out: no duplicate
     r = _C.fold_links([base, inc], [np.empty(0, "<i8"), np.array([3], "<i8")],
-                      [np.array([0, 0, 1, 0], dtype=bool), skip], [None, None], 16)
+                      [np.array([0, 0, 1, 0], dtype=bool), skip], [None, None])
     assert len(r["dup_ids"]) == 0
     assert sorted(r["hole_ids"].tolist()) == [2, 3]   # the skipped base copy, and the removed id
     assert r["new_rows"] == 1 and r["src"][1].tolist() == [0, 2] and r["dst"][1].tolist() == [4, 0]

@@ -21,7 +21,7 @@ from ..format import catalog
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
 from ..format.fold import fold_rows
-from ..format.layout import segment_rows
+from ..format.layout import row_granule, segment_rows
 from ..format.names import MANIFEST, validate_ckpt_id
 from ..format.sparse_io import SparseWriteOptions, TableSource
 from ..storage import open_storage
@@ -48,33 +48,22 @@ def _split(path: str) -> tuple[str, str]:
     return head, name
 
 
-def _pieces(links, table: str, slots: list[str], seg_rows: int, group_bytes: int):
-    """The folded rows of `table`, bucket group by bucket group, cut into pieces of at most `seg_rows`
-    rows (views of each group's arrays, which the writer keeps until written)."""
+def _pieces(links, table: str, slots: list[str], seg_rows: int, granule: int, group_bytes: int):
+    """The folded rows of `table`, bucket group by bucket group, as segments of `seg_rows` rows (views of
+    each group's arrays, which the writer keeps until written). Every segment but the last holds whole
+    granules (`row_granule`), which keeps slot rows page-aligned for mapped loads; each group's short
+    rest (fewer than `granule` rows) is copied aside and written last, as one segment."""
+    rest_ids, rest_cols = [], []
     for ids, cols in fold_rows(links, table, slots, group_bytes=group_bytes):
-        for k in range(0, len(ids), seg_rows):
-            yield ids[k:k + seg_rows], [c[k:k + seg_rows] for c in cols]
-
-
-def _segments_of(pieces, seg_rows: int):
-    """Re-cut a stream of small row pieces into chunks of `seg_rows` rows (one segment each; the last may
-    be shorter), so that a chain of small increments does not become many tiny segments."""
-    buf, have = [], 0
-    for ids, cols in pieces:
-        if not buf and len(ids) >= seg_rows // 2:  # big enough to be a segment of its own: no copy
-            yield ids, cols
-            continue
-        buf.append((ids, cols))
-        have += len(ids)
-        while have >= seg_rows:
-            ids_all = np.concatenate([b[0] for b in buf])
-            cols_all = [np.concatenate([b[1][k] for b in buf]) for k in range(len(cols))]
-            yield ids_all[:seg_rows], [c[:seg_rows] for c in cols_all]
-            rest = (ids_all[seg_rows:], [c[seg_rows:] for c in cols_all])
-            buf, have = ([rest] if len(rest[0]) else []), len(rest[0])
-    if have:
-        yield (np.concatenate([b[0] for b in buf]),
-               [np.concatenate([b[1][k] for b in buf]) for k in range(len(buf[0][1]))])
+        whole = len(ids) - len(ids) % granule
+        for k in range(0, whole, seg_rows):
+            end = min(k + seg_rows, whole)
+            yield ids[k:end], [c[k:end] for c in cols]
+        if whole < len(ids):
+            rest_ids.append(ids[whole:].copy())
+            rest_cols.append([c[whole:].copy() for c in cols])
+    if rest_ids:
+        yield np.concatenate(rest_ids), [np.concatenate(parts) for parts in zip(*rest_cols)]
 
 
 def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int = 4, fsync: bool = True,
@@ -113,8 +102,8 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
             rbs = [s.row_bytes for s in info.slots.values()]
             upper = sum(link.manifest.tables[name].rows for link in tl)   # rows before removals win
             seg_rows = segment_rows(SEGMENT_BYTES, rbs)
-            rows_iter = _pieces(tl, name, slots, seg_rows, memory_bytes)
-            sources.append(TableSource(name, dict(info.slots), upper, _segments_of(rows_iter, seg_rows)))
+            rows_iter = _pieces(tl, name, slots, seg_rows, row_granule(rbs), memory_bytes)
+            sources.append(TableSource(name, dict(info.slots), upper, rows_iter))
         parts = []
         for w in range(m.shard_num):
             part = write_worker_part(store, stage, w, tables=sources if w == 0 else [], dense=None, extras=None,

@@ -27,6 +27,7 @@ class Table {
     size_t cap = 16;
     while (cap < (size_t)n + (size_t)n / 4 + 16) cap <<= 1;  // load <= 0.8: short probes, a smaller table
     mask_ = cap - 1;
+    while (((size_t)1 << bits_) < cap) bits_++;
     slots_.assign(cap, Entry{0, -1, -1, kEmpty});
   }
   void prefetch(int64_t id) const { __builtin_prefetch(&slots_[home(id)]); }
@@ -49,8 +50,9 @@ class Table {
   }
 
  private:
-  size_t home(int64_t id) const { return (size_t)mix64((uint64_t)id) & mask_; }
+  size_t home(int64_t id) const { return home_slot(mix64((uint64_t)id), bits_); }
   size_t mask_ = 0;
+  int bits_ = 0;
   std::vector<Entry> slots_;
 };
 

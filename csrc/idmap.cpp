@@ -30,12 +30,14 @@ size_t IdMap::slots_for(size_t n) const {
 void IdMap::rehash(size_t new_slots) {
   slots_.assign(new_slots, -1);
   mask_ = new_slots - 1;
+  bits_ = 0;
+  while (((size_t)1 << bits_) < new_slots) bits_++;
   grow_at_ = max_load(new_slots);
   const int64_t n = (int64_t)keys_.size();
   const int64_t* k = keys_.data();
   int64_t* s = slots_.data();
   for (int64_t r = 0; r < n; r++) {
-    size_t i = mix64((uint64_t)k[r]) & mask_;
+    size_t i = home_slot(mix64((uint64_t)k[r]), bits_);
     while (s[i] >= 0) i = (i + 1) & mask_;
     s[i] = r;
   }
@@ -57,11 +59,12 @@ void IdMap::lookup(const int64_t* ids, int64_t n, int64_t* rows) const {
   const int64_t* s = slots_.data();
   const int64_t* k = keys_.data();
   const size_t mask = mask_;
+  const int bits = bits_;
   for (int64_t j = 0; j < n; j++) {
     if (j + kPrefetch < n)
-      __builtin_prefetch(s + (mix64((uint64_t)ids[j + kPrefetch]) & mask));
+      __builtin_prefetch(s + home_slot(mix64((uint64_t)ids[j + kPrefetch]), bits));
     const int64_t id = ids[j];
-    size_t i = mix64((uint64_t)id) & mask;
+    size_t i = home_slot(mix64((uint64_t)id), bits);
     int64_t r;
     while ((r = s[i]) >= 0 && k[r] != id) i = (i + 1) & mask;
     rows[j] = r;  // -1 when the probe reached an empty slot
@@ -71,11 +74,11 @@ void IdMap::lookup(const int64_t* ids, int64_t n, int64_t* rows) const {
 void IdMap::insert(const int64_t* ids, int64_t n, int64_t* rows, uint8_t* is_new) {
   for (int64_t j = 0; j < n; j++) {
     if (j + kPrefetch < n)
-      __builtin_prefetch(slots_.data() + (mix64((uint64_t)ids[j + kPrefetch]) & mask_));
+      __builtin_prefetch(slots_.data() + home_slot(mix64((uint64_t)ids[j + kPrefetch]), bits_));
     const int64_t id = ids[j];
     int64_t* s = slots_.data();
     const int64_t* k = keys_.data();
-    size_t i = mix64((uint64_t)id) & mask_;
+    size_t i = home_slot(mix64((uint64_t)id), bits_);
     int64_t r;
     while ((r = s[i]) >= 0 && k[r] != id) i = (i + 1) & mask_;
     if (r >= 0) {
@@ -86,7 +89,7 @@ void IdMap::insert(const int64_t* ids, int64_t n, int64_t* rows, uint8_t* is_new
     if (keys_.size() + 1 > grow_at_) {
       rehash(slots_.size() * 2);
       s = slots_.data();
-      i = mix64((uint64_t)id) & mask_;
+      i = home_slot(mix64((uint64_t)id), bits_);
       while (s[i] >= 0) i = (i + 1) & mask_;
     }
     r = (int64_t)keys_.size();
@@ -102,11 +105,12 @@ int64_t IdMap::insert_new(const int64_t* ids, int64_t n) {
   reserve((int64_t)keys_.size() + n);  // one rehash at most, none inside the loop
   int64_t* s = slots_.data();
   const size_t mask = mask_;
+  const int bits = bits_;
   for (int64_t j = 0; j < n; j++) {
-    if (j + kPrefetch < n) __builtin_prefetch(s + (mix64((uint64_t)ids[j + kPrefetch]) & mask));
+    if (j + kPrefetch < n) __builtin_prefetch(s + home_slot(mix64((uint64_t)ids[j + kPrefetch]), bits));
     const int64_t id = ids[j];
     const int64_t* k = keys_.data();
-    size_t i = mix64((uint64_t)id) & mask;
+    size_t i = home_slot(mix64((uint64_t)id), bits);
     int64_t r;
     while ((r = s[i]) >= 0 && k[r] != id) i = (i + 1) & mask;
     if (r >= 0) return j;

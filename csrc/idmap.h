@@ -37,6 +37,7 @@ class IdMap {
   std::vector<int64_t> slots_;  // row index or -1
   std::vector<int64_t> keys_;   // keys_[row] = id
   size_t mask_ = 0;
+  int bits_ = 0;        // slots_.size() == 1 << bits_ (home slots are the top bits of the hash)
   size_t grow_at_ = 0;  // grow when size would exceed this
   mutable std::mutex mu_;
 };

@@ -1,6 +1,6 @@
 """Incremental checkpoints (issue 16): what change tracking costs in training, and what increments save.
 
-    python benchmarks/bench_incremental.py [--rows 4000000] [--dim 64] [--steps 30] [--batch 4096]
+    python benchmarks/bench_incremental.py [--rows 4000000] [--dim 64] [--steps 30] [--batch 4096] [--rounds 3]
 
 1. Tracking cost: lookup + backward + SparseAdam step on a HashTable with change tracking on and off,
    the same id batches, alternating rounds; reports the ratio (target: on/off <= 1.05).
@@ -79,6 +79,7 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the loads and compactions")
     a = ap.parse_args()
     opts = SaveOptions(fsync=False)
     print(f"rows={a.rows} dim={a.dim} (Adam slots: {8 + 3 * 4 * a.dim} bytes a row)")
@@ -125,16 +126,26 @@ def main():
             return timed(lambda: Saver(m2, output_dir=out, options=opts).load(ckpt_id=ckpt))[0]
 
         # state of i1 / i5 as full checkpoints: replay is not possible, so compare with the full i10
-        # state (same row count; every link adds no rows, so a full checkpoint of each state is as big)
-        full_load = min(load("full") for _ in range(2))
+        # state (same row count; every link adds no rows, so a full checkpoint of each state is as big).
+        # Rounds alternate the loads, and each keeps its best: on a shared machine the other jobs' load
+        # changes within seconds, and the best of a few rounds is what the code itself costs.
+        names = ["full", "i1", "i5", "i10"]
+        best = dict.fromkeys(names, float("inf"))
+        for _ in range(a.rounds):
+            for ck in names:
+                best[ck] = min(best[ck], load(ck))
+        full_load = best["full"]
         print("\n| load | seconds | vs full checkpoint of the same size |")
         print("|---|---|---|")
         print(f"| full | {full_load:.2f} | 1.00 |")
         for k in (1, 5, 10):
-            t = min(load(f"i{k}") for _ in range(2))
+            t = best[f"i{k}"]
             print(f"| base + {k} increments (5% each) | {t:.2f} | {t / full_load:.2f} |")
-        ct, stats = timed(lambda: recckpt.compact(os.path.join(out, "i10"), os.path.join(out, "folded"), fsync=False))
-        st, _ = timed(lambda: s.save("full_again"))
+        ct = st = float("inf")
+        for r in range(a.rounds):
+            ct = min(ct, timed(lambda: recckpt.compact(os.path.join(out, "i10"), os.path.join(out, f"folded{r}"),
+                                                       fsync=False))[0])
+            st = min(st, timed(lambda: s.save(f"full_again{r}"))[0])
         print(f"\n| compaction of base + 10 increments | {ct:.2f} s | full save of the result | {st:.2f} s | "
               f"speed vs full save: {st / ct:.2f} |")
     finally:

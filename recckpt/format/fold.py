@@ -200,17 +200,26 @@ def fill_fold(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], id
         pos += n
     if pos != plan.base_rows:
         _changed(base, table, pos, plan.base_rows)
+    # Later links are read a batch at a time into one buffer shared by all of them (fresh memory costs
+    # page faults on every first touch), and only their winning rows are copied out of it.
+    scratch = np.empty(0, dtype=np.uint8)
     for j in range(1, len(plan.links)):
         link, src, dst = plan.links[j], plan.src[j], plan.dst[j]
         pos = 0
-        for ids, cols in link.segments.iter_table(table, slots, row_bytes, plan.lo, plan.hi):
-            n = len(ids)
+        for batch in link.segments.batches(table, slots, row_bytes, plan.lo, plan.hi):
+            n = batch.rows
+            if scratch.size < n * sum(widths):
+                scratch = np.empty(n * sum(widths), dtype=np.uint8)
+            views, off = [], 0
+            for w in widths:
+                views.append(scratch[off:off + n * w])
+                off += n * w
+            link.segments.read_batch(batch, views)
             a, b = np.searchsorted(src, [pos, pos + n])
             if b > a:
                 s, d = src[a:b] - pos, dst[a:b]
-                _C.copy_rows(ids, s, ids_out, d, 8)
-                for c, o, rb in zip(cols, outs[1:], row_bytes):
-                    _C.copy_rows(c, s, o, d, rb)
+                for v, o, w in zip(views, outs, widths):
+                    _C.copy_rows(v, s, o, d, w)
             pos += n
         if pos != plan.link_rows[j]:
             _changed(link, table, pos, plan.link_rows[j])

@@ -362,6 +362,7 @@ class Saver:
                 self._recover(coord, stage)
             live = snap is None
             if live:
+                self._forget_written()
                 parent, full_reason = self._parent_for(incremental)
                 chain = self._chain
                 if self.eviction is not None:

@@ -143,9 +143,9 @@ def main():
             print(f"| base + {k} increments (5% each) | {t:.2f} | {t / full_load:.2f} |")
         ct = st = float("inf")
         for r in range(a.rounds):
-            ct = min(ct, timed(lambda: recckpt.compact(os.path.join(out, "i10"), os.path.join(out, f"folded{r}"),
-                                                       fsync=False))[0])
-            st = min(st, timed(lambda: s.save(f"full_again{r}"))[0])
+            ct = min(ct, timed(lambda r=r: recckpt.compact(os.path.join(out, "i10"), os.path.join(out, f"folded{r}"),
+                                                           fsync=False))[0])
+            st = min(st, timed(lambda r=r: s.save(f"full_again{r}"))[0])
         print(f"\n| compaction of base + 10 increments | {ct:.2f} s | full save of the result | {st:.2f} s | "
               f"speed vs full save: {st / ct:.2f} |")
     finally:

@@ -140,7 +140,7 @@ def _two_workers_touch_one_id(out, steps):
         m = Model()
         m.emb.lookup(torch.tensor([10 * w + 1, 10 * w + 2]), insert=True)
         tables.append((m, Saver(m, output_dir=out, max_keep=None, options=OPTS)))
-    for w, (m, s) in enumerate(tables):
+    for w, (_, s) in enumerate(tables):
         s.save("c0", shard_id=w, shard_num=2, step=1)
     for w, (m, s) in enumerate(tables):
         rows = m.emb.lookup(torch.tensor([5]), insert=True)

@@ -132,8 +132,9 @@ class ReadRequest:
                 self.lo, self.hi, dst, self.pad)
 
 
-#: Bytes of verified bucket offsets one SegmentReader keeps for later reads of the same segments.
-OFFSETS_CACHE_BYTES = 64 << 20
+#: Bytes of verified bucket offsets one SegmentReader keeps for later reads of the same segments
+#: (8·(B+1) a segment: 512 segments of 4096 buckets).
+OFFSETS_CACHE_BYTES = 16 << 20
 
 
 class SegmentReader:
@@ -145,8 +146,8 @@ class SegmentReader:
         self.threads, self.options = max(1, threads), options or ReadOptions()
         self.bytes_read = 0
         self._checked_sizes: set[int] = set()
-        # Verified bucket offsets, kept (up to OFFSETS_CACHE_BYTES) for the next pass over the same
-        # segments: a chain fold reads a link's ids, then its rows; compaction does so per bucket group.
+        # Verified bucket offsets, kept (up to OFFSETS_CACHE_BYTES; a chain has one reader per link) for
+        # the next pass over the same segments: a chain fold reads a link's ids, then its rows, per group.
         self._offsets: dict[tuple, np.ndarray] = {}
         self._offsets_bytes = 0
         self._scratch = np.empty(0, dtype=np.uint8)

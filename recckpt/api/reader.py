@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, dtypes, names
-from ..format.chain import open_chain, table_links
+from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
@@ -109,11 +109,8 @@ def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int
         raise CheckpointNotFoundError(_not_a_checkpoint(storage)) from None
     if reader.manifest.parent is None:
         return CheckpointView(reader)
-    # A link names its parent as a sibling directory: open the chain through the output directory.
-    if "://" not in path:
-        path = os.path.abspath(path)
-    root, _, ckpt_dir = path.rstrip("/").rpartition("/")
-    out = _open_storage(root or "/", storage_options)
+    root, ckpt_dir = split_path(path)
+    out = _open_storage(root, storage_options)
     return CheckpointView(reader, open_chain(CheckpointReader(out, ckpt_dir, threads=threads)))
 
 

@@ -37,9 +37,6 @@ DEFAULT_CHUNK_ROWS = 65536
 #: iter_rows reads about this many bytes of rows (all segments together) per bucket window.
 WINDOW_BYTES = 32 << 20
 
-# numpy element type of each format dtype name; BF16 has none in numpy and comes out as float32 (exact).
-_NUMPY = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-          "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +55,7 @@ class SlotDesc:
     @property
     def numpy_dtype(self) -> np.dtype:
         """What `iter_rows` returns as numpy: the slot's own type; float32 for BF16 (numpy has none)."""
-        return np.dtype(_NUMPY.get(self.dtype, "<f4"))
+        return np.dtype(dtypes.numpy_dtype(self.dtype) or "<f4")
 
     @property
     def row_bytes(self) -> int:
@@ -222,9 +219,8 @@ class CheckpointView:
     @property
     def dense(self) -> Mapping[str, DenseDesc]:
         """Dense keys with dtype and shape (reads and verifies the dense file once)."""
-        if self._dense is None:
-            self._dense = {k: DenseDesc(k, dtypes.name_of(t.dtype), tuple(t.shape))
-                           for k, t in self._r.dense().items()}
+        if self._dense is None:  # from the verified file's header: no tensors made, no torch imported
+            self._dense = {k: DenseDesc(k, dt, shape) for k, (dt, shape) in self._r.dense_header().items()}
         return self._dense
 
     def dense_tensors(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
@@ -237,11 +233,12 @@ class CheckpointView:
             tensors = {k: tensors[k] for k in keys}
         return {k: t.clone() for k, t in tensors.items()}
 
-    def objects(self) -> dict:
+    def objects(self, arrays: bool = False) -> dict:
         """The registered-objects tree {'objects': {name: {'kind', 'state'}}, 'sparse_optimizer': ...}.
-        Objects saved with pickle keep kind 'pickled_*' and their state as a uint8 tensor: never unpickled."""
+        Objects saved with pickle keep kind 'pickled_*' and their state as a uint8 tensor: never unpickled.
+        arrays=True: tensors come as numpy arrays (BF16 as uint16 bits) and torch is not imported."""
         from ..format import extras as extras_fmt
-        tree = self._r.extras()
+        tree = self._r.extras(arrays)
         if tree is None:
             return {"objects": {}, "sparse_optimizer": None}
         return extras_fmt.validate(tree, self._r.describe(self._r.manifest.extras))
@@ -250,11 +247,12 @@ class CheckpointView:
     def io_state_workers(self) -> list[int]:
         return sorted(self._r.manifest.io_state)
 
-    def io_state(self, worker: int) -> Any:
-        """Worker `worker`'s IO state tree (registered name -> dumped state), or None if it saved none."""
+    def io_state(self, worker: int, arrays: bool = False) -> Any:
+        """Worker `worker`'s IO state tree (registered name -> dumped state), or None if it saved none.
+        arrays=True: tensors as numpy arrays, as for objects()."""
         if not isinstance(worker, int) or not 0 <= worker < self.workers:
             raise InvalidArgumentError(f"{self.path}: worker {worker!r} is not in [0, {self.workers})")
-        return self._r.io_state(worker)
+        return self._r.io_state(worker, arrays)
 
     # ---------------------------------------------------------------------------------------- rows
     def _table_slots(self, table: str) -> dict[str, SlotDesc]:

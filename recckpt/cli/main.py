@@ -77,11 +77,11 @@ def _inspect_doc(view, objects: bool) -> dict:
                       for t in view.tables.values()},
            "dense": {d.key: {"dtype": d.dtype, "shape": list(d.shape)} for d in view.dense.values()}}
     if objects:
-        tree = view.objects()
+        tree = view.objects(arrays=True)   # numpy arrays: inspect does not import torch
         doc["objects"] = {n: {"kind": e["kind"], "state": render.summary(e["state"])}
                           for n, e in tree["objects"].items()}
         doc["sparse_optimizer"] = render.summary(tree["sparse_optimizer"])
-        doc["io_state"] = {w: render.summary(view.io_state(w)) for w in view.io_state_workers}
+        doc["io_state"] = {w: render.summary(view.io_state(w, arrays=True)) for w in view.io_state_workers}
     return doc
 
 

@@ -150,11 +150,12 @@ class _Checker:
                                              f"{names.worker_index(0)} and so on)", where)
             worker_docs[worker] = index_from_json(checked_json.loads(data, where, names.MAX_INDEX_BYTES), where)
         elif rel == self.m.dense:
-            safetensors_io.read(data, where)
+            safetensors_io.parse(data, where)   # the library's rules; tensors are not made (no torch)
         elif rel == self.m.extras:
-            extras_fmt.validate(self.reader.tree(rel), where)  # pickled entries stay bytes: never unpickled
+            # pickled entries stay bytes: never unpickled; tensors as numpy arrays (no torch)
+            extras_fmt.validate(self.reader.tree(rel, arrays=True), where)
         elif rel in self.m.io_state.values():
-            self.reader.tree(rel)
+            self.reader.tree(rel, arrays=True)
 
     def check_worker_indexes(self, docs: dict[int, IndexDoc]) -> None:
         if not self.m.tables:

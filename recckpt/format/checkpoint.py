@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +16,9 @@ from . import catalog, checked_json, names, safetensors_io, structure, tree_code
 from .schema import (FileInfo, IndexDoc, Manifest, ParentRef, SlotInfo, TableInfo, index_from_json,
                      manifest_from_json)
 from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass

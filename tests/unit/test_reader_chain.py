@@ -9,12 +9,12 @@ import uuid
 
 import numpy as np
 import pytest
-from unit.test_incremental import run_chain
 
 import recckpt
 from recckpt.cli import main as cli_main
 from recckpt.errors import CorruptCheckpointError
 from recckpt.format.hashing import bucket_of
+from unit.test_incremental import run_chain
 
 SLOTS = ["embedding", "adam.m", "adam.v"]
 
@@ -22,7 +22,7 @@ SLOTS = ["embedding", "adam.m", "adam.v"]
 @pytest.fixture(params=["local", "memory"])
 def chain(request, tmp_path):
     out = str(tmp_path / "run") if request.param == "local" else f"memory://h17b-{uuid.uuid4().hex}"
-    model, saver, snaps = run_chain(out, n_incr=3)
+    _, _, snaps = run_chain(out, n_incr=3)
     return out, snaps
 
 
@@ -93,7 +93,7 @@ def _parquet_rows(folder) -> dict[int, list]:
 
 def test_export_diff_and_inspect_see_the_folded_state(tmp_path):
     out = tmp_path / "run"
-    model, saver, snaps = run_chain(out, n_incr=3)
+    model, _, snaps = run_chain(out, n_incr=3)
     recckpt.compact(str(out / "c3"), str(out / "full3"))
     recckpt.export(str(out / "c3"), tmp_path / "inc")
     recckpt.export(str(out / "full3"), tmp_path / "full")

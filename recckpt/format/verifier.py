@@ -39,7 +39,8 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     """One line per defect, each naming the file (and table) concerned."""
     unlisted: list[str] = field(default_factory=list)
-    """Files inside the checkpoint that its manifest and index do not mention (ignored by loads)."""
+    """Files inside the checkpoint that its manifest and index do not mention (ignored by loads); those
+    of an older link of a chain as `<link id>/<path>`."""
     files_checked: int = 0
     bytes_checked: int = 0
     tables: dict[str, int] = field(default_factory=dict)
@@ -113,7 +114,14 @@ def _check_chain(path: str, report: VerifyReport, threads: int, storage_options:
         report.problems.append(str(e))
         return
     for link in links[:-1]:
-        _check_one(open_storage(f"{root.rstrip('/')}/{link.ckpt_dir}", storage_options), report, threads)
+        sub = VerifyReport(link.describe())
+        _check_one(open_storage(f"{root.rstrip('/')}/{link.ckpt_dir}", storage_options), sub, threads)
+        report.problems += sub.problems                                   # each names its file in full
+        report.unlisted += [f"{link.ckpt_dir}/{u}" for u in sub.unlisted]  # relative to the output dir
+        report.files_checked += sub.files_checked
+        report.bytes_checked += sub.bytes_checked
+        for table, rows in sub.tables.items():
+            report.tables[table] = report.tables.get(table, 0) + rows
     report.links = [link.manifest.ckpt_id for link in links]
 
 
@@ -215,7 +223,7 @@ class _Checker:
                 except CorruptCheckpointError as e:
                     self.problem(e)
                     bad_files.add(seg.file)
-            self.report.tables[table] = self.report.tables.get(table, 0) + rows
+            self.report.tables[table] = rows
         self.report.bytes_checked += seg_reader.bytes_read
 
     def check_tiling(self, index: IndexDoc, bad_files: set[int]) -> None:

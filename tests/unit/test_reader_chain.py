@@ -128,6 +128,9 @@ def test_verify_checks_every_link(tmp_path, capsys):
     assert rep.links == ["c0", "c1", "c2", "c3"]
     assert cli_main(["verify", str(out / "c3")]) == 0
     assert "chain of 4 links" in capsys.readouterr().out
+    (out / "c1" / "stray.txt").write_text("not part of the checkpoint")
+    rep = recckpt.verify(str(out / "c3"))
+    assert rep.ok and rep.unlisted == ["c1/stray.txt"]       # a link's stray file, named from the output dir
 
     # a flipped byte in the base's shard file: found by verify of the newest link, naming the base's file
     shard = sorted((out / "c0" / "sparse").glob("shard-*.bin"))

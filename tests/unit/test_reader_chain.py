@@ -54,6 +54,8 @@ def test_every_link_shows_its_folded_state(chain):
         assert view.tables["emb"].rows == len(snap["embedding"])    # the folded count, not the link's own
         assert list(view.tables["emb"].slots) == SLOTS
         _equal(_rows(view, chunk_rows=37), snap, SLOTS)
+    rep = recckpt.verify(f"{out}/c3")                                 # local and memory:// alike
+    assert rep.ok and rep.links == ["c0", "c1", "c2", "c3"], rep.problems
 
 
 def test_chunks_shards_and_buckets_of_a_chain(chain):

@@ -68,6 +68,18 @@ def test_inspect_shows_dense_objects_and_io_state_without_torch(out_dir):
     assert doc["tables"]["user"]["rows"] == 200
 
 
+def test_an_incremental_checkpoint_too(tmp_path):
+    """Its chain is opened and folded (format.fold) to count its rows and check its links: no torch."""
+    from unit.test_incremental import run_chain
+    _, _, snaps = run_chain(tmp_path, n_incr=2)
+    res = _run("inspect", "--json", str(tmp_path / "c2"))
+    doc = json.loads(res["out"])
+    assert doc["parent"] == "c1" and doc["tables"]["emb"]["rows"] == len(snaps["c2"]["embedding"])
+    assert res["torch"] is False
+    res = _run("verify", str(tmp_path / "c2"))
+    assert res["code"] == 0 and "chain of 3 links" in res["out"] and res["torch"] is False
+
+
 def test_the_check_sees_torch_when_it_is_loaded(out_dir):
     """Control: reading tensors does import torch, and the probe reports it."""
     script = ("import json, sys, recckpt\n"

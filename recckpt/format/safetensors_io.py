@@ -77,7 +77,7 @@ def parse(buf, path: str) -> tuple[dict[str, tuple[str, tuple[int, ...], int, in
     """Check a whole safetensors file held in `buf` (bytes or a buffer) as the safetensors library does:
     the header length, a JSON object, known dtypes, each entry's byte length equal to its shape's, and
     entries that tile the data section exactly. Returns ({name: (dtype name, shape, start, end)}, metadata),
-    start/end being byte positions in `buf`, in data order. Defects raise CorruptCheckpointError."""
+    start/end being byte positions in `buf`, in header order. Defects raise CorruptCheckpointError."""
     def bad(why: str) -> CorruptCheckpointError:
         return _bad(path, why)
 

@@ -118,8 +118,12 @@ def test_inspect_cli_shows_folded_rows_and_parent(tmp_path, capsys):
     _, _, snaps = run_chain(out, n_incr=2)
     assert cli_main(["inspect", "--json", str(out / "c2")]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["parent"] == "c1" and doc["kind"] == "incremental"
+    assert doc["parent"] == "c1" and doc["kind"] == "incremental" and doc["links"] == ["c0", "c1", "c2"]
     assert doc["tables"]["emb"]["rows"] == len(snaps["c2"]["embedding"])
+    assert cli_main(["inspect", str(out / "c2")]) == 0
+    text = capsys.readouterr().out
+    assert "parent c1" in text and "chain of 3 links: c0 <- c1 <- c2" in text
+    assert f"emb    {len(snaps['c2']['embedding'])} " in text
 
 
 def test_verify_checks_every_link(tmp_path, capsys):

@@ -112,7 +112,8 @@ def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[st
         raise InvalidArgumentError(f"delete: {needed} are links of incremental checkpoints {dependents} that are "
                                    f"not being deleted; delete those too, or compact them first "
                                    f"(recckpt.compact)", path=storage.describe(needed[0]))
-    return catalog.retire(storage, [cid for cid in committed if cid not in ids], ids)
+    return catalog.retire(storage, [cid for cid in committed if cid not in ids],
+                          [cid for cid in committed if cid in ids])   # committed order: see retire
 
 
 def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] | None = None

@@ -1,5 +1,10 @@
 """`recckpt.open(path)`: a read-only view of one committed checkpoint that needs no model.
 
+An incremental checkpoint is shown as the state it stands for: its whole chain (the full base and every
+increment up to it) is opened and checked first, and its tables and rows are the folded state (newest
+row wins, removed ids absent), as a load or `recckpt.compact` would give; its metadata still names its
+parent.
+
 Built on format.checkpoint.CheckpointReader, so every byte it hands out was checked against the size and
 CRC-32C the checkpoint recorded (manifest files whole, shard columns chunk by chunk), and nothing is ever
 unpickled: registered objects saved with `allow_pickle=True` are shown as their raw bytes.
@@ -18,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, dtypes, names
-from ..format import extras as extras_fmt
+from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
+from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
 from ..storage import Storage, open_storage
 from .policies import META_EPHEMERAL, META_STEP, parse_step
@@ -32,9 +37,6 @@ DEFAULT_CHUNK_ROWS = 65536
 #: iter_rows reads about this many bytes of rows (all segments together) per bucket window.
 WINDOW_BYTES = 32 << 20
 
-# numpy element type of each format dtype name; BF16 has none in numpy and comes out as float32 (exact).
-_NUMPY = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-          "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,14 @@ class SlotDesc:
     category: str          # 'sparse' (the model's rows) or 'sparse_opt' (optimizer state)
 
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self):
+        """The slot's torch.dtype (imports torch)."""
         return dtypes.torch_dtype(self.dtype)
 
     @property
     def numpy_dtype(self) -> np.dtype:
         """What `iter_rows` returns as numpy: the slot's own type; float32 for BF16 (numpy has none)."""
-        return np.dtype(_NUMPY.get(self.dtype, "<f4"))
+        return np.dtype(dtypes.numpy_dtype(self.dtype) or "<f4")
 
     @property
     def row_bytes(self) -> int:
@@ -101,7 +104,11 @@ def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int
         reader = CheckpointReader(storage, "", threads=threads)
     except FileNotFoundError:
         raise CheckpointNotFoundError(_not_a_checkpoint(storage)) from None
-    return CheckpointView(reader)
+    if reader.manifest.parent is None:
+        return CheckpointView(reader)
+    root, ckpt_dir = split_path(path)
+    out = _open_storage(root, storage_options)
+    return CheckpointView(reader, open_chain(CheckpointReader(out, ckpt_dir, threads=threads)))
 
 
 def _not_a_checkpoint(storage: Storage) -> str:
@@ -141,11 +148,14 @@ def parent_of(manifest) -> str | None:
 
 
 class CheckpointView:
-    """One committed checkpoint, read-only. Cheap to open (the manifest only); the index, dense file,
-    registered objects and IO state are read and verified when first asked for."""
+    """One committed checkpoint, read-only. Cheap to open (the manifest only; for an incremental checkpoint
+    every link's manifest, index and shard sizes); the index, dense file, registered objects and IO state
+    are read and verified when first asked for. `links`: the checkpoint's chain, base first, each link
+    checked (format.chain.open_chain); None for a full checkpoint."""
 
-    def __init__(self, reader: CheckpointReader):
-        self._r = reader
+    def __init__(self, reader: CheckpointReader, links: list[CheckpointReader] | None = None):
+        self._links = list(links) if links else [reader]
+        self._r = self._links[-1]
         m = reader.manifest
         self.path: str = reader.describe()
         self.ckpt_id: str = m.ckpt_id
@@ -157,10 +167,12 @@ class CheckpointView:
         self.metadata: Mapping[str, str] = dict(m.metadata)
         self.worker_steps: Mapping[int, int] = dict(m.worker_steps)
         self.parent: str | None = parent_of(m)
-        self.tables: Mapping[str, TableDesc] = {
-            name: TableDesc(name, t.rows, {s: SlotDesc(s, i.dtype, tuple(i.shape), i.category)
-                                           for s, i in t.slots.items()})
+        self.links: list[str] = [link.manifest.ckpt_id for link in self._links]
+        """The ids of the chain this view folds, base first (just this checkpoint's, for a full one)."""
+        self._slots: dict[str, dict[str, SlotDesc]] = {
+            name: {s: SlotDesc(s, i.dtype, tuple(i.shape), i.category) for s, i in t.slots.items()}
             for name, t in m.tables.items()}
+        self._tables: dict[str, TableDesc] | None = None
         self._dense: dict[str, DenseDesc] | None = None
 
     def __repr__(self) -> str:
@@ -186,16 +198,32 @@ class CheckpointView:
         """Bytes of the checkpoint's files as recorded: manifest entries plus the shard files in the index."""
         return sum(f.size for f in self._r.manifest.files.values()) + sum(s for _, s in self._r.index.files)
 
+    @property
+    def tables(self) -> Mapping[str, TableDesc]:
+        """Each table's slots and rows. For an incremental checkpoint the rows are the folded state's,
+        counted the first time this is read from the ids of every link (rows themselves are not read)."""
+        if self._tables is None:
+            self._tables = {name: TableDesc(name, self._folded_rows(name), slots)
+                            for name, slots in self._slots.items()}
+        return self._tables
+
+    def _folded_rows(self, table: str) -> int:
+        links = table_links(self._links, table)
+        if len(links) == 1:
+            return links[0].manifest.tables[table].rows
+        # the fold's plan reads and verifies the ids of every link, not their rows
+        return sum(plan_fold(links, table, lo, hi).rows
+                   for lo, hi in bucket_groups(links, table, 0, self.num_buckets, WINDOW_BYTES))
+
     # ---------------------------------------------------------------------------------- dense & objects
     @property
     def dense(self) -> Mapping[str, DenseDesc]:
         """Dense keys with dtype and shape (reads and verifies the dense file once)."""
-        if self._dense is None:
-            self._dense = {k: DenseDesc(k, dtypes.name_of(t.dtype), tuple(t.shape))
-                           for k, t in self._r.dense().items()}
+        if self._dense is None:  # from the verified file's header: no tensors made, no torch imported
+            self._dense = {k: DenseDesc(k, dt, shape) for k, (dt, shape) in self._r.dense_header().items()}
         return self._dense
 
-    def dense_tensors(self, keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+    def dense_tensors(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
         """Copies of the dense tensors (all, or `keys`)."""
         tensors = self._r.dense()
         if keys is not None:
@@ -205,10 +233,12 @@ class CheckpointView:
             tensors = {k: tensors[k] for k in keys}
         return {k: t.clone() for k, t in tensors.items()}
 
-    def objects(self) -> dict:
+    def objects(self, arrays: bool = False) -> dict:
         """The registered-objects tree {'objects': {name: {'kind', 'state'}}, 'sparse_optimizer': ...}.
-        Objects saved with pickle keep kind 'pickled_*' and their state as a uint8 tensor: never unpickled."""
-        tree = self._r.extras()
+        Objects saved with pickle keep kind 'pickled_*' and their state as a uint8 tensor: never unpickled.
+        arrays=True: tensors come as numpy arrays (BF16 as uint16 bits) and torch is not imported."""
+        from ..format import extras as extras_fmt
+        tree = self._r.extras(arrays)
         if tree is None:
             return {"objects": {}, "sparse_optimizer": None}
         return extras_fmt.validate(tree, self._r.describe(self._r.manifest.extras))
@@ -217,17 +247,18 @@ class CheckpointView:
     def io_state_workers(self) -> list[int]:
         return sorted(self._r.manifest.io_state)
 
-    def io_state(self, worker: int) -> Any:
-        """Worker `worker`'s IO state tree (registered name -> dumped state), or None if it saved none."""
+    def io_state(self, worker: int, arrays: bool = False) -> Any:
+        """Worker `worker`'s IO state tree (registered name -> dumped state), or None if it saved none.
+        arrays=True: tensors as numpy arrays, as for objects()."""
         if not isinstance(worker, int) or not 0 <= worker < self.workers:
             raise InvalidArgumentError(f"{self.path}: worker {worker!r} is not in [0, {self.workers})")
-        return self._r.io_state(worker)
+        return self._r.io_state(worker, arrays)
 
     # ---------------------------------------------------------------------------------------- rows
-    def _table(self, table: str) -> TableDesc:
-        t = self.tables.get(table)
+    def _table_slots(self, table: str) -> dict[str, SlotDesc]:
+        t = self._slots.get(table)
         if t is None:
-            raise InvalidArgumentError(f"{self.path}: no table {table!r}; it has {sorted(self.tables) or 'none'}")
+            raise InvalidArgumentError(f"{self.path}: no table {table!r}; it has {sorted(self._slots) or 'none'}")
         return t
 
     def bucket_range(self, shard: tuple[int, int] | None = None,
@@ -261,41 +292,56 @@ class CheckpointView:
         buffer instead (valid until the next chunk: saves faulting in new memory for a caller that
         converts or writes each chunk at once). Memory use is bounded by chunk_rows and the reader's
         window, whatever the table's size."""
-        t = self._table(table)
-        slots = list(t.slots) if slots is None else list(slots)
-        unknown = [s for s in slots if s not in t.slots]
+        have = self._table_slots(table)
+        slots = list(have) if slots is None else list(slots)
+        unknown = [s for s in slots if s not in have]
         if unknown or len(set(slots)) != len(slots):
             raise InvalidArgumentError(f"{self.path}: table {table!r}: slots {slots} are not distinct slots of "
-                                       f"the table; it has {list(t.slots)}")
+                                       f"the table; it has {list(have)}")
         if type(chunk_rows) is not int or chunk_rows < 1:
             raise InvalidArgumentError(f"chunk_rows={chunk_rows!r}: expected an integer >= 1")
         lo, hi = self.bucket_range(shard, buckets)
-        descs = [t.slots[s] for s in slots]
+        descs = [have[s] for s in slots]
         widths = [d.row_bytes for d in descs]
-        if table not in self._r.index.tables or lo == hi:
+        if lo == hi:
             return
-        cap = max(1, min(chunk_rows, t.rows))  # no allocation beyond the table, whatever chunk_rows says
+        links = table_links(self._links, table)
+        if len(links) == 1 and table not in self._r.index.tables:
+            return
+        upper = sum(link.manifest.tables[table].rows for link in links)   # the table's rows, before folding
+        cap = max(1, min(chunk_rows, upper))  # no allocation beyond the table, whatever chunk_rows says
         buf = _Chunk(cap, widths)
-        for w_lo, w_hi in self._windows(t, widths, lo, hi):
-            for ids, parts in self._r.segments.iter_table(table, slots, widths, w_lo, w_hi):
-                pos, n = 0, len(ids)
-                while pos < n:
-                    take = buf.fill(ids, parts, pos, n)
-                    pos += take
-                    if buf.full:
-                        yield self._convert(buf, slots, descs, as_torch)
-                        buf = buf.emptied() if reuse else _Chunk(cap, widths)
+        for ids, parts in self._pieces(links, table, slots, widths, lo, hi):
+            pos, n = 0, len(ids)
+            while pos < n:
+                take = buf.fill(ids, parts, pos, n)
+                pos += take
+                if buf.full:
+                    yield self._convert(buf, slots, descs, as_torch)
+                    buf = buf.emptied() if reuse else _Chunk(cap, widths)
         if buf.rows:
             yield self._convert(buf, slots, descs, as_torch)
 
-    def _windows(self, t: TableDesc, widths: list[int], lo: int, hi: int) -> list[tuple[int, int]]:
-        """Bucket ranges of about WINDOW_BYTES of rows each (ids hash evenly over buckets): the segment
-        reader reads whole segments' row ranges, and a segment can be as large as the writer chose, so
-        reading a window at a time is what bounds memory whatever the table and its segments."""
-        nb = self.num_buckets
-        total = t.rows * (8 + sum(widths)) * (hi - lo) // nb
-        n = max(1, min(hi - lo, -(-total // WINDOW_BYTES)))
-        return [(lo + k * (hi - lo) // n, lo + (k + 1) * (hi - lo) // n) for k in range(n)]
+    def _pieces(self, links: list[CheckpointReader], table: str, slots: list[str], widths: list[int],
+                lo: int, hi: int):
+        """(ids, [uint8 rows per slot]) of buckets [lo, hi): one link's rows window by window, or the
+        fold of a chain (format.fold: the one home of "newest row wins, removed ids absent"), bucket group
+        by bucket group of about WINDOW_BYTES of the links' rows."""
+        if len(links) > 1:
+            yield from fold_rows(links, table, slots, lo, hi, group_bytes=WINDOW_BYTES)
+            return
+        n = self._windows(links[0].manifest.tables[table].rows, widths, lo, hi)
+        for k in range(n):
+            w_lo, w_hi = lo + k * (hi - lo) // n, lo + (k + 1) * (hi - lo) // n
+            yield from links[0].segments.iter_table(table, slots, widths, w_lo, w_hi)
+
+    def _windows(self, rows: int, widths: list[int], lo: int, hi: int) -> int:
+        """How many bucket windows of about WINDOW_BYTES of rows each to split [lo, hi) into (ids hash
+        evenly over buckets): the segment reader reads whole segments' row ranges, and a segment can be as
+        large as the writer chose, so reading a window at a time is what bounds memory whatever the table
+        and its segments."""
+        total = rows * (8 + sum(widths)) * (hi - lo) // self.num_buckets
+        return max(1, min(hi - lo, -(-total // WINDOW_BYTES)))
 
     @staticmethod
     def _convert(buf: _Chunk, slots, descs, as_torch):
@@ -305,12 +351,16 @@ class CheckpointView:
         for s, d, raw in zip(slots, descs, buf.cols):
             raw = raw[:n]
             if as_torch:
+                import torch
                 cols[s] = torch.from_numpy(raw).view(d.torch_dtype).reshape(n, *d.shape)
             elif d.dtype == "BF16":   # bf16 is the top half of a float32: widening is exact
                 cols[s] = (raw.view("<u2").astype("<u4") << 16).view("<f4").reshape(n, *d.shape)
             else:
                 cols[s] = raw.view(d.numpy_dtype).reshape(n, *d.shape)
-        return (torch.from_numpy(ids) if as_torch else ids), cols
+        if as_torch:
+            import torch
+            return torch.from_numpy(ids), cols
+        return ids, cols
 
 
 class _Chunk:

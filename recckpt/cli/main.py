@@ -69,7 +69,8 @@ def cmd_ls(a) -> int:
 def _inspect_doc(view, objects: bool) -> dict:
     doc = {"path": view.path, "ckpt_id": view.ckpt_id, "step": view.step, "kind": view.kind,
            "created": view.created, "workers": view.workers, "num_buckets": view.num_buckets,
-           "format_version": view.format_version, "parent": view.parent, "writer": view.writer,
+           "format_version": view.format_version, "parent": view.parent, "links": list(view.links),
+           "writer": view.writer,
            "size_bytes": view.size_bytes, "metadata": dict(view.metadata),
            "tables": {t.name: {"rows": t.rows, "slots": {s.name: {"dtype": s.dtype, "shape": list(s.shape),
                                                                   "category": s.category}
@@ -77,11 +78,11 @@ def _inspect_doc(view, objects: bool) -> dict:
                       for t in view.tables.values()},
            "dense": {d.key: {"dtype": d.dtype, "shape": list(d.shape)} for d in view.dense.values()}}
     if objects:
-        tree = view.objects()
+        tree = view.objects(arrays=True)   # numpy arrays: inspect does not import torch
         doc["objects"] = {n: {"kind": e["kind"], "state": render.summary(e["state"])}
                           for n, e in tree["objects"].items()}
         doc["sparse_optimizer"] = render.summary(tree["sparse_optimizer"])
-        doc["io_state"] = {w: render.summary(view.io_state(w)) for w in view.io_state_workers}
+        doc["io_state"] = {w: render.summary(view.io_state(w, arrays=True)) for w in view.io_state_workers}
     return doc
 
 
@@ -96,6 +97,9 @@ def cmd_inspect(a) -> int:
           f"created {view.created:%Y-%m-%d %H:%M:%S UTC}, {render.human_bytes(doc['size_bytes'])}")
     print(f"  {view.workers} worker(s), {view.num_buckets} buckets, format version {view.format_version}, "
           f"written by {view.writer}" + (f", parent {view.parent}" if view.parent else ""))
+    if len(view.links) > 1:   # rows below are the folded state of the whole chain
+        print(f"  tables show the folded state of its chain of {len(view.links)} links: "
+              f"{' <- '.join(view.links)}")
     if view.tables:
         rows = [[t, str(info["rows"]), s, d["dtype"], str(tuple(d["shape"])), d["category"]]
                 for t, info in doc["tables"].items() for s, d in info["slots"].items()]

@@ -157,14 +157,16 @@ def delete(storage: Storage, ckpt_id: str) -> None:
 
 def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = True) -> list[str]:
     """Retention: rewrite the version file to list only `kept`, then delete each of `doomed` (a crash
-    in between leaves a version file that never names a deleted checkpoint). Returns the ids deleted;
-    a failed delete is logged (a leftover checkpoint costs space, not correctness) and start-up recovery
-    or the next retention finishes it."""
+    in between leaves a version file that never names a deleted checkpoint). `doomed` is in committed
+    order (oldest first) and is deleted newest first: an increment goes before the links it depends on,
+    so a crash part way never leaves a committed increment whose parent is gone (recovery would list it
+    again, unloadable). Returns the ids deleted; a failed delete is logged (a leftover checkpoint costs
+    space, not correctness) and start-up recovery or the next retention finishes it."""
     if not doomed:
         return []
     write_version_file(storage, kept, fsync)   # if this fails nothing is deleted: the next save retries
     deleted = []
-    for cid in doomed:
+    for cid in reversed(doomed):
         log.info("recckpt: deleting %s", storage.describe(cid))
         try:
             delete(storage, cid)
@@ -173,4 +175,5 @@ def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = T
             deleted.append(cid)   # another process's retention got there first
         except OSError as e:
             log.warning("recckpt: could not delete %s: %s", storage.describe(cid), e)
-    return deleted
+    gone = set(deleted)
+    return [cid for cid in doomed if cid in gone]

@@ -7,6 +7,8 @@ of the parent, so the hash pins the parent's whole content). docs/FORMAT.md, "In
 """
 from __future__ import annotations
 
+import os
+
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage
 from .checkpoint import CheckpointReader
@@ -21,11 +23,33 @@ def sibling(ckpt_dir: str, ckpt_id: str) -> str:
     return f"{head}/{ckpt_id}" if head else ckpt_id
 
 
+def split_path(path: str) -> tuple[str, str]:
+    """(output directory, checkpoint directory name) of the checkpoint at `path` (local path or fsspec
+    URL): a link names its parent as a sibling, so a chain is opened through the output directory."""
+    path = os.fspath(path)
+    if "://" not in path:
+        path = os.path.abspath(path)
+    root, _, name = path.rstrip("/").rpartition("/")
+    return (root or "/"), name
+
+
 def open_chain(newest: CheckpointReader) -> list[CheckpointReader]:
     """The links of `newest`'s chain, base first, each checked: the parent exists and is committed, its
     manifest hash is the one its child recorded, its index parses and matches its manifest, its shard
     files have the recorded sizes, and all links share the bucket count. A full checkpoint is a chain of
     one. Raises CorruptCheckpointError naming the missing or altered link."""
+    links = walk_chain(newest)
+    for link in links:
+        link.verify_worker_indexes()
+        if link.manifest.index is not None:
+            _ = link.segments  # parses and checks the index and every shard file's size
+    return links
+
+
+def walk_chain(newest: CheckpointReader) -> list[CheckpointReader]:
+    """The links of `newest`'s chain, base first, opened from the newest back: each parent exists and is
+    committed, its manifest hash is the one its child recorded, and all links share the bucket count
+    (the links' own files are not checked here: open_chain or verify does that)."""
     links = [newest]
     seen = {newest.manifest.ckpt_id}
     storage: Storage = newest.storage
@@ -60,10 +84,6 @@ def open_chain(newest: CheckpointReader) -> list[CheckpointReader]:
         links.append(parent)
         cur = parent
     links.reverse()
-    for link in links:
-        link.verify_worker_indexes()
-        if link.manifest.index is not None:
-            _ = link.segments  # parses and checks the index and every shard file's size
     return links
 
 

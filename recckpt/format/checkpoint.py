@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .. import _C, __version__
 from ..errors import CheckpointSaveError, CorruptCheckpointError
@@ -16,6 +16,9 @@ from . import catalog, checked_json, names, safetensors_io, structure, tree_code
 from .schema import (FileInfo, IndexDoc, Manifest, ParentRef, SlotInfo, TableInfo, index_from_json,
                      manifest_from_json)
 from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -260,20 +263,29 @@ class CheckpointReader:
                                                self.describe(self.manifest.dense))
         return tensors
 
-    def tree(self, rel: str):
-        """The verified tree (extras, IO state) stored in safetensors file `rel` of the checkpoint."""
+    def tree(self, rel: str, arrays: bool = False):
+        """The verified tree (extras, IO state) stored in safetensors file `rel` of the checkpoint.
+        arrays=True: its tensors as numpy arrays (BF16 as uint16 bits), without importing torch."""
         where = self.describe(rel)
-        tensors, meta = safetensors_io.read(self.read_file(rel), where)
+        data = self.read_file(rel)
+        tensors, meta = safetensors_io.read_arrays(data, where) if arrays else safetensors_io.read(data, where)
         if tree_codec.TREE_KEY not in meta:
             raise CorruptCheckpointError(f"{where}: no {tree_codec.TREE_KEY!r} metadata", where)
         return tree_codec.decode(meta[tree_codec.TREE_KEY], tensors, where)
 
-    def extras(self):
-        return None if self.manifest.extras is None else self.tree(self.manifest.extras)
+    def extras(self, arrays: bool = False):
+        return None if self.manifest.extras is None else self.tree(self.manifest.extras, arrays)
 
-    def io_state(self, worker: int):
+    def io_state(self, worker: int, arrays: bool = False):
         rel = self.manifest.io_state.get(worker)
-        return None if rel is None else self.tree(rel)
+        return None if rel is None else self.tree(rel, arrays)
+
+    def dense_header(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """{key: (dtype name, shape)} of the dense file, whose every byte is verified; no torch."""
+        if self.manifest.dense is None:
+            return {}
+        entries, _ = safetensors_io.parse(self.read_file(self.manifest.dense), self.describe(self.manifest.dense))
+        return {k: (dt, shape) for k, (dt, shape, _, _) in entries.items()}
 
 
 __all__ = ["WorkerPart", "write_worker_part", "copy_whole_files", "finalize", "CheckpointReader", "TableSource",

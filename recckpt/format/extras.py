@@ -10,8 +10,9 @@ other load refuses it without unpickling a byte.
 from __future__ import annotations
 
 import io
+import sys
 
-import torch
+import numpy as np
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import tree_codec
@@ -29,11 +30,20 @@ def entry(name: str, kind: str, state, allow_pickle: bool) -> dict:
         try:
             tree_codec.encode(state, f"extras[{name!r}]")
         except TypeError:
+            import torch  # saving: torch is loaded already
             buf = io.BytesIO()
             torch.save(state, buf)
             return {"kind": PICKLED_PREFIX + kind,
                     "state": torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)}
     return {"kind": kind, "state": state}
+
+
+def _is_byte_vector(x) -> bool:
+    """A 1-D uint8 tensor (or numpy array, as the torch-free readers decode trees)."""
+    if isinstance(x, np.ndarray):
+        return x.dtype == np.uint8 and x.ndim == 1
+    torch = sys.modules.get("torch")  # no tensor exists unless torch is loaded
+    return torch is not None and isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.dim() == 1
 
 
 def validate(tree, where: str) -> dict:
@@ -52,7 +62,7 @@ def validate(tree, where: str) -> dict:
         if e["kind"] not in KINDS:
             bad(f"entry {name!r:.80} has unknown kind {e['kind']!r:.40}")
         if e["kind"].startswith(PICKLED_PREFIX) and not (
-                isinstance(e["state"], torch.Tensor) and e["state"].dtype == torch.uint8 and e["state"].dim() == 1):
+                _is_byte_vector(e["state"])):
             bad(f"pickled entry {name!r:.80} does not hold a uint8 byte tensor")
     sp = tree.get("sparse_optimizer")
     if sp is not None and not isinstance(sp, dict):
@@ -76,7 +86,8 @@ def unpickle_allowed(tree: dict, wanted: dict[str, bool], where: str) -> dict:
                 f"registered under that name does not allow pickle. If you trust this checkpoint, register "
                 f"it with register_for_checkpointing({name!r}, obj, allow_pickle=True); it is then read "
                 f"with torch.load(weights_only=True). Nothing was loaded.")
-        data = e["state"].numpy().tobytes()
+        data = np.asarray(e["state"]).tobytes()
+        import torch  # loading into a model: torch is loaded already
         try:
             state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:  # weights_only raises UnpicklingError, RuntimeError, ... on refusal

@@ -6,18 +6,23 @@ the CRC-32C of the whole file is computed as it is written. `read` goes through 
 library, which validates every offset, and copies every tensor out of the file's bytes. `read_views`
 validates the same rules itself and returns tensors that view a writable buffer: a dense state loads
 with one copy (into the parameters) instead of three, holding one file's size of extra memory, not two.
+`parse` is those checks alone and `read_arrays` gives numpy arrays: what `recckpt inspect` and `verify`
+use, so that they do not import torch (torch is imported only where tensors are made).
 """
 from __future__ import annotations
 
 import json
 import struct
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load as _st_load
+import numpy as np
 
 from .. import _C
 from . import checked_json, dtypes
 from ..errors import CorruptCheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_HEADER_BYTES = 100 << 20  # same cap as the safetensors library
 _HEADER_LIMITS = checked_json.JsonLimits(MAX_HEADER_BYTES)
@@ -25,6 +30,7 @@ _HEADER_LIMITS = checked_json.JsonLimits(MAX_HEADER_BYTES)
 
 def tensor_bytes(t: torch.Tensor):
     """A zero-copy uint8 numpy view of a CPU tensor's bytes (a contiguous copy first if needed)."""
+    import torch
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -63,14 +69,17 @@ def write(fileobj, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | 
     return len(prefix) + offset, crc
 
 
-def read_views(buf, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Parse a whole safetensors file held in `buf` (a writable buffer: bytearray, uint8 numpy array):
-    (tensors, metadata), the tensors being views of `buf` (copies where an offset is not aligned for
-    the dtype). Checks what the safetensors library
-    checks: the header length, a JSON object, known dtypes, each entry's byte length equal to its
-    shape's, and entries that tile the data section exactly. Defects raise CorruptCheckpointError."""
+def _bad(path: str, why: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{path}: invalid safetensors file ({why})", path)
+
+
+def parse(buf, path: str) -> tuple[dict[str, tuple[str, tuple[int, ...], int, int]], dict[str, str]]:
+    """Check a whole safetensors file held in `buf` (bytes or a buffer) as the safetensors library does:
+    the header length, a JSON object, known dtypes, each entry's byte length equal to its shape's, and
+    entries that tile the data section exactly. Returns ({name: (dtype name, shape, start, end)}, metadata),
+    start/end being byte positions in `buf`, in header order. Defects raise CorruptCheckpointError."""
     def bad(why: str) -> CorruptCheckpointError:
-        return CorruptCheckpointError(f"{path}: invalid safetensors file ({why})", path)
+        return _bad(path, why)
 
     if len(buf) < 8:
         raise CorruptCheckpointError(f"{path}: {len(buf)} bytes is too short for a safetensors file", path)
@@ -113,21 +122,44 @@ def read_views(buf, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]
         end = e
     if end != size:
         raise bad(f"the entries cover {end} of the {size}-byte data section")
+    return {name: (header[name]["dtype"], tuple(header[name]["shape"]), start + s, start + e)
+            for s, e, name in spans}, meta
+
+
+def read_views(buf, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Parse a whole safetensors file held in `buf` (a writable buffer: bytearray, uint8 numpy array):
+    (tensors, metadata), the tensors being views of `buf` (copies where an offset is not aligned for
+    the dtype). Checks what `parse` checks."""
+    import torch
+    entries, meta = parse(buf, path)
     tensors = {}
-    for s, e, name in spans:
-        ent = header[name]
-        dtype, shape = dtypes.torch_dtype(ent["dtype"]), tuple(ent["shape"])
+    for name, (dt, shape, s, e) in entries.items():
+        dtype = dtypes.torch_dtype(dt)
         if e == s:
             try:  # no bytes, but a shape torch may still refuse (e.g. [2**62, 2**62, 0])
                 tensors[name] = torch.empty(shape, dtype=dtype)
             except (RuntimeError, ValueError, OverflowError) as err:
-                raise bad(f"entry {name!r}: shape {list(shape)}: {err}") from None
+                raise _bad(path, f"entry {name!r}: shape {list(shape)}: {err}") from None
             continue
-        view = torch.frombuffer(buf, dtype=torch.uint8, count=e - s, offset=start + s)
-        if view.data_ptr() % dtypes.itemsize(ent["dtype"]):
+        view = torch.frombuffer(buf, dtype=torch.uint8, count=e - s, offset=s)
+        if view.data_ptr() % dtypes.itemsize(dt):
             view = view.clone()  # e.g. after an odd-sized U8 entry: torch wants aligned elements
         tensors[name] = view.view(dtype).view(shape)
     return tensors, meta
+
+
+def read_arrays(data, path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Parse a whole safetensors file from memory without torch: (numpy arrays, each its own copy,
+    metadata). BF16 entries come as uint16 arrays of their bits. Checks what `parse` checks."""
+    entries, meta = parse(data, path)
+    arrays = {}
+    for name, (dt, shape, s, e) in entries.items():
+        raw = np.frombuffer(data, dtype=np.uint8, count=e - s, offset=s)
+        try:
+            arrays[name] = raw.view(dtypes.numpy_dtype(dt) or "<u2").reshape(shape).copy()
+        except (ValueError, OverflowError) as err:  # a zero-size shape numpy refuses (e.g. [2**62, 2**62, 0])
+            raise _bad(path, f"entry {name!r}: shape {list(shape)}: {err}") from None
+    return arrays, meta
 
 
 def read(data: bytes, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -146,6 +178,7 @@ def read(data: bytes, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str
         meta = header.get("__metadata__") or {}
         if not isinstance(meta, dict):
             raise ValueError("__metadata__ is not an object")
+        from safetensors.torch import load as _st_load
         tensors = _st_load(bytes(data)) if not isinstance(data, bytes) else _st_load(data)
     except Exception as e:  # the library raises several types for malformed input
         raise CorruptCheckpointError(f"{path}: invalid safetensors file ({e})", path) from None

@@ -4,6 +4,8 @@ JSON + tensors and back, without pickle.
 Supported leaves: None, bool, int, float (NaN/inf included), str, bytes, torch.Tensor, numpy arrays and
 scalars, torch.dtype. Containers: dict (any keys of those leaf types), list, tuple. Anything else is
 refused with the key path, so a user learns at save time, not at load time, that state would be lost.
+`decode` takes the tensors as torch tensors or as numpy arrays (safetensors_io.read_arrays: what the
+torch-free `recckpt inspect` and `verify` read); torch is imported only where torch objects are made.
 """
 from __future__ import annotations
 
@@ -11,10 +13,14 @@ import base64
 import json
 import math
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from . import checked_json, dtypes
+
+if TYPE_CHECKING:
+    import torch
 
 TREE_KEY = "recckpt.tree"
 #: A tree is one metadata value of a safetensors header, whose cap (the library's) bounds it too.
@@ -27,6 +33,7 @@ class _Encoder:
         self.tensors: dict[str, torch.Tensor] = {}
 
     def encode(self, obj, path: str):
+        import torch  # saving: torch is loaded already
         if obj is None or isinstance(obj, (bool, str)):
             return obj
         if isinstance(obj, int):
@@ -58,6 +65,7 @@ class _Encoder:
                         f"pickle; return tensors, numbers, strings, lists and dicts from state_dict()")
 
     def _add(self, t: torch.Tensor, path: str) -> str:
+        import torch
         if t.is_sparse or t.layout != torch.strided:
             raise TypeError(f"{path}: only dense (strided) tensors can be stored, got {t.layout}")
         key = f"t{len(self.tensors)}"
@@ -76,7 +84,7 @@ def encode(obj, root: str) -> tuple[str, dict[str, torch.Tensor]]:
     return json.dumps(tree, allow_nan=False, separators=(",", ":")), enc.tensors
 
 
-def decode(text: str, tensors: dict[str, torch.Tensor], where: str):
+def decode(text: str, tensors: dict[str, torch.Tensor] | dict[str, np.ndarray], where: str):
     def dec(node):
         if isinstance(node, list):
             return [dec(v) for v in node]
@@ -86,6 +94,9 @@ def decode(text: str, tensors: dict[str, torch.Tensor], where: str):
             return tensors[node["__tensor__"]]
         if "__ndarray__" in node:
             t = tensors[node["__ndarray__"]]
+            if isinstance(t, np.ndarray):   # read_arrays gives BF16 as uint16 bits already
+                return t
+            import torch
             return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
         if "__npscalar__" in node:
             dt = np.dtype(node["__npscalar__"]) if isinstance(node["__npscalar__"], str) else None

@@ -5,6 +5,9 @@ that the merged index is exactly the merge of the workers'), the dense/extras/IO
 and state tree, never unpickling), and every shard file: size, that its segments tile it with no gap or
 overlap, every chunk checksum of every column, that each segment's bucket offsets partition its rows
 and that every id sits in the bucket its hash says. Memory stays bounded (columns are read in windows).
+An incremental checkpoint is checked with its whole chain: every link back to the full base must exist,
+be committed and have the manifest hash its child recorded, and every link's files are checked the same
+way, each problem naming the link's file.
 
     python -m recckpt.format.verifier <checkpoint dir>   # exit status 0 when the checkpoint is intact
 """
@@ -20,6 +23,7 @@ from .. import _C
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage, open_storage
 from . import checked_json, extras as extras_fmt, names, safetensors_io, structure
+from .chain import split_path, walk_chain
 from .checkpoint import CheckpointReader
 from .schema import IndexDoc, index_from_json
 from .sparse_io import ReadRequest, SegmentReader
@@ -35,11 +39,14 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     """One line per defect, each naming the file (and table) concerned."""
     unlisted: list[str] = field(default_factory=list)
-    """Files inside the checkpoint that its manifest and index do not mention (ignored by loads)."""
+    """Files inside the checkpoint that its manifest and index do not mention (ignored by loads); those
+    of an older link of a chain as `<link id>/<path>`."""
     files_checked: int = 0
     bytes_checked: int = 0
     tables: dict[str, int] = field(default_factory=dict)
-    """Table name -> rows verified."""
+    """Table name -> rows verified (summed over the links of a chain)."""
+    links: list[str] = field(default_factory=list)
+    """The checkpoint ids checked, base first: the whole chain of an incremental checkpoint."""
     seconds: float = 0.0
 
     @property
@@ -52,7 +59,8 @@ class VerifyReport:
             raise CorruptCheckpointError(f"{self.problems[0]}{more}", self.path)
 
     def __str__(self) -> str:
-        head = (f"{self.path}: {'OK' if self.ok else 'CORRUPT'}: {self.files_checked} files, "
+        chain = f" (a chain of {len(self.links)} links, base {self.links[0]})" if len(self.links) > 1 else ""
+        head = (f"{self.path}{chain}: {'OK' if self.ok else 'CORRUPT'}: {self.files_checked} files, "
                 f"{self.bytes_checked} bytes, {sum(self.tables.values())} rows in {len(self.tables)} tables "
                 f"checked in {self.seconds:.2f}s")
         lines = [head] + [f"  problem: {p}" for p in self.problems] + [f"  unlisted: {u}" for u in self.unlisted]
@@ -72,19 +80,49 @@ def verify(path: str, *, threads: int = 4, storage_options: dict | None = None) 
         raise CheckpointNotFoundError(
             f"{storage.describe()} is not a committed checkpoint (no {names.MANIFEST}); pass a checkpoint "
             f"directory, e.g. <output_dir>/<ckpt_id>")
+    m = _check_one(storage, report, threads)
+    if m is not None:
+        report.ckpt_id = m.ckpt_id
+        report.links = [m.ckpt_id]
+        if m.parent is not None:
+            _check_chain(path, report, threads, storage_options)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_one(storage: Storage, report: VerifyReport, threads: int):
+    """Check the checkpoint at the root of `storage` into `report`; its manifest, or None if unreadable."""
     try:
         reader = CheckpointReader(storage, "", threads=threads)
     except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
         report.problems.append(str(e))
-        report.seconds = time.perf_counter() - t0
-        return report
-    m = reader.manifest
-    report.ckpt_id = m.ckpt_id
+        return None
     report.files_checked += 1
     report.bytes_checked += storage.size(names.MANIFEST)
     _Checker(storage, reader, report).run()
-    report.seconds = time.perf_counter() - t0
-    return report
+    return reader.manifest
+
+
+def _check_chain(path: str, report: VerifyReport, threads: int, storage_options: dict | None) -> None:
+    """The older links of the incremental checkpoint at `path` (already checked itself): that the chain
+    is whole and unaltered (chain.walk_chain, the rule loads apply), then each link's every byte."""
+    root, ckpt_dir = split_path(path)
+    out = open_storage(root, storage_options)
+    try:
+        links = walk_chain(CheckpointReader(out, ckpt_dir, threads=threads))
+    except (CorruptCheckpointError, IncompatibleCheckpointError, FileNotFoundError) as e:
+        report.problems.append(str(e))
+        return
+    for link in links[:-1]:
+        sub = VerifyReport(link.describe())
+        _check_one(open_storage(f"{root.rstrip('/')}/{link.ckpt_dir}", storage_options), sub, threads)
+        report.problems += sub.problems                                   # each names its file in full
+        report.unlisted += [f"{link.ckpt_dir}/{u}" for u in sub.unlisted]  # relative to the output dir
+        report.files_checked += sub.files_checked
+        report.bytes_checked += sub.bytes_checked
+        for table, rows in sub.tables.items():
+            report.tables[table] = report.tables.get(table, 0) + rows
+    report.links = [link.manifest.ckpt_id for link in links]
 
 
 class _Checker:
@@ -120,11 +158,12 @@ class _Checker:
                                              f"{names.worker_index(0)} and so on)", where)
             worker_docs[worker] = index_from_json(checked_json.loads(data, where, names.MAX_INDEX_BYTES), where)
         elif rel == self.m.dense:
-            safetensors_io.read(data, where)
+            safetensors_io.parse(data, where)   # the library's rules; tensors are not made (no torch)
         elif rel == self.m.extras:
-            extras_fmt.validate(self.reader.tree(rel), where)  # pickled entries stay bytes: never unpickled
+            # pickled entries stay bytes: never unpickled; tensors as numpy arrays (no torch)
+            extras_fmt.validate(self.reader.tree(rel, arrays=True), where)
         elif rel in self.m.io_state.values():
-            self.reader.tree(rel)
+            self.reader.tree(rel, arrays=True)
 
     def check_worker_indexes(self, docs: dict[int, IndexDoc]) -> None:
         if not self.m.tables:

@@ -85,7 +85,28 @@ def _setup_incremental_model(ns):
               CheckpointManager=recckpt.CheckpointManager, IncrementPolicy=recckpt.IncrementPolicy)
 
 
-SETUPS = {"model_bank_runs": _setup_model_bank_runs, "incremental_model": _setup_incremental_model}
+def _setup_reader_runs(ns):
+    """docs/CLI.md's reader example: runs/a/ckpt_1000, a table 'user' of 64-wide embeddings, dense
+    weights, a registered object and IO state, saved by 4 workers (the example reads worker 0's share)."""
+    import recckpt
+
+    class Tower(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.user = recckpt.HashTable("user", dim=64)
+            self.mlp = torch.nn.Linear(64, 8)
+
+    for w in range(4):
+        tower = Tower()
+        tower.user(torch.arange(w * 100, (w + 1) * 100))   # a lookup inserts the ids
+        saver = recckpt.Saver(tower, output_dir="runs/a")
+        saver.register_for_checkpointing("lr", 0.01)
+        saver.register_io_state("reader", _Reader(batches=3))
+        saver.save("ckpt_1000", step=1000, shard_id=w, shard_num=4)
+
+
+SETUPS = {"model_bank_runs": _setup_model_bank_runs, "incremental_model": _setup_incremental_model,
+          "reader_runs": _setup_reader_runs}
 
 
 def _check_readme(ns, cwd):
@@ -93,6 +114,12 @@ def _check_readme(ns, cwd):
     assert (cwd / "ckpts" / "checkpoint").read_text().split() == ["ckpt_10"]
     # the model bank ran: its second source names the checkpoint's table (item_v2), else it raises
     assert ns["_bank_item_rows"] > 0
+
+
+def _check_cli(ns, cwd):
+    # the example ran to its end: the loop saw worker 0's share of the table, all of it 64 wide
+    assert ns["view"].tables["user"].rows == 400 and ns["view"].step == 1000
+    assert ns["ids"].dtype.name == "int64" and ns["cols"]["embedding"].shape[1] == 64
 
 
 def _check_incremental(ns, cwd):
@@ -104,7 +131,8 @@ def _check_incremental(ns, cwd):
     assert ns["mgr"].increments.full_every == 10
 
 
-CHECKS = {"README.md": _check_readme, os.path.join("docs", "INCREMENTAL.md"): _check_incremental}
+CHECKS = {"README.md": _check_readme, os.path.join("docs", "INCREMENTAL.md"): _check_incremental,
+          os.path.join("docs", "CLI.md"): _check_cli}
 
 
 def blocks(path):

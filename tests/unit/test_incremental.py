@@ -482,3 +482,30 @@ def test_cli_prune_keeps_the_chain_of_what_it_keeps(tmp_path):
     assert prune(str(tmp_path), 1) == []            # c2 needs c1 and c0
     m2 = Model()
     Saver(m2, SparseAdam([m2.emb], lr=0.05), output_dir=tmp_path, options=OPTS).load()   # still loads
+
+
+def test_retention_cut_short_never_leaves_an_increment_without_its_parent(tmp_path):
+    """Retention deletes an increment before the links it depends on: a crash after the first delete
+    leaves only whole chains committed (each verifies, its every link included)."""
+    import recckpt
+    from recckpt.format import catalog
+    from recckpt.storage import open_storage
+    run_chain(tmp_path, n_incr=3)                        # c0 (full) <- c1 <- c2 <- c3
+    st = open_storage(str(tmp_path))
+    real, calls = st.delete_checkpoint, []
+
+    def crash_after_one(*a, **kw):
+        if calls:
+            raise SystemExit("killed mid-retention")    # not an OSError: nothing catches it, like a kill
+        calls.append(a[0])
+        return real(*a, **kw)
+
+    st.delete_checkpoint = crash_after_one
+    with pytest.raises(SystemExit):
+        catalog.retire(st, [], ["c0", "c1", "c2", "c3"], fsync=False)
+    assert calls == ["c3"]                               # the newest increment went first
+    left = [i for i, _ in catalog.committed(st)]
+    assert left == ["c0", "c1", "c2"]
+    for cid in left:
+        rep = recckpt.verify(str(tmp_path / cid))
+        assert rep.ok, rep.problems

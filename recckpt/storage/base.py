@@ -67,6 +67,23 @@ class Storage(abc.ABC):
         override this. Reads exactly the ranges asked for."""
         return [self.read_bytes(p, s, e - s) for p, s, e in ranges]
 
+    #: Whether asking a file's size costs a round trip of its own (object stores): readers then read
+    #: a whole small file first and compare its length after, rather than asking for the size before.
+    size_is_a_request: bool = False
+
+    def sizes(self, paths: list[str]) -> list[int]:
+        """The size of each file (FileNotFoundError for a missing one); stores that can ask
+        concurrently override this."""
+        return [self.size(p) for p in paths]
+
+    def download(self, pairs: list[tuple[str, str]]) -> None:
+        """Files to local files: (store path, local path) pairs, each read whole (one request per file
+        where the store can), concurrently where the store can. Stores the engine reads directly
+        (`engine_path`) never need this."""
+        for p, lp in pairs:
+            with open(lp, "wb") as f:
+                f.write(self.read_bytes(p))
+
     def read_into(self, path: str, buf) -> int:
         """Read the start of a file into the writable buffer `buf` (up to its length); returns the bytes
         read. Stores that can read into caller memory override this to skip the copy."""

@@ -207,7 +207,8 @@ class CheckpointReader:
 
     def _read_then_check_size(self, rel: str, want: int, where: str) -> bytes:
         try:
-            data = self.storage.read_bytes(self._rel(rel))
+            # A byte more than recorded, so that a file that is longer shows; never more than is there.
+            data = self.storage.read_bytes(self._rel(rel), 0, want + 1)
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{where}: file is missing from the checkpoint", where) from None
         if len(data) != want:

@@ -14,6 +14,7 @@ and the operation. Listings are never cached, so other processes' commits are se
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import json
 import os
@@ -35,13 +36,16 @@ _S3_DEFAULTS = {"use_listings_cache": False,
 
 
 def _merged_options(protocol: str, options: dict | None) -> dict:
-    out = dict(options or {})
+    # A deep copy: botocore rewrites the `retries` dict it is given in place, which would change the
+    # defaults above (and the caller's options), so that fsspec's cache of filesystems keyed by these
+    # options missed on every later open and each one paid a new client's start-up.
+    out = copy.deepcopy(dict(options or {}))
     if protocol in ("s3", "s3a"):
         for k, v in _S3_DEFAULTS.items():
             if k == "config_kwargs":
-                out[k] = {**v, **(out.get(k) or {})}
+                out[k] = {**copy.deepcopy(v), **(out.get(k) or {})}
             else:
-                out.setdefault(k, v)
+                out.setdefault(k, copy.deepcopy(v))
     return out
 
 
@@ -205,7 +209,12 @@ class FsspecStorage(Storage):
             return b""
         # No Range header for a whole file: a range on an empty object is "not satisfiable".
         end = None if length is None else offset + length
-        return self._call("reading", path, self.fs.cat_file, self._p(path), start=offset or None, end=end)
+        try:
+            return self._call("reading", path, self.fs.cat_file, self._p(path), start=offset or None, end=end)
+        except StorageError as e:
+            if e.errno == errno.EINVAL and not offset:
+                return b""   # a range from 0 "not satisfiable": the object is empty
+            raise
 
     #: Ranged reads are merged where they touch and then cut into pieces of at most this many bytes:
     #: fewer requests for the many small adjacent ranges of a load (columns and their padding), and

@@ -206,3 +206,114 @@ def test_read_ranges_merges_touching_ranges_and_cuts_big_ones(s3_server, s3_buck
         assert proxy.requests == 1, proxy.requests   # three touching ranges, one GET
     finally:
         proxy.stop()
+
+
+def _shard_objects(s3_server, prefix):
+    return sorted(p for p in s3_server.fs().find(prefix) if "/sparse/shard-" in p)
+
+
+def test_full_load_fetches_each_shard_file_whole_in_one_request(s3_server, s3_bucket, tmp_path, monkeypatch):
+    """A load of every row and slot downloads each shard file in one GET (not one ranged GET per
+    segment or piece), reads it locally through the engine, and removes the local copies after."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    url = f"s3://{s3_bucket}/whole"
+    m = Model(6000, seed=5)
+    saver(url, s3_server, m, concurrency=3).save("c")   # 64 KiB segments: dozens of them per file
+    shards = _shard_objects(s3_server, f"{s3_bucket}/whole/c")
+    proxy = LoopbackProxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        s = Saver(Model(), output_dir=url, options=OPTS, storage_options=storage_options(proxy.endpoint))
+        assert s.checkpoints() == ["c"]
+        m2 = Model()
+        s.model = m2
+        loader = Saver(m2, output_dir=url, options=OPTS, storage_options=storage_options(proxy.endpoint))
+        proxy.reset()
+        res = loader.load(ckpt_id="c")
+        requests, fetched = proxy.requests, proxy.bytes_down
+    finally:
+        proxy.stop()
+    assert_tables_equal(m.t, m2.t)
+    assert res.sparse_rows == 6000
+    total = sum(s3_server.fs().du(f"{s3_bucket}/whole/c", total=False).values())
+    assert len(shards) == 3
+    # listing, manifest (exists, read), worker index, index, dense, extras: 7 (no size request before a
+    # whole-file read); the shard files: one size request and one GET each. The ranged path needed
+    # two requests per file (size, then a HEAD per read) and one GET per batch of segments.
+    assert requests <= 7 + 2 * len(shards), requests
+    assert fetched <= 1.05 * total + 600 * requests, (fetched, total)
+    assert list(tmp_path.iterdir()) == [], "the load left its local copies behind"
+
+
+def test_load_of_some_slots_keeps_exact_ranged_reads(s3_server, s3_bucket):
+    """Loading the `sparse` slot alone needs half of each shard file: no whole-file download, and the
+    bytes fetched stay within 1.05x of what is needed."""
+    url = f"s3://{s3_bucket}/someslots"
+    opts = SaveOptions(num_buckets=64, chunk_bytes=4096, segment_bytes=1 << 22, fsync=False)
+    m = Model(20000, seed=6)
+    saver(url, s3_server, m, options=opts, concurrency=2).save("c")
+    proxy = LoopbackProxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        s = Saver(Model(), output_dir=url, options=opts, storage_options=storage_options(proxy.endpoint))
+        assert s.checkpoints() == ["c"]
+        proxy.reset()
+        res = s.load(ckpt_id="c", load_conf={"load": ["sparse"]})
+        fetched = proxy.bytes_down
+    finally:
+        proxy.stop()
+    fs = s3_server.fs()
+    needed = res.bytes_read + sum(len(fs.cat(f"{s3_bucket}/someslots/c/{f}")) for f in
+                                  ("index.json", "manifest.json", "sparse/worker-00000.index.json")) + \
+        600 * proxy.requests
+    shard_bytes = sum(fs.size(p) for p in _shard_objects(s3_server, f"{s3_bucket}/someslots/c"))
+    assert res.bytes_read < 0.6 * shard_bytes
+    assert fetched <= 1.05 * needed, (fetched, needed)
+
+
+def test_corrupt_byte_in_a_wholly_fetched_shard_file_fails_the_load(s3_server, s3_bucket):
+    from recckpt.errors import CorruptCheckpointError
+    url = f"s3://{s3_bucket}/flip"
+    saver(url, s3_server, Model(3000, seed=7), concurrency=2).save("c")
+    fs = s3_server.fs()
+    shard = _shard_objects(s3_server, f"{s3_bucket}/flip/c")[0]
+    data = bytearray(fs.cat(shard))
+    data[len(data) // 2] ^= 0x40
+    fs.pipe(shard, bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"(?i)shard-00000-000\.bin.*(crc|bucket offsets|padding)"):
+        saver(url, s3_server, Model()).load(ckpt_id="c")
+
+
+def test_opening_a_store_again_reuses_the_client(s3_server, s3_bucket):
+    """Opening the same URL with the same storage_options gives the same fsspec filesystem (botocore
+    rewrites the retry settings it is handed; they must not change the options fsspec caches by), so a
+    load after a save does not pay a new client's start-up; recckpt's defaults stay as they were."""
+    import copy
+    from recckpt.storage import fsspec_store, open_storage
+    defaults = copy.deepcopy(fsspec_store._S3_DEFAULTS)
+    opts = s3_server.options()
+    given = copy.deepcopy(opts)
+    a = open_storage(f"s3://{s3_bucket}/x", opts)
+    a.listdir("")
+    b = open_storage(f"s3://{s3_bucket}/x", opts)
+    assert a.fs is b.fs
+    assert fsspec_store._S3_DEFAULTS == defaults and opts == given
+
+
+def test_metadata_read_without_a_size_request_still_catches_changed_files(s3_server, s3_bucket):
+    """On an object store a whole-file read asks for one byte more than recorded instead of asking the
+    size first: a file that grew, or shrank, is still refused, and an empty manifest is a corrupt
+    checkpoint, not a storage error."""
+    from recckpt.errors import CorruptCheckpointError
+    url = f"s3://{s3_bucket}/meta"
+    saver(url, s3_server, Model(50, seed=8)).save("c")
+    saver(url, s3_server, Model(50, seed=8), max_keep=None).save("d")
+    fs = s3_server.fs()
+    dense = f"{s3_bucket}/meta/c/dense.safetensors"
+    fs.pipe(dense, fs.cat(dense) + b"\0")
+    with pytest.raises(CorruptCheckpointError, match="dense.safetensors.*truncated or replaced"):
+        saver(url, s3_server, Model()).load(ckpt_id="c")
+    fs.pipe(dense, fs.cat(dense)[:-2])
+    with pytest.raises(CorruptCheckpointError, match="dense.safetensors.*truncated or replaced"):
+        saver(url, s3_server, Model()).load(ckpt_id="c")
+    fs.pipe(f"{s3_bucket}/meta/d/manifest.json", b"")
+    assert saver(url, s3_server).checkpoints() == ["c"]   # d is skipped, loudly, not an error

@@ -57,6 +57,15 @@ def write_worker_part(storage: Storage, stage: str, worker: int, *, tables: list
     storage.makedirs(stage)
     if removed and parent is None:
         raise ValueError("removed ids are written only in an incremental checkpoint (with a parent)")
+    # On an object store the shard files upload while the index, IO state, dense state and extras are
+    # written; every file is in the store when this returns.
+    with storage.background_uploads():
+        return _write_worker_files(storage, stage, worker, tables, dense, extras, io_state, opts, step,
+                                   parent, removed)
+
+
+def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state, opts, step, parent,
+                        removed) -> WorkerPart:
     doc = write_tables(storage, stage, worker, tables, opts, removed)
     part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json())
     # Rows as exported, not as the table's metadata claimed: the index must agree with the manifest.

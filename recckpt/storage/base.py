@@ -134,7 +134,16 @@ class Storage(abc.ABC):
     @contextlib.contextmanager
     def engine_outputs(self, directory: str, rels: list[str]) -> Iterator[list[str]]:
         """Local paths for the engine to write the files `directory/rel`; they are in the store once the
-        block exits without an error (stores that cannot be written by the engine upload them then)."""
+        block exits without an error (stores that cannot be written by the engine upload them then), or,
+        inside a `background_uploads` block, once that block exits."""
+
+    @contextlib.contextmanager
+    def background_uploads(self) -> Iterator[None]:
+        """Within this block, uploads that `engine_outputs` would make as it exits run in the background
+        while the block goes on writing other files; the block's exit waits for all of them and raises
+        the first failure (after a failure inside the block, it waits and raises that one). Stores the
+        engine writes directly have nothing to upload: a plain block."""
+        yield
 
     # ------------------------------------------------------------------------- commit protocol
     @abc.abstractmethod

@@ -82,6 +82,28 @@ class _Lease(Claim):
             self.store.remove_file(self.owner)
 
 
+class _BackgroundUpload:
+    """One `upload` running in a thread of its own; removes the local directory `tmp` when done."""
+
+    def __init__(self, store: "FsspecStorage", pairs: list[tuple[str, str]], tmp: str):
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(store, pairs, tmp), daemon=True,
+                                        name="recckpt-upload")
+        self._thread.start()
+
+    def _run(self, store, pairs, tmp):
+        try:
+            store.upload(pairs)
+        except BaseException as e:  # noqa: BLE001 - handed to the thread that waits
+            self.error = e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def wait(self) -> BaseException | None:
+        self._thread.join()
+        return self.error
+
+
 class FsspecStorage(Storage):
     def __init__(self, url: str, storage_options: dict | None = None, *, timeout_s: float = 300.0,
                  lease_s: float = 60.0):
@@ -90,6 +112,7 @@ class FsspecStorage(Storage):
         self.fs, root = fsspec.core.url_to_fs(url, **_merged_options(protocol, storage_options))
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self.timeout_s, self.lease_s = timeout_s, lease_s
+        self._uploads = threading.local()   # .pending: this thread's background uploads, in a block
         self._kw = {"timeout": timeout_s} if getattr(self.fs, "async_impl", False) else {}
         super().__init__(root.rstrip("/") or "/")
         from fsspec.implementations.local import LocalFileSystem
@@ -295,12 +318,38 @@ class FsspecStorage(Storage):
     @contextlib.contextmanager
     def engine_outputs(self, directory, rels):
         tmp = tempfile.mkdtemp(prefix="recckpt-")
+        handed_off = False
         try:
             paths = [os.path.join(tmp, f"{k}-{os.path.basename(r)}") for k, r in enumerate(rels)]
             yield paths
-            self.upload([(p, f"{directory}/{r}") for p, r in zip(paths, rels) if os.path.exists(p)])
+            pairs = [(p, f"{directory}/{r}") for p, r in zip(paths, rels) if os.path.exists(p)]
+            pending = getattr(self._uploads, "pending", None)
+            if pending is None:
+                self.upload(pairs)
+            else:
+                pending.append(_BackgroundUpload(self, pairs, tmp))
+                handed_off = True
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not handed_off:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def background_uploads(self):
+        if getattr(self._uploads, "pending", None) is not None:
+            yield   # nested: the outer block waits
+            return
+        self._uploads.pending = pending = []
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self._uploads.pending = None
+            # Always wait: an upload still running after a failed save would write into what the
+            # failed save's cleanup removes.
+            errors = [e for e in (u.wait() for u in pending) if e is not None]
+            if ok and errors:
+                raise errors[0]
 
     # ------------------------------------------------------------------------- commit protocol
     def prepare_for_save(self):

@@ -317,3 +317,35 @@ def test_metadata_read_without_a_size_request_still_catches_changed_files(s3_ser
         saver(url, s3_server, Model()).load(ckpt_id="c")
     fs.pipe(f"{s3_bucket}/meta/d/manifest.json", b"")
     assert saver(url, s3_server).checkpoints() == ["c"]   # d is skipped, loudly, not an error
+
+
+@pytest.mark.parametrize("op,at", [("put", 1), ("write", 2)])
+def test_a_failure_while_shard_files_upload_in_the_background_fails_that_save_only(s3_server, s3_bucket, op, at):
+    """Shard files upload while the dense state and extras are written. A failed upload ("put"), or a
+    failed write of another file while the upload runs ("write" 2: the dense state), fails that save:
+    it waits for the upload, leaves no object of the failed checkpoint behind, and the earlier
+    checkpoint still loads."""
+    from recckpt.storage.faulty import FaultyStorage
+    url = f"s3://{s3_bucket}/bg-{op}"
+    m = Model(4000, seed=9)
+    s = saver(url, s3_server, m, concurrency=2, max_keep=None)
+    s.save("good")
+    fs = s.storage = FaultyStorage(s.storage)
+    upload = fs.inner.upload
+
+    def slow_upload(pairs):   # still running when the dense state's write fails
+        time.sleep(1.0)
+        upload(pairs)
+
+    fs.inner.upload = slow_upload
+    fs.arm(op, at)
+    with pytest.raises(Exception):
+        s.save("bad")
+    assert fs.fired, "the armed fault never fired"
+    fs.disarm()
+    time.sleep(1.5)   # an upload the failed save did not wait for would land by now
+    assert not s3_server.fs().exists(f"{s3_bucket}/bg-{op}/bad/sparse"), "an upload outlived its failed save"
+    assert s.checkpoints() == ["good"]
+    m2 = Model()
+    saver(url, s3_server, m2).load()
+    assert_tables_equal(m.t, m2.t)

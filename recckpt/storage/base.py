@@ -167,6 +167,12 @@ class Storage(abc.ABC):
         manifest, relative to the checkpoint) with `data` is written last. Fails, committing nothing,
         if `ckpt_id` is committed already."""
 
+    def drop_leftovers(self, target: str, keep: set[str]) -> None:
+        """Just before the commit: remove every file under `target` other than `keep` (paths relative to
+        `target`). Stores that write in place can find there the files of an earlier cut-short save of
+        the same id (more shard files, another worker count) that recovery has not removed; a staging
+        directory is this save's own (nothing to do)."""
+
     @abc.abstractmethod
     def discard(self, target: str, ckpt_id: str, marker: str) -> None:
         """Remove what a failed save wrote into `target`; never a committed checkpoint."""

@@ -402,6 +402,19 @@ class FsspecStorage(Storage):
         except (OSError, StorageError):
             return False
 
+    def drop_leftovers(self, target, keep):
+        prefix = self._p(target).rstrip("/") + "/"
+        try:
+            found = self._call("listing", target, self.fs.find, self._p(target))
+        except FileNotFoundError:
+            return
+        for p in found:
+            # some filesystems return paths without the leading '/' of the root
+            rel = (p[len(prefix):] if p.startswith(prefix) else
+                   p[len(prefix.lstrip("/")):] if p.startswith(prefix.lstrip("/")) else None)
+            if rel and rel not in keep:
+                self.remove_file(f"{target}/{rel}")
+
     def discard(self, target, ckpt_id, marker):
         if not self.exists(f"{ckpt_id}/{marker}"):
             self.remove_tree(ckpt_id)

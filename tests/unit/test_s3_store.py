@@ -349,3 +349,25 @@ def test_a_failure_while_shard_files_upload_in_the_background_fails_that_save_on
     m2 = Model()
     saver(url, s3_server, m2).load()
     assert_tables_equal(m.t, m2.t)
+
+
+def test_resave_of_an_id_with_leftovers_after_recovery_commits_only_its_own_files(s3_server, s3_bucket):
+    """A Saver runs start-up recovery once. Files of a cut-short save of id `c` that appear after that
+    (another process's crash) are written over in place by this Saver's save of `c`; whatever of them it
+    did not write (more shard files, another worker's) is removed before the commit, so the committed
+    checkpoint holds exactly the files its manifest lists."""
+    from recckpt import verify
+    url = f"s3://{s3_bucket}/resave"
+    m = Model(3000, seed=10)
+    s = saver(url, s3_server, m, concurrency=2, max_keep=None)
+    s.save("first")   # recovery ran here
+    fs = s3_server.fs()
+    for rel in ("sparse/shard-00000-007.bin", "sparse/shard-00003-000.bin", "sparse/worker-00003.index.json",
+                "io_state/worker-00003.safetensors"):
+        fs.pipe(f"{s3_bucket}/resave/c/{rel}", b"left by a crashed save")
+    s.save("c")
+    report = verify(f"{url}/c", storage_options=s3_server.options())
+    assert report.ok and not report.unlisted, report
+    m2 = Model()
+    saver(url, s3_server, m2).load(ckpt_id="c")
+    assert_tables_equal(m.t, m2.t)

@@ -439,8 +439,9 @@ class FsspecStorage(Storage):
     def claim(self, target, owner):
         body = {"pid": os.getpid(), "host": socket.gethostname(), "target": target}
         for _ in range(2):
+            data = json.dumps({**body, "beat": time.time()}).encode()
             try:
-                self.put_bytes(owner, json.dumps({**body, "beat": time.time()}).encode(), exclusive=True)
+                self.put_bytes(owner, data, exclusive=True)
                 return _Lease(self, owner, body)
             except FileExistsError:
                 live = self._lease_state(owner)
@@ -449,9 +450,47 @@ class FsspecStorage(Storage):
                         f"{self.describe(target)} is being written by another live process (pid "
                         f"{live.get('pid')} on {live.get('host')}, lease {self.describe(owner)}); choose "
                         f"another ckpt_id or wait for that save") from None
-                self.remove_file(owner)   # a dead writer's lease: take over
+                if self._take_over(owner, data):   # a dead writer's lease
+                    return _Lease(self, owner, body)
+                # another process took it over first: the next round names it
         raise CheckpointExistsError(f"could not claim {self.describe(target)}: another process keeps "
                                     f"taking lease {self.describe(owner)}")
+
+    def _take_over(self, owner: str, data: bytes) -> bool:
+        """Replace the lease `owner`, judged stale, with `data`; True when this process now holds it.
+
+        On S3 a compare-and-swap: the new lease is written only if the object is still the one judged
+        stale (a PUT with If-Match on its ETag), so of processes taking over one stale lease at once
+        exactly one wins. Stores without conditional writes remove it and create it only if absent,
+        which two takers can both pass in a narrow window (docs/SAFETY.md)."""
+        if self.protocol not in ("s3", "s3a"):
+            self.remove_file(owner)
+            return self._create(owner, data)
+        try:
+            etag = self._call("checking", owner, self.fs.info, self._p(owner))["ETag"]
+        except FileNotFoundError:
+            return self._create(owner, data)
+        # The body judged stale must be the one with that ETag: judged again, between two looks at it.
+        if self._lease_state(owner) is not None:
+            return False
+        try:
+            if self._call("checking", owner, self.fs.info, self._p(owner))["ETag"] != etag:
+                return False
+            self._call("taking over", owner, self.fs.pipe_file, self._p(owner), data, IfMatch=etag)
+            return True
+        except FileNotFoundError:
+            return self._create(owner, data)
+        except StorageError as e:
+            if e.errno != errno.EINVAL:   # s3fs reports a failed precondition (412) as EINVAL
+                raise
+            return self._holds(owner, data)   # our own PUT, retried by the client after a lost response
+
+    def _create(self, path: str, data: bytes) -> bool:
+        try:
+            self.put_bytes(path, data, exclusive=True)
+            return True
+        except FileExistsError:
+            return False
 
     def remove_if_unowned(self, owners, paths):
         if any(self._lease_state(o) is not None for o in owners):

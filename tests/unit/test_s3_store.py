@@ -371,3 +371,36 @@ def test_resave_of_an_id_with_leftovers_after_recovery_commits_only_its_own_file
     m2 = Model()
     saver(url, s3_server, m2).load(ckpt_id="c")
     assert_tables_equal(m.t, m2.t)
+
+
+def test_two_processes_taking_over_one_stale_lease_do_not_both_win(s3_server, s3_bucket, monkeypatch):
+    """Two savers find the same dead writer's lease. The second takes it over between the first one's
+    judging it stale and writing its own: the first must then lose (a conditional PUT on S3), not
+    overwrite the winner's lease and write the same checkpoint beside it."""
+    import json as json_mod
+    from recckpt.storage import open_storage
+    url = f"s3://{s3_bucket}/lease"
+    owner = ".owner-c.w00000"
+    s3_server.fs().pipe(f"{s3_bucket}/lease/{owner}",
+                        json_mod.dumps({"pid": 1, "host": "gone", "target": "c", "beat": 0}).encode())
+    first = open_storage(url, s3_server.options(), lease_s=5)
+    second = open_storage(url, s3_server.options(), lease_s=5)
+    judged = first._lease_state
+    won = []
+
+    def judge_then_lose_the_race(o):
+        state = judged(o)
+        if state is None and not won:
+            won.append(second.claim("c", owner))   # the rival takes it over right now
+        return state
+
+    monkeypatch.setattr(first, "_lease_state", judge_then_lose_the_race)
+    try:
+        with pytest.raises(CheckpointExistsError, match="another live process"):
+            first.claim("c", owner)
+        assert won, "the rival never took the lease over"
+        body = json_mod.loads(s3_server.fs().cat(f"{s3_bucket}/lease/{owner}"))
+        assert body["pid"] != 1 and body["host"] != "gone"
+    finally:
+        for lease in won:
+            lease.release()

@@ -168,8 +168,8 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest would "
                                   f"not be readable ({e}); rename what the message names",
                                   path=storage.describe(ckpt_id)) from None
-    # Nothing unlisted in what commits: the manifest's files and the index's shard files.
-    storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files} | {names.MANIFEST})
+    # What commits is exactly what the manifest and the index list: nothing missing, nothing more.
+    storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files}, names.MANIFEST)
     catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
     m.content_sha256 = hashlib.sha256(data).hexdigest()
     return m

@@ -167,11 +167,12 @@ class Storage(abc.ABC):
         manifest, relative to the checkpoint) with `data` is written last. Fails, committing nothing,
         if `ckpt_id` is committed already."""
 
-    def drop_leftovers(self, target: str, keep: set[str]) -> None:
-        """Just before the commit: remove every file under `target` other than `keep` (paths relative to
-        `target`). Stores that write in place can find there the files of an earlier cut-short save of
-        the same id (more shard files, another worker count) that recovery has not removed; a staging
-        directory is this save's own (nothing to do)."""
+    def drop_leftovers(self, target: str, files: set[str], marker: str) -> None:
+        """Just before the commit: remove every file under `target` other than `files` (what this save
+        wrote, paths relative to `target`) and `marker`, and raise StorageError if one of `files` is
+        missing (another process removed it). Stores that write in place can find there the files of an
+        earlier cut-short save of the same id (more shard files, another worker count) that recovery
+        has not removed; a staging directory is this save's own (nothing to do)."""
 
     @abc.abstractmethod
     def discard(self, target: str, ckpt_id: str, marker: str) -> None:

@@ -6,8 +6,12 @@ the commit; nothing is copied. A delete removes the manifest first (the checkpoi
 every reader), then the data. A writer holds a lease object (`claim`) that it rewrites every
 `lease_s / 3` seconds; recovery removes a manifest-less `<ckpt_id>/` only when no fresh lease covers it.
 
-IO: shard files are written locally by the engine and uploaded concurrently (multipart where large);
-reads are exact byte ranges (`cat_ranges`, no read-ahead), issued concurrently. Every remote call runs
+IO: shard files are written locally by the engine and uploaded concurrently (multipart where large),
+in the background while the rest of a worker's files are written (`background_uploads`). A load that
+needs (nearly) all of a shard file downloads it whole, one GET per file, all concurrently (`download`,
+called by the format layer's SegmentReader.fetch_whole_files); other reads are exact byte ranges
+(`cat_ranges`, no read-ahead), issued concurrently. Small files are read in one request, a range one
+byte past the size the caller expects (no HEAD first). Every remote call runs
 under `timeout_s` and the client's retries with backoff; a failure is a StorageError naming the object
 and the operation. Listings are never cached, so other processes' commits are seen.
 """
@@ -402,18 +406,28 @@ class FsspecStorage(Storage):
         except (OSError, StorageError):
             return False
 
-    def drop_leftovers(self, target, keep):
+    def drop_leftovers(self, target, files, marker):
         prefix = self._p(target).rstrip("/") + "/"
         try:
             found = self._call("listing", target, self.fs.find, self._p(target))
         except FileNotFoundError:
-            return
+            found = []
+        rels = set()
         for p in found:
             # some filesystems return paths without the leading '/' of the root
             rel = (p[len(prefix):] if p.startswith(prefix) else
                    p[len(prefix.lstrip("/")):] if p.startswith(prefix.lstrip("/")) else None)
-            if rel and rel not in keep:
-                self.remove_file(f"{target}/{rel}")
+            if rel:
+                rels.add(rel)
+        missing = sorted(set(files) - rels)
+        if missing:
+            raise StorageError(errno.ENOENT, f"{len(missing)} file(s) this save wrote are gone from "
+                                             f"{self.describe(target)} before its commit ({', '.join(missing[:3])}"
+                                             f"{', ...' if len(missing) > 3 else ''}): another process removed "
+                                             f"them (recovery or a delete racing this save); nothing was "
+                                             f"committed, save again", self.describe(target))
+        for rel in sorted(rels - set(files) - {marker}):
+            self.remove_file(f"{target}/{rel}")
 
     def discard(self, target, ckpt_id, marker):
         if not self.exists(f"{ckpt_id}/{marker}"):

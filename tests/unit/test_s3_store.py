@@ -404,3 +404,23 @@ def test_two_processes_taking_over_one_stale_lease_do_not_both_win(s3_server, s3
     finally:
         for lease in won:
             lease.release()
+
+
+def test_a_file_removed_by_another_process_before_the_commit_fails_the_save(s3_server, s3_bucket, monkeypatch):
+    """If another process removes a file this save wrote (recovery or a delete racing it), the save
+    checks what is there just before its commit and fails, committing nothing, rather than reporting
+    a checkpoint that cannot load."""
+    url = f"s3://{s3_bucket}/gone"
+    s = saver(url, s3_server, Model(2000, seed=11), concurrency=2, max_keep=None)
+    s.save("a")
+    fs = s3_server.fs()
+    real_commit_prep = s.storage.drop_leftovers
+
+    def rival_removes_a_shard_first(target, files, marker):
+        fs.rm(f"{s3_bucket}/gone/{target}/sparse/shard-00000-000.bin")
+        return real_commit_prep(target, files, marker)
+
+    monkeypatch.setattr(s.storage, "drop_leftovers", rival_removes_a_shard_first)
+    with pytest.raises(StorageError, match="gone from .*shard-00000-000.bin.*nothing was committed"):
+        s.save("b")
+    assert s.checkpoints() == ["a"]

@@ -7,6 +7,9 @@ are one contiguous range per column, read in parallel and checked against the ch
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
 import shutil
 import tempfile
@@ -89,6 +92,9 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
                 else:
                     doc.removed[sources[ti].name].append(seg)
     return doc
+
+
+log = logging.getLogger("recckpt")
 
 
 @dataclass(frozen=True)
@@ -211,7 +217,7 @@ class SegmentReader:
         for table, slots in jobs:
             all_slots, segs = self.index.tables[table]
             cols = [1 + all_slots.index(s) for s in slots]
-            for seg in list(segs) + list(self.index.removed.get(table, [])):
+            for seg in segs:
                 need[seg.file] += seg.buckets.length + seg.columns[0].length
                 need[seg.file] += sum(seg.columns[c].length + seg.pad_before(c, ver)
                                       for c in cols if c < len(seg.columns))
@@ -220,11 +226,29 @@ class SegmentReader:
         if not wanted:
             return 0
         self.check_sizes()
+        nbytes = sum(self.index.files[fi][1] for fi in wanted)
         if self._tmp is None:
             self._tmp = tempfile.mkdtemp(prefix="recckpt-load-")
             self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
+        if shutil.disk_usage(self._tmp).free < nbytes + (nbytes >> 3):
+            log.warning("recckpt: %s: not enough free space in %s for local copies of %d shard files (%d "
+                        "bytes); reading byte ranges instead (set TMPDIR elsewhere to fetch whole files)",
+                        self.storage.describe(self.ckpt_dir), self._tmp, len(wanted), nbytes)
+            return 0
         pairs = [(self._path(fi), os.path.join(self._tmp, f"{fi}.bin")) for fi in wanted]
-        self.storage.download(pairs)
+        try:
+            self.storage.download(pairs)
+        except OSError as e:
+            if e.errno in (errno.ETIMEDOUT, errno.ENOENT, errno.EACCES, errno.EPERM):
+                raise   # the store is down, the checkpoint is being deleted, or access is refused
+            # The local copies are an optimisation: a local disk that fills up, or a store that fails this
+            # way of reading, leaves the exact ranged reads, which report a store that is really broken.
+            log.warning("recckpt: %s: fetching whole shard files failed (%s); reading byte ranges instead",
+                        self.storage.describe(self.ckpt_dir), e)
+            for _, lp in pairs:
+                with contextlib.suppress(OSError):
+                    os.remove(lp)
+            return 0
         for fi, (_, lp) in zip(wanted, pairs):
             have = os.path.getsize(lp)
             if have != self.index.files[fi][1]:
@@ -232,7 +256,7 @@ class SegmentReader:
                                              f"the index recorded {self.index.files[fi][1]}; the file changed "
                                              f"while it was read", self._path(fi))
             self._local[fi] = lp
-        return sum(self.index.files[fi][1] for fi in wanted)
+        return nbytes
 
     def close(self) -> None:
         """Remove the local copies `fetch_whole_files` made (reads then go to the store again)."""

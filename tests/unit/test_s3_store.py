@@ -424,3 +424,29 @@ def test_a_file_removed_by_another_process_before_the_commit_fails_the_save(s3_s
     with pytest.raises(StorageError, match="gone from .*shard-00000-000.bin.*nothing was committed"):
         s.save("b")
     assert s.checkpoints() == ["a"]
+
+
+@pytest.mark.parametrize("how", ["download fails", "no room for local copies"])
+def test_a_full_load_falls_back_to_ranged_reads_when_whole_files_cannot_be_fetched(s3_server, s3_bucket,
+                                                                                    monkeypatch, caplog, how):
+    """Local copies are an optimisation: a local disk without room for them, or a whole-file download
+    that fails (here: the disk filling up), leaves the exact ranged reads, and the load succeeds."""
+    import errno as errno_mod
+    import shutil
+    from recckpt.format import sparse_io
+    url = f"s3://{s3_bucket}/fallback"
+    m = Model(3000, seed=12)
+    saver(url, s3_server, m, concurrency=2).save("c")
+    loader = saver(url, s3_server, Model())
+    if how == "download fails":
+        def full_disk(pairs):
+            raise OSError(errno_mod.ENOSPC, "No space left on device (injected)")
+        monkeypatch.setattr(loader.storage, "download", full_disk)
+    else:
+        usage = shutil.disk_usage
+        monkeypatch.setattr(sparse_io.shutil, "disk_usage", lambda p: usage(p)._replace(free=1000))
+    with caplog.at_level(logging.WARNING, logger="recckpt"):
+        res = loader.load(ckpt_id="c")
+    assert "reading byte ranges instead" in caplog.text
+    assert res.sparse_rows == 3000
+    assert_tables_equal(m.t, loader.model.t)

@@ -76,7 +76,8 @@ class Saver:
             it is `KeepPolicy(max_keep)` (`self.keep`, which a CheckpointManager replaces with its own).
         concurrency: writer threads (and shard files per worker) for sparse tables; reader threads on load.
         options: SaveOptions (bucket count, checksum chunk, segment size, fsync, storage timeout).
-        read_options: ReadOptions (read batch size, kernel read-ahead) for loads: tuning only.
+        read_options: ReadOptions (read batch size, kernel read-ahead, when an object store's shard files
+            are fetched whole) for loads: tuning only.
         storage_options: passed to fsspec for an fsspec URL (endpoint_url, key/secret, profile, ...),
             and used for every other path this Saver opens unless a load names its own.
         eviction: an `EvictionPolicy` applied to every table with counters when a save captures the

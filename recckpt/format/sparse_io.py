@@ -109,11 +109,19 @@ class ReadOptions:
     """How far ahead of its reading threads the engine asks the kernel to start reading local files; 0
     turns it off (benchmarks/bench_readahead.py compares both)."""
 
+    whole_file_fraction: float = 0.95
+    """Object stores: a load that needs at least this share of a shard file's bytes downloads the file
+    whole, in one request, instead of reading byte ranges (`SegmentReader.fetch_whole_files`); it then
+    fetches at most 1/fraction (1.053 x) of what it needs of that file. Above 1: never."""
+
     def __post_init__(self):
         for name, lo in (("batch_bytes", 1), ("readahead_bytes", 0)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise InvalidArgumentError(f"ReadOptions.{name} must be an integer >= {lo}, got {v!r}")
+        v = self.whole_file_fraction
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+            raise InvalidArgumentError(f"ReadOptions.whole_file_fraction must be a number > 0, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -139,10 +147,6 @@ class ReadRequest:
         c = self.column
         return (path, c.offset, c.length, self.checksum_step, np.asarray(c.crc32c, dtype=np.uint32),
                 self.lo, self.hi, dst, self.pad)
-
-#: `fetch_whole_files` downloads a shard file whole when a load needs at least this share of its
-#: bytes, so a load never fetches more than 1/0.95 = 1.053 x what it needs of such a file.
-WHOLE_FILE_FRACTION = 0.95
 
 
 #: Bytes of verified bucket offsets one SegmentReader keeps for later reads of the same segments.
@@ -204,7 +208,7 @@ class SegmentReader:
                           bucket_hi: int | None = None) -> int:
         """Before reading `jobs` ((table, slots) pairs, each over buckets [lo, hi)) from a store the
         engine cannot read directly (an object store): download, whole and concurrently, every shard
-        file those reads need at least WHOLE_FILE_FRACTION of, into a local temporary directory; later
+        file those reads need at least `options.whole_file_fraction` of, into a local temporary directory; later
         reads of those files go through the engine (verified as ever). One request per file instead
         of ranged reads; partial (resharded) loads keep their exact ranged reads. Returns the bytes
         downloaded; `close()` removes the copies."""
@@ -222,7 +226,7 @@ class SegmentReader:
                 need[seg.file] += sum(seg.columns[c].length + seg.pad_before(c, ver)
                                       for c in cols if c < len(seg.columns))
         wanted = [fi for fi, (rel, size) in enumerate(self.index.files)
-                  if size and fi not in self._local and need[fi] >= WHOLE_FILE_FRACTION * size]
+                  if size and fi not in self._local and need[fi] >= self.options.whole_file_fraction * size]
         if not wanted:
             return 0
         self.check_sizes()

@@ -450,3 +450,22 @@ def test_a_full_load_falls_back_to_ranged_reads_when_whole_files_cannot_be_fetch
     assert "reading byte ranges instead" in caplog.text
     assert res.sparse_rows == 3000
     assert_tables_equal(m.t, loader.model.t)
+
+
+def test_whole_file_fetch_can_be_turned_off(s3_server, s3_bucket, monkeypatch):
+    """ReadOptions(whole_file_fraction > 1): a full load reads byte ranges, never a whole file."""
+    from recckpt import ReadOptions
+    url = f"s3://{s3_bucket}/ranged-full"
+    m = Model(2000, seed=13)
+    saver(url, s3_server, m, concurrency=2).save("c")
+    loader = saver(url, s3_server, Model(), read_options=ReadOptions(whole_file_fraction=1.5))
+    downloads = []
+    monkeypatch.setattr(loader.storage, "download", lambda pairs: downloads.append(pairs))
+    assert loader.load(ckpt_id="c").sparse_rows == 2000
+    assert downloads == []
+    assert_tables_equal(m.t, loader.model.t)
+    whole = saver(url, s3_server, Model())
+    real = whole.storage.download
+    monkeypatch.setattr(whole.storage, "download", lambda pairs: downloads.append(pairs) or real(pairs))
+    whole.load(ckpt_id="c")
+    assert len(downloads) == 1 and len(downloads[0]) == 2   # the default: both shard files, whole

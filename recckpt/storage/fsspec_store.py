@@ -214,22 +214,26 @@ class FsspecStorage(Storage):
         return self._call("reading the size of", path, self.fs.size, self._p(path))
 
     def sizes(self, paths):
-        if len(paths) < 2 or not getattr(self.fs, "async_impl", False):
+        """One listing per directory instead of a request per file (shard files share `sparse/`)."""
+        if len(paths) < 2:
             return super().sizes(paths)
-        from fsspec.asyn import sync
-
-        async def all_sizes():
-            import asyncio
-            return await asyncio.gather(*[self.fs._size(self._p(p)) for p in paths], return_exceptions=True)
-
-        got = self._call("reading the sizes of", paths[0], sync, self.fs.loop, all_sizes)
-        for p, r in zip(paths, got):
-            if isinstance(r, FileNotFoundError):
-                raise FileNotFoundError(errno.ENOENT, "object not found", self.describe(p)) from r
-            if isinstance(r, BaseException):
-                raise StorageError(errno.EIO, f"reading the size of {self.describe(p)} failed: "
-                                              f"{type(r).__name__}: {r}", self.describe(p)) from r
-        return got
+        by_dir: dict[str, dict[str, int]] = {}
+        for d in sorted({p.rsplit("/", 1)[0] if "/" in p else "" for p in paths}):
+            self.fs.invalidate_cache(self._p(d))
+            try:
+                entries = self._call("listing", d, self.fs.ls, self._p(d), detail=True)
+            except (FileNotFoundError, NotADirectoryError):
+                entries = []
+            by_dir[d] = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e.get("size")
+                         for e in entries if e.get("type") == "file"}
+        out = []
+        for p in paths:
+            d, name = p.rsplit("/", 1) if "/" in p else ("", p)
+            n = by_dir[d].get(name)
+            if n is None:
+                raise FileNotFoundError(errno.ENOENT, "object not found", self.describe(p))
+            out.append(int(n))
+        return out
 
     def read_bytes(self, path, offset=0, length=None):
         if length == 0:

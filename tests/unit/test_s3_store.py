@@ -238,9 +238,9 @@ def test_full_load_fetches_each_shard_file_whole_in_one_request(s3_server, s3_bu
     total = sum(s3_server.fs().du(f"{s3_bucket}/whole/c", total=False).values())
     assert len(shards) == 3
     # listing, manifest (exists, read), worker index, index, dense, extras: 7 (no size request before a
-    # whole-file read); the shard files: one size request and one GET each. The ranged path needed
-    # two requests per file (size, then a HEAD per read) and one GET per batch of segments.
-    assert requests <= 7 + 2 * len(shards), requests
+    # whole-file read); the shard files' sizes: one listing of sparse/; then one GET per shard file. The
+    # ranged path needed a HEAD per file, a HEAD per whole-file read and a GET per batch of segments.
+    assert requests <= 8 + len(shards), requests
     assert fetched <= 1.05 * total + 600 * requests, (fetched, total)
     assert list(tmp_path.iterdir()) == [], "the load left its local copies behind"
 

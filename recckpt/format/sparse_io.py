@@ -176,7 +176,7 @@ class SegmentReader:
 
     def check_sizes(self) -> None:
         """Compare every shard file's size with the index (missing or truncated files fail here); the
-        sizes are asked for all at once (on an object store, one request each, concurrently)."""
+        sizes are asked for all at once (on an object store, one listing of their directory)."""
         todo = [fi for fi in range(len(self.index.files)) if fi not in self._checked_sizes]
         try:
             have = self.storage.sizes([self._path(fi) for fi in todo])

@@ -12,7 +12,7 @@ import torch
 from helpers.s3_server import LoopbackProxy, storage_options
 from helpers.tables import DictTable, assert_tables_equal
 from recckpt import CheckpointManager, Saver, SaveOptions
-from recckpt.errors import CheckpointExistsError, StorageError
+from recckpt.errors import CheckpointExistsError, CheckpointSaveError, StorageError
 from recckpt.state.protocol import SlotSpec
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -339,7 +339,7 @@ def test_a_failure_while_shard_files_upload_in_the_background_fails_that_save_on
 
     fs.inner.upload = slow_upload
     fs.arm(op, at)
-    with pytest.raises(Exception):
+    with pytest.raises(CheckpointSaveError, match="Nothing was committed"):
         s.save("bad")
     assert fs.fired, "the armed fault never fired"
     fs.disarm()

@@ -167,12 +167,15 @@ class FsspecStorage(Storage):
                 self._call("uploading", p, self.fs.put_file, lp, self._p(p))
 
     def download(self, pairs: list[tuple[str, str]]) -> None:
-        """Objects to local files, each in one streamed GET (s3fs splits objects larger than its
-        block size into concurrent parts), all concurrently."""
+        """Objects to local files, each in one streamed GET, all concurrently. (s3fs would otherwise
+        start a GET of an object larger than its block size, drop it after the headers, whose bytes
+        already in flight are fetched for nothing, and fetch the object again in concurrent parts.)"""
         if not pairs:
             return
         if getattr(self.fs, "async_impl", False):
-            self._call("downloading", pairs[0][0], self.fs.get, [self._p(p) for p, _ in pairs], [lp for _, lp in pairs])
+            one_stream = {"max_concurrency": 1} if self.protocol in ("s3", "s3a") else {}
+            self._call("downloading", pairs[0][0], self.fs.get, [self._p(p) for p, _ in pairs],
+                       [lp for _, lp in pairs], **one_stream)
         else:
             for p, lp in pairs:
                 self._call("downloading", p, self.fs.get_file, self._p(p), lp)

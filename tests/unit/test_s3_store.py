@@ -469,3 +469,30 @@ def test_whole_file_fetch_can_be_turned_off(s3_server, s3_bucket, monkeypatch):
     monkeypatch.setattr(whole.storage, "download", lambda pairs: downloads.append(pairs) or real(pairs))
     whole.load(ckpt_id="c")
     assert len(downloads) == 1 and len(downloads[0]) == 2   # the default: both shard files, whole
+
+
+def test_whole_file_download_of_a_file_larger_than_the_client_block_fetches_it_once(s3_server, s3_bucket):
+    """s3fs downloads an object larger than its block size in concurrent parts after a first GET whose
+    bytes in flight are thrown away; recckpt asks for one stream per file, so a full load still fetches
+    each shard file once (here with a 256 KiB block size and shard files of several MiB)."""
+    url = f"s3://{s3_bucket}/bigfiles"
+    opts = SaveOptions(num_buckets=64, chunk_bytes=4096, segment_bytes=1 << 22, fsync=False)
+    m = Model(60000, seed=14)
+    saver(url, s3_server, m, options=opts, concurrency=2).save("c")
+    proxy = LoopbackProxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        so = storage_options(proxy.endpoint, default_block_size=256 << 10)
+        m2 = Model()
+        s = Saver(m2, output_dir=url, options=opts, storage_options=so)
+        assert s.checkpoints() == ["c"]
+        proxy.reset()
+        s.load(ckpt_id="c")
+        fetched, requests = proxy.bytes_down, proxy.requests
+    finally:
+        proxy.stop()
+    assert_tables_equal(m.t, m2.t)
+    fs = s3_server.fs()
+    shards = _shard_objects(s3_server, f"{s3_bucket}/bigfiles/c")
+    assert min(fs.size(p) for p in shards) > 4 * (256 << 10)
+    total = sum(fs.du(f"{s3_bucket}/bigfiles/c", total=False).values())
+    assert fetched <= total + 1000 * requests, (fetched, total, requests)

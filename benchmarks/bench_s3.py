@@ -40,12 +40,16 @@ def main():
     ap.add_argument("--dense-mb", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--chunk-kb", type=int, default=256,
-                    help="SaveOptions.chunk_bytes: a partial read reads whole checksum chunks, so this bounds "
-                         "the over-read of a resharding load (the library default is 1024)")
+    ap.add_argument("--chunk-kb", type=int, default=None,
+                    help="SaveOptions.chunk_bytes (default: the library's): a partial read reads whole checksum "
+                         "chunks, so this bounds the over-read of a resharding load")
+    ap.add_argument("--segment-mb", type=int, default=None, help="SaveOptions.segment_bytes (default: the library's)")
     a = ap.parse_args()
     logging.getLogger("recckpt").setLevel(logging.ERROR)
-    opts = SaveOptions(fsync=False, segment_bytes=32 << 20, chunk_bytes=a.chunk_kb << 10)
+    kw = {} if a.chunk_kb is None else {"chunk_bytes": a.chunk_kb << 10}
+    if a.segment_mb is not None:
+        kw["segment_bytes"] = a.segment_mb << 20
+    opts = SaveOptions(fsync=False, **kw)   # the library's defaults unless asked otherwise
     with server_process() as server:
         server.client().create_bucket(Bucket="bench")
         so = server.options()
@@ -54,7 +58,8 @@ def main():
         tensors = {k: v.contiguous() for k, v in exported(m).items()}
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         print(f"state: {a.ids} ids x {a.dim} x 3 slots + {a.dense_mb} MB dense = {size / 1e6:.0f} MB; "
-              f"concurrency {a.concurrency}; chunk_bytes {a.chunk_kb} KiB", flush=True)
+              f"concurrency {a.concurrency}; chunk_bytes {opts.chunk_bytes >> 10} KiB, segment_bytes "
+              f"{opts.segment_bytes >> 20} MiB", flush=True)
         blobs = {k: t.view(-1).view(torch.uint8).numpy().tobytes() for k, t in tensors.items()}
         # raw: the same bytes as `concurrency` objects, put and got concurrently by s3fs
         joined = b"".join(blobs.values())

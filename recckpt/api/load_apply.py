@@ -300,10 +300,17 @@ class LoadPlan:
     def apply(self, shard_id: int, world: int):
         applied = []
         conf = self.conf
-        self._apply_objects()
         lo, hi = bucket_range(shard_id, world, self.m.num_buckets)
         if conf.ownership is not None:   # a foreign ownership function: read everything, keep own rows
             lo, hi = 0, self.m.num_buckets
+        if self.reader.manifest.index is not None:
+            # Every row of (nearly) every column of a shard file on an object store: fetch the file whole,
+            # in one request, and read it locally (the caller closes the reader's segments after). Before
+            # anything is applied, so that a failure here leaves the model as it was.
+            self.reader.segments.fetch_whole_files(
+                [(name, [s for s, _, _ in slots]) for name, _, _, slots in self.sparse_jobs
+                 if slots and name not in self.chain_plans], lo, hi)
+        self._apply_objects()
         for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue

@@ -76,7 +76,8 @@ class Saver:
             it is `KeepPolicy(max_keep)` (`self.keep`, which a CheckpointManager replaces with its own).
         concurrency: writer threads (and shard files per worker) for sparse tables; reader threads on load.
         options: SaveOptions (bucket count, checksum chunk, segment size, fsync, storage timeout).
-        read_options: ReadOptions (read batch size, kernel read-ahead) for loads: tuning only.
+        read_options: ReadOptions (read batch size, kernel read-ahead, when an object store's shard files
+            are fetched whole) for loads: tuning only.
         storage_options: passed to fsspec for an fsspec URL (endpoint_url, key/secret, profile, ...),
             and used for every other path this Saver opens unless a load names its own.
         eviction: an `EvictionPolicy` applied to every table with counters when a save captures the
@@ -637,6 +638,7 @@ class Saver:
         conf = LoadConfig.coerce(load_conf)
         shard_id, world = resolve_shard(shard_id, shard_num)
         storage, ckpt_dir, resolved_id = self._resolve(ckpt_path, ckpt_id, direct_path, storage_options)
+        reader = None
         try:
             reader = CheckpointReader(storage, ckpt_dir, threads=self.concurrency, read_options=self.read_options)
             result = LoadResult(reader.describe(), resolved_id)
@@ -656,6 +658,9 @@ class Saver:
                 f"in another process, or by hand): {e}. Everything is read and verified before the model is "
                 f"touched, except sparse rows, which the message above names if any were applied. Load again "
                 f"to get the newest checkpoint.") from e
+        finally:
+            if reader is not None:
+                reader.close()   # local copies of an object store's shard files, if any
         if storage is self.storage and plan.replaced_whole_state():
             marks = {t.sparse_meta().name: t.mark_changes() for t in plan.model_sparse.values()
                      if isinstance(t, ChangeTracking)}

@@ -31,13 +31,18 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
     path = f"{ckpt_dir}/{names.MANIFEST}" if ckpt_dir else names.MANIFEST
     where = storage.describe(path)
     try:
-        size = storage.size(path)
+        if storage.size_is_a_request:   # one request, not two: read up to one byte past the cap
+            data = storage.read_bytes(path, 0, names.MAX_MANIFEST_BYTES + 1)
+            size = len(data)
+        else:
+            size = storage.size(path)
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(where) from None
     if size > names.MAX_MANIFEST_BYTES:
         raise CorruptCheckpointError(f"{where}: {size} bytes exceeds the manifest size cap", where)
     check_inside(storage, path, ckpt_dir, where)
-    data = storage.read_bytes(path)
+    if not storage.size_is_a_request:
+        data = storage.read_bytes(path)
     m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
     m.content_sha256 = hashlib.sha256(data).hexdigest()  # what an increment on it names as its parent
     return m
@@ -46,8 +51,13 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
 def read_version_file(storage: Storage) -> list[str] | None:
     """Ids listed in the version file; None when it is missing or garbled (then the caller rebuilds)."""
     try:
-        too_big = storage.size(names.VERSION_FILE) > names.MAX_VERSION_FILE_BYTES
-        raw = None if too_big else storage.read_bytes(names.VERSION_FILE)
+        if storage.size_is_a_request:   # one request, not two: read up to one byte past the cap
+            raw = storage.read_bytes(names.VERSION_FILE, 0, names.MAX_VERSION_FILE_BYTES + 1)
+            if len(raw) > names.MAX_VERSION_FILE_BYTES:
+                raw = None
+        else:
+            too_big = storage.size(names.VERSION_FILE) > names.MAX_VERSION_FILE_BYTES
+            raw = None if too_big else storage.read_bytes(names.VERSION_FILE)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     except CorruptCheckpointError as e:   # a FIFO, device or link (storage reads regular files only)
@@ -73,22 +83,11 @@ def committed(storage: Storage) -> list[tuple[str, Manifest]]:
     """Committed checkpoints, oldest first: the version file's order, with any committed directory it
     does not list placed among them by creation time."""
     listed = read_version_file(storage) or []
+    candidates = [n for n in storage.listdir("") if not n.startswith(".") and n != names.VERSION_FILE]
     found: dict[str, Manifest] = {}
-    for name in storage.listdir(""):
-        if name.startswith(".") or name == names.VERSION_FILE:
-            continue
-        try:
-            names.validate_ckpt_id(name)
-            m = read_manifest(storage, name)
-        except (FileNotFoundError, InvalidCheckpointIdError, NotADirectoryError):
-            continue
-        except Exception as e:  # noqa: BLE001 - see below
-            # Whatever one directory holds (a hostile manifest, an unreadable file, a bug of ours in
-            # validation) must not make the whole output directory unusable: load, restore, verify
-            # and later saves all list it. That checkpoint is skipped, loudly.
-            log.warning("recckpt: skipping %s: %s: %s", storage.describe(name), type(e).__name__, e)
-            continue
-        found[name] = m
+    for name, m in zip(candidates, _read_manifests(storage, candidates)):
+        if m is not None:
+            found[name] = m
     order = [i for i in listed if i in found]
     # A committed checkpoint the version file does not list is either a commit whose version-file
     # update was lost (newer than everything listed) or one retention had dropped from the version file
@@ -100,6 +99,34 @@ def committed(storage: Storage) -> list[tuple[str, Manifest]]:
         at = next((k for k, j in enumerate(order) if found[j].created_ns > created), len(order))
         order.insert(at, i)
     return [(i, found[i]) for i in order]
+
+
+#: Manifests read at once when listing an output directory whose store charges a round trip per
+#: request (object stores): their latency overlaps instead of adding up per checkpoint.
+LIST_READ_THREADS = 8
+
+
+def _manifest_or_none(storage: Storage, name: str) -> Manifest | None:
+    try:
+        names.validate_ckpt_id(name)
+        return read_manifest(storage, name)
+    except (FileNotFoundError, InvalidCheckpointIdError, NotADirectoryError):
+        return None
+    except Exception as e:  # noqa: BLE001 - see below
+        # Whatever one directory holds (a hostile manifest, an unreadable file, a bug of ours in
+        # validation) must not make the whole output directory unusable: load, restore, verify
+        # and later saves all list it. That checkpoint is skipped, loudly.
+        log.warning("recckpt: skipping %s: %s: %s", storage.describe(name), type(e).__name__, e)
+        return None
+
+
+def _read_manifests(storage: Storage, dirs: list[str]) -> list[Manifest | None]:
+    """The manifest of each of `dirs`, or None where there is none that verifies."""
+    if not storage.size_is_a_request or len(dirs) < 2:
+        return [_manifest_or_none(storage, d) for d in dirs]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(min(LIST_READ_THREADS, len(dirs))) as pool:
+        return list(pool.map(lambda d: _manifest_or_none(storage, d), dirs))
 
 
 def with_parents(found: list[tuple[str, Manifest]], keep: "set[str] | list[str]") -> set[str]:

@@ -60,6 +60,15 @@ def write_worker_part(storage: Storage, stage: str, worker: int, *, tables: list
     storage.makedirs(stage)
     if removed and parent is None:
         raise ValueError("removed ids are written only in an incremental checkpoint (with a parent)")
+    # On an object store the shard files upload while the index, IO state, dense state and extras are
+    # written; every file is in the store when this returns.
+    with storage.background_uploads():
+        return _write_worker_files(storage, stage, worker, tables, dense, extras, io_state, opts, step,
+                                   parent, removed)
+
+
+def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state, opts, step, parent,
+                        removed) -> WorkerPart:
     doc = write_tables(storage, stage, worker, tables, opts, removed)
     part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json())
     # Rows as exported, not as the table's metadata claimed: the index must agree with the manifest.
@@ -162,6 +171,8 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest would "
                                   f"not be readable ({e}); rename what the message names",
                                   path=storage.describe(ckpt_id)) from None
+    # What commits is exactly what the manifest and the index list: nothing missing, nothing more.
+    storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files}, names.MANIFEST)
     catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
     m.content_sha256 = hashlib.sha256(data).hexdigest()
     return m
@@ -191,21 +202,14 @@ class CheckpointReader:
         where = self.describe(rel)
         if info is None:
             raise CorruptCheckpointError(f"{where}: not listed in the manifest", where)
-        try:
-            size = self.storage.size(self._rel(rel))
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{where}: file is missing from the checkpoint", where) from None
-        if size != info.size:
-            raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest recorded {info.size}; the "
-                                         f"file is truncated or replaced", where)
-        catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
-        if writable:
-            # One byte more than the manifest's size (which matched the file's above), so that a file
-            # that grew since is caught by the length check below.
-            data = np.empty(info.size + 1, np.uint8)
-            data = data[:self.storage.read_into(self._rel(rel), data)]
+        if self.storage.size_is_a_request:
+            # One request, not two: the read is bounded by what the store holds, so the size check
+            # can follow it (an allocation still never exceeds what is really there).
+            data = self._read_then_check_size(rel, info.size, where)
+            if writable:
+                data = np.frombuffer(data, np.uint8).copy()
         else:
-            data = self.storage.read_bytes(self._rel(rel))
+            data = self._check_size_then_read(rel, info.size, where, writable)
         crc = _C.crc32c(data)
         if len(data) != info.size:
             raise CorruptCheckpointError(f"{where}: read {len(data)} bytes, the manifest recorded {info.size}; "
@@ -214,6 +218,34 @@ class CheckpointReader:
             raise CorruptCheckpointError(f"{where}: crc32c mismatch (recorded {info.crc32c:#010x}, computed "
                                          f"{crc:#010x}); the file is corrupt", where)
         return data
+
+    def _read_then_check_size(self, rel: str, want: int, where: str) -> bytes:
+        try:
+            # A byte more than recorded, so that a file that is longer shows; never more than is there.
+            data = self.storage.read_bytes(self._rel(rel), 0, want + 1)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{where}: file is missing from the checkpoint", where) from None
+        if len(data) != want:
+            raise CorruptCheckpointError(f"{where}: {len(data)} bytes, the manifest recorded {want}; the "
+                                         f"file is truncated or replaced", where)
+        catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
+        return data
+
+    def _check_size_then_read(self, rel: str, info_size: int, where: str, writable: bool) -> "bytes | np.ndarray":
+        try:
+            size = self.storage.size(self._rel(rel))
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{where}: file is missing from the checkpoint", where) from None
+        if size != info_size:
+            raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest recorded {info_size}; the "
+                                         f"file is truncated or replaced", where)
+        catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
+        if writable:
+            # One byte more than the manifest's size (which matched the file's above), so that a file
+            # that grew since is caught by the length check below.
+            data = np.empty(info_size + 1, np.uint8)
+            return data[:self.storage.read_into(self._rel(rel), data)]
+        return self.storage.read_bytes(self._rel(rel))
 
     def parsed_index(self) -> IndexDoc:
         """The index, checked field by field against the manifest, but not yet for how its blocks tile
@@ -252,6 +284,12 @@ class CheckpointReader:
             seg.check_sizes()
             self._segments = seg
         return self._segments
+
+    def close(self) -> None:
+        """Free what reading took beyond memory (local copies of an object store's shard files); the
+        reader stays usable."""
+        if self._segments is not None:
+            self._segments.close()
 
     def dense(self) -> dict[str, torch.Tensor]:
         """The dense tensors, as views of one buffer holding the whole verified file: keeping any of

@@ -7,7 +7,13 @@ are one contiguous range per column, read in parallel and checked against the ch
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -88,6 +94,9 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     return doc
 
 
+log = logging.getLogger("recckpt")
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """How loads read shard files: tuning only, never what is read or how it is checked."""
@@ -100,11 +109,19 @@ class ReadOptions:
     """How far ahead of its reading threads the engine asks the kernel to start reading local files; 0
     turns it off (benchmarks/bench_readahead.py compares both)."""
 
+    whole_file_fraction: float = 0.95
+    """Object stores: a load that needs at least this share of a shard file's bytes downloads the file
+    whole, in one request, instead of reading byte ranges (`SegmentReader.fetch_whole_files`); it then
+    fetches at most 1/fraction (1.053 x) of what it needs of that file. Above 1: never."""
+
     def __post_init__(self):
         for name, lo in (("batch_bytes", 1), ("readahead_bytes", 0)):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise InvalidArgumentError(f"ReadOptions.{name} must be an integer >= {lo}, got {v!r}")
+        v = self.whole_file_fraction
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+            raise InvalidArgumentError(f"ReadOptions.whole_file_fraction must be a number > 0, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -151,23 +168,34 @@ class SegmentReader:
         self._offsets: dict[tuple, np.ndarray] = {}
         self._offsets_bytes = 0
         self._scratch = np.empty(0, dtype=np.uint8)
+        self._local: dict[int, str] = {}   # shard file -> local copy (fetch_whole_files)
+        self._tmp: str | None = None
+        self._cleanup: weakref.finalize | None = None
 
     def _path(self, file_idx: int) -> str:
         return f"{self.ckpt_dir}/{self.index.files[file_idx][0]}" if self.ckpt_dir else self.index.files[file_idx][0]
 
     def check_sizes(self) -> None:
-        """Compare every shard file's size with the index (missing or truncated files fail here)."""
-        for fi in range(len(self.index.files)):
-            self.check_size(fi)
+        """Compare every shard file's size with the index (missing or truncated files fail here); the
+        sizes are asked for all at once (on an object store, one listing of their directory)."""
+        todo = [fi for fi in range(len(self.index.files)) if fi not in self._checked_sizes]
+        try:
+            have = self.storage.sizes([self._path(fi) for fi in todo])
+        except FileNotFoundError:
+            have = [None] * len(todo)   # one is missing: find and name it below
+        for fi, n in zip(todo, have):
+            self.check_size(fi, n)
 
-    def check_size(self, fi: int) -> None:
-        """Check shard file `fi` against the size the index records and that it lies inside the
-        checkpoint (once per file; a missing, truncated or replaced file fails here)."""
+    def check_size(self, fi: int, have: int | None = None) -> None:
+        """Check shard file `fi` against the size the index records (`have`: its size, when already
+        known) and that it lies inside the checkpoint (once per file; a missing, truncated or replaced
+        file fails here)."""
         if fi in self._checked_sizes:
             return
         rel, want = self.index.files[fi]
         try:
-            have = self.storage.size(self._path(fi))
+            if have is None:
+                have = self.storage.size(self._path(fi))
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: shard file is missing",
                                          self._path(fi)) from None
@@ -176,6 +204,74 @@ class SegmentReader:
                                          f"recorded {want}; the file is truncated or replaced", self._path(fi))
         check_inside(self.storage, self._path(fi), self.ckpt_dir, self.storage.describe(self._path(fi)))
         self._checked_sizes.add(fi)
+
+    def fetch_whole_files(self, jobs: list[tuple[str, list[str]]], bucket_lo: int = 0,
+                          bucket_hi: int | None = None) -> int:
+        """Before reading `jobs` ((table, slots) pairs, each over buckets [lo, hi)) from a store the
+        engine cannot read directly (an object store): download, whole and concurrently, every shard
+        file those reads need at least `options.whole_file_fraction` of, into a local temporary directory; later
+        reads of those files go through the engine (verified as ever). One request per file instead
+        of ranged reads; partial (resharded) loads keep their exact ranged reads. Returns the bytes
+        downloaded; `close()` removes the copies."""
+        nb = self.index.num_buckets
+        hi_b = nb if bucket_hi is None else bucket_hi
+        if self.storage.engine_path(self.ckpt_dir) is not None or (bucket_lo, hi_b) != (0, nb):
+            return 0
+        need = [0] * len(self.index.files)
+        ver = self.index.format_version
+        for table, slots in jobs:
+            all_slots, segs = self.index.tables[table]
+            cols = [1 + all_slots.index(s) for s in slots]
+            for seg in segs:
+                need[seg.file] += seg.buckets.length + seg.columns[0].length
+                need[seg.file] += sum(seg.columns[c].length + seg.pad_before(c, ver)
+                                      for c in cols if c < len(seg.columns))
+        wanted = [fi for fi, (rel, size) in enumerate(self.index.files)
+                  if size and fi not in self._local and need[fi] >= self.options.whole_file_fraction * size]
+        if not wanted:
+            return 0
+        self.check_sizes()
+        nbytes = sum(self.index.files[fi][1] for fi in wanted)
+        if self._tmp is None:
+            self._tmp = tempfile.mkdtemp(prefix="recckpt-load-")
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
+        if shutil.disk_usage(self._tmp).free < nbytes + (nbytes >> 3):
+            log.warning("recckpt: %s: not enough free space in %s for local copies of %d shard files (%d "
+                        "bytes); reading byte ranges instead (set TMPDIR elsewhere to fetch whole files)",
+                        self.storage.describe(self.ckpt_dir), self._tmp, len(wanted), nbytes)
+            return 0
+        pairs = [(self._path(fi), os.path.join(self._tmp, f"{fi}.bin")) for fi in wanted]
+        try:
+            self.storage.download(pairs)
+        except OSError as e:
+            if e.errno in (errno.ETIMEDOUT, errno.ENOENT, errno.EACCES, errno.EPERM):
+                raise   # the store is down, the checkpoint is being deleted, or access is refused
+            # The local copies are an optimisation: a local disk that fills up, or a store that fails this
+            # way of reading, leaves the exact ranged reads, which report a store that is really broken.
+            log.warning("recckpt: %s: fetching whole shard files failed (%s); reading byte ranges instead",
+                        self.storage.describe(self.ckpt_dir), e)
+            for _, lp in pairs:
+                with contextlib.suppress(OSError):
+                    os.remove(lp)
+            return 0
+        for fi, (_, lp) in zip(wanted, pairs):
+            have = os.path.getsize(lp)
+            if have != self.index.files[fi][1]:
+                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: {have} bytes downloaded, "
+                                             f"the index recorded {self.index.files[fi][1]}; the file changed "
+                                             f"while it was read", self._path(fi))
+            self._local[fi] = lp
+        return nbytes
+
+    def close(self) -> None:
+        """Remove the local copies `fetch_whole_files` made (reads then go to the store again)."""
+        self._local.clear()
+        if self._cleanup is not None:
+            self._cleanup()
+            self._tmp = self._cleanup = None
+
+    def _engine_path(self, fi: int) -> str | None:
+        return self._local.get(fi) or self.storage.engine_path(self._path(fi))
 
     def _scratch_views(self, sizes: list[int]) -> list[np.ndarray]:
         """Views into one buffer reused across batches. Fresh memory is expensive to fault in (on some
@@ -198,7 +294,7 @@ class SegmentReader:
         out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
         for r in reqs:
             self.check_size(r.file)
-        local = [self.storage.engine_path(self._path(r.file)) for r in reqs]
+        local = [self._engine_path(r.file) for r in reqs]
         if all(p is not None for p in local):
             engine_reqs = [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)]
             nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=self.options.readahead_bytes,

@@ -67,6 +67,23 @@ class Storage(abc.ABC):
         override this. Reads exactly the ranges asked for."""
         return [self.read_bytes(p, s, e - s) for p, s, e in ranges]
 
+    #: Whether asking a file's size costs a round trip of its own (object stores): readers then read
+    #: a whole small file first and compare its length after, rather than asking for the size before.
+    size_is_a_request: bool = False
+
+    def sizes(self, paths: list[str]) -> list[int]:
+        """The size of each file (FileNotFoundError for a missing one); stores that can ask
+        concurrently override this."""
+        return [self.size(p) for p in paths]
+
+    def download(self, pairs: list[tuple[str, str]]) -> None:
+        """Files to local files: (store path, local path) pairs, each read whole (one request per file
+        where the store can), concurrently where the store can. Stores the engine reads directly
+        (`engine_path`) never need this."""
+        for p, lp in pairs:
+            with open(lp, "wb") as f:
+                f.write(self.read_bytes(p))
+
     def read_into(self, path: str, buf) -> int:
         """Read the start of a file into the writable buffer `buf` (up to its length); returns the bytes
         read. Stores that can read into caller memory override this to skip the copy."""
@@ -117,7 +134,16 @@ class Storage(abc.ABC):
     @contextlib.contextmanager
     def engine_outputs(self, directory: str, rels: list[str]) -> Iterator[list[str]]:
         """Local paths for the engine to write the files `directory/rel`; they are in the store once the
-        block exits without an error (stores that cannot be written by the engine upload them then)."""
+        block exits without an error (stores that cannot be written by the engine upload them then), or,
+        inside a `background_uploads` block, once that block exits."""
+
+    @contextlib.contextmanager
+    def background_uploads(self) -> Iterator[None]:
+        """Within this block, uploads that `engine_outputs` would make as it exits run in the background
+        while the block goes on writing other files; the block's exit waits for all of them and raises
+        the first failure (after a failure inside the block, it waits and raises that one). Stores the
+        engine writes directly have nothing to upload: a plain block."""
+        yield
 
     # ------------------------------------------------------------------------- commit protocol
     @abc.abstractmethod
@@ -140,6 +166,13 @@ class Storage(abc.ABC):
         """Make the fully written `target` visible as checkpoint `ckpt_id` in one step; `marker` (the
         manifest, relative to the checkpoint) with `data` is written last. Fails, committing nothing,
         if `ckpt_id` is committed already."""
+
+    def drop_leftovers(self, target: str, files: set[str], marker: str) -> None:
+        """Just before the commit: remove every file under `target` other than `files` (what this save
+        wrote, paths relative to `target`) and `marker`, and raise StorageError if one of `files` is
+        missing (another process removed it). Stores that write in place can find there the files of an
+        earlier cut-short save of the same id (more shard files, another worker count) that recovery
+        has not removed; a staging directory is this save's own (nothing to do)."""
 
     @abc.abstractmethod
     def discard(self, target: str, ckpt_id: str, marker: str) -> None:

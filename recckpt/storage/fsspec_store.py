@@ -6,14 +6,19 @@ the commit; nothing is copied. A delete removes the manifest first (the checkpoi
 every reader), then the data. A writer holds a lease object (`claim`) that it rewrites every
 `lease_s / 3` seconds; recovery removes a manifest-less `<ckpt_id>/` only when no fresh lease covers it.
 
-IO: shard files are written locally by the engine and uploaded concurrently (multipart where large);
-reads are exact byte ranges (`cat_ranges`, no read-ahead), issued concurrently. Every remote call runs
+IO: shard files are written locally by the engine and uploaded concurrently (multipart where large),
+in the background while the rest of a worker's files are written (`background_uploads`). A load that
+needs (nearly) all of a shard file downloads it whole, one GET per file, all concurrently (`download`,
+called by the format layer's SegmentReader.fetch_whole_files); other reads are exact byte ranges
+(`cat_ranges`, no read-ahead), issued concurrently. Small files are read in one request, a range one
+byte past the size the caller expects (no HEAD first). Every remote call runs
 under `timeout_s` and the client's retries with backoff; a failure is a StorageError naming the object
 and the operation. Listings are never cached, so other processes' commits are seen.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import json
 import os
@@ -35,13 +40,16 @@ _S3_DEFAULTS = {"use_listings_cache": False,
 
 
 def _merged_options(protocol: str, options: dict | None) -> dict:
-    out = dict(options or {})
+    # A deep copy: botocore rewrites the `retries` dict it is given in place, which would change the
+    # defaults above (and the caller's options), so that fsspec's cache of filesystems keyed by these
+    # options missed on every later open and each one paid a new client's start-up.
+    out = copy.deepcopy(dict(options or {}))
     if protocol in ("s3", "s3a"):
         for k, v in _S3_DEFAULTS.items():
             if k == "config_kwargs":
-                out[k] = {**v, **(out.get(k) or {})}
+                out[k] = {**copy.deepcopy(v), **(out.get(k) or {})}
             else:
-                out.setdefault(k, v)
+                out.setdefault(k, copy.deepcopy(v))
     return out
 
 
@@ -78,6 +86,28 @@ class _Lease(Claim):
             self.store.remove_file(self.owner)
 
 
+class _BackgroundUpload:
+    """One `upload` running in a thread of its own; removes the local directory `tmp` when done."""
+
+    def __init__(self, store: "FsspecStorage", pairs: list[tuple[str, str]], tmp: str):
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(store, pairs, tmp), daemon=True,
+                                        name="recckpt-upload")
+        self._thread.start()
+
+    def _run(self, store, pairs, tmp):
+        try:
+            store.upload(pairs)
+        except BaseException as e:  # noqa: BLE001 - handed to the thread that waits
+            self.error = e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def wait(self) -> BaseException | None:
+        self._thread.join()
+        return self.error
+
+
 class FsspecStorage(Storage):
     def __init__(self, url: str, storage_options: dict | None = None, *, timeout_s: float = 300.0,
                  lease_s: float = 60.0):
@@ -86,6 +116,7 @@ class FsspecStorage(Storage):
         self.fs, root = fsspec.core.url_to_fs(url, **_merged_options(protocol, storage_options))
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self.timeout_s, self.lease_s = timeout_s, lease_s
+        self._uploads = threading.local()   # .pending: this thread's background uploads, in a block
         self._kw = {"timeout": timeout_s} if getattr(self.fs, "async_impl", False) else {}
         super().__init__(root.rstrip("/") or "/")
         from fsspec.implementations.local import LocalFileSystem
@@ -135,7 +166,23 @@ class FsspecStorage(Storage):
             for lp, p in pairs:
                 self._call("uploading", p, self.fs.put_file, lp, self._p(p))
 
+    def download(self, pairs: list[tuple[str, str]]) -> None:
+        """Objects to local files, each in one streamed GET, all concurrently. (s3fs would otherwise
+        start a GET of an object larger than its block size, drop it after the headers, whose bytes
+        already in flight are fetched for nothing, and fetch the object again in concurrent parts.)"""
+        if not pairs:
+            return
+        if getattr(self.fs, "async_impl", False):
+            one_stream = {"max_concurrency": 1} if self.protocol in ("s3", "s3a") else {}
+            self._call("downloading", pairs[0][0], self.fs.get, [self._p(p) for p, _ in pairs],
+                       [lp for _, lp in pairs], **one_stream)
+        else:
+            for p, lp in pairs:
+                self._call("downloading", p, self.fs.get_file, self._p(p), lp)
+
     # ---------------------------------------------------------------------------------- files
+    size_is_a_request = True
+
     def exists(self, path):
         return self._call("checking", path, self.fs.exists, self._p(path))
 
@@ -169,12 +216,39 @@ class FsspecStorage(Storage):
     def size(self, path):
         return self._call("reading the size of", path, self.fs.size, self._p(path))
 
+    def sizes(self, paths):
+        """One listing per directory instead of a request per file (shard files share `sparse/`)."""
+        if len(paths) < 2:
+            return super().sizes(paths)
+        by_dir: dict[str, dict[str, int]] = {}
+        for d in sorted({p.rsplit("/", 1)[0] if "/" in p else "" for p in paths}):
+            self.fs.invalidate_cache(self._p(d))
+            try:
+                entries = self._call("listing", d, self.fs.ls, self._p(d), detail=True)
+            except (FileNotFoundError, NotADirectoryError):
+                entries = []
+            by_dir[d] = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e.get("size")
+                         for e in entries if e.get("type") == "file"}
+        out = []
+        for p in paths:
+            d, name = p.rsplit("/", 1) if "/" in p else ("", p)
+            n = by_dir[d].get(name)
+            if n is None:
+                raise FileNotFoundError(errno.ENOENT, "object not found", self.describe(p))
+            out.append(int(n))
+        return out
+
     def read_bytes(self, path, offset=0, length=None):
         if length == 0:
             return b""
         # No Range header for a whole file: a range on an empty object is "not satisfiable".
         end = None if length is None else offset + length
-        return self._call("reading", path, self.fs.cat_file, self._p(path), start=offset or None, end=end)
+        try:
+            return self._call("reading", path, self.fs.cat_file, self._p(path), start=offset or None, end=end)
+        except StorageError as e:
+            if e.errno == errno.EINVAL and not offset:
+                return b""   # a range from 0 "not satisfiable": the object is empty
+            raise
 
     #: Ranged reads are merged where they touch and then cut into pieces of at most this many bytes:
     #: fewer requests for the many small adjacent ranges of a load (columns and their padding), and
@@ -255,12 +329,38 @@ class FsspecStorage(Storage):
     @contextlib.contextmanager
     def engine_outputs(self, directory, rels):
         tmp = tempfile.mkdtemp(prefix="recckpt-")
+        handed_off = False
         try:
             paths = [os.path.join(tmp, f"{k}-{os.path.basename(r)}") for k, r in enumerate(rels)]
             yield paths
-            self.upload([(p, f"{directory}/{r}") for p, r in zip(paths, rels) if os.path.exists(p)])
+            pairs = [(p, f"{directory}/{r}") for p, r in zip(paths, rels) if os.path.exists(p)]
+            pending = getattr(self._uploads, "pending", None)
+            if pending is None:
+                self.upload(pairs)
+            else:
+                pending.append(_BackgroundUpload(self, pairs, tmp))
+                handed_off = True
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not handed_off:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def background_uploads(self):
+        if getattr(self._uploads, "pending", None) is not None:
+            yield   # nested: the outer block waits
+            return
+        self._uploads.pending = pending = []
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self._uploads.pending = None
+            # Always wait: an upload still running after a failed save would write into what the
+            # failed save's cleanup removes.
+            errors = [e for e in (u.wait() for u in pending) if e is not None]
+            if ok and errors:
+                raise errors[0]
 
     # ------------------------------------------------------------------------- commit protocol
     def prepare_for_save(self):
@@ -313,6 +413,29 @@ class FsspecStorage(Storage):
         except (OSError, StorageError):
             return False
 
+    def drop_leftovers(self, target, files, marker):
+        prefix = self._p(target).rstrip("/") + "/"
+        try:
+            found = self._call("listing", target, self.fs.find, self._p(target))
+        except FileNotFoundError:
+            found = []
+        rels = set()
+        for p in found:
+            # some filesystems return paths without the leading '/' of the root
+            rel = (p[len(prefix):] if p.startswith(prefix) else
+                   p[len(prefix.lstrip("/")):] if p.startswith(prefix.lstrip("/")) else None)
+            if rel:
+                rels.add(rel)
+        missing = sorted(set(files) - rels)
+        if missing:
+            raise StorageError(errno.ENOENT, f"{len(missing)} file(s) this save wrote are gone from "
+                                             f"{self.describe(target)} before its commit ({', '.join(missing[:3])}"
+                                             f"{', ...' if len(missing) > 3 else ''}): another process removed "
+                                             f"them (recovery or a delete racing this save); nothing was "
+                                             f"committed, save again", self.describe(target))
+        for rel in sorted(rels - set(files) - {marker}):
+            self.remove_file(f"{target}/{rel}")
+
     def discard(self, target, ckpt_id, marker):
         if not self.exists(f"{ckpt_id}/{marker}"):
             self.remove_tree(ckpt_id)
@@ -337,8 +460,9 @@ class FsspecStorage(Storage):
     def claim(self, target, owner):
         body = {"pid": os.getpid(), "host": socket.gethostname(), "target": target}
         for _ in range(2):
+            data = json.dumps({**body, "beat": time.time()}).encode()
             try:
-                self.put_bytes(owner, json.dumps({**body, "beat": time.time()}).encode(), exclusive=True)
+                self.put_bytes(owner, data, exclusive=True)
                 return _Lease(self, owner, body)
             except FileExistsError:
                 live = self._lease_state(owner)
@@ -347,9 +471,47 @@ class FsspecStorage(Storage):
                         f"{self.describe(target)} is being written by another live process (pid "
                         f"{live.get('pid')} on {live.get('host')}, lease {self.describe(owner)}); choose "
                         f"another ckpt_id or wait for that save") from None
-                self.remove_file(owner)   # a dead writer's lease: take over
+                if self._take_over(owner, data):   # a dead writer's lease
+                    return _Lease(self, owner, body)
+                # another process took it over first: the next round names it
         raise CheckpointExistsError(f"could not claim {self.describe(target)}: another process keeps "
                                     f"taking lease {self.describe(owner)}")
+
+    def _take_over(self, owner: str, data: bytes) -> bool:
+        """Replace the lease `owner`, judged stale, with `data`; True when this process now holds it.
+
+        On S3 a compare-and-swap: the new lease is written only if the object is still the one judged
+        stale (a PUT with If-Match on its ETag), so of processes taking over one stale lease at once
+        exactly one wins. Stores without conditional writes remove it and create it only if absent,
+        which two takers can both pass in a narrow window (docs/SAFETY.md)."""
+        if self.protocol not in ("s3", "s3a"):
+            self.remove_file(owner)
+            return self._create(owner, data)
+        try:
+            etag = self._call("checking", owner, self.fs.info, self._p(owner))["ETag"]
+        except FileNotFoundError:
+            return self._create(owner, data)
+        # The body judged stale must be the one with that ETag: judged again, between two looks at it.
+        if self._lease_state(owner) is not None:
+            return False
+        try:
+            if self._call("checking", owner, self.fs.info, self._p(owner))["ETag"] != etag:
+                return False
+            self._call("taking over", owner, self.fs.pipe_file, self._p(owner), data, IfMatch=etag)
+            return True
+        except FileNotFoundError:
+            return self._create(owner, data)
+        except StorageError as e:
+            if e.errno != errno.EINVAL:   # s3fs reports a failed precondition (412) as EINVAL
+                raise
+            return self._holds(owner, data)   # our own PUT, retried by the client after a lost response
+
+    def _create(self, path: str, data: bytes) -> bool:
+        try:
+            self.put_bytes(path, data, exclusive=True)
+            return True
+        except FileExistsError:
+            return False
 
     def remove_if_unowned(self, owners, paths):
         if any(self._lease_state(o) is not None for o in owners):

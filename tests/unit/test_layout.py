@@ -63,7 +63,8 @@ def test_read_request_for_engine_reads_a_column(tmp_path):
 
 
 @pytest.mark.parametrize("kw", [{"batch_bytes": 0}, {"readahead_bytes": -1}, {"batch_bytes": 1.5},
-                                {"readahead_bytes": True}])
+                                {"readahead_bytes": True}, {"whole_file_fraction": 0},
+                                {"whole_file_fraction": "all"}, {"whole_file_fraction": True}])
 def test_read_options_validate(kw):
     with pytest.raises(ValueError, match="ReadOptions"):
         ReadOptions(**kw)

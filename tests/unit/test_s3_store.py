@@ -12,7 +12,7 @@ import torch
 from helpers.s3_server import LoopbackProxy, storage_options
 from helpers.tables import DictTable, assert_tables_equal
 from recckpt import CheckpointManager, Saver, SaveOptions
-from recckpt.errors import CheckpointExistsError, StorageError
+from recckpt.errors import CheckpointExistsError, CheckpointSaveError, StorageError
 from recckpt.state.protocol import SlotSpec
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -206,3 +206,293 @@ def test_read_ranges_merges_touching_ranges_and_cuts_big_ones(s3_server, s3_buck
         assert proxy.requests == 1, proxy.requests   # three touching ranges, one GET
     finally:
         proxy.stop()
+
+
+def _shard_objects(s3_server, prefix):
+    return sorted(p for p in s3_server.fs().find(prefix) if "/sparse/shard-" in p)
+
+
+def test_full_load_fetches_each_shard_file_whole_in_one_request(s3_server, s3_bucket, tmp_path, monkeypatch):
+    """A load of every row and slot downloads each shard file in one GET (not one ranged GET per
+    segment or piece), reads it locally through the engine, and removes the local copies after."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    url = f"s3://{s3_bucket}/whole"
+    m = Model(6000, seed=5)
+    saver(url, s3_server, m, concurrency=3).save("c")   # 64 KiB segments: dozens of them per file
+    shards = _shard_objects(s3_server, f"{s3_bucket}/whole/c")
+    proxy = LoopbackProxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        s = Saver(Model(), output_dir=url, options=OPTS, storage_options=storage_options(proxy.endpoint))
+        assert s.checkpoints() == ["c"]
+        m2 = Model()
+        s.model = m2
+        loader = Saver(m2, output_dir=url, options=OPTS, storage_options=storage_options(proxy.endpoint))
+        proxy.reset()
+        res = loader.load(ckpt_id="c")
+        requests, fetched = proxy.requests, proxy.bytes_down
+    finally:
+        proxy.stop()
+    assert_tables_equal(m.t, m2.t)
+    assert res.sparse_rows == 6000
+    total = sum(s3_server.fs().du(f"{s3_bucket}/whole/c", total=False).values())
+    assert len(shards) == 3
+    # listing, manifest (exists, read), worker index, index, dense, extras: 7 (no size request before a
+    # whole-file read); the shard files' sizes: one listing of sparse/; then one GET per shard file. The
+    # ranged path needed a HEAD per file, a HEAD per whole-file read and a GET per batch of segments.
+    assert requests <= 8 + len(shards), requests
+    assert fetched <= 1.05 * total + 600 * requests, (fetched, total)
+    assert list(tmp_path.iterdir()) == [], "the load left its local copies behind"
+
+
+def test_load_of_some_slots_keeps_exact_ranged_reads(s3_server, s3_bucket):
+    """Loading the `sparse` slot alone needs half of each shard file: no whole-file download, and the
+    bytes fetched stay within 1.05x of what is needed."""
+    url = f"s3://{s3_bucket}/someslots"
+    opts = SaveOptions(num_buckets=64, chunk_bytes=4096, segment_bytes=1 << 22, fsync=False)
+    m = Model(20000, seed=6)
+    saver(url, s3_server, m, options=opts, concurrency=2).save("c")
+    proxy = LoopbackProxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        s = Saver(Model(), output_dir=url, options=opts, storage_options=storage_options(proxy.endpoint))
+        assert s.checkpoints() == ["c"]
+        proxy.reset()
+        res = s.load(ckpt_id="c", load_conf={"load": ["sparse"]})
+        fetched = proxy.bytes_down
+    finally:
+        proxy.stop()
+    fs = s3_server.fs()
+    needed = res.bytes_read + sum(len(fs.cat(f"{s3_bucket}/someslots/c/{f}")) for f in
+                                  ("index.json", "manifest.json", "sparse/worker-00000.index.json")) + \
+        600 * proxy.requests
+    shard_bytes = sum(fs.size(p) for p in _shard_objects(s3_server, f"{s3_bucket}/someslots/c"))
+    assert res.bytes_read < 0.6 * shard_bytes
+    assert fetched <= 1.05 * needed, (fetched, needed)
+
+
+def test_corrupt_byte_in_a_wholly_fetched_shard_file_fails_the_load(s3_server, s3_bucket):
+    from recckpt.errors import CorruptCheckpointError
+    url = f"s3://{s3_bucket}/flip"
+    saver(url, s3_server, Model(3000, seed=7), concurrency=2).save("c")
+    fs = s3_server.fs()
+    shard = _shard_objects(s3_server, f"{s3_bucket}/flip/c")[0]
+    data = bytearray(fs.cat(shard))
+    data[len(data) // 2] ^= 0x40
+    fs.pipe(shard, bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"(?i)shard-00000-000\.bin.*(crc|bucket offsets|padding)"):
+        saver(url, s3_server, Model()).load(ckpt_id="c")
+
+
+def test_opening_a_store_again_reuses_the_client(s3_server, s3_bucket):
+    """Opening the same URL with the same storage_options gives the same fsspec filesystem (botocore
+    rewrites the retry settings it is handed; they must not change the options fsspec caches by), so a
+    load after a save does not pay a new client's start-up; recckpt's defaults stay as they were."""
+    import copy
+    from recckpt.storage import fsspec_store, open_storage
+    defaults = copy.deepcopy(fsspec_store._S3_DEFAULTS)
+    opts = s3_server.options()
+    given = copy.deepcopy(opts)
+    a = open_storage(f"s3://{s3_bucket}/x", opts)
+    a.listdir("")
+    b = open_storage(f"s3://{s3_bucket}/x", opts)
+    assert a.fs is b.fs
+    assert fsspec_store._S3_DEFAULTS == defaults and opts == given
+
+
+def test_metadata_read_without_a_size_request_still_catches_changed_files(s3_server, s3_bucket):
+    """On an object store a whole-file read asks for one byte more than recorded instead of asking the
+    size first: a file that grew, or shrank, is still refused, and an empty manifest is a corrupt
+    checkpoint, not a storage error."""
+    from recckpt.errors import CorruptCheckpointError
+    url = f"s3://{s3_bucket}/meta"
+    saver(url, s3_server, Model(50, seed=8)).save("c")
+    saver(url, s3_server, Model(50, seed=8), max_keep=None).save("d")
+    fs = s3_server.fs()
+    dense = f"{s3_bucket}/meta/c/dense.safetensors"
+    fs.pipe(dense, fs.cat(dense) + b"\0")
+    with pytest.raises(CorruptCheckpointError, match="dense.safetensors.*truncated or replaced"):
+        saver(url, s3_server, Model()).load(ckpt_id="c")
+    fs.pipe(dense, fs.cat(dense)[:-2])
+    with pytest.raises(CorruptCheckpointError, match="dense.safetensors.*truncated or replaced"):
+        saver(url, s3_server, Model()).load(ckpt_id="c")
+    fs.pipe(f"{s3_bucket}/meta/d/manifest.json", b"")
+    assert saver(url, s3_server).checkpoints() == ["c"]   # d is skipped, loudly, not an error
+
+
+@pytest.mark.parametrize("op,at", [("put", 1), ("write", 2)])
+def test_a_failure_while_shard_files_upload_in_the_background_fails_that_save_only(s3_server, s3_bucket, op, at):
+    """Shard files upload while the dense state and extras are written. A failed upload ("put"), or a
+    failed write of another file while the upload runs ("write" 2: the dense state), fails that save:
+    it waits for the upload, leaves no object of the failed checkpoint behind, and the earlier
+    checkpoint still loads."""
+    from recckpt.storage.faulty import FaultyStorage
+    url = f"s3://{s3_bucket}/bg-{op}"
+    m = Model(4000, seed=9)
+    s = saver(url, s3_server, m, concurrency=2, max_keep=None)
+    s.save("good")
+    fs = s.storage = FaultyStorage(s.storage)
+    upload = fs.inner.upload
+
+    def slow_upload(pairs):   # still running when the dense state's write fails
+        time.sleep(1.0)
+        upload(pairs)
+
+    fs.inner.upload = slow_upload
+    fs.arm(op, at)
+    with pytest.raises(CheckpointSaveError, match="Nothing was committed"):
+        s.save("bad")
+    assert fs.fired, "the armed fault never fired"
+    fs.disarm()
+    time.sleep(1.5)   # an upload the failed save did not wait for would land by now
+    assert not s3_server.fs().exists(f"{s3_bucket}/bg-{op}/bad/sparse"), "an upload outlived its failed save"
+    assert s.checkpoints() == ["good"]
+    m2 = Model()
+    saver(url, s3_server, m2).load()
+    assert_tables_equal(m.t, m2.t)
+
+
+def test_resave_of_an_id_with_leftovers_after_recovery_commits_only_its_own_files(s3_server, s3_bucket):
+    """A Saver runs start-up recovery once. Files of a cut-short save of id `c` that appear after that
+    (another process's crash) are written over in place by this Saver's save of `c`; whatever of them it
+    did not write (more shard files, another worker's) is removed before the commit, so the committed
+    checkpoint holds exactly the files its manifest lists."""
+    from recckpt import verify
+    url = f"s3://{s3_bucket}/resave"
+    m = Model(3000, seed=10)
+    s = saver(url, s3_server, m, concurrency=2, max_keep=None)
+    s.save("first")   # recovery ran here
+    fs = s3_server.fs()
+    for rel in ("sparse/shard-00000-007.bin", "sparse/shard-00003-000.bin", "sparse/worker-00003.index.json",
+                "io_state/worker-00003.safetensors"):
+        fs.pipe(f"{s3_bucket}/resave/c/{rel}", b"left by a crashed save")
+    s.save("c")
+    report = verify(f"{url}/c", storage_options=s3_server.options())
+    assert report.ok and not report.unlisted, report
+    m2 = Model()
+    saver(url, s3_server, m2).load(ckpt_id="c")
+    assert_tables_equal(m.t, m2.t)
+
+
+def test_two_processes_taking_over_one_stale_lease_do_not_both_win(s3_server, s3_bucket, monkeypatch):
+    """Two savers find the same dead writer's lease. The second takes it over between the first one's
+    judging it stale and writing its own: the first must then lose (a conditional PUT on S3), not
+    overwrite the winner's lease and write the same checkpoint beside it."""
+    import json as json_mod
+    from recckpt.storage import open_storage
+    url = f"s3://{s3_bucket}/lease"
+    owner = ".owner-c.w00000"
+    s3_server.fs().pipe(f"{s3_bucket}/lease/{owner}",
+                        json_mod.dumps({"pid": 1, "host": "gone", "target": "c", "beat": 0}).encode())
+    first = open_storage(url, s3_server.options(), lease_s=5)
+    second = open_storage(url, s3_server.options(), lease_s=5)
+    judged = first._lease_state
+    won = []
+
+    def judge_then_lose_the_race(o):
+        state = judged(o)
+        if state is None and not won:
+            won.append(second.claim("c", owner))   # the rival takes it over right now
+        return state
+
+    monkeypatch.setattr(first, "_lease_state", judge_then_lose_the_race)
+    try:
+        with pytest.raises(CheckpointExistsError, match="another live process"):
+            first.claim("c", owner)
+        assert won, "the rival never took the lease over"
+        body = json_mod.loads(s3_server.fs().cat(f"{s3_bucket}/lease/{owner}"))
+        assert body["pid"] != 1 and body["host"] != "gone"
+    finally:
+        for lease in won:
+            lease.release()
+
+
+def test_a_file_removed_by_another_process_before_the_commit_fails_the_save(s3_server, s3_bucket, monkeypatch):
+    """If another process removes a file this save wrote (recovery or a delete racing it), the save
+    checks what is there just before its commit and fails, committing nothing, rather than reporting
+    a checkpoint that cannot load."""
+    url = f"s3://{s3_bucket}/gone"
+    s = saver(url, s3_server, Model(2000, seed=11), concurrency=2, max_keep=None)
+    s.save("a")
+    fs = s3_server.fs()
+    real_commit_prep = s.storage.drop_leftovers
+
+    def rival_removes_a_shard_first(target, files, marker):
+        fs.rm(f"{s3_bucket}/gone/{target}/sparse/shard-00000-000.bin")
+        return real_commit_prep(target, files, marker)
+
+    monkeypatch.setattr(s.storage, "drop_leftovers", rival_removes_a_shard_first)
+    with pytest.raises(StorageError, match="gone from .*shard-00000-000.bin.*nothing was committed"):
+        s.save("b")
+    assert s.checkpoints() == ["a"]
+
+
+@pytest.mark.parametrize("how", ["download fails", "no room for local copies"])
+def test_a_full_load_falls_back_to_ranged_reads_when_whole_files_cannot_be_fetched(s3_server, s3_bucket,
+                                                                                    monkeypatch, caplog, how):
+    """Local copies are an optimisation: a local disk without room for them, or a whole-file download
+    that fails (here: the disk filling up), leaves the exact ranged reads, and the load succeeds."""
+    import errno as errno_mod
+    import shutil
+    from recckpt.format import sparse_io
+    url = f"s3://{s3_bucket}/fallback"
+    m = Model(3000, seed=12)
+    saver(url, s3_server, m, concurrency=2).save("c")
+    loader = saver(url, s3_server, Model())
+    if how == "download fails":
+        def full_disk(pairs):
+            raise OSError(errno_mod.ENOSPC, "No space left on device (injected)")
+        monkeypatch.setattr(loader.storage, "download", full_disk)
+    else:
+        usage = shutil.disk_usage
+        monkeypatch.setattr(sparse_io.shutil, "disk_usage", lambda p: usage(p)._replace(free=1000))
+    with caplog.at_level(logging.WARNING, logger="recckpt"):
+        res = loader.load(ckpt_id="c")
+    assert "reading byte ranges instead" in caplog.text
+    assert res.sparse_rows == 3000
+    assert_tables_equal(m.t, loader.model.t)
+
+
+def test_whole_file_fetch_can_be_turned_off(s3_server, s3_bucket, monkeypatch):
+    """ReadOptions(whole_file_fraction > 1): a full load reads byte ranges, never a whole file."""
+    from recckpt import ReadOptions
+    url = f"s3://{s3_bucket}/ranged-full"
+    m = Model(2000, seed=13)
+    saver(url, s3_server, m, concurrency=2).save("c")
+    loader = saver(url, s3_server, Model(), read_options=ReadOptions(whole_file_fraction=1.5))
+    downloads = []
+    monkeypatch.setattr(loader.storage, "download", lambda pairs: downloads.append(pairs))
+    assert loader.load(ckpt_id="c").sparse_rows == 2000
+    assert downloads == []
+    assert_tables_equal(m.t, loader.model.t)
+    whole = saver(url, s3_server, Model())
+    real = whole.storage.download
+    monkeypatch.setattr(whole.storage, "download", lambda pairs: downloads.append(pairs) or real(pairs))
+    whole.load(ckpt_id="c")
+    assert len(downloads) == 1 and len(downloads[0]) == 2   # the default: both shard files, whole
+
+
+def test_whole_file_download_of_a_file_larger_than_the_client_block_fetches_it_once(s3_server, s3_bucket):
+    """s3fs downloads an object larger than its block size in concurrent parts after a first GET whose
+    bytes in flight are thrown away; recckpt asks for one stream per file, so a full load still fetches
+    each shard file once (here with a 256 KiB block size and shard files of several MiB)."""
+    url = f"s3://{s3_bucket}/bigfiles"
+    opts = SaveOptions(num_buckets=64, chunk_bytes=4096, segment_bytes=1 << 22, fsync=False)
+    m = Model(60000, seed=14)
+    saver(url, s3_server, m, options=opts, concurrency=2).save("c")
+    proxy = LoopbackProxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        so = storage_options(proxy.endpoint, default_block_size=256 << 10)
+        m2 = Model()
+        s = Saver(m2, output_dir=url, options=opts, storage_options=so)
+        assert s.checkpoints() == ["c"]
+        proxy.reset()
+        s.load(ckpt_id="c")
+        fetched, requests = proxy.bytes_down, proxy.requests
+    finally:
+        proxy.stop()
+    assert_tables_equal(m.t, m2.t)
+    fs = s3_server.fs()
+    shards = _shard_objects(s3_server, f"{s3_bucket}/bigfiles/c")
+    assert min(fs.size(p) for p in shards) > 4 * (256 << 10)
+    total = sum(fs.du(f"{s3_bucket}/bigfiles/c", total=False).values())
+    assert fetched <= total + 1000 * requests, (fetched, total, requests)

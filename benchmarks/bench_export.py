@@ -31,8 +31,8 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from recckpt import SaveOptions, Saver
-from recckpt.state.protocol import SlotSpec, SparseTableMeta
+from recckpt import SaveOptions, Saver  # noqa: E402  (after the sys.path insert: runs from a checkout)
+from recckpt.state.protocol import SlotSpec, SparseTableMeta  # noqa: E402
 
 
 class GeneratedTable(torch.nn.Module):

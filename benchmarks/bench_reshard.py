@@ -21,7 +21,6 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from helpers.tables import DictTable  # noqa: E402
-
 from recckpt import SaveOptions, Saver, partition  # noqa: E402
 from recckpt.state.protocol import SlotSpec  # noqa: E402
 

@@ -21,10 +21,10 @@ sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "test
 
 import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
-
 from compare import build, exported, fresh_model  # noqa: E402
+
 from helpers.s3_server import LoopbackProxy, server_process, storage_options  # noqa: E402
-from recckpt import Saver, SaveOptions  # noqa: E402
+from recckpt import SaveOptions, Saver  # noqa: E402
 
 
 def timed(fn):

@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 import recckpt
-from recckpt import (CheckpointManager, EphemeralEveryNSteps, HashTable, KeepPolicy, Saver, SaveOptions,
-                     SparseAdagrad)
+from recckpt import CheckpointManager, EphemeralEveryNSteps, HashTable, KeepPolicy, SaveOptions, Saver, SparseAdagrad
 
 DENSE_FEATURES = 13
 SPARSE = {"user": 16, "item": 16, "category": 8, "city": 8}     # table name -> embedding dim

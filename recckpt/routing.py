@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from . import _C
-from .format.hashing import DEFAULT_NUM_BUCKETS, NUM_BUCKETS_LIMIT, owner_of_bucket
 from .errors import InvalidArgumentError
+from .format.hashing import DEFAULT_NUM_BUCKETS, NUM_BUCKETS_LIMIT, owner_of_bucket
 
 
 def _check(world: int, num_buckets: int) -> None:

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .reader import CheckpointView
-from .reader import open as open_checkpoint
+from .reader import CheckpointView, open as open_checkpoint
 
 #: Rows of both checkpoints held at once by a value diff are about this many bytes.
 GROUP_BYTES = 64 << 20

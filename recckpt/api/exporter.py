@@ -31,8 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError
-from .reader import DEFAULT_CHUNK_ROWS, CheckpointView
-from .reader import open as open_checkpoint
+from .reader import DEFAULT_CHUNK_ROWS, CheckpointView, open as open_checkpoint
 
 FORMATS = ("parquet", "safetensors", "npy")
 DTYPES = ("fp32", "fp16", "bf16", "int8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+
 from ..errors import InvalidArgumentError
 
 

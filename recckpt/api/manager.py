@@ -21,16 +21,31 @@ import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..coordination import agreement_for, check_world, resolve_shard
-from ..errors import (CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError, InvalidArgumentError,
-                      InvalidCheckpointIdError, RecckptError)
+from ..errors import (
+    CheckpointNotFoundError,
+    CommitOutcomeUnknownError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    InvalidCheckpointIdError,
+    RecckptError,
+)
 from ..format import catalog
 from ..format.chain import chain_stats
 from ..format.names import validate_ckpt_id
 from .async_save import FAILED, AsyncWriter, SaveHandle
 from .increments import IncrementPolicy
 from .load_config import LoadConfig
-from .policies import (EPHEMERAL, META_EPHEMERAL, META_STEP, EveryNSteps, KeepPolicy, SaveContext,
-                       SaveDecisionPolicy, SaveSchedule, parse_step)
+from .policies import (
+    EPHEMERAL,
+    META_EPHEMERAL,
+    META_STEP,
+    EveryNSteps,
+    KeepPolicy,
+    SaveContext,
+    SaveDecisionPolicy,
+    SaveSchedule,
+    parse_step,
+)
 from .preemption import PreemptionHandler
 from .rng import RNGState
 from .saver import LoadResult, Saver

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+
 from ..errors import InvalidArgumentError
 
 EPHEMERAL = "ephemeral"

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass, field
+
 from ..errors import InvalidArgumentError
 
 

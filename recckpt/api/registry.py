@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ..format import extras as extras_fmt
 from ..errors import InvalidArgumentError
+from ..format import extras as extras_fmt
 
 
 def _check_name(name, registry: dict, what: str) -> None:

@@ -12,6 +12,7 @@ import random
 
 import numpy as np
 import torch
+
 from ..errors import InvalidArgumentError
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import _C
+
 # DuplicateIdsError lives in recckpt.errors; imported here also for the old import path.
 from ..errors import DuplicateIdsError, LoadConfigError
 from ..format.names import shard_file_worker

@@ -13,12 +13,22 @@ from typing import Any, Mapping
 import torch
 
 from ..coordination import check_world, coordinator_for, resolve_shard
-from ..errors import (CheckpointDeletedError, CheckpointExistsError, CheckpointNotFoundError, CheckpointSaveError, CommitOutcomeUnknownError, ConcurrentCommitError, CorruptCheckpointError, InvalidArgumentError, RecckptError)
+from ..errors import (
+    CheckpointDeletedError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CheckpointSaveError,
+    CommitOutcomeUnknownError,
+    ConcurrentCommitError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    RecckptError,
+)
 from ..format import catalog, dtypes, recovery
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
+from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.schema import ParentRef, SlotInfo
-from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
 from ..state.protocol import ChangeTracking, SparseState, split_sparse_dense_state_dict

@@ -2,8 +2,8 @@
 implementations (TorchCoordinator among them), which themselves import the base class there."""
 from __future__ import annotations
 
-from .coordinator import Coordinator, InProcessCoordinator, SingleCoordinator
 from ..errors import InvalidArgumentError
+from .coordinator import Coordinator, InProcessCoordinator, SingleCoordinator
 
 
 def coordinator_for(shard_id: int, shard_num: int, timeout_s: float = 1800.0) -> Coordinator:

@@ -7,7 +7,6 @@ directories when it is missing, stale or garbled, so losing it never loses a che
 from __future__ import annotations
 
 import hashlib
-
 import logging
 import uuid
 

@@ -13,8 +13,7 @@ from .. import _C, __version__
 from ..errors import CheckpointSaveError, CorruptCheckpointError
 from ..storage import Storage
 from . import catalog, checked_json, names, safetensors_io, structure, tree_codec
-from .schema import (FileInfo, IndexDoc, Manifest, ParentRef, SlotInfo, TableInfo, index_from_json,
-                     manifest_from_json)
+from .schema import FileInfo, IndexDoc, Manifest, ParentRef, SlotInfo, TableInfo, index_from_json, manifest_from_json
 from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
 
 if TYPE_CHECKING:

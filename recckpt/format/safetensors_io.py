@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import _C
-from . import checked_json, dtypes
 from ..errors import CorruptCheckpointError
+from . import checked_json, dtypes
 
 if TYPE_CHECKING:
     import torch

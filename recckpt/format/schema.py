@@ -11,8 +11,14 @@ from dataclasses import dataclass, field
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes, layout
 from .hashing import HASH_NAME, NUM_BUCKETS_LIMIT
-from .names import (FORMAT_NAME, FORMAT_VERSION, INCREMENTAL_SINCE, READABLE_FORMAT_VERSIONS,
-                    validate_ckpt_id, validate_relpath)
+from .names import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INCREMENTAL_SINCE,
+    READABLE_FORMAT_VERSIONS,
+    validate_ckpt_id,
+    validate_relpath,
+)
 
 CATEGORIES = ("sparse", "sparse_opt")
 _U32 = 1 << 32

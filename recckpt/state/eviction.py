@@ -11,6 +11,7 @@ import operator
 from dataclasses import dataclass
 
 import torch
+
 from ..errors import InvalidArgumentError
 
 __all__ = ["EvictionPolicy", "FREQ", "LAST_STEP"]

@@ -42,6 +42,7 @@ from recckpt import _C
 from recckpt.state import initializers
 from recckpt.state.eviction import FREQ, LAST_STEP
 from recckpt.state.protocol import Changes, SlotSpec, SparseState, SparseTableMeta
+
 from ..errors import InvalidArgumentError
 
 __all__ = ["HashTable", "EMBEDDING", "FREQ", "LAST_STEP"]

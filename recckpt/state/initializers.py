@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
 from ..errors import InvalidArgumentError
 
 __all__ = ["Initializer", "zeros", "constant", "normal", "uniform", "DEFAULT_STD", "default"]

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from recckpt.state.hashtable import EMBEDDING, HashTable
+
 from ..errors import InvalidArgumentError
 
 __all__ = ["SparseOptimizer", "SparseAdagrad", "SparseAdam"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Mapping, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
+
 from ..errors import InvalidArgumentError
 
 __all__ = [

@@ -2,7 +2,12 @@
 structural validation stands between the file and the loader."""
 from __future__ import annotations
 
+import json as _json
 import os
+import shutil as _shutil
+import subprocess as _subprocess
+import sys as _sys
+from dataclasses import dataclass as _dataclass
 
 from recckpt import _C
 from recckpt.format import checked_json
@@ -33,11 +38,6 @@ def resign(ckpt: str, rel: str) -> None:
 # One generator per attack class. Each builds, under a fresh directory, an output directory holding a
 # good checkpoint "a" (step 3) and the attacked checkpoint "b" (step 4, or "a" itself for attacks on
 # the only checkpoint), and returns a Case: what to run on it in a child process and what must happen.
-import json as _json
-import shutil as _shutil
-import subprocess as _subprocess
-import sys as _sys
-from dataclasses import dataclass as _dataclass
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
@@ -269,6 +269,7 @@ def gen_local_url_link_outside(work):
 def _big_checkpoints(work, rows: int, num_buckets: int = 16) -> tuple[str, str]:
     """Like _two_checkpoints, with `rows` rows in table 'user' (40 bytes a row on disk)."""
     import torch
+
     from helpers import stress_harness as h
     from recckpt import SaveOptions
     out = os.path.join(work, "out")

@@ -27,6 +27,7 @@ def _model(case):
 def _run(case, detail: dict) -> None:
     """Run the action, recording what it saw in `detail` (kept when it raises)."""
     import os
+
     import recckpt
     from helpers import stress_harness as h
     action = case["action"]

@@ -19,10 +19,9 @@ import time
 import torch
 
 import recckpt
-from recckpt import HashTable, Saver, SaveOptions
-from recckpt.errors import CheckpointNotFoundError
-
 from helpers.stress_harness import Trials
+from recckpt import HashTable, SaveOptions, Saver
+from recckpt.errors import CheckpointNotFoundError
 
 OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=2048, fsync=True)
 DIM = 4

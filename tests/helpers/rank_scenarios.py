@@ -7,9 +7,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from helpers.ranks import FaultyTable, Holder, Reader, all_ids, check_rows, owned_table, save_npy
 from recckpt import SaveOptions, Saver, partition
 from recckpt.errors import CheckpointSaveError, IncompatibleCheckpointError
-from helpers.ranks import (FaultyTable, Holder, Reader, all_ids, check_rows, owned_table, save_npy)
 
 # Small checksum chunks so the partial-read overhead (<= 2 chunks per column and segment) stays small
 # next to a rank's share of the table; see docs/DISTRIBUTED.md for the bound.
@@ -32,7 +32,7 @@ def save_sharded(rank, world, out, ckpt_id, n_ids):
 
 
 def _load(out, ckpt_id, rank, world, npy, **conf):
-    from helpers.ranks import DictTable, SPEC
+    from helpers.ranks import SPEC, DictTable
     t = DictTable("emb", SPEC)
     s = Saver(Holder(t, dense_value=-1.0), output_dir=out)
     res = s.load(ckpt_id=ckpt_id, shard_id=rank, shard_num=world, load_conf={"load": ["sparse", "sparse_opt"], **conf})
@@ -44,7 +44,7 @@ def _load(out, ckpt_id, rank, world, npy, **conf):
 
 def load_everywhere(rank, world, out, tmp):
     """Run on 3 ranks: resharded loads of 'n4' (4 → 3, 4 → 2, 4 → 1) and 'n2' (2 → 3, 2 → 2)."""
-    from helpers.ranks import DictTable, SPEC
+    from helpers.ranks import SPEC, DictTable
     res = {}
     # defaults come from the process group (rank, 3)
     t = DictTable("emb", SPEC)
@@ -116,6 +116,7 @@ def stalled_committer(rank, world, out, timeout_s, sleep_s, when):
     the commit itself, so the other ranks time out waiting for the outcome after handing their parts
     over. Reports what each rank's save() did."""
     import warnings
+
     import recckpt.api.saver as saver_mod
     if rank == 0:
         real = saver_mod.finalize

@@ -12,8 +12,8 @@ import traceback
 import numpy as np
 import torch
 
-from recckpt.state.protocol import SlotSpec
 from helpers.tables import DictTable
+from recckpt.state.protocol import SlotSpec
 
 DIM = 32
 SPEC = {"embedding": SlotSpec(torch.float32, (DIM,), "sparse"),
@@ -33,8 +33,9 @@ def _entry(rank, world, port, out_dir, fn, args, init_pg):
     res = {"rank": rank}
     try:
         if init_pg:
-            import torch.distributed as dist
             from datetime import timedelta
+
+            import torch.distributed as dist
             dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
         res["result"] = fn(rank, world, *args)
     except BaseException as e:  # reported to the test, which decides whether it was expected

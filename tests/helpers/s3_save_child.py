@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from helpers.shared_dir_child import Model  # noqa: E402
-from recckpt import Saver, SaveOptions  # noqa: E402
+from recckpt import SaveOptions, Saver  # noqa: E402
 
 
 def main():

@@ -1,7 +1,9 @@
 """One of several processes saving into one output directory at the same time, as a job restarted
 while its old instance still writes: saves ids ckpt_0..ckpt_{n-1} (the same ids as its rival, so they
 collide), each holding a dense tensor and a table tagged with this process, and records which saves
-reported success. Each save uses a fresh Saver, so each runs start-up recovery. Usage: shared_dir_child.py URL TAG N START_FILE RESULT_FILE [STORAGE_OPTIONS_JSON]"""
+reported success. Each save uses a fresh Saver, so each runs start-up recovery.
+
+Usage: shared_dir_child.py URL TAG N START_FILE RESULT_FILE [STORAGE_OPTIONS_JSON]"""
 from __future__ import annotations
 
 import json
@@ -16,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from helpers.tables import DictTable  # noqa: E402
-from recckpt import Saver, SaveOptions  # noqa: E402
+from recckpt import SaveOptions, Saver  # noqa: E402
 from recckpt.errors import CheckpointExistsError, RecckptError  # noqa: E402
 from recckpt.state.protocol import SlotSpec  # noqa: E402
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 import recckpt
-from recckpt import HashTable, Saver, SaveOptions
+from recckpt import HashTable, SaveOptions, Saver
 from recckpt.errors import CheckpointNotFoundError, CheckpointSaveError, CorruptCheckpointError
 from recckpt.storage.faulty import OPS, FaultyStorage
 

@@ -15,8 +15,7 @@ import time
 import numpy as np
 import torch
 
-
-from recckpt import CheckpointManager, HashTable, Saver, SaveOptions, SparseAdagrad  # noqa: E402
+from recckpt import CheckpointManager, HashTable, SaveOptions, Saver, SparseAdagrad  # noqa: E402
 
 FAST = SaveOptions(num_buckets=16, chunk_bytes=1024, segment_bytes=1 << 16, fsync=False)
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from helpers import rank_scenarios as sc
+from helpers.ranks import ROW_BYTES, all_ids, ok, run_ranks
 from recckpt import verify
 from recckpt.format.catalog import committed
 from recckpt.storage import open_storage
-from helpers.ranks import ROW_BYTES, all_ids, ok, run_ranks
 
 N_IDS = 60_000
 
@@ -148,10 +148,11 @@ def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when)
 
 
 def test_duplicate_ids_across_ranks(tmp_path):
+    import torch
+
     from helpers.ranks import SPEC, DictTable, Holder, rows_for
     from recckpt import Saver
     from recckpt.errors import DuplicateIdsError
-    import torch
     out = str(tmp_path / "run")
     ok(run_ranks(2, sc.save_duplicates, out, out_dir=str(tmp_path / "r")))
 

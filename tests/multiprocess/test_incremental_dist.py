@@ -52,8 +52,8 @@ def test_chain_loads_resharded_on_real_processes(chain, world):
 @pytest.mark.parametrize("ckpt,upto", [("base", 0), ("inc1", 1), ("inc2", 2)])
 def test_every_link_equals_the_state_at_its_step(chain, ckpt, upto):
     """In-process resharded loads (3 ranks, as saved) of every older link."""
-    from recckpt import HashTable, Saver
     from helpers.ranks import DIM, Holder, rows_for
+    from recckpt import HashTable, Saver
     base, out, _ = chain
     got = {}
     for r in range(3):
@@ -68,8 +68,8 @@ def test_every_link_equals_the_state_at_its_step(chain, ckpt, upto):
 def test_async_manager_increments_on_real_processes(tmp_path):
     """CheckpointManager(async_save=True, increments=...) on 2 ranks: each checkpoint holds the state at its
     step although the next step changed the table during its background write; loads on 3 ranks."""
-    from recckpt import HashTable, Saver
     from helpers.ranks import DIM, Holder, rows_for
+    from recckpt import HashTable, Saver
     out = str(tmp_path / "run")
     rep = ok(run_ranks(2, sc.chain_save_async, out, N_IDS, out_dir=str(tmp_path / "r")))
     assert rep[0] == {"ckpt_1": None, "ckpt_2": "ckpt_1", "ckpt_3": "ckpt_2", "ckpt_4": "ckpt_3"}

@@ -10,8 +10,7 @@ import random
 import pytest
 
 import recckpt
-from helpers import hostile
-from helpers import stress_harness as h
+from helpers import hostile, stress_harness as h
 from recckpt.errors import CheckpointNotFoundError, CorruptCheckpointError
 from recckpt.format.verifier import main as verify_main
 
@@ -71,8 +70,9 @@ def test_verify_lists_every_broken_file_and_unlisted_ones(tmp_path, capsys):
 def test_verify_catches_ids_in_the_wrong_bucket(tmp_path):
     """A writer bug (not bit rot): checksums fine, but ids sit in buckets their hash does not give."""
     import numpy as np
-    from recckpt.format import checked_json
+
     from recckpt import _C
+    from recckpt.format import checked_json
     ckpt = h.build_template(str(tmp_path))
     idx = checked_json.loads(open(os.path.join(ckpt, "index.json"), "rb").read(), "index", 1 << 30)
     seg = idx["tables"]["user"]["segments"][0]

@@ -11,8 +11,7 @@ import struct
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from helpers import stress_harness as h
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError

@@ -17,7 +17,7 @@ import torch
 
 from helpers.s3_server import server_process, storage_options
 from helpers.shared_dir_child import Model
-from recckpt import Saver, SaveOptions, verify
+from recckpt import SaveOptions, Saver, verify
 from recckpt.errors import CorruptCheckpointError, StorageError
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)

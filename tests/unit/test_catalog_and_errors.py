@@ -8,10 +8,14 @@ import random
 import pytest
 import torch
 
-from recckpt import HashTable, Saver, SaveOptions
-from recckpt.errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
-                            InvalidCheckpointIdError)
 from helpers.tables import assert_tables_equal
+from recckpt import HashTable, SaveOptions, Saver
+from recckpt.errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    InvalidCheckpointIdError,
+)
 
 OPTS = SaveOptions(num_buckets=16, chunk_bytes=128, segment_bytes=2048, fsync=False)
 

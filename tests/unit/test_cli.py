@@ -14,8 +14,8 @@ import uuid
 
 import numpy as np
 import pytest
-from helpers.checkpoints import make_checkpoint, table_rows
 
+from helpers.checkpoints import make_checkpoint, table_rows
 from recckpt.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -244,8 +244,8 @@ def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, tmp_path):
 
 
 def test_compact_verb_folds_a_chain_into_one_full_checkpoint(capsys, tmp_path):
-    from unit.test_incremental import assert_contents, run_chain
     import recckpt
+    from unit.test_incremental import assert_contents, run_chain
     model, saver, snaps = run_chain(tmp_path / "run", n_incr=3)
     code, doc, _ = run_json(capsys, "compact", str(tmp_path / "run" / "c3"), str(tmp_path / "run" / "full3"))
     assert code == 0 and doc["links"] == 4 and doc["rows"] == len(snaps["c3"]["embedding"])

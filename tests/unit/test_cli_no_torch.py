@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers.checkpoints import make_checkpoint, table_rows
 
+from helpers.checkpoints import make_checkpoint, table_rows
 from recckpt.format import dtypes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,8 +11,7 @@ import zlib  # noqa: F401  (documents the `value` continuation convention being 
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from recckpt import _C
 

@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-
 import torch
 
 from helpers.tables import DictTable, assert_tables_equal, table_contents

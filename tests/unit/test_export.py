@@ -11,9 +11,9 @@ import uuid
 import numpy as np
 import pytest
 import torch
-from helpers.checkpoints import DIM, make_checkpoint, table_rows
 
 import recckpt
+from helpers.checkpoints import DIM, make_checkpoint, table_rows
 from recckpt import ExportOptions
 from recckpt.api.exporter import dequantize_int8, quantize_int8
 from recckpt.errors import InvalidArgumentError
@@ -208,7 +208,6 @@ def test_bad_options(ckpts, tmp_path):
 
 def test_missing_counter_is_named(tmp_path):
     from helpers.tables import DictTable
-
     from recckpt.state.protocol import SlotSpec
     t = DictTable("item", {"embedding": SlotSpec(torch.float32, (4,), "sparse")})
     t.set_rows(torch.arange(10), {"embedding": torch.randn(10, 4)})

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from recckpt.state import initializers
 from recckpt.state.hashtable import HashTable
-from recckpt.state.protocol import SparseState, SparseTableMeta, SlotSpec, split_sparse_dense_state_dict
+from recckpt.state.protocol import SlotSpec, SparseState, SparseTableMeta, split_sparse_dense_state_dict
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 EXTREMES = [I64_MIN, I64_MIN + 1, -1, 0, 1, I64_MAX - 1, I64_MAX]
@@ -410,7 +410,9 @@ def test_import_rows_upsert_and_default_init():
     t.import_rows(T([10, 2, 11]), {"embedding": torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]),
                                    "cnt": T([4, 5, 6])})
     assert len(t) == 5 and t.ids().tolist() == [1, 2, 3, 10, 11]
-    by_id = lambda slot, i: t.slot(slot)[t.lookup(T([i]))[0]].tolist()
+    def by_id(slot, i):
+        return t.slot(slot)[t.lookup(T([i]))[0]].tolist()
+
     assert by_id("embedding", 2) == [2.0, 2.0] and by_id("embedding", 10) == [1.0, 1.0]
     assert by_id("embedding", 1) == [0.5, 0.5]
     assert by_id("cnt", 2) == 5 and by_id("cnt", 11) == 6 and by_id("cnt", 3) == 9

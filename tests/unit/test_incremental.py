@@ -9,11 +9,11 @@ import logging
 import pytest
 import torch
 
-from recckpt import HashTable, Saver, SaveOptions, SparseAdam
+from helpers.tables import DictTable, assert_tables_equal, table_contents
+from recckpt import HashTable, SaveOptions, Saver, SparseAdam
 from recckpt.errors import CorruptCheckpointError
 from recckpt.format import checked_json
 from recckpt.state.protocol import ChangeTracking, SlotSpec
-from helpers.tables import DictTable, assert_tables_equal, table_contents
 
 OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=4096, fsync=False)
 
@@ -315,6 +315,7 @@ def test_compact_folds_a_chain_into_an_equal_full_checkpoint(tmp_path, memory_by
 
 def test_compact_refuses_an_existing_destination_and_a_broken_chain(tmp_path):
     import shutil
+
     import recckpt
     from recckpt.errors import CheckpointExistsError
     run_chain(tmp_path, n_incr=2)

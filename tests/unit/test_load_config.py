@@ -7,9 +7,9 @@ import warnings
 import pytest
 import torch
 
-from recckpt import HashTable, LoadConfig, Saver, SaveOptions, SparseAdam
-from recckpt.errors import IncompatibleCheckpointError, LoadConfigError
 from helpers.tables import assert_tables_equal, table_contents
+from recckpt import HashTable, LoadConfig, SaveOptions, Saver, SparseAdam
+from recckpt.errors import IncompatibleCheckpointError, LoadConfigError
 
 OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=4096, fsync=False)
 CATS = ["sparse", "sparse_opt", "dense", "extra", "io_state"]

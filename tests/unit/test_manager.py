@@ -11,11 +11,10 @@ import warnings
 import pytest
 import torch
 
-from recckpt import (AsyncSaveError, CheckpointManager, EphemeralEveryNSteps, KeepPolicy,
-                     PreemptionHandler, Saver)
-from recckpt.errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError
-from helpers.training_child import make_job, run, train_step
 from helpers.tables import assert_tables_equal
+from helpers.training_child import make_job, run, train_step
+from recckpt import AsyncSaveError, CheckpointManager, EphemeralEveryNSteps, KeepPolicy, PreemptionHandler, Saver
+from recckpt.errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError
 
 
 def committed(out):

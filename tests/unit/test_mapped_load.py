@@ -130,7 +130,9 @@ def test_corruption_in_a_mapped_column_is_reported_with_its_chunk(tmp_path):
 def test_padding_before_a_column_must_be_zero(tmp_path):
     path, data = _column_file(tmp_path, 300, 2000)
     crcs = _C.crc32c_chunks(data, 1000)
-    req = lambda pad, lo=0: (path, 300, 2000, 1000, crcs, lo, 2000, np.empty(2000 - lo, np.uint8), pad)
+    def req(pad, lo=0):
+        return (path, 300, 2000, 1000, crcs, lo, 2000, np.empty(2000 - lo, np.uint8), pad)
+
     assert _C.read_ranges([req(300)], 1)[1] == []
     with open(path, "r+b") as f:
         f.seek(123)

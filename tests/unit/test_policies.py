@@ -1,9 +1,9 @@
 """Save policies, their composition and validation, and the keep policy as a pure function."""
 from __future__ import annotations
 
-import pytest
-
 from dataclasses import dataclass
+
+import pytest
 
 from recckpt import AnySavePolicy, AtSteps, EphemeralEveryNSteps, EveryNSeconds, EveryNSteps, KeepPolicy
 from recckpt.api.policies import EPHEMERAL, PERMANENT, CkptEntry, SaveContext, SaveSchedule

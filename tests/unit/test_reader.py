@@ -7,9 +7,9 @@ import uuid
 import numpy as np
 import pytest
 import torch
-from helpers.checkpoints import DIM, by_id, make_checkpoint, table_rows
 
 import recckpt
+from helpers.checkpoints import DIM, by_id, make_checkpoint, table_rows
 from recckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -78,7 +78,6 @@ def test_slots_shard_buckets_and_torch(out):
 
 def test_bf16_slot_is_exact_as_float32_and_native_in_torch(tmp_path):
     from helpers.tables import DictTable
-
     from recckpt import SaveOptions, Saver
     from recckpt.state.protocol import SlotSpec
     t = DictTable("w", {"embedding": SlotSpec(torch.bfloat16, (2, 3), "sparse")})

@@ -101,6 +101,7 @@ def test_reads_stop_at_the_size_of_the_opened_file(tmp_path):
 def test_engine_reads_only_regular_files(tmp_path, kind):
     """The engine's reader checks the opened file too (a FIFO does not block, a link is not followed)."""
     import numpy as np
+
     from recckpt import _C
     p = tmp_path / "shard.bin"
     if kind == "fifo":

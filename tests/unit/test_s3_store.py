@@ -11,7 +11,7 @@ import torch
 
 from helpers.s3_server import LoopbackProxy, storage_options
 from helpers.tables import DictTable, assert_tables_equal
-from recckpt import CheckpointManager, Saver, SaveOptions
+from recckpt import CheckpointManager, SaveOptions, Saver
 from recckpt.errors import CheckpointExistsError, CheckpointSaveError, StorageError
 from recckpt.state.protocol import SlotSpec
 
@@ -288,6 +288,7 @@ def test_opening_a_store_again_reuses_the_client(s3_server, s3_bucket):
     rewrites the retry settings it is handed; they must not change the options fsspec caches by), so a
     load after a save does not pay a new client's start-up; recckpt's defaults stay as they were."""
     import copy
+
     from recckpt.storage import fsspec_store, open_storage
     defaults = copy.deepcopy(fsspec_store._S3_DEFAULTS)
     opts = s3_server.options()
@@ -378,6 +379,7 @@ def test_two_processes_taking_over_one_stale_lease_do_not_both_win(s3_server, s3
     judging it stale and writing its own: the first must then lose (a conditional PUT on S3), not
     overwrite the winner's lease and write the same checkpoint beside it."""
     import json as json_mod
+
     from recckpt.storage import open_storage
     url = f"s3://{s3_bucket}/lease"
     owner = ".owner-c.w00000"
@@ -433,6 +435,7 @@ def test_a_full_load_falls_back_to_ranged_reads_when_whole_files_cannot_be_fetch
     that fails (here: the disk filling up), leaves the exact ranged reads, and the load succeeds."""
     import errno as errno_mod
     import shutil
+
     from recckpt.format import sparse_io
     url = f"s3://{s3_bucket}/fallback"
     m = Model(3000, seed=12)

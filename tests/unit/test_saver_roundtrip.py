@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import recckpt
-from recckpt import HashTable, Saver, SaveOptions, SparseAdagrad, SparseAdam
-from recckpt.state.protocol import SlotSpec
 from helpers.tables import DictTable, assert_tables_equal
+from recckpt import HashTable, SaveOptions, Saver, SparseAdagrad, SparseAdam
+from recckpt.state.protocol import SlotSpec
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16,
               torch.int32, torch.int64, torch.uint8, torch.bool]

@@ -1,10 +1,10 @@
 """Async snapshots must keep every captured part in its own host buffer, whatever the names are."""
 import torch
 
-from recckpt import Saver, SaveOptions
+from helpers.tables import DictTable, assert_tables_equal
+from recckpt import SaveOptions, Saver
 from recckpt.api.snapshot import HostBuffers, copy_snapshot
 from recckpt.state.protocol import SlotSpec
-from helpers.tables import DictTable, assert_tables_equal
 
 OPTS = SaveOptions(num_buckets=16, fsync=False)
 

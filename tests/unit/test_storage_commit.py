@@ -12,7 +12,7 @@ import fsspec
 import torch
 
 from helpers.shared_dir_child import Model
-from recckpt import Saver, SaveOptions
+from recckpt import SaveOptions, Saver
 from recckpt.format import catalog, names, recovery
 from recckpt.storage import FsspecStorage, LocalStorage, open_storage
 

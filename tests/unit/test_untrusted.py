@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-from helpers import hostile
-from helpers import stress_harness as h
+from helpers import hostile, stress_harness as h
 from recckpt import Saver
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
 
@@ -243,7 +242,8 @@ def test_hostile_extras_tree_is_refused(tmp_path):
 # ------------------------------------------------------------------ links inside a checkpoint
 def _linked_checkpoint(tmp_path, target_rel):
     import torch as _torch
-    from recckpt import HashTable as _HT, Saver as _Saver, SaveOptions as _SO
+
+    from recckpt import HashTable as _HT, SaveOptions as _SO, Saver as _Saver
 
     m = _torch.nn.Module()
     m.t = _HT("t", dim=4)
@@ -263,6 +263,7 @@ def _linked_checkpoint(tmp_path, target_rel):
                                         "manifest.json"])
 def test_a_file_linked_out_of_the_checkpoint_is_refused(tmp_path, target_rel):
     import torch as _torch
+
     from recckpt import HashTable as _HT, Saver as _Saver
 
     ckpt, _ = _linked_checkpoint(tmp_path, target_rel)
@@ -276,7 +277,8 @@ def test_a_file_linked_out_of_the_checkpoint_is_refused(tmp_path, target_rel):
 
 def test_a_linked_checkpoint_directory_itself_is_fine(tmp_path):
     import torch as _torch
-    from recckpt import HashTable as _HT, Saver as _Saver, SaveOptions as _SO
+
+    from recckpt import HashTable as _HT, SaveOptions as _SO, Saver as _Saver
 
     m = _torch.nn.Module()
     m.t = _HT("t", dim=4)

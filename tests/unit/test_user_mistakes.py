@@ -6,10 +6,24 @@ import pytest
 import torch
 
 import recckpt
-from recckpt import (AnySavePolicy, CheckpointManager, EphemeralEveryNSteps, EveryNSteps, HashTable, KeepPolicy,
-                     SaveOptions, Saver)
-from recckpt.errors import (CheckpointNotFoundError, CheckpointSaveError, IncompatibleCheckpointError,
-                            InvalidArgumentError, LoadConfigError, StorageError)
+from recckpt import (
+    AnySavePolicy,
+    CheckpointManager,
+    EphemeralEveryNSteps,
+    EveryNSteps,
+    HashTable,
+    KeepPolicy,
+    SaveOptions,
+    Saver,
+)
+from recckpt.errors import (
+    CheckpointNotFoundError,
+    CheckpointSaveError,
+    IncompatibleCheckpointError,
+    InvalidArgumentError,
+    LoadConfigError,
+    StorageError,
+)
 
 
 class Tables(torch.nn.Module):

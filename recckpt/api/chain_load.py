@@ -23,7 +23,7 @@ import torch
 
 from ..format import dtypes
 from ..format.checkpoint import CheckpointReader
-from ..format.fold import FoldPlan, bucket_groups, fill_fold, plan_fold
+from ..format.fold import FoldPlan, bucket_groups, fill_fold, folded_arrays, plan_fold
 from .row_filter import owners_of
 from .sparse_load import duplicate_ids_error
 
@@ -93,13 +93,7 @@ def load_chain_rows(plan: ChainPlan, table: str, target: str, target_table, slot
 
 
 def _import_folded(g: FoldPlan, table: str, target_table, slots, names, rbs) -> int:
-    ids = np.empty(g.out_rows, dtype="<i8")
-    cols = [np.empty((g.out_rows, rb), dtype=np.uint8) for rb in rbs]
-    fill_fold(g, names, rbs, ids.view(np.uint8), [c.reshape(-1) for c in cols])
-    if len(g.holes):
-        live = np.ones(g.out_rows, dtype=bool)
-        live[g.holes] = False
-        ids, cols = ids[live], [c[live] for c in cols]
+    ids, cols = folded_arrays(g, names, rbs)
     k = len(ids)
     if k == 0:
         return 0

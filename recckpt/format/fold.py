@@ -246,6 +246,19 @@ def bucket_groups(links: Sequence[CheckpointReader], table: str, lo: int, hi: in
             if (g * (hi - lo) // groups) != ((g + 1) * (hi - lo) // groups)]
 
 
+def folded_arrays(plan: FoldPlan, slots: list[str], row_bytes: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The rows of `plan` read into new arrays: `(ids int64[n], [uint8[n, row_bytes] per slot])`, the
+    holes (base rows that do not survive) left out."""
+    ids = np.empty(plan.out_rows, dtype="<i8")
+    cols = [np.empty((plan.out_rows, rb), dtype=np.uint8) for rb in row_bytes]
+    fill_fold(plan, slots, row_bytes, ids.view(np.uint8), [c.reshape(-1) for c in cols])
+    if len(plan.holes):
+        live = np.ones(plan.out_rows, dtype=bool)
+        live[plan.holes] = False
+        ids, cols = ids[live], [c[live] for c in cols]
+    return ids, cols
+
+
 def fold_rows(links: Sequence[CheckpointReader], table: str, slots: Sequence[str] | None = None,
               lo: int = 0, hi: int | None = None, *, duplicates: str = "error",
               group_bytes: int = GROUP_BYTES) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
@@ -265,11 +278,4 @@ def fold_rows(links: Sequence[CheckpointReader], table: str, slots: Sequence[str
         plan = plan_fold(links, table, g_lo, g_hi, duplicates=duplicates)
         if plan.rows == 0:
             continue
-        ids = np.empty(plan.out_rows, dtype="<i8")
-        cols = [np.empty((plan.out_rows, rb), dtype=np.uint8) for rb in row_bytes]
-        fill_fold(plan, slots, row_bytes, ids.view(np.uint8), [c.reshape(-1) for c in cols])
-        if len(plan.holes):
-            live = np.ones(plan.out_rows, dtype=bool)
-            live[plan.holes] = False
-            ids, cols = ids[live], [c[live] for c in cols]
-        yield ids, cols
+        yield folded_arrays(plan, slots, row_bytes)

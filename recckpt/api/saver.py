@@ -417,7 +417,7 @@ class Saver:
                                       f["size"] for f in part.index["files"]), time.perf_counter() - t0,
                                   parent.ckpt_id if parent is not None else None, full_reason)
             coord.end(key, None)   # other ranks learn the outcome (and raise if it was not committed)
-            if handed_over and not self.is_committed(ckpt_id):
+            if handed_over and coord.defers_commit:
                 # Only when all shards are saved from this one process (no process group): the part
                 # waits for the remaining shards' save() calls, and nothing is committed yet.
                 stats = dataclasses.replace(stats, committed=False)

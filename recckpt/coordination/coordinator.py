@@ -19,6 +19,9 @@ from typing import Any
 class Coordinator:
     rank: int
     world: int
+    #: Whether a part handed over by `submit` waits for later calls in this process (all shards saved
+    #: from one process): the save that handed it over returns before anything is committed.
+    defers_commit: bool = False
 
     def begin(self, key: tuple) -> str:
         """A nonce shared by every worker of this save."""
@@ -55,6 +58,7 @@ class InProcessCoordinator(Coordinator):
     (output_dir, ckpt_id), so separate Saver objects (one per simulated worker) cooperate."""
     _lock = threading.Lock()
     _saves: dict[tuple, dict[str, Any]] = {}
+    defers_commit = True
 
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world

@@ -29,19 +29,14 @@ def check_inside(storage: Storage, path: str, ckpt_dir: str, where: str) -> None
 def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
     path = f"{ckpt_dir}/{names.MANIFEST}" if ckpt_dir else names.MANIFEST
     where = storage.describe(path)
-    try:
-        if storage.size_is_a_request:   # one request, not two: read up to one byte past the cap
-            data = storage.read_bytes(path, 0, names.MAX_MANIFEST_BYTES + 1)
-            size = len(data)
-        else:
-            size = storage.size(path)
+    try:   # one read, capped one byte past the limit: no size request first, and never more than the cap
+        data = storage.read_bytes(path, 0, names.MAX_MANIFEST_BYTES + 1)
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(where) from None
-    if size > names.MAX_MANIFEST_BYTES:
-        raise CorruptCheckpointError(f"{where}: {size} bytes exceeds the manifest size cap", where)
+    if len(data) > names.MAX_MANIFEST_BYTES:
+        raise CorruptCheckpointError(f"{where}: more than {names.MAX_MANIFEST_BYTES} bytes exceeds the manifest "
+                                     f"size cap", where)
     check_inside(storage, path, ckpt_dir, where)
-    if not storage.size_is_a_request:
-        data = storage.read_bytes(path)
     m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
     m.content_sha256 = hashlib.sha256(data).hexdigest()  # what an increment on it names as its parent
     return m
@@ -50,13 +45,9 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
 def read_version_file(storage: Storage) -> list[str] | None:
     """Ids listed in the version file; None when it is missing or garbled (then the caller rebuilds)."""
     try:
-        if storage.size_is_a_request:   # one request, not two: read up to one byte past the cap
-            raw = storage.read_bytes(names.VERSION_FILE, 0, names.MAX_VERSION_FILE_BYTES + 1)
-            if len(raw) > names.MAX_VERSION_FILE_BYTES:
-                raw = None
-        else:
-            too_big = storage.size(names.VERSION_FILE) > names.MAX_VERSION_FILE_BYTES
-            raw = None if too_big else storage.read_bytes(names.VERSION_FILE)
+        raw = storage.read_bytes(names.VERSION_FILE, 0, names.MAX_VERSION_FILE_BYTES + 1)   # capped, one read
+        if len(raw) > names.MAX_VERSION_FILE_BYTES:
+            raw = None
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     except CorruptCheckpointError as e:   # a FIFO, device or link (storage reads regular files only)

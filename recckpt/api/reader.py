@@ -17,7 +17,6 @@ unpickled: registered objects saved with `allow_pickle=True` are shown as their 
 from __future__ import annotations
 
 import datetime as _dt
-import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,13 +82,7 @@ def open_output_dir(path, storage_options: Mapping[str, Any] | None = None) -> S
 
 
 def _open_storage(path: str, storage_options: Mapping[str, Any] | None) -> Storage:
-    if storage_options and "storage_options" in inspect.signature(open_storage).parameters:
-        return open_storage(path, storage_options=dict(storage_options))
-    if storage_options:
-        raise InvalidArgumentError(
-            f"{path}: storage_options were given but this recckpt's storage layer does not take them; "
-            f"configure the filesystem through fsspec's own configuration instead")
-    return open_storage(path)
+    return open_storage(path, dict(storage_options) if storage_options else None)
 
 
 def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int = 4) -> CheckpointView:

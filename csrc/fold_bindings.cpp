@@ -105,5 +105,7 @@ void bind_fold(py::module_& m) {
         "[0, n_base)), holes/hole_ids (base positions that do not survive and their ids), dup_link/dup_ids "
         "(ids stored twice within one link).");
   m.def("copy_rows", &py_copy_rows, py::arg("src"), py::arg("src_idx"), py::arg("dst"), py::arg("dst_idx"),
-        py::arg("row_bytes"), "dst row dst_idx[k] = src row src_idx[k] (rows of row_bytes bytes), GIL released");
+        py::arg("row_bytes"), "dst row dst_idx[k] = src row src_idx[k] (rows of row_bytes bytes), in order of k, GIL released; src "
+        "and dst may be one buffer when src_idx[k] > dst_idx[k] for every k and both increase (rows move "
+        "forward without reading a row already written)");
 }

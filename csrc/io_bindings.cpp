@@ -20,6 +20,7 @@ namespace {
 
 // Keeps a submitted segment's buffers alive until the writer has written (or dropped) them.
 struct Held {
+  int64_t id = -1;
   std::shared_ptr<std::atomic<bool>> done;
   std::vector<py::buffer_info> bufs;
 };
@@ -76,14 +77,30 @@ class PyShardWriter {
     }
     in.done = h.done;
     reap();
+    std::shared_ptr<std::atomic<bool>> flag = h.done;
     held_.push_back(std::move(h));
     int64_t id;
     {
       py::gil_scoped_release nogil;
       id = w_->submit(std::move(in));  // on failure the segment is marked done (reaped below or later)
     }
+    for (Held& held : held_)
+      if (held.done == flag) held.id = id;
     reap();
     return id;
+  }
+
+  // Blocks (GIL released) until segment `id` is written, then lets go of its buffers.
+  void wait(int64_t id) {
+    if (!w_) throw py::value_error("ShardWriter is closed");
+    std::shared_ptr<std::atomic<bool>> done;
+    for (const Held& h : held_)
+      if (h.id == id) done = h.done;
+    if (done) {  // not held any more: written (or never submitted, which the caller cannot tell apart)
+      py::gil_scoped_release nogil;
+      w_->wait_done(*done);
+    }
+    reap();
   }
 
   py::list finish(bool fsync) {
@@ -303,6 +320,9 @@ void bind_io(py::module_& m) {
            py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"))
       .def("submit", &PyShardWriter::submit, py::arg("table"), py::arg("ids"), py::arg("columns"),
            "queue a segment; blocks (GIL released) while too many bytes are in flight; returns its id")
+      .def("wait", &PyShardWriter::wait, py::arg("segment"),
+           "block (GIL released) until segment `segment` (an id submit returned) is written, so the caller may "
+           "reuse its buffers; raises the writer's first failure instead")
       .def("finish", &PyShardWriter::finish, py::arg("fsync") = true,
            "wait for every segment, fsync and close the files; per file the records of its segments")
       .def("abort", &PyShardWriter::abort, "stop the workers and close the files (kept on disk)");

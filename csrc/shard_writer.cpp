@@ -462,6 +462,7 @@ void ShardWriter::stop_and_join(bool discard) {
     }
   }
   ended_ = true;
+  space_cv_.notify_all();  // wait_done() callers see the dropped segments' flags
 }
 
 std::vector<std::vector<SegmentRecord>> ShardWriter::finish(bool fsync) {
@@ -476,6 +477,15 @@ std::vector<std::vector<SegmentRecord>> ShardWriter::finish(bool fsync) {
   out.reserve(files_.size());
   for (auto& f : files_) out.push_back(std::move(f->records));
   return out;
+}
+
+void ShardWriter::wait_done(const std::atomic<bool>& done) {
+  std::unique_lock<std::mutex> lk(mu_);
+  // A failed writer may stop before it reaches a queued segment: report the failure rather than wait.
+  space_cv_.wait(lk, [&] { return done.load(std::memory_order_acquire) || error_ || ended_; });
+  if (error_) throw OsError(*error_);
+  if (done.load(std::memory_order_acquire)) return;
+  throw std::logic_error("ShardWriter: wait_done() on a segment that was never written");
 }
 
 void ShardWriter::abort() {

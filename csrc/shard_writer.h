@@ -59,6 +59,11 @@ class ShardWriter {
   std::vector<std::vector<SegmentRecord>> finish(bool fsync);
   // Stops the workers (dropping queued segments) and closes the files, keeping them.
   void abort();
+  // Blocks until `done` (a submitted segment's flag) is set: the writer no longer reads that segment's
+  // buffers, which the caller may then reuse. Throws the first worker failure (OsError) instead, as
+  // soon as there is one (the caller's output is lost then), and std::logic_error if the writer ended
+  // without setting the flag.
+  void wait_done(const std::atomic<bool>& done);
 
   int64_t segment_bytes(const SegmentInput& seg) const;
   int64_t num_buckets() const { return num_buckets_; }

@@ -20,10 +20,10 @@ from ..errors import CheckpointExistsError, CheckpointNotFoundError, RecckptErro
 from ..format import catalog
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
-from ..format.fold import fold_rows
+from ..format.fold import bucket_groups, fill_live, plan_fold
 from ..format.layout import row_granule, segment_rows
 from ..format.names import MANIFEST, validate_ckpt_id
-from ..format.sparse_io import SparseWriteOptions, TableSource
+from ..format.sparse_io import SparseWriteOptions, TableSource, WriteReceipts
 from ..storage import open_storage
 
 log = logging.getLogger("recckpt")
@@ -48,18 +48,53 @@ def _split(path: str) -> tuple[str, str]:
     return head, name
 
 
-def _pieces(links, table: str, slots: list[str], seg_rows: int, granule: int, group_bytes: int):
+class _GroupBuffers:
+    """Two sets of flat uint8 buffers (ids, then one per slot), filled by turns: a bucket group is folded
+    into one while the writer still writes the previous group from the other. Reused memory is what
+    makes this fast: fresh pages fault on first touch, and a fold touches every byte it writes."""
+
+    def __init__(self, widths: list[int], receipts: WriteReceipts):
+        self.widths = widths
+        self.receipts = receipts
+        self.sets: list[list[np.ndarray]] = [[], []]
+        self.free_after = [0, 0]   # chunks taken when each set was last yielded from
+        self.turn = 0
+
+    def next(self, rows: int) -> list[np.ndarray]:
+        """Buffers of `rows` rows that the writer no longer reads (waits for it)."""
+        self.free_after[1 - self.turn] = len(self.receipts)   # the other set's chunks are all taken
+        self.turn = 1 - self.turn
+        self.receipts.wait(self.free_after[self.turn])
+        bufs = self.sets[self.turn]
+        if not bufs or len(bufs[0]) < 8 * rows:
+            rows += rows // 8                                  # headroom: groups differ a little in size
+            bufs = self.sets[self.turn] = [np.empty(w * rows, dtype=np.uint8) for w in self.widths]
+        return bufs
+
+
+def _pieces(links, table: str, slots: list[str], row_bytes: list[int], seg_rows: int, granule: int,
+            group_bytes: int, receipts: WriteReceipts):
     """The folded rows of `table`, bucket group by bucket group, as segments of `seg_rows` rows (views of
-    each group's arrays, which the writer keeps until written). Every segment but the last holds whole
-    granules (`row_granule`), which keeps slot rows page-aligned for mapped loads; each group's short
-    rest (fewer than `granule` rows) is copied aside and written last, as one segment."""
+    buffers reused every other group: `receipts` says when the writer is done with them). Every segment
+    but the last holds whole granules (`row_granule`), which keeps slot rows page-aligned for mapped
+    loads; each group's short rest (fewer than `granule` rows) is copied aside and written last, as one
+    segment."""
+    buffers = _GroupBuffers([8, *row_bytes], receipts)
     rest_ids, rest_cols = [], []
-    for ids, cols in fold_rows(links, table, slots, group_bytes=group_bytes):
-        whole = len(ids) - len(ids) % granule
+    for lo, hi in bucket_groups(links, table, 0, links[-1].manifest.num_buckets, group_bytes):
+        plan = plan_fold(links, table, lo, hi)
+        if plan.rows == 0:
+            continue
+        flat = buffers.next(plan.out_rows)
+        n = fill_live(plan, slots, row_bytes, flat[0][:8 * plan.out_rows],
+                      [b[:rb * plan.out_rows] for b, rb in zip(flat[1:], row_bytes)])
+        ids = flat[0][:8 * n].view("<i8")
+        cols = [b[:rb * n].reshape(n, rb) for b, rb in zip(flat[1:], row_bytes)]
+        whole = n - n % granule
         for k in range(0, whole, seg_rows):
             end = min(k + seg_rows, whole)
             yield ids[k:end], [c[k:end] for c in cols]
-        if whole < len(ids):
+        if whole < n:
             rest_ids.append(ids[whole:].copy())
             rest_cols.append([c[whole:].copy() for c in cols])
     if rest_ids:
@@ -102,8 +137,10 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
             rbs = [s.row_bytes for s in info.slots.values()]
             upper = sum(link.manifest.tables[name].rows for link in tl)   # rows before removals win
             seg_rows = segment_rows(SEGMENT_BYTES, rbs)
-            rows_iter = _pieces(tl, name, slots, seg_rows, row_granule(rbs), memory_bytes)
-            sources.append(TableSource(name, dict(info.slots), upper, rows_iter))
+            receipts = WriteReceipts()
+            # Two bucket groups are held at once (one folding, one being written): half the memory each.
+            rows_iter = _pieces(tl, name, slots, rbs, seg_rows, row_granule(rbs), memory_bytes // 2, receipts)
+            sources.append(TableSource(name, dict(info.slots), upper, rows_iter, receipts))
         parts = []
         for w in range(m.shard_num):
             part = write_worker_part(store, stage, w, tables=sources if w == 0 else [], dense=None, extras=None,

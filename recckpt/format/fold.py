@@ -246,17 +246,30 @@ def bucket_groups(links: Sequence[CheckpointReader], table: str, lo: int, hi: in
             if (g * (hi - lo) // groups) != ((g + 1) * (hi - lo) // groups)]
 
 
+def fill_live(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], ids_out: np.ndarray,
+              cols_out: Sequence[np.ndarray]) -> int:
+    """`fill_fold`, then the surviving rows moved to the front of the buffers in their order (the holes
+    dropped in place, no new memory); returns how many rows survive."""
+    fill_fold(plan, slots, row_bytes, ids_out, cols_out)
+    if not len(plan.holes):
+        return plan.out_rows
+    live = np.ones(plan.out_rows, dtype=bool)
+    live[plan.holes] = False
+    keep = np.flatnonzero(live)
+    first = int(plan.holes.min())              # rows before the first hole stay where they are
+    src, dst = keep[first:], np.arange(first, len(keep), dtype=np.int64)
+    for w, o in zip([8, *row_bytes], [ids_out, *cols_out]):
+        _C.copy_rows(o, src, o, dst, w)        # forward, src[k] > dst[k]: never reads a row it wrote
+    return len(keep)
+
+
 def folded_arrays(plan: FoldPlan, slots: list[str], row_bytes: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
     """The rows of `plan` read into new arrays: `(ids int64[n], [uint8[n, row_bytes] per slot])`, the
     holes (base rows that do not survive) left out."""
     ids = np.empty(plan.out_rows, dtype="<i8")
     cols = [np.empty((plan.out_rows, rb), dtype=np.uint8) for rb in row_bytes]
-    fill_fold(plan, slots, row_bytes, ids.view(np.uint8), [c.reshape(-1) for c in cols])
-    if len(plan.holes):
-        live = np.ones(plan.out_rows, dtype=bool)
-        live[plan.holes] = False
-        ids, cols = ids[live], [c[live] for c in cols]
-    return ids, cols
+    n = fill_live(plan, slots, row_bytes, ids.view(np.uint8), [c.reshape(-1) for c in cols])
+    return ids[:n], [c[:n] for c in cols]
 
 
 def fold_rows(links: Sequence[CheckpointReader], table: str, slots: Sequence[str] | None = None,

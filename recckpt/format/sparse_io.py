@@ -27,14 +27,48 @@ from .catalog import check_inside
 from .schema import Column, IndexDoc, Segment, SlotInfo
 
 
+class WriteReceipts:
+    """What the writer has taken from one chunk stream, so that the stream can reuse its buffers.
+
+    The writer keeps reading a chunk's arrays after taking it, until the chunk is written; a stream that
+    fills the same memory again must first `wait` for the chunks that used it. Call sequence: the
+    writer calls `taken` for every chunk as it queues it; the stream reads `len(receipts)` (chunks
+    taken so far) after yielding the last chunk of a buffer, and later calls `wait(that count)` before
+    filling the buffer again."""
+
+    def __init__(self) -> None:
+        self._writer = None
+        self._segments: list[int] = []
+        self._written = 0
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def taken(self, writer: _C.ShardWriter, segment: int) -> None:
+        """The writer queued the next chunk of the stream as segment `segment`."""
+        if self._writer is not None and writer is not self._writer:
+            raise ValueError("WriteReceipts: one stream is written by one writer")
+        self._writer = writer
+        self._segments.append(segment)
+
+    def wait(self, count: int) -> None:
+        """Block until the first `count` chunks taken are written (their arrays may then be reused);
+        raises the writer's failure (OSError) instead."""
+        for seg in self._segments[self._written:count]:
+            self._writer.wait(seg)
+        self._written = max(self._written, min(count, len(self._segments)))
+
+
 @dataclass
 class TableSource:
     """A table as the writer sees it: slot specs in column order and a stream of chunks, each
-    `(ids int64[n], [uint8[n, row_bytes] per slot])`, C-contiguous numpy arrays."""
+    `(ids int64[n], [uint8[n, row_bytes] per slot])`, C-contiguous numpy arrays. A stream that reuses
+    its arrays passes `receipts` and waits on them (see WriteReceipts)."""
     name: str
     slots: dict[str, SlotInfo]
     rows: int
     chunks: Iterable[tuple[np.ndarray, list[np.ndarray]]]
+    receipts: WriteReceipts | None = None
 
     @property
     def nbytes(self) -> int:
@@ -75,7 +109,9 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
         try:
             for ti, t in enumerate(sources):
                 for ids, cols in t.chunks:
-                    writer.submit(ti, ids, cols)
+                    segment = writer.submit(ti, ids, cols)
+                    if t.receipts is not None:
+                        t.receipts.taken(writer, segment)
             records = writer.finish(opts.fsync)
         except BaseException:
             writer.abort()

@@ -319,6 +319,35 @@ def test_writer_drops_references_after_writing(tmp_path):
     assert all(r() is None for pair in refs for r in pair)
 
 
+def test_writer_wait_returns_once_a_segment_is_written(tmp_path):
+    # Compaction reuses its buffers after wait(): by then the writer must hold no reference to them.
+    w = _C.ShardWriter([str(tmp_path / "a"), str(tmp_path / "b")], 16, 1 << 16, 1 << 30)
+    ids = np.arange(200_000, dtype=np.int64)
+    col = np.ones((200_000, 128), np.uint8)
+    refs = (weakref.ref(ids), weakref.ref(col))
+    first = w.submit(0, ids, [col])
+    later = w.submit(0, np.arange(10, dtype=np.int64), [np.zeros((10, 128), np.uint8)])
+    del ids, col
+    w.wait(first)
+    gc.collect()
+    assert refs[0]() is None and refs[1]() is None
+    w.wait(first)          # again: already written
+    w.wait(later)
+    assert sum(len(f) for f in w.finish(False)) == 2
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_writer_wait_raises_the_failure_of_the_writer(tmp_path):
+    w = _C.ShardWriter(["/dev/full"], 8, 64, 1 << 30)
+    ids = np.arange(100_000, dtype=np.int64)
+    segs = [w.submit(0, ids, [np.zeros((100_000, 64), np.uint8)]) for _ in range(3)]
+    with pytest.raises(OSError) as e:
+        for s in segs:
+            w.wait(s)
+    assert e.value.errno == 28 and e.value.filename == "/dev/full"
+    w.abort()
+
+
 def test_writer_rejects_bad_arrays(tmp_path):
     w = _C.ShardWriter([str(tmp_path / "a")], 4, 64, 1 << 20)
     ids = np.arange(4, dtype=np.int64)

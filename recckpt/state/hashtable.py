@@ -55,6 +55,11 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SlotInit = Union[float, Callable[[torch.Tensor], object]]
 
 
+#: dtype of the change-tracking stamps: one generation number a row (a mark per save fits 2**31 saves);
+#: 4 bytes rather than 8 keeps the stamps of a training step's random rows in fewer cache lines.
+_STAMP_DTYPE = torch.int32
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
@@ -184,7 +189,7 @@ class HashTable(nn.Module):
         self._valid_from = 0  # marks older than this cannot describe the changes (cleared, slot added)
         self._removed_log: List[Tuple[int, torch.Tensor]] = []
         with torch.inference_mode(False):
-            self._stamps: Optional[torch.Tensor] = (torch.zeros(capacity, dtype=torch.int64)
+            self._stamps: Optional[torch.Tensor] = (torch.zeros(capacity, dtype=_STAMP_DTYPE)
                                                     if track_changes else None)
         #: The training step, as the user sets it; ``last_step`` records it (with ``counters``).
         self.step = 0
@@ -337,7 +342,7 @@ class HashTable(nn.Module):
             new_ids = torch.empty(cap, dtype=torch.int64)
             new_ids[:n].copy_(self._ids[:n])
             if self._stamps is not None:
-                new_stamps = torch.zeros(cap, dtype=torch.int64)
+                new_stamps = torch.zeros(cap, dtype=_STAMP_DTYPE)
                 new_stamps[:n].copy_(self._stamps[:n])
                 self._stamps = new_stamps
         self._map.reserve(cap)
@@ -536,12 +541,20 @@ class HashTable(nn.Module):
 
     def write_rows(self, slot: str, rows: torch.Tensor, values: torch.Tensor) -> None:
         """Set slot ``slot`` at ``rows`` (unique, in range) to ``values`` (cast to the slot dtype)."""
-        self._check_slot(slot)
-        data = self._data[slot]
-        data.index_copy_(0, rows.to(data.device), values.to(device=data.device, dtype=data.dtype))
+        self.write_slots(rows, {slot: values})
+
+    def write_slots(self, rows: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:
+        """Set several slots at the same ``rows`` (unique, in range): ``values`` maps slot names to
+        ``[len(rows), *shape]`` tensors (cast to each slot's dtype). What an optimizer step calls: the
+        rows are marked changed once, not once per slot."""
+        for slot in values:
+            self._check_slot(slot)
+        for slot, v in values.items():
+            data = self._data[slot]
+            data.index_copy_(0, rows.to(data.device), v.to(device=data.device, dtype=data.dtype))
         if self._stamps is not None:
             self._stamps.index_fill_(0, rows.to(self._stamps.device), self._gen)
-        if self._counters and slot == EMBEDDING:
+        if self._counters and EMBEDDING in values:
             last = self._data[LAST_STEP]
             last.index_fill_(0, rows.to(last.device), self.step)
         self._version += 1
@@ -862,7 +875,7 @@ class HashTable(nn.Module):
                 else:
                     data[k] = torch.empty((cap, *spec.shape), dtype=spec.dtype, device=self.device)
                     self._init_rows(data[k][:rows], self._inits[k])
-            stamps = torch.full((cap,), self._gen, dtype=torch.int64) if self._stamps is not None else None
+            stamps = torch.full((cap,), self._gen, dtype=_STAMP_DTYPE) if self._stamps is not None else None
         self._map, self._data, self._ids, self._capacity, self._size = id_map, data, ids, cap, rows
         self._stamps = stamps
         self._version += 1
@@ -921,6 +934,8 @@ class HashTable(nn.Module):
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
+        if self.__dict__.get("_stamps") is not None and self._stamps.dtype != _STAMP_DTYPE:
+            self._stamps = self._stamps.to(_STAMP_DTYPE)   # pickled before the stamps were int32
         self._map = _C.IdMap(self._capacity)
         if self._size:
             self._map.insert(_np(self._ids[: self._size]))

@@ -241,8 +241,7 @@ class SparseAdagrad(SparseOptimizer):
         std = acc.sqrt().add_(self.eps)
         w = table.read_rows(EMBEDDING, rows, cd)
         w.addcdiv_(g, std, value=-clr)
-        table.write_rows(self.ACC, rows, acc)
-        table.write_rows(EMBEDDING, rows, w)
+        table.write_slots(rows, {self.ACC: acc, EMBEDDING: w})
 
 
 class SparseAdam(SparseOptimizer):
@@ -307,12 +306,10 @@ class SparseAdam(SparseOptimizer):
         v_upd = g.pow(2).sub_(v_old).mul_(1 - b2)
         m_new = m_upd.add_(m_old)
         v_new = v_upd.add_(v_old)
-        table.write_rows(self.M, rows, m_new)
-        table.write_rows(self.V, rows, v_new)
-        denom = v_new.sqrt_().add_(self.eps)
+        denom = v_new.sqrt().add_(self.eps)
         bias_correction1 = 1 - b1**step
         bias_correction2 = 1 - b2**step
         step_size = self.lr * math.sqrt(bias_correction2) / bias_correction1
         w = table.read_rows(EMBEDDING, rows, cd)
-        w.add_(-step_size * m_new.div_(denom))
-        table.write_rows(EMBEDDING, rows, w)
+        w.add_(m_new.div(denom).mul_(-step_size))   # -step_size * (m / denom), as torch rounds it
+        table.write_slots(rows, {self.M: m_new, self.V: v_new, EMBEDDING: w})

@@ -11,7 +11,7 @@ import torch
 
 from helpers.tables import DictTable, assert_tables_equal, table_contents
 from recckpt import HashTable, SaveOptions, Saver, SparseAdam
-from recckpt.errors import CorruptCheckpointError
+from recckpt.errors import CorruptCheckpointError, InvalidArgumentError
 from recckpt.format import checked_json
 from recckpt.state.protocol import ChangeTracking, SlotSpec
 
@@ -65,6 +65,36 @@ def test_changes_since_a_mark():
     assert t.export_changes(later, ["embedding"], 8).rows == 0
     t.forget_changes(later)
     assert t.export_changes(mark, ["embedding"], 8).removed.numel() == 0  # records up to `later` dropped
+
+
+def test_write_slots_writes_every_slot_and_marks_the_rows_changed():
+    t = HashTable("t", 2)
+    t.add_slot("acc", torch.float32, (2,))
+    t(torch.arange(6))
+    mark = t.mark_changes()
+    rows = t.lookup(torch.tensor([1, 4]))
+    with pytest.raises(InvalidArgumentError, match="nope"):   # every slot is checked before any is written
+        t.write_slots(rows, {"embedding": torch.ones(2, 2), "nope": torch.ones(2, 2)})
+    assert t.export_changes(mark, ["embedding"], 8).rows == 0
+    t.write_slots(rows, {"embedding": torch.ones(2, 2), "acc": torch.full((2, 2), 7.0)})
+    assert torch.equal(t.read_rows("acc", rows), torch.full((2, 2), 7.0))
+    assert torch.equal(t.read_rows("embedding", rows), torch.ones(2, 2))
+    ch = t.export_changes(mark, ["embedding", "acc"], 8)
+    assert sorted(torch.cat([i for i, _ in ch.chunks]).tolist()) == [1, 4]
+
+
+def test_stamps_pickled_as_int64_are_read_back():
+    import pickle
+    t = HashTable("t", 2)
+    t(torch.arange(3))
+    mark = t.mark_changes()
+    t(torch.tensor([9]))
+    state = t.__getstate__()
+    state["_stamps"] = state["_stamps"].to(torch.int64)    # as a table pickled before int32 stamps
+    old = HashTable.__new__(HashTable)
+    old.__setstate__(state)
+    back = pickle.loads(pickle.dumps(old))
+    assert back.export_changes(mark, ["embedding"], 8).rows == 1
 
 
 def test_marks_that_no_longer_describe_the_table_give_none():

@@ -23,7 +23,7 @@ import torch
 
 from ..format import dtypes
 from ..format.checkpoint import CheckpointReader
-from ..format.fold import FoldPlan, bucket_groups, fill_fold, folded_arrays, plan_fold
+from ..format.fold import FoldPlan, Scratch, bucket_groups, fill_fold, folded_arrays, plan_fold
 from .row_filter import owners_of
 from .sparse_load import duplicate_ids_error
 
@@ -67,6 +67,7 @@ def load_chain_rows(plan: ChainPlan, table: str, target: str, target_table, slot
     remove = getattr(target_table, "remove_ids", None)
     total = 0
     gone = []
+    scratch = Scratch()
     for g in plan.groups:
         if g.out_rows == 0:
             continue
@@ -76,7 +77,7 @@ def load_chain_rows(plan: ChainPlan, table: str, target: str, target_table, slot
             ids_t, cols_t = target_table.append_views(g.out_rows, names)
             views = [ids_t] + [cols_t[s] for s in names]
             if all(v.device.type == "cpu" and v.is_contiguous() for v in views):
-                fill_fold(g, names, rbs, _bytes_of(ids_t), [_bytes_of(v) for v in views[1:]])
+                fill_fold(g, names, rbs, _bytes_of(ids_t), [_bytes_of(v) for v in views[1:]], scratch)
                 try:
                     target_table.commit_append()
                 except ValueError as e:
@@ -86,14 +87,14 @@ def load_chain_rows(plan: ChainPlan, table: str, target: str, target_table, slot
                 total += g.rows
                 continue
             # device storage: never committed, so the next call discards the views; fold on the host
-        total += _import_folded(g, table, target_table, slots, names, rbs)
+        total += _import_folded(g, table, target_table, slots, names, rbs, scratch)
     if gone:
         remove(torch.from_numpy(np.concatenate(gone)))
     return total
 
 
-def _import_folded(g: FoldPlan, table: str, target_table, slots, names, rbs) -> int:
-    ids, cols = folded_arrays(g, names, rbs)
+def _import_folded(g: FoldPlan, table: str, target_table, slots, names, rbs, scratch: Scratch) -> int:
+    ids, cols = folded_arrays(g, names, rbs, scratch)
     k = len(ids)
     if k == 0:
         return 0

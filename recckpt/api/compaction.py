@@ -20,7 +20,7 @@ from ..errors import CheckpointExistsError, CheckpointNotFoundError, RecckptErro
 from ..format import catalog
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
-from ..format.fold import bucket_groups, fill_live, plan_fold
+from ..format.fold import Scratch, bucket_groups, fill_live, plan_fold
 from ..format.layout import row_granule, segment_rows
 from ..format.names import MANIFEST, validate_ckpt_id
 from ..format.sparse_io import SparseWriteOptions, TableSource, WriteReceipts
@@ -59,6 +59,7 @@ class _GroupBuffers:
         self.sets: list[list[np.ndarray]] = [[], []]
         self.free_after = [0, 0]   # chunks taken when each set was last yielded from
         self.turn = 0
+        self.scratch = Scratch()   # where later links are read before their winning rows are copied
 
     def next(self, rows: int) -> list[np.ndarray]:
         """Buffers of `rows` rows that the writer no longer reads (waits for it)."""
@@ -87,7 +88,7 @@ def _pieces(links, table: str, slots: list[str], row_bytes: list[int], seg_rows:
             continue
         flat = buffers.next(plan.out_rows)
         n = fill_live(plan, slots, row_bytes, flat[0][:8 * plan.out_rows],
-                      [b[:rb * plan.out_rows] for b, rb in zip(flat[1:], row_bytes)])
+                      [b[:rb * plan.out_rows] for b, rb in zip(flat[1:], row_bytes)], buffers.scratch)
         ids = flat[0][:8 * n].view("<i8")
         cols = [b[:rb * n].reshape(n, rb) for b, rb in zip(flat[1:], row_bytes)]
         whole = n - n % granule

@@ -177,12 +177,26 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
                     tuple(r["dst"]), r["holes"], r["hole_ids"], base_skipped)
 
 
+class Scratch:
+    """The buffer into which `fill_fold` reads later links, kept by a caller that folds many bucket
+    groups: fresh memory faults on every first touch, so each call allocating its own costs a fault
+    per page read."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=np.uint8)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if self._buf.size < nbytes:
+            self._buf = np.empty(nbytes, dtype=np.uint8)
+        return self._buf[:nbytes]
+
+
 def fill_fold(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], ids_out: np.ndarray,
-              cols_out: Sequence[np.ndarray]) -> None:
+              cols_out: Sequence[np.ndarray], scratch: Scratch | None = None) -> None:
     """Write the folded rows of `plan` into `ids_out` (`8 * out_rows` bytes) and `cols_out` (one buffer
     of `row_bytes[k] * out_rows` bytes per slot in `slots`): writable, C-contiguous uint8 arrays (for
     instance a table's `append_views`). Positions in `plan.holes` are left holding the base's rows; the
-    caller drops them. Every byte read is verified."""
+    caller drops them. Every byte read is verified. `scratch`: reuse one read buffer across calls."""
     slots, row_bytes = list(slots), list(row_bytes)
     table = plan.table
     widths = [8] + row_bytes
@@ -200,19 +214,18 @@ def fill_fold(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], id
         pos += n
     if pos != plan.base_rows:
         _changed(base, table, pos, plan.base_rows)
-    # Later links are read a batch at a time into one buffer shared by all of them (fresh memory costs
-    # page faults on every first touch), and only their winning rows are copied out of it.
-    scratch = np.empty(0, dtype=np.uint8)
+    # Later links are read a batch at a time into one buffer shared by all of them, and only their
+    # winning rows are copied out of it.
+    scratch = Scratch() if scratch is None else scratch
     for j in range(1, len(plan.links)):
         link, src, dst = plan.links[j], plan.src[j], plan.dst[j]
         pos = 0
         for batch in link.segments.batches(table, slots, row_bytes, plan.lo, plan.hi):
             n = batch.rows
-            if scratch.size < n * sum(widths):
-                scratch = np.empty(n * sum(widths), dtype=np.uint8)
+            buf = scratch.take(n * sum(widths))
             views, off = [], 0
             for w in widths:
-                views.append(scratch[off:off + n * w])
+                views.append(buf[off:off + n * w])
                 off += n * w
             link.segments.read_batch(batch, views)
             a, b = np.searchsorted(src, [pos, pos + n])
@@ -247,10 +260,10 @@ def bucket_groups(links: Sequence[CheckpointReader], table: str, lo: int, hi: in
 
 
 def fill_live(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], ids_out: np.ndarray,
-              cols_out: Sequence[np.ndarray]) -> int:
+              cols_out: Sequence[np.ndarray], scratch: Scratch | None = None) -> int:
     """`fill_fold`, then the surviving rows moved to the front of the buffers in their order (the holes
     dropped in place, no new memory); returns how many rows survive."""
-    fill_fold(plan, slots, row_bytes, ids_out, cols_out)
+    fill_fold(plan, slots, row_bytes, ids_out, cols_out, scratch)
     if not len(plan.holes):
         return plan.out_rows
     live = np.ones(plan.out_rows, dtype=bool)
@@ -263,12 +276,13 @@ def fill_live(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], id
     return len(keep)
 
 
-def folded_arrays(plan: FoldPlan, slots: list[str], row_bytes: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+def folded_arrays(plan: FoldPlan, slots: list[str], row_bytes: list[int], scratch: Scratch | None = None
+                  ) -> tuple[np.ndarray, list[np.ndarray]]:
     """The rows of `plan` read into new arrays: `(ids int64[n], [uint8[n, row_bytes] per slot])`, the
     holes (base rows that do not survive) left out."""
     ids = np.empty(plan.out_rows, dtype="<i8")
     cols = [np.empty((plan.out_rows, rb), dtype=np.uint8) for rb in row_bytes]
-    n = fill_live(plan, slots, row_bytes, ids.view(np.uint8), [c.reshape(-1) for c in cols])
+    n = fill_live(plan, slots, row_bytes, ids.view(np.uint8), [c.reshape(-1) for c in cols], scratch)
     return ids[:n], [c[:n] for c in cols]
 
 
@@ -287,8 +301,9 @@ def fold_rows(links: Sequence[CheckpointReader], table: str, slots: Sequence[str
     slots = list(info.slots) if slots is None else list(slots)
     row_bytes = [info.slots[s].row_bytes for s in slots]
     hi = links[-1].manifest.num_buckets if hi is None else hi
+    scratch = Scratch()
     for g_lo, g_hi in bucket_groups(links, table, lo, hi, group_bytes):
         plan = plan_fold(links, table, g_lo, g_hi, duplicates=duplicates)
         if plan.rows == 0:
             continue
-        yield folded_arrays(plan, slots, row_bytes)
+        yield folded_arrays(plan, slots, row_bytes, scratch)

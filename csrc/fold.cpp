@@ -2,8 +2,11 @@
 // first event met for an id is its newest and wins, and every later (older) event for it loses.
 #include "fold.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "hash.h"
 
@@ -134,9 +137,23 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out) {
 }
 
 void copy_rows(const uint8_t* src, const int64_t* src_idx, uint8_t* dst, const int64_t* dst_idx, int64_t n,
-               int64_t row_bytes) {
+               int64_t row_bytes, int threads) {
   const size_t rb = (size_t)row_bytes;
-  for (int64_t k = 0; k < n; k++) std::memcpy(dst + (size_t)dst_idx[k] * rb, src + (size_t)src_idx[k] * rb, rb);
+  auto run = [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; k++) std::memcpy(dst + (size_t)dst_idx[k] * rb, src + (size_t)src_idx[k] * rb, rb);
+  };
+  // Scattered rows cost a cache miss each: spread big copies over threads. Small ones are not worth a
+  // thread start.
+  const int64_t per_thread_bytes = 8 << 20;
+  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, n * row_bytes / per_thread_bytes));
+  if (t == 1) {
+    run(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t i = 1; i < t; i++) pool.emplace_back(run, n * i / t, n * (i + 1) / t);
+  run(0, n / t);
+  for (auto& th : pool) th.join();
 }
 
 }  // namespace recckpt

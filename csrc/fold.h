@@ -35,8 +35,10 @@ constexpr int64_t kMaxFoldLinks = 32000;
 constexpr int64_t kMaxFoldBase = ((int64_t)1 << 31) - 1;
 void fold_links(const std::vector<FoldLink>& links, FoldResult& out);
 
-// dst[dst_idx[k]] = src[src_idx[k]] for rows of row_bytes bytes. Indices are checked by the caller.
+// dst[dst_idx[k]] = src[src_idx[k]] for rows of row_bytes bytes, on up to `threads` threads (each a
+// range of k; the rows written must be distinct). threads == 1 copies in order of k, which is what
+// moving rows forward within one buffer needs. Indices are checked by the caller.
 void copy_rows(const uint8_t* src, const int64_t* src_idx, uint8_t* dst, const int64_t* dst_idx, int64_t n,
-               int64_t row_bytes);
+               int64_t row_bytes, int threads);
 
 }  // namespace recckpt

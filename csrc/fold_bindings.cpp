@@ -89,7 +89,11 @@ void py_copy_rows(const py::buffer& src, const py::handle& src_idx, const py::bu
   {
     py::gil_scoped_release nogil;
     for (int64_t k = 0; k < n; k++) bad |= (uint64_t)a[k] >= (uint64_t)ns || (uint64_t)b[k] >= (uint64_t)nd;
-    if (!bad) copy_rows(static_cast<const uint8_t*>(s.ptr), a, static_cast<uint8_t*>(d.ptr), b, n, row_bytes);
+    // One buffer (rows moved forward within it) must be copied in order; distinct buffers in parallel.
+    const uint8_t* sp = static_cast<const uint8_t*>(s.ptr);
+    uint8_t* dp = static_cast<uint8_t*>(d.ptr);
+    const bool overlap = sp < dp + db && dp < sp + sb;
+    if (!bad) copy_rows(sp, a, dp, b, n, row_bytes, overlap ? 1 : 4);
   }
   if (bad) throw py::index_error("copy_rows: a row index is out of range");
 }
@@ -105,7 +109,7 @@ void bind_fold(py::module_& m) {
         "[0, n_base)), holes/hole_ids (base positions that do not survive and their ids), dup_link/dup_ids "
         "(ids stored twice within one link).");
   m.def("copy_rows", &py_copy_rows, py::arg("src"), py::arg("src_idx"), py::arg("dst"), py::arg("dst_idx"),
-        py::arg("row_bytes"), "dst row dst_idx[k] = src row src_idx[k] (rows of row_bytes bytes), in order of k, GIL released; src "
-        "and dst may be one buffer when src_idx[k] > dst_idx[k] for every k and both increase (rows move "
-        "forward without reading a row already written)");
+        py::arg("row_bytes"), "dst row dst_idx[k] = src row src_idx[k] (rows of row_bytes bytes; dst_idx distinct), GIL released, "
+        "big copies on several threads; src and dst may be one buffer when src_idx[k] > dst_idx[k] for every k "
+        "and both increase (rows move forward in order of k, never reading a row already written)");
 }

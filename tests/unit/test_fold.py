@@ -83,6 +83,32 @@ def test_copy_rows_checks_indexes_and_sizes():
         _C.copy_rows(src, np.array([0], "<i8"), read_only, np.array([0], "<i8"), 4)
 
 
+@pytest.mark.parametrize("rows", [1000, 200_000])   # one thread, and big enough to be spread over several
+def test_copy_rows_scatters_like_numpy(rows):
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 256, (rows, 96), dtype=np.uint8)
+    dst = np.zeros((rows * 2, 96), dtype=np.uint8)
+    s_idx = rng.integers(0, rows, rows // 2).astype("<i8")
+    d_idx = rng.permutation(rows * 2)[: rows // 2].astype("<i8")
+    _C.copy_rows(src.reshape(-1), s_idx, dst.reshape(-1), d_idx, 96)
+    want = np.zeros_like(dst)
+    want[d_idx] = src[s_idx]
+    assert np.array_equal(dst, want)
+
+
+@pytest.mark.parametrize("rows", [1000, 200_000])
+def test_copy_rows_moves_rows_forward_within_one_buffer(rows):
+    # What dropping holes in place does: kept rows move to the front, in order, in the same memory.
+    rng = np.random.default_rng(1)
+    buf = rng.integers(0, 256, (rows, 64), dtype=np.uint8)
+    keep = np.flatnonzero(rng.random(rows) > 0.3)
+    want = buf[keep].copy()
+    first = int(np.flatnonzero(keep != np.arange(len(keep)))[0])
+    _C.copy_rows(buf.reshape(-1), keep[first:].astype("<i8"), buf.reshape(-1),
+                 np.arange(first, len(keep), dtype="<i8"), 64)
+    assert np.array_equal(buf[:len(keep)], want)
+
+
 class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()

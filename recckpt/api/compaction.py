@@ -2,9 +2,9 @@
 
 The result holds exactly what loading `src` gives (every table's surviving rows with all their slots,
 and `src`'s dense state, registered objects and per-worker IO state, copied verified), written with the
-same layout and commit protocol as a save. Memory is bounded: each table is processed a group of
-buckets at a time, so at most about `memory_bytes` of the chain's rows (plus their ids) are planned at
-once, and rows stream from the links into the writer in bounded batches.
+same layout and commit protocol as a save. Memory is bounded: each table is folded a group of buckets
+at a time into one of two reused buffer sets of about `memory_bytes / 2` each (one being folded while
+the writer writes the other), and rows stream from the links in bounded batches.
 """
 from __future__ import annotations
 

@@ -63,9 +63,9 @@ class _GroupBuffers:
 
     def next(self, rows: int) -> list[np.ndarray]:
         """Buffers of `rows` rows that the writer no longer reads (waits for it)."""
-        self.free_after[1 - self.turn] = len(self.receipts)   # the other set's chunks are all taken
+        self.free_after[self.turn] = len(self.receipts)   # the set just filled: all its chunks are taken
         self.turn = 1 - self.turn
-        self.receipts.wait(self.free_after[self.turn])
+        self.receipts.wait(self.free_after[self.turn])     # the chunks of the group before last
         bufs = self.sets[self.turn]
         if not bufs or len(bufs[0]) < 8 * rows:
             rows += rows // 8                                  # headroom: groups differ a little in size

@@ -540,3 +540,50 @@ def test_retention_cut_short_never_leaves_an_increment_without_its_parent(tmp_pa
     for cid in left:
         rep = recckpt.verify(str(tmp_path / cid))
         assert rep.ok, rep.problems
+
+
+def test_compaction_reuses_a_buffer_only_after_the_writer_wrote_it(tmp_path, monkeypatch):
+    # Many bucket groups, two buffer sets used by turns: filling a set again must wait for every chunk
+    # cut from it (group k - 2), and must not wait for the group just before (written meanwhile).
+    import recckpt
+    import recckpt.api.compaction as C
+    from recckpt.format.sparse_io import WriteReceipts
+    model = torch.nn.Module()
+    model.emb = HashTable("emb", 16, track_changes=True)
+    opt = SparseAdam([model.emb], lr=0.05)
+    model.emb(torch.arange(20_000))
+    saver = Saver(model, opt, output_dir=tmp_path, options=OPTS)
+    saver.save("base")
+    gen = torch.Generator().manual_seed(3)
+    for k in range(2):
+        rows = torch.randperm(20_000, generator=gen)[:6000]
+        model.emb.write_rows("embedding", rows, torch.randn(6000, 16, generator=gen))
+        saver.save(f"i{k}", incremental=True)
+    want = snapshot(model.emb)
+    chunks, waited, fills = [0], [0], []
+    taken, wait, fill = WriteReceipts.taken, WriteReceipts.wait, C.fill_live
+
+    def record_taken(self, writer, segment):
+        chunks[0] += 1
+        return taken(self, writer, segment)
+
+    def record_wait(self, count):
+        waited[0] = max(waited[0], count)
+        return wait(self, count)
+
+    def record_fill(*args):
+        fills.append((chunks[0], waited[0]))   # chunks taken and waited for when a group starts filling
+        return fill(*args)
+
+    monkeypatch.setattr(WriteReceipts, "taken", record_taken)
+    monkeypatch.setattr(WriteReceipts, "wait", record_wait)
+    monkeypatch.setattr(C, "fill_live", record_fill)
+    recckpt.compact(tmp_path / "i1", tmp_path / "folded", fsync=False, memory_bytes=1 << 20)
+    assert len(fills) >= 6 and fills[-1][0] > fills[1][0] > 0     # groups big enough to yield chunks
+    for k in range(2, len(fills)):
+        assert fills[k][1] >= fills[k - 1][0]     # every chunk of groups <= k - 2 (this set's last use)
+        assert fills[k][1] <= fills[k - 1][0]     # none of group k - 1's
+    m2 = torch.nn.Module()
+    m2.emb = HashTable("emb", 16)
+    Saver(m2, SparseAdam([m2.emb], lr=0.05), output_dir=tmp_path, options=OPTS).load(ckpt_id="folded")
+    assert_contents(m2.emb, want)

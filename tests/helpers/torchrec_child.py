@@ -20,6 +20,9 @@ import sys
 import traceback
 import warnings
 
+# The checkout this file belongs to, ahead of any installed recckpt.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
 
 def _build(job, world, rank):
     import torch
@@ -137,6 +140,8 @@ def _dump(model, dense_opt, path, rank):
         if not key.endswith(".weight") or ("embedding_bags." not in key and "embeddings." not in key):
             continue
         table = key[:-len(".weight")]
+        if rank != 0 and not hasattr(w, "local_shards") and not hasattr(w, "to_local"):
+            continue   # a replicated (data-parallel) table: rank 0's copy stands for all
         states = {}
         for skey, st in fused.get(key, {}).items():
             states[skey.rpartition(".")[2]] = local(st)

@@ -44,10 +44,10 @@ def manifest_metadata(model) -> Dict[str, str]:
                 for s in getattr(spec, "shards", None) or []:
                     rank = getattr(s.placement, "rank", lambda: None)()
                     shards.append([*map(int, s.shard_offsets), *map(int, s.shard_sizes), rank])
-                plan[f.prefix + tname] = {"sharding": ps.sharding_type, "kernel": ps.compute_kernel,
+                plan[f"{f.prefix}{f.tables_attr}.{tname}"] = {"sharding": ps.sharding_type, "kernel": ps.compute_kernel,
                                           "ranks": list(ps.ranks or []), "shards": shards}
         else:
             for tname in getattr(f.module, f.tables_attr):
-                plan[f.prefix + tname] = {"sharding": "unsharded"}
+                plan[f"{f.prefix}{f.tables_attr}.{tname}"] = {"sharding": "unsharded"}
     return {"recckpt.torchrec.version": TORCHREC_VERSION, "recckpt.fbgemm.version": FBGEMM_VERSION,
             "recckpt.torchrec.plan": json.dumps(plan, sort_keys=True, separators=(",", ":"))}

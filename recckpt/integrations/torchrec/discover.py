@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 import torch
 
 from ...errors import InvalidArgumentError
+from .agree import agreed_slots
 from .table import ADAGRAD, ROWWISE_ADAGRAD, Shard, TorchRecTable
 
 #: wrapper class name -> the child attribute that holds the wrapped module (left out of names)
@@ -103,14 +104,15 @@ def _sharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], 
     tables, keys = [], []
     for tname, ps in plan.items():
         rel = f"{f.tables_attr}.{tname}.weight"
+        full_name = f.prefix + rel[:-len(".weight")]
         key = next((p + rel for p in f.raw_prefixes if p + rel in sd), None)
         if key is None:
-            raise InvalidArgumentError(f"TorchRec table {tname!r}: no state_dict entry {f.prefix + rel!r}")
+            raise InvalidArgumentError(f"TorchRec table {full_name!r}: no state_dict entry {f.prefix + rel!r}")
         w = sd[key]
         n, d = (int(x) for x in w.shape)
         shards = _local_shards(w)
         replicated = ps.sharding_type == "data_parallel"
-        opt = _fused_states(f.prefix + tname, fused.get(rel, {}), (n, d))
+        opt = _fused_states(full_name, fused.get(rel, {}), (n, d))
         opt_local = {slot: _local_shards(st) for slot, st in opt.items()}
         local = []
         for i, (off, t) in enumerate(shards):
@@ -118,15 +120,15 @@ def _sharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], 
             for slot, pieces in opt_local.items():
                 if len(pieces) != len(shards):
                     raise InvalidArgumentError(
-                        f"TorchRec table {f.prefix + tname!r}: {len(shards)} local weight shards but "
+                        f"TorchRec table {full_name!r}: {len(shards)} local weight shards but "
                         f"{len(pieces)} local shards of its optimizer state {slot!r}")
                 st = pieces[i][1]
                 states[slot] = st.reshape(t.shape[0]) if slot == ROWWISE_ADAGRAD else st
             local.append(Shard(int(off[0]), int(t.shape[0]), int(off[1]), int(t.shape[1]), t, states))
-        opt_slots = {slot: (st.dtype if not opt_local[slot] else opt_local[slot][0][1].dtype,
-                            (d,) if slot == ADAGRAD else ()) for slot, st in opt.items()}
-        tables.append(TorchRecTable(f.prefix + tname, n, d, _dtype_of(w, shards), local, opt_slots,
-                                    replicated, ps.sharding_type))
+        opt_slots = {slot: (_dtype_of(st, opt_local[slot]), (d,) if slot == ADAGRAD else ())
+                     for slot, st in opt.items()}
+        tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=_dtype_of(w, shards), shards=local,
+                           opt_slots=opt_slots, replicated=replicated, sharding=ps.sharding_type))
         keys.append(key)
     return tables, keys
 
@@ -156,28 +158,39 @@ def _unsharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable]
     tables, keys = [], []
     for tname, sub in getattr(f.module, f.tables_attr).items():
         rel = f"{f.tables_attr}.{tname}.weight"
+        full_name = f.prefix + rel[:-len(".weight")]
         key = next((p + rel for p in f.raw_prefixes if p + rel in sd), None)
         if key is None:
-            raise InvalidArgumentError(f"TorchRec table {tname!r}: no state_dict entry {f.prefix + rel!r}")
+            raise InvalidArgumentError(f"TorchRec table {full_name!r}: no state_dict entry {f.prefix + rel!r}")
         param = sub.weight
         if param.is_meta:
-            raise InvalidArgumentError(f"TorchRec table {f.prefix + tname!r} is on the meta device: shard it "
+            raise InvalidArgumentError(f"TorchRec table {full_name!r} is on the meta device: shard it "
                                        f"with DistributedModelParallel (or materialize it) before saving or loading")
         n, d = (int(x) for x in param.shape)
-        states = _in_backward_states(f.prefix + tname, param)
+        states = _in_backward_states(full_name, param)
         shard = Shard(0, n, 0, d, param.data, dict(states))
         opt_slots = {slot: (st.dtype, (d,) if slot == ADAGRAD else ()) for slot, st in states.items()}
         # An unsharded module holds every row in every process that has it: written once, loaded by all.
-        tables.append(TorchRecTable(f.prefix + tname, n, d, param.dtype, [shard], opt_slots, True, "unsharded"))
+        tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=param.dtype, shards=[shard],
+                           opt_slots=opt_slots, replicated=True, sharding="unsharded"))
         keys.append(key)
     return tables, keys
 
 
 def find_tables(model, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[str], List[Found]]:
     """(tables, their state_dict keys, the collections found) of `model`, whose state_dict is `sd`."""
-    tables, keys, found = [], [], list(collections(model))
+    parts, keys, found = [], [], list(collections(model))
     for f in found:
         t, k = (_sharded_tables if f.sharded else _unsharded_tables)(f, sd)
-        tables += t
+        parts += t
         keys += k
+    # Ranks holding no shard of a table learn its optimizer slots from those that do (once per model).
+    local = {p["name"]: {s: [str(dt).replace("torch.", ""), list(sh)] for s, (dt, sh) in p["opt_slots"].items()}
+             for p in parts if p["shards"]}
+    agreed = agreed_slots(model, local) if found and any(f.sharded for f in found) else local
+    tables = []
+    for p in parts:
+        if not p["shards"]:
+            p["opt_slots"] = {s: (getattr(torch, dt), tuple(sh)) for s, (dt, sh) in agreed.get(p["name"], {}).items()}
+        tables.append(TorchRecTable(**p))
     return tables, keys, found

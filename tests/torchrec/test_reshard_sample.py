@@ -1,0 +1,118 @@
+"""TorchRec models saved under one plan and world size, loaded under another (the CI sample of issue 25):
+real DistributedModelParallel on gloo in spawned processes, several cases per process group (each process
+pays TorchRec's import once). Every case compares what TorchRec holds after the load, row by row and slot
+by slot, with what it held when saved.
+
+Phases: 2 ranks train and save (EBC table-wise with fused Adagrad incl. an fp16 table, row-wise with
+RowWiseAdagrad, data-parallel + row-wise); 1 process loads the table-wise checkpoint into an unsharded
+module and saves an unsharded one; 3 ranks load: TW@2 -> RW@3, RowWiseAdagrad RW@2 -> CW@3, DP@2 -> RW@3,
+unsharded -> RW@3.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from .harness import full, load_dump, needs_torchrec, run_jobs, same
+
+pytestmark = needs_torchrec
+
+TABLES = [["a", 13, 24, "fp32"], ["b", 7, 12, "fp32"], ["h", 9, 12, "fp16"]]
+TW = {"a": "tw", "b": "tw", "h": "tw"}
+RW = {"a": "rw", "b": "rw", "h": "rw"}
+CW = {"a": "cw", "b": "cw", "h": "cw"}
+
+
+def _job(name, plan, opt, tmp, *, save=False, load=None, steps=0, tables=TABLES, conf=None):
+    return {"name": name, "kind": "ebc", "plan": plan, "opt": opt, "tables": tables, "train_steps": steps,
+            "save": os.path.join(tmp, f"ck_{name}") if save else None,
+            "load": os.path.join(tmp, f"ck_{load}") if load else None, "load_conf": conf,
+            "dump": os.path.join(tmp, f"d_{name}")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("torchrec"))
+    run_jobs(tmp, 2, [
+        _job("tw2", TW, "adagrad", tmp, save=True, steps=3),
+        _job("rowwise_rw2", RW, "rowwise", tmp, save=True, steps=3),
+        _job("dp2", {"a": "dp", "b": "rw", "h": "tw"}, "adagrad", tmp, save=True, steps=3),
+    ])
+    run_jobs(tmp, 1, [
+        _job("unsharded_from_tw2", "unsharded", "adagrad", tmp, load="tw2"),
+        _job("unsharded1", "unsharded", "adagrad", tmp, save=True, steps=3),
+    ])
+    results = run_jobs(tmp, 3, [
+        _job("rw3_from_tw2", RW, "adagrad", tmp, load="tw2"),
+        _job("cw3_from_rowwise_rw2", CW, "rowwise", tmp, load="rowwise_rw2"),
+        _job("rw3_from_dp2", RW, "adagrad", tmp, load="dp2", conf={"exclude": ["sparse_opt", "extra"]}),
+        _job("rw3_from_unsharded1", RW, "adagrad", tmp, load="unsharded1"),
+    ])
+    return tmp, results
+
+
+def _tables(tmp, name):
+    return load_dump(os.path.join(tmp, f"d_{name}"))
+
+
+def _weights_equal(src, dst):
+    assert set(src) == set(dst)
+    for table in src:
+        a, b = full(src[table]["weight"], src[table]["shape"]), full(dst[table]["weight"], dst[table]["shape"])
+        assert a.dtype == b.dtype, table
+        same(a, b, f"table {table}: embeddings")
+
+
+def test_tw2_to_rw3_rows_and_adagrad_state(runs):
+    tmp, _ = runs
+    src, dst = _tables(tmp, "tw2"), _tables(tmp, "rw3_from_tw2")
+    _weights_equal(src, dst)
+    for table in src:
+        shape = src[table]["shape"]
+        a = full(src[table]["states"]["momentum1"], shape)
+        b = full(dst[table]["states"]["momentum1"], shape)
+        assert bool((a != 0).any()), f"table {table}: training left no optimizer state to compare"
+        same(a, b, f"table {table}: Adagrad state")
+    assert src["coll.embedding_bags.h"]["weight"][0][1].dtype == torch.float16
+
+
+def test_rowwise_rw2_to_cw3(runs):
+    """RowWiseAdagrad's one value per row becomes each column shard's value (docs/TORCHREC.md)."""
+    tmp, _ = runs
+    src, dst = _tables(tmp, "rowwise_rw2"), _tables(tmp, "cw3_from_rowwise_rw2")
+    _weights_equal(src, dst)
+    for table in src:
+        rows = src[table]["shape"][0]
+        per_row = full(src[table]["states"]["momentum1"], [rows])
+        assert bool((per_row != 0).any())
+        shards = dst[table]["states"]["momentum1"]
+        assert len(shards) >= 2, "a column-wise plan on 3 ranks keeps one per-row state per column shard"
+        for off, t in shards:
+            k = off[0] // rows     # the column shard this piece belongs to
+            same(t, per_row.to(t.dtype), f"table {table}: column shard {k} momentum")
+
+
+def test_dp2_to_rw3_rows(runs):
+    tmp, results = runs
+    src, dst = _tables(tmp, "dp2"), _tables(tmp, "rw3_from_dp2")
+    _weights_equal(src, dst)
+    assert results[0][2]["loaded_tables"] == ["coll.embedding_bags.a", "coll.embedding_bags.b", "coll.embedding_bags.h"]
+
+
+def test_sharded_to_unsharded_and_back(runs):
+    tmp, _ = runs
+    src, dst = _tables(tmp, "tw2"), _tables(tmp, "unsharded_from_tw2")
+    _weights_equal(src, dst)
+    for table in src:
+        shape = src[table]["shape"]
+        b = full(dst[table]["states"]["sum"], shape)
+        same(full(src[table]["states"]["momentum1"], shape).to(b.dtype), b, f"table {table}: Adagrad state")
+    src, dst = _tables(tmp, "unsharded1"), _tables(tmp, "rw3_from_unsharded1")
+    _weights_equal(src, dst)
+    for table in src:
+        shape = src[table]["shape"]
+        a = full(src[table]["states"]["sum"], shape)
+        assert bool((a != 0).any())
+        same(a.float(), full(dst[table]["states"]["momentum1"], shape).float(), f"table {table}: Adagrad state")

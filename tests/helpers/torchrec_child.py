@@ -6,7 +6,7 @@ TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`.
   {"kind": "ebc"|"ec", "plan": {table: "tw"|"rw"|"cw"|"dp"|"twrw"} or "unsharded" or "default",
    "opt": "adagrad"|"rowwise"|"sgd", "tables": [[name, rows, dim, dtype], ...], "train_steps": k,
    "save": dir or null, "load": dir or null, "load_conf": {...} or null, "dump": dir or null,
-   "dtensor": bool, "expect_error": substring or null}
+   "dtensor": bool, "expect_error": true or null, "dump_before": dir or null}
 `dump` gets `<dump>/rank<r>.pt`: per table, the live local shards read straight from TorchRec's own
 state (state_dict + fused optimizer state, or the in-backward optimizer when unsharded), independent of
 recckpt's adapter, so the test compares what TorchRec holds.
@@ -173,6 +173,8 @@ def _run_jobs(rank, world, spec):
         model, inner, dense_opt = _build(job, world, rank)
         _train(job, model, dense_opt, rank)
         res = {"name": job.get("name")}
+        if job.get("dump_before"):
+            _dump(model, dense_opt, job["dump_before"], rank)
         try:
             if job.get("load"):
                 saver = recckpt.Saver(model, output_dir=job["load"])

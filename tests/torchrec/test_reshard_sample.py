@@ -40,17 +40,23 @@ def runs(tmp_path_factory):
         _job("rowwise_rw2", RW, "rowwise", tmp, save=True, steps=3),
         _job("dp2", {"a": "dp", "b": "rw", "h": "tw"}, "adagrad", tmp, save=True, steps=3),
     ])
-    run_jobs(tmp, 1, [
+    bad = [("rows", [["a", 14, 24, "fp32"], *TABLES[1:]]), ("dim", [["a", 13, 28, "fp32"], *TABLES[1:]]),
+           ("missing", TABLES[:2]), ("optimizer", TABLES)]
+    unsharded = run_jobs(tmp, 1, [
         _job("unsharded_from_tw2", "unsharded", "adagrad", tmp, load="tw2"),
         _job("unsharded1", "unsharded", "adagrad", tmp, save=True, steps=3),
+        *[dict(_job(f"bad_{why}", "unsharded", "rowwise" if why == "optimizer" else "adagrad", tmp, load="tw2",
+                    tables=tables), expect_error=True, dump_before=os.path.join(tmp, f"d_bad_{why}_before"))
+          for why, tables in bad],
     ])
+    errors = {r["name"]: r["error"] for r in unsharded[0][2:]}
     results = run_jobs(tmp, 3, [
         _job("rw3_from_tw2", RW, "adagrad", tmp, load="tw2"),
         _job("cw3_from_rowwise_rw2", CW, "rowwise", tmp, load="rowwise_rw2"),
         _job("rw3_from_dp2", RW, "adagrad", tmp, load="dp2", conf={"exclude": ["sparse_opt", "extra"]}),
         _job("rw3_from_unsharded1", RW, "adagrad", tmp, load="unsharded1"),
     ])
-    return tmp, results
+    return tmp, results, errors
 
 
 def _tables(tmp, name):
@@ -66,7 +72,7 @@ def _weights_equal(src, dst):
 
 
 def test_tw2_to_rw3_rows_and_adagrad_state(runs):
-    tmp, _ = runs
+    tmp, *_ = runs
     src, dst = _tables(tmp, "tw2"), _tables(tmp, "rw3_from_tw2")
     _weights_equal(src, dst)
     for table in src:
@@ -80,7 +86,7 @@ def test_tw2_to_rw3_rows_and_adagrad_state(runs):
 
 def test_rowwise_rw2_to_cw3(runs):
     """RowWiseAdagrad's one value per row becomes each column shard's value (docs/TORCHREC.md)."""
-    tmp, _ = runs
+    tmp, *_ = runs
     src, dst = _tables(tmp, "rowwise_rw2"), _tables(tmp, "cw3_from_rowwise_rw2")
     _weights_equal(src, dst)
     for table in src:
@@ -95,14 +101,14 @@ def test_rowwise_rw2_to_cw3(runs):
 
 
 def test_dp2_to_rw3_rows(runs):
-    tmp, results = runs
+    tmp, results, _ = runs
     src, dst = _tables(tmp, "dp2"), _tables(tmp, "rw3_from_dp2")
     _weights_equal(src, dst)
     assert results[0][2]["loaded_tables"] == ["coll.embedding_bags.a", "coll.embedding_bags.b", "coll.embedding_bags.h"]
 
 
 def test_sharded_to_unsharded_and_back(runs):
-    tmp, _ = runs
+    tmp, *_ = runs
     src, dst = _tables(tmp, "tw2"), _tables(tmp, "unsharded_from_tw2")
     _weights_equal(src, dst)
     for table in src:
@@ -116,3 +122,26 @@ def test_sharded_to_unsharded_and_back(runs):
         a = full(src[table]["states"]["sum"], shape)
         assert bool((a != 0).any())
         same(a.float(), full(dst[table]["states"]["momentum1"], shape).float(), f"table {table}: Adagrad state")
+
+
+@pytest.mark.parametrize("why,needles", [
+    ("rows", ["coll.embedding_bags.a", "13 rows", "14"]),
+    ("dim", ["coll.embedding_bags.a", "(24,)", "(28,)"]),
+    ("missing", ["coll.embedding_bags.h", "not in the model"]),
+    ("optimizer", ["adagrad.acc", "rowwise_adagrad.acc", "coll.embedding_bags.a"]),
+])
+def test_mismatch_is_refused_and_nothing_applied(runs, why, needles):
+    """Another row count, another dim, a missing table, another optimizer: a recckpt error naming the
+    table (and slot), raised before any row is written."""
+    tmp, _, errors = runs
+    err = errors[f"bad_{why}"]
+    assert err is not None and err.startswith("IncompatibleCheckpointError"), err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in: {err}"
+    assert "Nothing was loaded" in err
+    before, after = _tables(tmp, f"bad_{why}_before"), _tables(tmp, f"bad_{why}")
+    _weights_equal(before, after)
+    for table in before:
+        for k, pieces in before[table]["states"].items():
+            shape = [before[table]["shape"][0]] + list(pieces[0][1].shape[1:])
+            same(full(pieces, shape), full(after[table]["states"][k], shape), f"table {table} state {k}")

@@ -31,8 +31,8 @@ from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
 from ..load.load_config import LoadConfig
 from ..load.loader import LoadRequest, LoadTarget, load_checkpoint
-from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
 from ..state import plugins
+from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
 from ..state.protocol import ChangeTracking, FixedSize, SparseState, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from ..state.staging import StagingPool

@@ -409,6 +409,8 @@ class LoadPlan:
         spreads a row range over every bucket, so every bucket is read; a row outside [0, N) is refused
         with the table's name."""
         layout = table.row_layout()
+        if not layout.replicated and not layout.owned_rows:
+            return 0     # a table-wise table another rank owns: nothing of it is read here
         starts = np.array([a for a, _ in layout.owned_rows], dtype=np.int64)
         ends = np.array([b for _, b in layout.owned_rows], dtype=np.int64)
         split = set(column_split_slots(table.sparse_meta()))

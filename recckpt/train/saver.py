@@ -323,7 +323,7 @@ class Saver:
         live = self.capture(shard_id)
         live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if isinstance(t, ChangeTracking)}
         live.chain, live.full_reason = (chain, None) if incremental and chain is not None else (None, reason)
-        return copy_snapshot(live, bufs, chain.marks if incremental and chain is not None else None)
+        return copy_snapshot(live, bufs, chain.marks if incremental and chain is not None else None, shard_id)
 
     def _forget_written(self) -> None:
         """Let the live tables drop the change records a committed checkpoint holds, for saves written

@@ -43,7 +43,7 @@ from recckpt.state import initializers
 from recckpt.state.eviction import FREQ, LAST_STEP
 from recckpt.state.protocol import Changes, SlotSpec, SparseState, SparseTableMeta
 
-from ..errors import InvalidArgumentError
+from ...errors import InvalidArgumentError
 
 __all__ = ["HashTable", "EMBEDDING", "FREQ", "LAST_STEP"]
 

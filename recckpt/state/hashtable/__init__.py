@@ -34,68 +34,28 @@ import numbers
 import weakref
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 from torch import nn
 
 from recckpt import _C
 from recckpt.state import initializers
 from recckpt.state.eviction import FREQ, LAST_STEP
-from recckpt.state.protocol import Changes, SlotSpec, SparseState, SparseTableMeta
+from recckpt.state.protocol import SlotSpec, SparseState, SparseTableMeta
 
 from ...errors import InvalidArgumentError
+from .changes import ChangeLog, ChangeTracking
+from .storage import EMBEDDING, RowStore, SlotInit, flat_ids, init_rows, table_device, unique_inverse
 
 __all__ = ["HashTable", "EMBEDDING", "FREQ", "LAST_STEP"]
 
-#: Name of the embedding slot (always the first slot of a HashTable).
-EMBEDDING = "embedding"
-
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-SlotInit = Union[float, Callable[[torch.Tensor], object]]
-
-
-#: dtype of the change-tracking stamps: one generation number a row (a mark per save fits 2**31 saves);
-#: 4 bytes rather than 8 keeps the stamps of a training step's random rows in fewer cache lines.
-_STAMP_DTYPE = torch.int32
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.numpy()
-
-
-def _unique_inverse(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(unique values in first-occurrence order, inverse) of a 1-D int64 CPU tensor, hash based."""
-    local = _C.IdMap(x.numel())
-    inv, is_new = local.insert(_np(x))
-    return x[torch.from_numpy(is_new)], torch.from_numpy(inv)
-
-
-def _table_device(name: str, device: Union[str, torch.device]) -> torch.device:
-    """The device a table's slots live on, with the index made explicit (``"cuda"`` -> the current
-    CUDA device), so that comparing devices later is exact."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise InvalidArgumentError(f"HashTable {name!r}: device must be a torch device or its name, "
-                         f"got {device!r} ({e})") from None
-    if dev.type == "meta":
-        raise InvalidArgumentError(f"HashTable {name!r}: device 'meta' holds no data; use 'cpu' or a CUDA device")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise InvalidArgumentError(f"HashTable {name!r}: device {device!r} asked for, but torch sees no CUDA device; "
-                             f"use device='cpu' on this machine")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
 
 #: Rows per host-to-device copy when a device table adopts host storage (bounds the transient
 #: device memory of one copy step, not the table).
 _ADOPT_COPY_ROWS = 1 << 16
 
 
-class HashTable(nn.Module):
+class HashTable(ChangeTracking, nn.Module):
     """An embedding table over arbitrary int64 ids that grows as new ids arrive.
 
     Args:
@@ -163,34 +123,21 @@ class HashTable(nn.Module):
             initializer = initializers.default()
         if not callable(initializer):
             raise InvalidArgumentError(f"HashTable {name!r}: initializer must be callable, got {initializer!r}")
-        self.device = _table_device(name, device)
+        self.device = table_device(name, device)
         self.name = name
         self.dim = int(dim)
         self.initializer = initializer
         capacity = int(capacity)
-        self._specs: Dict[str, SlotSpec] = {EMBEDDING: SlotSpec(dtype, (self.dim,), "sparse")}
-        self._inits: Dict[str, SlotInit] = {EMBEDDING: initializer}
-        with torch.inference_mode(False):  # see _realloc
-            self._data: Dict[str, torch.Tensor] = {
-                EMBEDDING: torch.empty(capacity, self.dim, dtype=dtype, device=self.device)}
-            self._ids = torch.empty(capacity, dtype=torch.int64)
-        self._capacity = capacity
-        self._size = 0
-        self._map = _C.IdMap(capacity)
-        # Pending gradients: list of (rows int64[k] unique, grad [k, dim] in compute_dtype).
-        self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        self._version = 0  # bumped by every modification (checked by export_chunks)
-        self._epoch = 0  # bumped by clear_rows: gradients recorded before it are dropped
-        # Change tracking: row i was last written in generation _stamps[i]; mark_changes() closes
+        # Change tracking: row i was last written in generation stamps[i]; mark_changes() closes
         # the current generation. Removed ids are logged with the generation they left in.
         if not isinstance(track_changes, bool):
             raise InvalidArgumentError(f"HashTable {name!r}: track_changes must be a bool, got {track_changes!r}")
-        self._gen = 1
-        self._valid_from = 0  # marks older than this cannot describe the changes (cleared, slot added)
-        self._removed_log: List[Tuple[int, torch.Tensor]] = []
-        with torch.inference_mode(False):
-            self._stamps: Optional[torch.Tensor] = (torch.zeros(capacity, dtype=_STAMP_DTYPE)
-                                                    if track_changes else None)
+        self.change_log = ChangeLog.new(track_changes, capacity)
+        self.store = RowStore.empty(name, self.device, SlotSpec(dtype, (self.dim,), "sparse"), initializer,
+                                   capacity, self.change_log)
+        # Pending gradients: list of (rows int64[k] unique, grad [k, dim] in compute_dtype).
+        self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self._epoch = 0  # bumped by clear_rows: gradients recorded before it are dropped
         #: The training step, as the user sets it; ``last_step`` records it (with ``counters``).
         self.step = 0
         self._counters = False
@@ -203,7 +150,7 @@ class HashTable(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """dtype of the embedding slot."""
-        return self._specs[EMBEDDING].dtype
+        return self.store.specs[EMBEDDING].dtype
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -214,11 +161,11 @@ class HashTable(nn.Module):
     @property
     def capacity(self) -> int:
         """Number of rows allocated (>= ``len(self)``)."""
-        return self._capacity
+        return self.store.capacity
 
     def __len__(self) -> int:
         """Number of ids (rows) in the table."""
-        return self._size
+        return self.store.size
 
     def __bool__(self) -> bool:  # a Module is truthy even when the table is empty
         return True
@@ -226,12 +173,12 @@ class HashTable(nn.Module):
     @property
     def slot_names(self) -> List[str]:
         """Slot names in order (``"embedding"`` first)."""
-        return list(self._specs)
+        return list(self.store.specs)
 
     def slot_spec(self, name: str) -> SlotSpec:
         """The :class:`SlotSpec` of slot ``name``."""
-        self._check_slot(name)
-        return self._specs[name]
+        self.store.check_slot(name)
+        return self.store.specs[name]
 
     def slot(self, name: str) -> torch.Tensor:
         """Live view ``[len(self), *shape]`` of slot ``name``, row ``i`` belonging to ``ids()[i]``.
@@ -239,8 +186,8 @@ class HashTable(nn.Module):
         Writes through the view change the table (e.g. counters). The view is invalidated (stops
         aliasing the table) when the table grows or is cleared.
         """
-        self._check_slot(name)
-        return self._data[name][: self._size]
+        self.store.check_slot(name)
+        return self.store.columns[name][: self.store.size]
 
     @property
     def weight(self) -> torch.Tensor:
@@ -249,20 +196,24 @@ class HashTable(nn.Module):
 
     def ids(self) -> torch.Tensor:
         """Copy of the ids in row order (``int64[len(self)]``)."""
-        return self._ids[: self._size].clone()
+        return self.store.ids[: self.store.size].clone()
+
+    # Where the id storage and the id map were before the table became a package (recckpt's own
+    # tests inspect them); the parts of the table use ``store``.
+    @property
+    def _ids(self) -> torch.Tensor:
+        return self.store.ids
+
+    @property
+    def _map(self):
+        return self.store.map
 
     def extra_repr(self) -> str:
         return (
             f"name={self.name!r}, dim={self.dim}, dtype={self.dtype}, device={self.device}, "
-            f"rows={self._size}, capacity={self._capacity}, slots={self.slot_names}, "
+            f"rows={self.store.size}, capacity={self.store.capacity}, slots={self.slot_names}, "
             f"initializer={self.initializer!r}"
         )
-
-    def _check_slot(self, name: str) -> None:
-        if name not in self._specs:
-            raise InvalidArgumentError(
-                f"table {self.name!r}: no slot {name!r} (slots: {', '.join(self._specs)})"
-            )
 
     # ------------------------------------------------------------------ slots
     def add_slot(
@@ -292,146 +243,48 @@ class HashTable(nn.Module):
             raise InvalidArgumentError(
                 f"table {self.name!r}: slot {name!r} init must be a number or a callable, got {init!r}"
             )
-        if name in self._specs:
-            old = self._specs[name]
+        if name in self.store.specs:
+            old = self.store.specs[name]
             if exist_ok and old == spec:
-                self._inits[name] = init
+                self.store.inits[name] = init
                 return
             raise InvalidArgumentError(
                 f"table {self.name!r}: slot {name!r} already exists as {old}"
                 + ("" if not exist_ok else f", requested {spec}")
             )
-        with torch.inference_mode(False):  # see _realloc
-            data = torch.empty((self._capacity, *spec.shape), dtype=spec.dtype, device=self.device)
-            self._init_rows(data[: self._size], init)
-        self._specs[name] = spec
-        self._inits[name] = init
-        self._data[name] = data
-        self._version += 1
-        self._forget_marks()  # the new column's values are not in any earlier checkpoint
-
-    @staticmethod
-    def _init_rows(view: torch.Tensor, init: SlotInit) -> None:
-        if view.numel() == 0 and view.shape[0] == 0:
-            return
-        if callable(init):
-            init(view)
-        else:
-            view.fill_(init)
+        self.store.add_slot(name, spec, init)
+        self.change_log.forget()  # the new column's values are not in any earlier checkpoint
 
     # ------------------------------------------------------------------ growth and insertion
     def reserve(self, rows: int) -> None:
         """Make room for at least ``rows`` rows in total without further reallocation."""
-        if rows > self._capacity:
-            self._realloc(int(rows))
-
-    def _grow_for(self, rows: int) -> None:
-        if rows > self._capacity:
-            self._realloc(max(rows, self._capacity + self._capacity // 2, 64))
-
-    def _realloc(self, cap: int) -> None:
-        n = self._size
-        new_data = {}
-        # Storage must be normal tensors even when growth happens under torch.inference_mode()
-        # (inference tensors cannot be updated in place outside it, e.g. by an optimizer step).
-        with torch.inference_mode(False):
-            for k, t in self._data.items():
-                nt = torch.empty((cap, *t.shape[1:]), dtype=t.dtype, device=t.device)
-                nt[:n].copy_(t[:n])
-                new_data[k] = nt
-            new_ids = torch.empty(cap, dtype=torch.int64)
-            new_ids[:n].copy_(self._ids[:n])
-            if self._stamps is not None:
-                new_stamps = torch.zeros(cap, dtype=_STAMP_DTYPE)
-                new_stamps[:n].copy_(self._stamps[:n])
-                self._stamps = new_stamps
-        self._map.reserve(cap)
-        self._data, self._ids, self._capacity = new_data, new_ids, cap
-        self._version += 1
-
-    def _rollback(self, size: int) -> None:
-        """Forget rows >= size (after a failure part-way through an insertion)."""
-        self._size = size
-        self._map.clear()
-        if size:
-            self._map.insert(_np(self._ids[:size]))
-        self._version += 1
-
-    def _insert_raw(self, ids: torch.Tensor) -> Tuple[torch.Tensor, int, int]:
-        """Insert ``ids`` (1-D contiguous int64, repeats allowed) into the map, grow the storage
-        and record the new ids. Returns (rows, old_size, new_size); rows ``[old, new)`` are new
-        and NOT initialised: the caller initialises them or calls ``_rollback(old)``."""
-        old = self._size
-        if ids.numel() == 0:
-            return torch.empty(0, dtype=torch.int64), old, old
-        rows_np, is_new_np = self._map.insert(_np(ids))
-        rows = torch.from_numpy(rows_np)
-        new = len(self._map)
-        if new != old:
-            try:
-                self._grow_for(new)
-                self._ids[old:new] = ids[torch.from_numpy(is_new_np)]
-                if self._stamps is not None:
-                    self._stamps[old:new] = self._gen
-            except BaseException:
-                self._rollback(old)
-                raise
-            self._size = new
-            self._version += 1
-        return rows, old, new
-
-    def _insert(self, ids: torch.Tensor) -> torch.Tensor:
-        """Insert ids and initialise every slot of the new rows; returns the rows of ``ids``."""
-        rows, old, new = self._insert_raw(ids)
-        if new != old:
-            try:
-                for k, t in self._data.items():
-                    self._init_rows(t[old:new], self._inits[k])
-            except BaseException:
-                self._rollback(old)
-                raise
-        return rows
-
-    @staticmethod
-    def _flat_ids(ids: torch.Tensor, what: str, table: str) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor):
-            raise InvalidArgumentError(f"table {table!r}: {what} must be a torch.Tensor, got {type(ids)}")
-        if ids.dtype != torch.int64:
-            raise InvalidArgumentError(f"table {table!r}: {what} must be int64, got {ids.dtype}")
-        return ids.detach().reshape(-1).cpu().contiguous()
+        self.store.reserve(rows)
 
     def lookup(self, ids: torch.Tensor, insert: bool = False) -> torch.Tensor:
         """Rows of ``ids`` (int64, any shape) as an int64 tensor of the same shape, -1 where absent.
 
         With ``insert=True`` absent ids are inserted (and initialised) first, whatever the mode.
         """
-        flat = self._flat_ids(ids, "ids", self.name)
-        if insert:
-            rows = self._insert(flat)
-        elif flat.numel() == 0:
-            rows = torch.empty(0, dtype=torch.int64)
-        else:
-            rows = torch.from_numpy(self._map.lookup(_np(flat)))
+        flat = flat_ids(ids, "ids", self.name)
+        rows = self.store.insert(flat) if insert else self.store.lookup(flat)
         return rows.reshape(ids.shape)
 
     # ------------------------------------------------------------------ forward
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Embeddings ``[*ids.shape, dim]`` of int64 ``ids`` (see the class docstring)."""
-        flat = self._flat_ids(ids, "ids", self.name)
+        flat = flat_ids(ids, "ids", self.name)
         n = flat.numel()
         if self.training:
-            old = self._size
-            rows = self._insert(flat)
+            old = self.store.size
+            rows = self.store.insert(flat)
             if self._counters and n:
                 self._count_lookups(rows, old)
-        elif n:
-            rows = torch.from_numpy(self._map.lookup(_np(flat)))
         else:
-            rows = torch.empty(0, dtype=torch.int64)
-        emb = self._data[EMBEDDING]  # after insertion: it may have been reallocated
+            rows = self.store.lookup(flat)
+        emb = self.store.columns[EMBEDDING]  # after insertion: it may have been reallocated
 
         if torch.is_grad_enabled():
-            uniq, inv = _unique_inverse(rows) if n else (rows, rows)
+            uniq, inv = unique_inverse(rows) if n else (rows, rows)
             values, valid = self._gather_masked(emb, uniq)
             # The leaf is in the compute dtype so that autograd sums the gradients of repeated ids
             # in float32 (a hot id can occur thousands of times in a batch), not in bf16/fp16.
@@ -448,14 +301,14 @@ class HashTable(nn.Module):
 
     def _count_lookups(self, rows: torch.Tensor, old: int) -> None:
         """freq += lookups per row; rows inserted now (>= old) start their last_step at the step."""
-        uniq, inv = _unique_inverse(rows)
-        self._data[FREQ].index_add_(0, uniq, torch.bincount(inv, minlength=uniq.numel()))
-        self._data[LAST_STEP][old:self._size] = self.step
-        if self._stamps is not None:  # the counters are part of the row: a looked-up row changed
-            self._stamps.index_fill_(0, uniq, self._gen)
+        uniq, inv = unique_inverse(rows)
+        self.store.columns[FREQ].index_add_(0, uniq, torch.bincount(inv, minlength=uniq.numel()))
+        self.store.columns[LAST_STEP][old:self.store.size] = self.step
+        self.change_log.stamp(uniq)  # the counters are part of the row: a looked-up row changed
 
+    @staticmethod
     def _gather_masked(
-        self, data: torch.Tensor, rows: torch.Tensor
+        data: torch.Tensor, rows: torch.Tensor
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """``data[rows]`` with zero rows where ``rows == -1``; also returns the mask of valid rows
         (None when all are valid)."""
@@ -525,7 +378,7 @@ class HashTable(nn.Module):
         grads = torch.cat([g for _, g in pending])
         if rows.numel() == 0:
             return rows, grads
-        uniq, inv = _unique_inverse(rows)
+        uniq, inv = unique_inverse(rows)
         out = torch.zeros((uniq.numel(), self.dim), dtype=grads.dtype, device=grads.device)
         out.index_add_(0, inv.to(grads.device), grads)
         return uniq, out
@@ -534,8 +387,8 @@ class HashTable(nn.Module):
     def read_rows(self, slot: str, rows: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """Copy of slot ``slot`` at ``rows`` (int64[k], each in ``[0, len(self))``, on any device),
         optionally cast; the copy is on the table's device."""
-        self._check_slot(slot)
-        data = self._data[slot]
+        self.store.check_slot(slot)
+        data = self.store.columns[slot]
         out = data.index_select(0, rows.to(data.device))
         return out if dtype is None else out.to(dtype)
 
@@ -548,21 +401,20 @@ class HashTable(nn.Module):
         ``[len(rows), *shape]`` tensors (cast to each slot's dtype). What an optimizer step calls: the
         rows are marked changed once, not once per slot."""
         for slot in values:
-            self._check_slot(slot)
+            self.store.check_slot(slot)
         for slot, v in values.items():
-            data = self._data[slot]
+            data = self.store.columns[slot]
             data.index_copy_(0, rows.to(data.device), v.to(device=data.device, dtype=data.dtype))
-        if self._stamps is not None:
-            self._stamps.index_fill_(0, rows.to(self._stamps.device), self._gen)
+        self.change_log.stamp(rows)
         if self._counters and EMBEDDING in values:
-            last = self._data[LAST_STEP]
+            last = self.store.columns[LAST_STEP]
             last.index_fill_(0, rows.to(last.device), self.step)
-        self._version += 1
+        self.store.modified()
 
     # ------------------------------------------------------------------ SparseState
     def sparse_meta(self) -> SparseTableMeta:
         """Name, slots (``"embedding"`` first, then in the order added) and number of rows."""
-        return SparseTableMeta(self.name, dict(self._specs), self._size)
+        return SparseTableMeta(self.name, dict(self.store.specs), self.store.size)
 
     def export_chunks(
         self, slots: Sequence[str], max_rows: int
@@ -575,26 +427,10 @@ class HashTable(nn.Module):
         """
         slots = list(slots)
         for s in slots:
-            self._check_slot(s)
+            self.store.check_slot(s)
         if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
             raise InvalidArgumentError(f"table {self.name!r}: max_rows must be an int >= 1, got {max_rows!r}")
-        return self._export(slots, int(max_rows), self._version)
-
-    def _export(
-        self, slots: List[str], max_rows: int, version: int
-    ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
-        n = self._size
-        for start in range(0, n, max_rows):
-            self._check_export_version(version)
-            end = min(n, start + max_rows)
-            yield self._ids[start:end], {s: self._data[s][start:end] for s in slots}
-        # Also after the last chunk: a consumer that reads every chunk and asks for the next one
-        # learns that the last chunk's views changed while it held them.
-        self._check_export_version(version)
-
-    def _check_export_version(self, version: int) -> None:
-        if self._version != version:
-            raise RuntimeError(f"table {self.name!r} was modified while export_chunks was being iterated")
+        return self.store.chunks(slots, int(max_rows), self.store.version)
 
     def import_rows(self, ids: torch.Tensor, columns: Mapping[str, torch.Tensor]) -> None:
         """Upsert rows; see :meth:`recckpt.state.protocol.SparseState.import_rows`.
@@ -606,13 +442,14 @@ class HashTable(nn.Module):
             got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids)
             raise InvalidArgumentError(f"table {self.name!r}: import_rows ids must be int64 [n], got {got}")
         n = ids.numel()
+        specs = self.store.specs
         for k, col in columns.items():
-            if k not in self._specs:
+            if k not in specs:
                 raise InvalidArgumentError(
                     f"table {self.name!r}: import_rows got unknown slot {k!r} "
-                    f"(slots: {', '.join(self._specs)})"
+                    f"(slots: {', '.join(specs)})"
                 )
-            spec = self._specs[k]
+            spec = specs[k]
             want = (n, *spec.shape)
             if not isinstance(col, torch.Tensor):
                 raise InvalidArgumentError(
@@ -628,92 +465,41 @@ class HashTable(nn.Module):
             return
         ids = ids.detach().cpu().contiguous()
         local = _C.IdMap(n)
-        local.insert(_np(ids))
+        local.insert(ids.numpy())
         if len(local) != n:
             raise InvalidArgumentError(
                 f"table {self.name!r}: import_rows ids contain {n - len(local)} repeated id(s)"
             )
-        rows, old, new = self._insert_raw(ids)
+        store = self.store
+        rows, old, new = store.insert_raw(ids)
         all_new = new - old == n  # then rows == arange(old, new)
         try:
-            for k, data in self._data.items():
+            for k, data in store.columns.items():
                 col = columns.get(k)
                 if all_new:
                     if col is None:
-                        self._init_rows(data[old:new], self._inits[k])
+                        init_rows(data[old:new], store.inits[k])
                     else:
                         data[old:new].copy_(col)
                 elif col is None:
                     # existing ids keep their values; only the new rows [old, new) start fresh
-                    self._init_rows(data[old:new], self._inits[k])
+                    init_rows(data[old:new], store.inits[k])
                 else:
                     data.index_copy_(0, rows.to(data.device), col.detach().to(data.device))
         except BaseException:
             if new != old:
-                self._rollback(old)
+                store.rollback(old)
             raise
-        if self._stamps is not None:
-            self._stamps.index_fill_(0, rows, self._gen)
-        self._version += 1
+        self.change_log.stamp(rows)
+        store.modified()
 
     def clear_rows(self) -> None:
         """Remove every id (capacity is kept). Pending gradients are dropped, and gradients of
         forwards run before the clear are ignored when their backward runs."""
-        self._map.clear()
-        self._size = 0
+        self.store.clear()
         self._pending = []
         self._epoch += 1
-        self._version += 1
-        self._forget_marks()
-
-    # ------------------------------------------------------------------ change tracking (optional protocol)
-    @property
-    def tracks_changes(self) -> bool:
-        """Whether the table keeps change stamps (the ``track_changes`` constructor argument)."""
-        return self._stamps is not None
-
-    def _forget_marks(self) -> None:
-        """Every earlier mark stops describing the table (it was cleared, replaced or got a slot)."""
-        self._valid_from = self._gen
-        self._removed_log = []
-
-    def mark_changes(self) -> int:
-        """Close the current generation of changes and return its mark; see
-        :meth:`recckpt.state.protocol.ChangeTracking.mark_changes`."""
-        mark = self._gen
-        self._gen += 1
-        return mark
-
-    def export_changes(self, since: int, slots: Sequence[str], max_rows: int) -> Optional[Changes]:
-        """Rows inserted or written after mark ``since`` and ids removed since it; ``None`` if the
-        table does not track changes or ``since`` no longer describes it. See
-        :meth:`recckpt.state.protocol.ChangeTracking.export_changes`."""
-        slots = list(slots)
-        for s in slots:
-            self._check_slot(s)
-        if isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral) or max_rows < 1:
-            raise InvalidArgumentError(f"table {self.name!r}: max_rows must be an int >= 1, got {max_rows!r}")
-        if self._stamps is None or not isinstance(since, int) or not self._valid_from <= since < self._gen:
-            return None
-        rows = torch.nonzero(self._stamps[: self._size] > since).reshape(-1)
-        gone = [ids for gen, ids in self._removed_log if gen > since]
-        removed = torch.unique(torch.cat(gone)) if gone else torch.empty(0, dtype=torch.int64)
-        if removed.numel():  # an id removed and inserted again since the mark is a changed row
-            removed = removed[torch.from_numpy(self._map.lookup(_np(removed))) < 0]
-        return Changes(rows.numel(), self._export_rows(rows, slots, int(max_rows), self._version), removed)
-
-    def _export_rows(self, rows: torch.Tensor, slots: List[str], max_rows: int, version: int
-                     ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
-        for start in range(0, rows.numel(), max_rows):
-            self._check_export_version(version)
-            r = rows[start:start + max_rows]
-            yield self._ids.index_select(0, r), {s: self._data[s].index_select(0, r) for s in slots}
-        self._check_export_version(version)
-
-    def forget_changes(self, upto: int) -> None:
-        """Drop the removal records of generations up to mark ``upto`` (a checkpoint holding them is
-        committed); see :meth:`recckpt.state.protocol.ChangeTracking.forget_changes`."""
-        self._removed_log = [(g, ids) for g, ids in self._removed_log if g > upto]
+        self.change_log.forget()
 
     def enable_counters(self) -> None:
         """Add the ``freq`` and ``last_step`` counter slots (kept if present) and start counting; see
@@ -722,7 +508,7 @@ class HashTable(nn.Module):
         self.add_slot(FREQ, torch.int64, (), 0, "sparse", exist_ok=True)
         self.add_slot(LAST_STEP, torch.int64, (), 0, "sparse", exist_ok=True)
         if not self._counters:
-            self._data[LAST_STEP][: self._size] = self.step
+            self.store.columns[LAST_STEP][: self.store.size] = self.step
         self._counters = True
 
     def evict(self, policy, step: Optional[int] = None) -> int:
@@ -732,41 +518,31 @@ class HashTable(nn.Module):
             raise InvalidArgumentError(f"table {self.name!r}: eviction needs the freq/last_step counters: create it "
                              f"with HashTable(..., counters=True) or call enable_counters()")
         step = self.step if step is None else step
-        n = self._size
-        doomed = policy.select(self._data[FREQ][:n], self._data[LAST_STEP][:n], step)
+        n = self.store.size
+        doomed = policy.select(self.store.columns[FREQ][:n], self.store.columns[LAST_STEP][:n], step)
         if not bool(doomed.any()):
             return 0
-        return self.remove_ids(self._ids[:n][doomed])
+        return self.remove_ids(self.store.ids[:n][doomed])
 
     def remove_ids(self, ids: torch.Tensor) -> int:
         """Remove ``ids`` (int64, any shape; absent ids are ignored) from the table; returns how many
         were removed. The remaining rows move down to stay dense (vectorised, O(len(self))), so row
         numbers change: pending gradients are dropped. Removed ids are recorded for the next
         incremental checkpoint."""
-        flat = self._flat_ids(ids, "ids", self.name)
-        if flat.numel() == 0 or self._size == 0:
+        flat = flat_ids(ids, "ids", self.name)
+        if flat.numel() == 0 or self.store.size == 0:
             return 0
-        rows = torch.from_numpy(self._map.lookup(_np(flat)))
+        rows = self.store.lookup(flat)
         rows = torch.unique(rows[rows >= 0])
         if rows.numel() == 0:
             return 0
-        n = self._size
-        keep = torch.ones(n, dtype=torch.bool)
+        keep = torch.ones(self.store.size, dtype=torch.bool)
         keep[rows] = False
-        kept = torch.nonzero(keep).reshape(-1)
-        gone_ids = self._ids.index_select(0, rows)
-        k = kept.numel()
-        for t in [*self._data.values(), self._ids] + ([self._stamps] if self._stamps is not None else []):
-            t[:k] = t.index_select(0, kept)
-        self._size = k
-        self._map.clear()
-        if k:
-            self._map.insert(_np(self._ids[:k]))
+        gone_ids = self.store.ids.index_select(0, rows)
+        self.store.keep_rows(torch.nonzero(keep).reshape(-1))
         self._pending = []
         self._epoch += 1  # gradients of earlier forwards point at old row numbers
-        self._version += 1
-        if self._stamps is not None:
-            self._removed_log.append((self._gen, gone_ids))
+        self.change_log.removed(gone_ids)
         return int(rows.numel())
 
     # ------------------------------------------------------------------ bulk load (optional protocol)
@@ -783,49 +559,44 @@ class HashTable(nn.Module):
         """
         slots = list(slots)
         for s in slots:
-            self._check_slot(s)
+            self.store.check_slot(s)
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
             raise InvalidArgumentError(f"table {self.name!r}: append_views n must be an int >= 0, got {n!r}")
         n = int(n)
-        old = self._size
-        self._grow_for(old + n)
-        self._version += 1  # a pending append invalidates running exports
-        self._append = (n, tuple(slots), self._version)
-        return self._ids[old:old + n], {s: self._data[s][old:old + n] for s in slots}
+        store = self.store
+        old = store.size
+        store.grow_for(old + n)
+        store.modified()  # a pending append invalidates running exports
+        self._append = (n, tuple(slots), store.version)
+        return store.ids[old:old + n], {s: store.columns[s][old:old + n] for s in slots}
 
     def commit_append(self) -> None:
         """Make the rows filled through the last :meth:`append_views` part of the table; see
         :meth:`recckpt.state.protocol.BulkAppend.commit_append`."""
         pending, self._append = getattr(self, "_append", None), None
-        if pending is None or pending[2] != self._version:
+        store = self.store
+        if pending is None or pending[2] != store.version:
             raise RuntimeError(
                 f"table {self.name!r}: commit_append without a matching append_views (or the table "
                 f"changed in between)"
             )
         n, slots, _ = pending
-        old = self._size
+        old = store.size
         new = old + n
         if n == 0:
             return
-        bad = self._map.insert_new(_np(self._ids[old:new]))
+        bad = store.map.insert_new(store.ids[old:new].numpy())
         if bad != n:
-            dup = int(self._ids[old + bad])
-            self._rollback(old)
+            dup = int(store.ids[old + bad])
+            store.rollback(old)
             raise InvalidArgumentError(
                 f"table {self.name!r}: commit_append: id {dup} (row {bad} of {n} appended) is already "
                 f"in the table or repeated; nothing was appended"
             )
-        try:
-            for k, data in self._data.items():
-                if k not in slots:
-                    self._init_rows(data[old:new], self._inits[k])
-        except BaseException:
-            self._rollback(old)
-            raise
-        if self._stamps is not None:
-            self._stamps[old:new] = self._gen
-        self._size = new
-        self._version += 1
+        store.init_new_rows(old, new, skip=slots)
+        self.change_log.stamp_range(old, new)
+        store.size = new
+        store.modified()
 
     def adopt_storage(self, rows: int, ids: torch.Tensor, columns: Mapping[str, torch.Tensor]) -> None:
         """Take ``ids`` and ``columns`` as the table's storage, their first ``rows`` rows being its
@@ -834,8 +605,9 @@ class HashTable(nn.Module):
         A mapped load passes copy-on-write mappings of the checkpoint: rows are shared with the page
         cache until written, and growing past their capacity copies them into ordinary memory. A table
         on a device copies the first ``rows`` rows to the device instead (in bounded steps)."""
-        if self._size:
-            raise InvalidArgumentError(f"table {self.name!r}: adopt_storage needs an empty table, it holds {self._size} rows")
+        store = self.store
+        if store.size:
+            raise InvalidArgumentError(f"table {self.name!r}: adopt_storage needs an empty table, it holds {store.size} rows")
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 1:
             got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids)
             raise InvalidArgumentError(f"table {self.name!r}: adopt_storage ids must be int64 [capacity], got {got}")
@@ -844,8 +616,8 @@ class HashTable(nn.Module):
             raise InvalidArgumentError(f"table {self.name!r}: adopt_storage rows must be an int in [0, {cap}], got {rows!r}")
         rows = int(rows)
         for k, col in columns.items():
-            self._check_slot(k)
-            spec = self._specs[k]
+            store.check_slot(k)
+            spec = store.specs[k]
             want = (cap, *spec.shape)
             if not isinstance(col, torch.Tensor) or tuple(col.shape) != want or col.dtype != spec.dtype \
                     or col.device.type != "cpu" or not col.is_contiguous():
@@ -859,13 +631,13 @@ class HashTable(nn.Module):
                              f"torch.inference_mode()), which training could not update in place")
         id_map = _C.IdMap(cap)  # sized for the storage, so the first new ids do not rehash it
         if rows:
-            bad = id_map.insert_new(_np(ids[:rows]))
+            bad = id_map.insert_new(ids[:rows].numpy())
             if bad != rows:
                 raise InvalidArgumentError(f"table {self.name!r}: adopt_storage: id {int(ids[bad])} (row {bad}) is repeated; "
                                  f"nothing was adopted")
         data = {}
-        with torch.inference_mode(False):  # see _realloc
-            for k, spec in self._specs.items():
+        with torch.inference_mode(False):  # see RowStore.realloc
+            for k, spec in store.specs.items():
                 if k in columns and self.device.type == "cpu":
                     data[k] = columns[k]
                 elif k in columns:  # a device table copies the host storage over, chunk by chunk
@@ -874,12 +646,10 @@ class HashTable(nn.Module):
                         data[k][s:s + _ADOPT_COPY_ROWS].copy_(columns[k][s:min(rows, s + _ADOPT_COPY_ROWS)])
                 else:
                     data[k] = torch.empty((cap, *spec.shape), dtype=spec.dtype, device=self.device)
-                    self._init_rows(data[k][:rows], self._inits[k])
-            stamps = torch.full((cap,), self._gen, dtype=_STAMP_DTYPE) if self._stamps is not None else None
-        self._map, self._data, self._ids, self._capacity, self._size = id_map, data, ids, cap, rows
-        self._stamps = stamps
-        self._version += 1
-        self._forget_marks()
+                    init_rows(data[k][:rows], store.inits[k])
+        self.change_log.adopt(cap)
+        store.replace(id_map, ids, data, rows)
+        self.change_log.forget()
 
     # ------------------------------------------------------------------ state_dict integration
     def get_extra_state(self) -> "HashTable":
@@ -902,40 +672,51 @@ class HashTable(nn.Module):
                 f"table {self.name!r}: set_extra_state expects a SparseState, got {type(state)}"
             )
         meta = state.sparse_meta()
+        specs = self.store.specs
         for k, spec in meta.slots.items():
-            mine = self._specs.get(k)
+            mine = specs.get(k)
             if mine is not None and mine.shape != spec.shape:
                 raise InvalidArgumentError(
                     f"table {self.name!r}, slot {k!r}: row shape {mine.shape} here, "
                     f"{spec.shape} in the state being loaded (table {meta.name!r})"
                 )
         for k, spec in meta.slots.items():
-            if k not in self._specs:
+            if k not in specs:
                 self.add_slot(k, spec.dtype, spec.shape, 0.0, spec.category)
         self.clear_rows()
         self.reserve(meta.num_rows)
         for ids, cols in state.export_chunks(list(meta.slots), 1 << 16):
             self.import_rows(
-                ids, {k: v.to(self._specs[k].dtype) for k, v in cols.items()}
+                ids, {k: v.to(specs[k].dtype) for k, v in cols.items()}
             )
 
     # ------------------------------------------------------------------ pickling / deepcopy
+    # A pickle holds the attributes the table had as one module (before recckpt/state/hashtable
+    # became a package), trimmed to the rows in use: pickles made before and after the split load
+    # in either version, and no helper class of the package is named in one.
     def __getstate__(self):
         state = self.__dict__.copy()
-        n = self._size
-        state["_map"] = None
-        state["_data"] = {k: v[:n].clone() for k, v in self._data.items()}
-        state["_ids"] = self._ids[:n].clone()
-        if self._stamps is not None:
-            state["_stamps"] = self._stamps[:n].clone()
-        state["_capacity"] = n
+        store, log = state.pop("store"), state.pop("change_log")
+        n = store.size
+        state.update(
+            _specs=store.specs, _inits=store.inits, _map=None,
+            _data={k: v[:n].clone() for k, v in store.columns.items()},
+            _ids=store.ids[:n].clone(), _capacity=n, _size=n, _version=store.version,
+            _gen=log.gen, _valid_from=log.valid_from, _removed_log=log.removed_log,
+            _stamps=None if log.stamps is None else log.stamps[:n].clone(),
+        )
+        state.pop("_append", None)
         state["_pending"] = []
         return state
 
     def __setstate__(self, state) -> None:
+        state = dict(state)
+        log = ChangeLog(state.pop("_stamps", None), state.pop("_gen"), state.pop("_valid_from"),
+                        state.pop("_removed_log"))
+        ids, size = state.pop("_ids"), state.pop("_size")
+        store = RowStore(state["name"], state["device"], state.pop("_specs"), state.pop("_inits"),
+                         state.pop("_data"), ids[: state.pop("_capacity")], size, log, state.pop("_version"))
+        state.pop("_map")
+        state.pop("_append", None)
         super().__setstate__(state)
-        if self.__dict__.get("_stamps") is not None and self._stamps.dtype != _STAMP_DTYPE:
-            self._stamps = self._stamps.to(_STAMP_DTYPE)   # pickled before the stamps were int32
-        self._map = _C.IdMap(self._capacity)
-        if self._size:
-            self._map.insert(_np(self._ids[: self._size]))
+        self.change_log, self.store = log, store

@@ -44,6 +44,7 @@ from recckpt.state.protocol import SlotSpec, SparseState, SparseTableMeta
 
 from ...errors import InvalidArgumentError
 from .changes import ChangeLog, ChangeTracking
+from .counters import Counting
 from .storage import EMBEDDING, RowStore, SlotInit, flat_ids, init_rows, table_device, unique_inverse
 
 __all__ = ["HashTable", "EMBEDDING", "FREQ", "LAST_STEP"]
@@ -140,7 +141,7 @@ class HashTable(ChangeTracking, nn.Module):
         self._epoch = 0  # bumped by clear_rows: gradients recorded before it are dropped
         #: The training step, as the user sets it; ``last_step`` records it (with ``counters``).
         self.step = 0
-        self._counters = False
+        self.counting = Counting()
         if not isinstance(counters, bool):
             raise InvalidArgumentError(f"HashTable {name!r}: counters must be a bool, got {counters!r}")
         if counters:
@@ -277,8 +278,7 @@ class HashTable(ChangeTracking, nn.Module):
         if self.training:
             old = self.store.size
             rows = self.store.insert(flat)
-            if self._counters and n:
-                self._count_lookups(rows, old)
+            self.counting.looked_up(self.store, self.change_log, rows, old, self.step)
         else:
             rows = self.store.lookup(flat)
         emb = self.store.columns[EMBEDDING]  # after insertion: it may have been reallocated
@@ -298,13 +298,6 @@ class HashTable(ChangeTracking, nn.Module):
         if ids.device != out.device:
             out = out.to(ids.device)
         return out
-
-    def _count_lookups(self, rows: torch.Tensor, old: int) -> None:
-        """freq += lookups per row; rows inserted now (>= old) start their last_step at the step."""
-        uniq, inv = unique_inverse(rows)
-        self.store.columns[FREQ].index_add_(0, uniq, torch.bincount(inv, minlength=uniq.numel()))
-        self.store.columns[LAST_STEP][old:self.store.size] = self.step
-        self.change_log.stamp(uniq)  # the counters are part of the row: a looked-up row changed
 
     @staticmethod
     def _gather_masked(
@@ -406,9 +399,8 @@ class HashTable(ChangeTracking, nn.Module):
             data = self.store.columns[slot]
             data.index_copy_(0, rows.to(data.device), v.to(device=data.device, dtype=data.dtype))
         self.change_log.stamp(rows)
-        if self._counters and EMBEDDING in values:
-            last = self.store.columns[LAST_STEP]
-            last.index_fill_(0, rows.to(last.device), self.step)
+        if EMBEDDING in values:
+            self.counting.written(self.store, rows, self.step)
         self.store.modified()
 
     # ------------------------------------------------------------------ SparseState
@@ -507,14 +499,14 @@ class HashTable(ChangeTracking, nn.Module):
         ``last_step = step``."""
         self.add_slot(FREQ, torch.int64, (), 0, "sparse", exist_ok=True)
         self.add_slot(LAST_STEP, torch.int64, (), 0, "sparse", exist_ok=True)
-        if not self._counters:
+        if not self.counting.enabled:
             self.store.columns[LAST_STEP][: self.store.size] = self.step
-        self._counters = True
+        self.counting.enabled = True
 
     def evict(self, policy, step: Optional[int] = None) -> int:
         """Remove the rows `policy` (an :class:`recckpt.state.eviction.EvictionPolicy`) selects at
         ``step`` (default :attr:`step`); returns how many. Needs the counters (``counters=True``)."""
-        if not self._counters:
+        if not self.counting.enabled:
             raise InvalidArgumentError(f"table {self.name!r}: eviction needs the freq/last_step counters: create it "
                              f"with HashTable(..., counters=True) or call enable_counters()")
         step = self.step if step is None else step
@@ -697,6 +689,7 @@ class HashTable(ChangeTracking, nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         store, log = state.pop("store"), state.pop("change_log")
+        state["_counters"] = state.pop("counting").enabled
         n = store.size
         state.update(
             _specs=store.specs, _inits=store.inits, _map=None,
@@ -717,6 +710,7 @@ class HashTable(ChangeTracking, nn.Module):
         store = RowStore(state["name"], state["device"], state.pop("_specs"), state.pop("_inits"),
                          state.pop("_data"), ids[: state.pop("_capacity")], size, log, state.pop("_version"))
         state.pop("_map")
+        counting = Counting(state.pop("_counters"))
         state.pop("_append", None)
         super().__setstate__(state)
-        self.change_log, self.store = log, store
+        self.change_log, self.store, self.counting = log, store, counting

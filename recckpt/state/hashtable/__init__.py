@@ -31,7 +31,6 @@ Gradients
 from __future__ import annotations
 
 import numbers
-import weakref
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -45,7 +44,8 @@ from recckpt.state.protocol import SlotSpec, SparseState, SparseTableMeta
 from ...errors import InvalidArgumentError
 from .changes import ChangeLog, ChangeTracking
 from .counters import Counting
-from .storage import EMBEDDING, RowStore, SlotInit, flat_ids, init_rows, table_device, unique_inverse
+from .storage import EMBEDDING, RowStore, SlotInit, flat_ids, init_rows, table_device
+from .training import GradBuffer, TrainingPath
 
 __all__ = ["HashTable", "EMBEDDING", "FREQ", "LAST_STEP"]
 
@@ -56,7 +56,7 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _ADOPT_COPY_ROWS = 1 << 16
 
 
-class HashTable(ChangeTracking, nn.Module):
+class HashTable(TrainingPath, ChangeTracking, nn.Module):
     """An embedding table over arbitrary int64 ids that grows as new ids arrive.
 
     Args:
@@ -136,9 +136,7 @@ class HashTable(ChangeTracking, nn.Module):
         self.change_log = ChangeLog.new(track_changes, capacity)
         self.store = RowStore.empty(name, self.device, SlotSpec(dtype, (self.dim,), "sparse"), initializer,
                                    capacity, self.change_log)
-        # Pending gradients: list of (rows int64[k] unique, grad [k, dim] in compute_dtype).
-        self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        self._epoch = 0  # bumped by clear_rows: gradients recorded before it are dropped
+        self.grads = GradBuffer()
         #: The training step, as the user sets it; ``last_step`` records it (with ``counters``).
         self.step = 0
         self.counting = Counting()
@@ -256,152 +254,10 @@ class HashTable(ChangeTracking, nn.Module):
         self.store.add_slot(name, spec, init)
         self.change_log.forget()  # the new column's values are not in any earlier checkpoint
 
-    # ------------------------------------------------------------------ growth and insertion
+    # ------------------------------------------------------------------ growth
     def reserve(self, rows: int) -> None:
         """Make room for at least ``rows`` rows in total without further reallocation."""
         self.store.reserve(rows)
-
-    def lookup(self, ids: torch.Tensor, insert: bool = False) -> torch.Tensor:
-        """Rows of ``ids`` (int64, any shape) as an int64 tensor of the same shape, -1 where absent.
-
-        With ``insert=True`` absent ids are inserted (and initialised) first, whatever the mode.
-        """
-        flat = flat_ids(ids, "ids", self.name)
-        rows = self.store.insert(flat) if insert else self.store.lookup(flat)
-        return rows.reshape(ids.shape)
-
-    # ------------------------------------------------------------------ forward
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Embeddings ``[*ids.shape, dim]`` of int64 ``ids`` (see the class docstring)."""
-        flat = flat_ids(ids, "ids", self.name)
-        n = flat.numel()
-        if self.training:
-            old = self.store.size
-            rows = self.store.insert(flat)
-            self.counting.looked_up(self.store, self.change_log, rows, old, self.step)
-        else:
-            rows = self.store.lookup(flat)
-        emb = self.store.columns[EMBEDDING]  # after insertion: it may have been reallocated
-
-        if torch.is_grad_enabled():
-            uniq, inv = unique_inverse(rows) if n else (rows, rows)
-            values, valid = self._gather_masked(emb, uniq)
-            # The leaf is in the compute dtype so that autograd sums the gradients of repeated ids
-            # in float32 (a hot id can occur thousands of times in a batch), not in bf16/fp16.
-            leaf = values.to(self.compute_dtype).requires_grad_(True)
-            # Pending rows stay on the host (coalescing uses the host IdMap); the mask follows them.
-            self._attach_grad_hook(leaf, uniq if valid is None else uniq[valid.cpu()], valid)
-            out = leaf.index_select(0, inv.to(emb.device)).to(emb.dtype)
-        else:
-            out, _ = self._gather_masked(emb, rows)
-        out = out.view(*ids.shape, self.dim)
-        if ids.device != out.device:
-            out = out.to(ids.device)
-        return out
-
-    @staticmethod
-    def _gather_masked(
-        data: torch.Tensor, rows: torch.Tensor
-    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """``data[rows]`` with zero rows where ``rows == -1``; also returns the mask of valid rows
-        (None when all are valid)."""
-        if rows.numel() == 0:
-            return data.new_empty((0, *data.shape[1:])), None
-        rows = rows.to(data.device)  # host row numbers -> the storage's device (no-op on CPU)
-        valid = rows >= 0
-        if bool(valid.all()):
-            return data.index_select(0, rows), None
-        out = torch.zeros((rows.numel(), *data.shape[1:]), dtype=data.dtype, device=data.device)
-        if bool(valid.any()):
-            out[valid] = data.index_select(0, rows[valid])
-        return out, valid
-
-    def _attach_grad_hook(
-        self, leaf: torch.Tensor, rows: torch.Tensor, valid: Optional[torch.Tensor]
-    ) -> None:
-        table_ref = weakref.ref(self)
-        epoch = self._epoch
-        cdtype = self.compute_dtype
-
-        def hook(t: torch.Tensor) -> None:
-            g = t.grad
-            t.grad = None
-            table = table_ref()
-            if g is None or table is None or table._epoch != epoch:
-                return
-            if valid is not None:
-                g = g[valid]
-            table._pending.append((rows, g.detach().to(cdtype).contiguous()))
-
-        leaf.register_post_accumulate_grad_hook(hook)
-
-    # ------------------------------------------------------------------ gradients
-    def has_grad(self) -> bool:
-        """True when gradients are pending (recorded by backward, not yet consumed)."""
-        return bool(self._pending)
-
-    def sparse_grad(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """The pending gradient, coalesced, without consuming it.
-
-        Returns ``(rows, grad)``: unique rows (int64[k], in no particular order) and the summed
-        gradient of each (``[k, dim]`` in :attr:`compute_dtype`), or ``None`` when nothing is
-        pending. Map rows to ids with ``table.ids()[rows]``.
-        """
-        if not self._pending:
-            return None
-        return self._coalesce(self._pending)
-
-    def pop_sparse_grad(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """Like :meth:`sparse_grad` but also drops the pending gradient (what optimizers call)."""
-        out = self.sparse_grad()
-        self._pending = []
-        return out
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop pending sparse gradients (and clear grads of any parameters, as ``Module`` does)."""
-        super().zero_grad(set_to_none=set_to_none)
-        self._pending = []
-
-    def _coalesce(
-        self, pending: List[Tuple[torch.Tensor, torch.Tensor]]
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        if len(pending) == 1:  # rows of one backward are already unique
-            return pending[0]
-        rows = torch.cat([r for r, _ in pending])
-        grads = torch.cat([g for _, g in pending])
-        if rows.numel() == 0:
-            return rows, grads
-        uniq, inv = unique_inverse(rows)
-        out = torch.zeros((uniq.numel(), self.dim), dtype=grads.dtype, device=grads.device)
-        out.index_add_(0, inv.to(grads.device), grads)
-        return uniq, out
-
-    # ------------------------------------------------------------------ row access for optimizers
-    def read_rows(self, slot: str, rows: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """Copy of slot ``slot`` at ``rows`` (int64[k], each in ``[0, len(self))``, on any device),
-        optionally cast; the copy is on the table's device."""
-        self.store.check_slot(slot)
-        data = self.store.columns[slot]
-        out = data.index_select(0, rows.to(data.device))
-        return out if dtype is None else out.to(dtype)
-
-    def write_rows(self, slot: str, rows: torch.Tensor, values: torch.Tensor) -> None:
-        """Set slot ``slot`` at ``rows`` (unique, in range) to ``values`` (cast to the slot dtype)."""
-        self.write_slots(rows, {slot: values})
-
-    def write_slots(self, rows: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:
-        """Set several slots at the same ``rows`` (unique, in range): ``values`` maps slot names to
-        ``[len(rows), *shape]`` tensors (cast to each slot's dtype). What an optimizer step calls: the
-        rows are marked changed once, not once per slot."""
-        for slot in values:
-            self.store.check_slot(slot)
-        for slot, v in values.items():
-            data = self.store.columns[slot]
-            data.index_copy_(0, rows.to(data.device), v.to(device=data.device, dtype=data.dtype))
-        self.change_log.stamp(rows)
-        if EMBEDDING in values:
-            self.counting.written(self.store, rows, self.step)
-        self.store.modified()
 
     # ------------------------------------------------------------------ SparseState
     def sparse_meta(self) -> SparseTableMeta:
@@ -489,8 +345,7 @@ class HashTable(ChangeTracking, nn.Module):
         """Remove every id (capacity is kept). Pending gradients are dropped, and gradients of
         forwards run before the clear are ignored when their backward runs."""
         self.store.clear()
-        self._pending = []
-        self._epoch += 1
+        self.grads.invalidate()
         self.change_log.forget()
 
     def enable_counters(self) -> None:
@@ -532,8 +387,7 @@ class HashTable(ChangeTracking, nn.Module):
         keep[rows] = False
         gone_ids = self.store.ids.index_select(0, rows)
         self.store.keep_rows(torch.nonzero(keep).reshape(-1))
-        self._pending = []
-        self._epoch += 1  # gradients of earlier forwards point at old row numbers
+        self.grads.invalidate()  # gradients of earlier forwards point at old row numbers
         self.change_log.removed(gone_ids)
         return int(rows.numel())
 
@@ -690,6 +544,7 @@ class HashTable(ChangeTracking, nn.Module):
         state = self.__dict__.copy()
         store, log = state.pop("store"), state.pop("change_log")
         state["_counters"] = state.pop("counting").enabled
+        state["_epoch"] = state.pop("grads").epoch
         n = store.size
         state.update(
             _specs=store.specs, _inits=store.inits, _map=None,
@@ -699,7 +554,7 @@ class HashTable(ChangeTracking, nn.Module):
             _stamps=None if log.stamps is None else log.stamps[:n].clone(),
         )
         state.pop("_append", None)
-        state["_pending"] = []
+        state["_pending"] = []    # gradients are not state: a restored table has none pending
         return state
 
     def __setstate__(self, state) -> None:
@@ -711,6 +566,8 @@ class HashTable(ChangeTracking, nn.Module):
                          state.pop("_data"), ids[: state.pop("_capacity")], size, log, state.pop("_version"))
         state.pop("_map")
         counting = Counting(state.pop("_counters"))
+        grads = GradBuffer(state.pop("_epoch"))
+        state.pop("_pending")
         state.pop("_append", None)
         super().__setstate__(state)
-        self.change_log, self.store, self.counting = log, store, counting
+        self.change_log, self.store, self.counting, self.grads = log, store, counting, grads

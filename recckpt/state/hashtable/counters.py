@@ -7,12 +7,15 @@ counter slots themselves are ordinary slots of the table's store (:mod:`.storage
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from recckpt.state.eviction import FREQ, LAST_STEP
 
+from ...errors import InvalidArgumentError
 from .changes import ChangeLog
-from .storage import RowStore, unique_inverse
+from .storage import RowStore, flat_ids, unique_inverse
 
 
 class Counting:
@@ -40,3 +43,51 @@ class Counting:
         if self.enabled:
             last = store.columns[LAST_STEP]
             last.index_fill_(0, rows.to(last.device), step)
+
+
+class CountersAndEviction:
+    """The table's counter and removal methods (a mixin of :class:`~recckpt.state.hashtable.HashTable`,
+    over its ``store``, ``counting``, ``grads`` and ``change_log``)."""
+
+    def enable_counters(self) -> None:
+        """Add the ``freq`` and ``last_step`` counter slots (kept if present) and start counting; see
+        the ``counters`` constructor argument. Existing rows start at ``freq = 0`` and
+        ``last_step = step``."""
+        self.add_slot(FREQ, torch.int64, (), 0, "sparse", exist_ok=True)
+        self.add_slot(LAST_STEP, torch.int64, (), 0, "sparse", exist_ok=True)
+        if not self.counting.enabled:
+            self.store.columns[LAST_STEP][: self.store.size] = self.step
+        self.counting.enabled = True
+
+    def evict(self, policy, step: Optional[int] = None) -> int:
+        """Remove the rows `policy` (an :class:`recckpt.state.eviction.EvictionPolicy`) selects at
+        ``step`` (default :attr:`step`); returns how many. Needs the counters (``counters=True``)."""
+        if not self.counting.enabled:
+            raise InvalidArgumentError(f"table {self.name!r}: eviction needs the freq/last_step counters: create it "
+                             f"with HashTable(..., counters=True) or call enable_counters()")
+        step = self.step if step is None else step
+        n = self.store.size
+        doomed = policy.select(self.store.columns[FREQ][:n], self.store.columns[LAST_STEP][:n], step)
+        if not bool(doomed.any()):
+            return 0
+        return self.remove_ids(self.store.ids[:n][doomed])
+
+    def remove_ids(self, ids: torch.Tensor) -> int:
+        """Remove ``ids`` (int64, any shape; absent ids are ignored) from the table; returns how many
+        were removed. The remaining rows move down to stay dense (vectorised, O(len(self))), so row
+        numbers change: pending gradients are dropped. Removed ids are recorded for the next
+        incremental checkpoint."""
+        flat = flat_ids(ids, "ids", self.name)
+        if flat.numel() == 0 or self.store.size == 0:
+            return 0
+        rows = self.store.lookup(flat)
+        rows = torch.unique(rows[rows >= 0])
+        if rows.numel() == 0:
+            return 0
+        keep = torch.ones(self.store.size, dtype=torch.bool)
+        keep[rows] = False
+        gone_ids = self.store.ids.index_select(0, rows)
+        self.store.keep_rows(torch.nonzero(keep).reshape(-1))
+        self.grads.invalidate()  # gradients of earlier forwards point at old row numbers
+        self.change_log.removed(gone_ids)
+        return int(rows.numel())

@@ -1,14 +1,31 @@
 """``HashTable``: a growable embedding table keyed by arbitrary int64 ids.
 
-The table is the reference implementation of :class:`~recckpt.state.protocol.SparseState`.
+The table is the reference implementation of :class:`~recckpt.state.protocol.SparseState`. This
+package is the table split by job, each module with one reason to change: :mod:`.storage` owns the
+id map and where rows live (ids, one column per slot, slot specs and inits, growth, the version that
+exports check); :mod:`.training` the training path (lookup, forward, the gradient hook and pending
+gradients, row reads and writes for the optimizers); :mod:`.changes` change tracking (row stamps,
+marks, removed ids); :mod:`.counters` the ``freq``/``last_step`` counters and removing rows
+(eviction, ``remove_ids``); :mod:`.transfer` export and import (the protocol's chunks and upserts,
+bulk append, adopting storage, ``state_dict``). This module assembles :class:`HashTable` from their
+mixins and keeps what belongs to the table as a whole: construction, properties, adding slots, and
+the pickle layout. The parts share the table's state through small objects with public attributes
+(``store``, ``change_log``, ``counting``, ``grads``), never through each other's private fields.
 
 Storage
     One C-contiguous tensor per slot on the table's ``device``, with ``capacity`` rows
     (``[capacity, *shape]``), plus a host ``int64`` tensor of ids in row order: row ``i`` of every
     slot belongs to ``ids[i]``, the ``i``-th distinct id inserted (the engine's ``recckpt._C.IdMap``
     assigns rows densely in insertion order).
-    All slots grow together, geometrically (x1.5), when new ids need more rows. Rows are never
-    removed one by one; :meth:`HashTable.clear_rows` removes all of them.
+    All slots grow together, geometrically (x1.5), when new ids need more rows. Removing ids
+    (:meth:`HashTable.remove_ids`, eviction) moves the remaining rows down to stay dense;
+    :meth:`HashTable.clear_rows` removes all of them.
+
+Pickles
+    A pickled table (``torch.save`` of a model, or of a ``state_dict``, which holds the table) names
+    only the class ``recckpt.state.hashtable.HashTable`` and holds the attributes the table had when
+    it was one module (``_ids``, ``_data``, ``_stamps``, ...), trimmed to the rows in use: pickles made
+    before and after the split load in either version (tests/unit/test_hashtable_pickle.py).
 
 Device
     Slots (embedding and optimizer state) live on ``device``; the id map and the ids stay on the
@@ -91,6 +108,9 @@ class HashTable(TrainingPath, CountersAndEviction, ChangeTracking, Transfer, nn.
 
     ``model.state_dict()`` holds the table itself under ``<prefix>_extra_state`` (see
     :meth:`get_extra_state`), which is how recckpt finds it.
+
+    The attributes ``store``, ``change_log``, ``counting`` and ``grads`` are the table's internals,
+    shared by its parts (see the package docstring); use the methods above instead.
     """
 
     def __init__(
@@ -256,9 +276,9 @@ class HashTable(TrainingPath, CountersAndEviction, ChangeTracking, Transfer, nn.
         self.store.reserve(rows)
 
     # ------------------------------------------------------------------ pickling / deepcopy
-    # A pickle holds the attributes the table had as one module (before recckpt/state/hashtable
-    # became a package), trimmed to the rows in use: pickles made before and after the split load
-    # in either version, and no helper class of the package is named in one.
+    # A pickle holds the attributes the table had as one module (see "Pickles" in the package
+    # docstring), so that pickles made before and after the split load in either version and no
+    # helper class of the package is ever named in one (moving a helper cannot break a pickle).
     def __getstate__(self):
         state = self.__dict__.copy()
         store, log = state.pop("store"), state.pop("change_log")

@@ -213,16 +213,6 @@ class HashTable(TrainingPath, CountersAndEviction, ChangeTracking, Transfer, nn.
         """Copy of the ids in row order (``int64[len(self)]``)."""
         return self.store.ids[: self.store.size].clone()
 
-    # Where the id storage and the id map were before the table became a package (recckpt's own
-    # tests inspect them); the parts of the table use ``store``.
-    @property
-    def _ids(self) -> torch.Tensor:
-        return self.store.ids
-
-    @property
-    def _map(self):
-        return self.store.map
-
     def extra_repr(self) -> str:
         return (
             f"name={self.name!r}, dim={self.dim}, dtype={self.dtype}, device={self.device}, "

@@ -63,5 +63,5 @@ def torchrec_stays_out_of_the_test_process():
     tests run it in worker processes). A test that imports it fails the session here."""
     import sys
     yield
-    assert "torchrec" not in sys.modules, ("a test imported torchrec into the pytest process; run TorchRec in a "
-                                           "worker process (tests/torchrec/harness.py)")
+    assert "torchrec" not in sys.modules, (f"a test imported torchrec ({sys.modules.get('torchrec')}) into the pytest "
+                                           f"process; run TorchRec in a worker process (tests/torchrec_tests/harness.py)")

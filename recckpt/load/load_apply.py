@@ -395,7 +395,7 @@ class LoadPlan:
             applied.append(target)
         self.result.tables = applied
         if self.dense_out:
-            self.model.load_state_dict(self.dense_out, strict=False)
+            plugins.load_dense(self.model, self.dense_out)
             self.result.dense_keys = list(self.dense_out)
         if self.io_tree is not None:
             for name, obj in self.registry.io_items():
@@ -409,8 +409,8 @@ class LoadPlan:
         spreads a row range over every bucket, so every bucket is read; a row outside [0, N) is refused
         with the table's name."""
         layout = table.row_layout()
-        if not layout.replicated and not layout.owned_rows:
-            return 0     # a table-wise table another rank owns: nothing of it is read here
+        if not layout.owned_rows:
+            return 0   # this process holds no rows of the table (table-wise, another rank's)
         starts = np.array([a for a, _ in layout.owned_rows], dtype=np.int64)
         ends = np.array([b for _, b in layout.owned_rows], dtype=np.int64)
         split = set(column_split_slots(table.sparse_meta()))

@@ -9,7 +9,9 @@ An adapter module provides:
   replaced by a `SparseState` object (its storage keys removed), so that
   `split_sparse_dense_state_dict` sees the tables as sparse;
 - ``manifest_metadata(model) -> dict[str, str]``: what the manifest records about the library (versions,
-  sharding plan).
+  sharding plan);
+- ``dense_load_dict(model, dense) -> dict``: what to give `model.load_state_dict(..., strict=False)` to
+  load the dense entries `dense` (some libraries' load hooks need their tables' entries present).
 """
 from __future__ import annotations
 
@@ -62,3 +64,12 @@ def manifest_metadata(model: Any) -> Dict[str, str]:
     for adapter in adapters_for(model):
         out.update(adapter.manifest_metadata(model))
     return out
+
+
+def load_dense(model: Any, dense: Dict[str, Any]) -> None:
+    """`model.load_state_dict(dense, strict=False)`, with what the applicable adapters add (a copy is
+    passed: some models' load_state_dict mutates the dict it is given)."""
+    sd = dict(dense)
+    for adapter in adapters_for(model):
+        sd = adapter.dense_load_dict(model, sd)
+    model.load_state_dict(sd, strict=False)

@@ -56,10 +56,16 @@ def _build(job, world, rank):
             self.dense = torch.nn.Linear(4, 1)
 
         def forward(self, kjt):
+            from torchrec.sparse.jagged_tensor import KeyedTensor
             out = self.coll(kjt)
-            vals = out.values() if hasattr(out, "values") and not isinstance(out, dict) else None
-            if vals is None:
-                vals = torch.cat([jt.values().reshape(-1) for jt in out.values()])
+            if callable(getattr(out, "wait", None)):   # a sharded EC's output is awaitable
+                out = out.wait()
+            if isinstance(out, KeyedTensor):        # EBC: pooled
+                vals = out.values()
+            else:                                   # EC: feature -> JaggedTensor
+                def flat(x):
+                    return (x if isinstance(x, torch.Tensor) else x.values()).reshape(-1)
+                vals = torch.cat([flat(out[k]) for k in out.keys()])
             return vals.float().pow(2).sum() + self.dense(torch.ones(1, 4)).sum()
 
     model = Model()

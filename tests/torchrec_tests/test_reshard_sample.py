@@ -10,12 +10,16 @@ unsharded -> RW@3.
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
-from .harness import full, load_dump, needs_torchrec, run_jobs, same
+from .harness import ROOT, full, load_dump, needs_torchrec, run_jobs, same
 
 pytestmark = needs_torchrec
 
@@ -23,10 +27,12 @@ TABLES = [["a", 13, 24, "fp32"], ["b", 7, 12, "fp32"], ["h", 9, 12, "fp16"]]
 TW = {"a": "tw", "b": "tw", "h": "tw"}
 RW = {"a": "rw", "b": "rw", "h": "rw"}
 CW = {"a": "cw", "b": "cw", "h": "cw"}
+EC_TABLES = [["a", 13, 12, "fp32"], ["b", 7, 12, "fp32"]]   # an EC needs one dim for all its tables
 
 
-def _job(name, plan, opt, tmp, *, save=False, load=None, steps=0, tables=TABLES, conf=None):
-    return {"name": name, "kind": "ebc", "plan": plan, "opt": opt, "tables": tables, "train_steps": steps,
+def _job(name, plan, opt, tmp, *, save=False, load=None, steps=0, tables=TABLES, conf=None, kind="ebc",
+         dtensor=False):
+    return {"name": name, "kind": kind, "dtensor": dtensor, "plan": plan, "opt": opt, "tables": tables, "train_steps": steps,
             "save": os.path.join(tmp, f"ck_{name}") if save else None,
             "load": os.path.join(tmp, f"ck_{load}") if load else None, "load_conf": conf,
             "dump": os.path.join(tmp, f"d_{name}")}
@@ -39,6 +45,9 @@ def runs(tmp_path_factory):
         _job("tw2", TW, "adagrad", tmp, save=True, steps=3),
         _job("rowwise_rw2", RW, "rowwise", tmp, save=True, steps=3),
         _job("dp2", {"a": "dp", "b": "rw", "h": "tw"}, "adagrad", tmp, save=True, steps=3),
+        _job("dtensor_tw2", TW, "adagrad", tmp, save=True, steps=3, dtensor=True),
+        _job("ec_rw2", RW, "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
+        _job("twrw2", {"a": "twrw", "b": "twrw", "h": "twrw"}, "rowwise", tmp, save=True, steps=3),
     ])
     bad = [("rows", [["a", 14, 24, "fp32"], *TABLES[1:]]), ("dim", [["a", 13, 28, "fp32"], *TABLES[1:]]),
            ("missing", TABLES[:2]), ("optimizer", TABLES)]
@@ -55,6 +64,9 @@ def runs(tmp_path_factory):
         _job("cw3_from_rowwise_rw2", CW, "rowwise", tmp, load="rowwise_rw2"),
         _job("rw3_from_dp2", RW, "adagrad", tmp, load="dp2", conf={"exclude": ["sparse_opt", "extra"]}),
         _job("rw3_from_unsharded1", RW, "adagrad", tmp, load="unsharded1"),
+        _job("rw3_from_dtensor_tw2", RW, "adagrad", tmp, load="dtensor_tw2"),
+        _job("ec_tw3_from_ec_rw2", TW, "adagrad", tmp, load="ec_rw2", kind="ec", tables=EC_TABLES),
+        _job("tw3_from_twrw2", TW, "rowwise", tmp, load="twrw2"),
     ])
     return tmp, results, errors
 
@@ -145,3 +157,60 @@ def test_mismatch_is_refused_and_nothing_applied(runs, why, needles):
         for k, pieces in before[table]["states"].items():
             shape = [before[table]["shape"][0]] + list(pieces[0][1].shape[1:])
             same(full(pieces, shape), full(after[table]["states"][k], shape), f"table {table} state {k}")
+
+
+def test_model_free_tools_read_a_torchrec_checkpoint_without_torchrec(runs):
+    """verify / inspect / export / recckpt.open on a TorchRec checkpoint, in a process that never imports
+    torchrec; the rows read back equal what TorchRec held, and the manifest records versions and plan."""
+    tmp, *_ = runs
+    ck = os.path.join(tmp, "ck_tw2", "ckpt_1")
+    out = os.path.join(tmp, "export_tw2")
+    code = textwrap.dedent(f"""
+        import json, sys, numpy as np, recckpt
+        rep = recckpt.verify({ck!r})
+        view = recckpt.open({ck!r})
+        rows = {{}}
+        for name in view.tables:
+            ids, emb = [], []
+            for i, cols in view.iter_rows(name, ["embedding", "adagrad.acc"]):
+                ids.append(i); emb.append(cols["embedding"])
+            ids = np.concatenate(ids); emb = np.concatenate(emb)
+            rows[name] = emb[np.argsort(ids)].astype(np.float64).tolist()
+        recckpt.export({ck!r}, {out!r})
+        print(json.dumps({{"ok": bool(rep.ok), "rows": rows, "meta": dict(view.metadata),
+                          "torchrec": "torchrec" in sys.modules}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ok"] and not got["torchrec"]
+    src = _tables(tmp, "tw2")
+    for table in src:
+        want = full(src[table]["weight"], src[table]["shape"]).to(torch.float64)
+        same(torch.tensor(got["rows"][table], dtype=torch.float64), want, f"table {table} read without torchrec")
+    meta = got["meta"]
+    assert meta["recckpt.torchrec.version"] == "1.8.0" and meta["recckpt.fbgemm.version"].startswith("1.8.0")
+    plan = json.loads(meta["recckpt.torchrec.plan"])
+    assert plan["coll.embedding_bags.a"]["sharding"] == "table_wise"
+    assert plan["coll.embedding_bags.a"]["shards"] == [[0, 0, 13, 24, 0]]
+    assert os.listdir(out)
+    cli = subprocess.run([sys.executable, "-m", "recckpt", "inspect", ck], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert cli.returncode == 0 and "coll.embedding_bags.a" in cli.stdout and "adagrad.acc" in cli.stdout
+
+
+@pytest.mark.parametrize("src_name,dst_name,state", [
+    ("dtensor_tw2", "rw3_from_dtensor_tw2", "momentum1"),     # DTensor state dicts (output_dtensor=True)
+    ("ec_rw2", "ec_tw3_from_ec_rw2", "momentum1"),            # EmbeddingCollection RW@2 -> TW@3
+    ("twrw2", "tw3_from_twrw2", "momentum1"),                 # table-row-wise, RowWiseAdagrad
+])
+def test_more_plans_round_trip(runs, src_name, dst_name, state):
+    tmp, *_ = runs
+    src, dst = _tables(tmp, src_name), _tables(tmp, dst_name)
+    _weights_equal(src, dst)
+    for table in src:
+        pieces = src[table]["states"][state]
+        shape = [src[table]["shape"][0]] + ([src[table]["shape"][1]] if pieces[0][1].dim() == 2 else [])
+        a = full(pieces, shape)
+        assert bool((a != 0).any()), f"table {table}: no optimizer state to compare"
+        same(a, full(dst[table]["states"][state], shape), f"table {table}: optimizer state")

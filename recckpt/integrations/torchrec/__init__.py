@@ -18,7 +18,7 @@ TORCHREC_VERSION, FBGEMM_VERSION = check()
 from .discover import collections, find_tables  # noqa: E402  (after the version check, which must fail first)
 from .table import TorchRecTable  # noqa: E402
 
-__all__ = ["TorchRecTable", "find_tables", "manifest_metadata", "model_state_dict"]
+__all__ = ["TorchRecTable", "dense_load_dict", "find_tables", "manifest_metadata", "model_state_dict"]
 
 
 def model_state_dict(model, state_dict: Dict[str, Any]) -> Dict[str, Any]:
@@ -51,3 +51,12 @@ def manifest_metadata(model) -> Dict[str, str]:
                 plan[f"{f.prefix}{f.tables_attr}.{tname}"] = {"sharding": "unsharded"}
     return {"recckpt.torchrec.version": TORCHREC_VERSION, "recckpt.fbgemm.version": FBGEMM_VERSION,
             "recckpt.torchrec.plan": json.dumps(plan, sort_keys=True, separators=(",", ":"))}
+
+
+def dense_load_dict(model, dense: Dict[str, Any]) -> Dict[str, Any]:
+    """`dense` plus every TorchRec table's current state_dict entry: a sharded EmbeddingCollection's load
+    hook reads its tables' entries even under strict=False. The entries are views of the live tables
+    (already loaded through the adapter), so loading them copies each table onto itself."""
+    sd = model.state_dict()
+    _, keys, _ = find_tables(model, sd)
+    return {**{k: sd[k] for k in keys}, **dense}

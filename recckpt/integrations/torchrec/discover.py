@@ -13,7 +13,7 @@ import torch
 
 from ...errors import InvalidArgumentError
 from .agree import agreed_slots
-from .table import ADAGRAD, ROWWISE_ADAGRAD, Shard, TorchRecTable
+from .table import ADAGRAD, EMBEDDING, ROWWISE_ADAGRAD, Shard, TorchRecTable
 
 #: wrapper class name -> the child attribute that holds the wrapped module (left out of names)
 WRAPPERS = {"DistributedModelParallel": "_dmp_wrapped_module", "DistributedDataParallel": "module",
@@ -185,12 +185,17 @@ def find_tables(model, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[st
         parts += t
         keys += k
     # Ranks holding no shard of a table learn its optimizer slots from those that do (once per model).
-    local = {p["name"]: {s: [str(dt).replace("torch.", ""), list(sh)] for s, (dt, sh) in p["opt_slots"].items()}
-             for p in parts if p["shards"]}
+    # The weight's dtype too: a DTensor state dict reports fp32 for an fp16 table on ranks without a shard.
+    def schema(p):
+        return {s: [str(dt).replace("torch.", ""), list(sh)]
+                for s, (dt, sh) in {EMBEDDING: (p["dtype"], (p["dim"],)), **p["opt_slots"]}.items()}
+    local = {p["name"]: schema(p) for p in parts if p["shards"]}
     agreed = agreed_slots(model, local) if found and any(f.sharded for f in found) else local
     tables = []
     for p in parts:
-        if not p["shards"]:
-            p["opt_slots"] = {s: (getattr(torch, dt), tuple(sh)) for s, (dt, sh) in agreed.get(p["name"], {}).items()}
+        if not p["shards"] and p["name"] in agreed:
+            got = {s: (getattr(torch, dt), tuple(sh)) for s, (dt, sh) in agreed[p["name"]].items()}
+            p["dtype"] = got.pop(EMBEDDING)[0]
+            p["opt_slots"] = got
         tables.append(TorchRecTable(**p))
     return tables, keys, found

@@ -18,6 +18,7 @@ from ..state import plugins
 from ..state.protocol import FixedSize, column_split_slots, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
+from .fixed_rows import OwnedRows
 from .load_config import LoadConfig
 from .row_filter import RowFilter, owners_of
 from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
@@ -97,8 +98,8 @@ class LoadPlan:
                     self._check_compatible(f"table {name!r} slot {slot!r}", si.dtype, si.shape,
                                            spec.dtype, tuple(spec.shape))
                     slots.append((slot, si, spec))
-                if isinstance(table, FixedSize) and slots and not conf.merge:
-                    n = table.row_layout().num_rows
+                if isinstance(table, FixedSize) and slots and not conf.merge and m.parent is None:
+                    n = table.row_layout().num_rows   # (a chain's is checked on its base, in _plan_chains)
                     if info.rows != n:
                         self.incompatible.append(
                             f"table {name!r}: the checkpoint holds {info.rows} rows, model table {target!r} has "
@@ -204,12 +205,21 @@ class LoadPlan:
         lo, hi = bucket_range(shard_id, world, self.m.num_buckets)
         if self.conf.ownership is not None:
             lo, hi = 0, self.m.num_buckets
-        for name, _, _, slots in self.sparse_jobs:
+        for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue
             tl = table_links(links, name)
+            if isinstance(table, FixedSize) and not self.conf.merge:
+                n, have = table.row_layout().num_rows, tl[0].manifest.tables[name].rows
+                if have != n:
+                    self.incompatible.append(
+                        f"table {name!r}: the chain's base {tl[0].describe()} holds {have} rows, model table "
+                        f"{target!r} has {n} (a fixed-size table is replaced whole; load_conf 'merge': True "
+                        f"loads the rows that fit)")
             if len(tl) > 1:
-                self.chain_plans[name] = plan_chain(tl, name, lo, hi, rank=shard_id, world=world,
+                # a fixed-size table's rows spread over every hash bucket: fold them all, keep its own (OwnedRows)
+                t_lo, t_hi = (0, self.m.num_buckets) if isinstance(table, FixedSize) else (lo, hi)
+                self.chain_plans[name] = plan_chain(tl, name, t_lo, t_hi, rank=shard_id, world=world,
                                                     ownership=self.conf.ownership,
                                                     duplicates=self.conf.duplicates)
 
@@ -336,6 +346,12 @@ class LoadPlan:
                     reserve = getattr(table, "reserve", None)
                     if callable(reserve):
                         reserve(len(table) + plan.out_rows)
+                    if isinstance(table, FixedSize):
+                        sink = OwnedRows(table, target, self.reader.describe())
+                        load_chain_rows(plan, name, target, sink, slots, False)
+                        self.result.sparse_rows += sink.rows
+                        applied.append(target)
+                        continue
                     direct = conf.ownership is None and direct_load_possible(table, slots, cleared)
                     self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, direct)
                     applied.append(target)

@@ -15,6 +15,7 @@ from .versions import check
 
 TORCHREC_VERSION, FBGEMM_VERSION = check()
 
+from . import tracking  # noqa: E402
 from .discover import collections, find_tables  # noqa: E402  (after the version check, which must fail first)
 from .table import TorchRecTable  # noqa: E402
 
@@ -23,7 +24,8 @@ __all__ = ["TorchRecTable", "dense_load_dict", "find_tables", "manifest_metadata
 
 def model_state_dict(model, state_dict: Dict[str, Any]) -> Dict[str, Any]:
     """`state_dict` with each TorchRec table's weight entry replaced by its `TorchRecTable`."""
-    tables, keys, _ = find_tables(model, state_dict)
+    tables, keys, found = find_tables(model, state_dict)
+    tracking.attach(found, tables)    # which rows changed since a mark, for incremental checkpoints
     gone = set(keys)
     out = {k: v for k, v in state_dict.items() if k not in gone}
     for t in tables:

@@ -13,7 +13,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 import torch
 
 from ...errors import InvalidArgumentError
-from ...state.protocol import RowRangeLayout, SlotSpec, SparseTableMeta
+from ...state.protocol import Changes, RowRangeLayout, SlotSpec, SparseTableMeta
 
 EMBEDDING = "embedding"
 ADAGRAD = "adagrad.acc"               # elementwise: shape (D,), column-split like the embedding
@@ -101,23 +101,25 @@ class TorchRecTable:
             for i in range(0, b - a, max_rows):
                 j = min(b - a, i + max_rows)
                 ids = torch.arange(a + i, a + j, dtype=torch.int64)
-                yield ids, {slot: self._gather(parts, slot, i, j) for slot in slots}
+                yield ids, {slot: self._gather(parts, slot, slice(i, j)) for slot in slots}
 
-    def _gather(self, parts: List[Shard], slot: str, i: int, j: int) -> torch.Tensor:
-        """Rows [i, j) of `slot` across the column shards `parts` of one row range."""
+    def _gather(self, parts: List[Shard], slot: str, sel) -> torch.Tensor:
+        """Rows `sel` (a slice, or int64 local row indices) of `slot` across the column shards `parts` of
+        one row range."""
         spec = self.slots[slot]
+        i = sel
         if slot == EMBEDDING:
-            pieces = [p.weight[i:j] for p in parts]
+            pieces = [p.weight[i] for p in parts]
         elif len(spec.shape) == 1:
-            pieces = [p.states[slot][i:j] for p in parts]
+            pieces = [p.states[slot][i] for p in parts]
         else:
             # A per-row value under a column-wise plan is kept per column shard; the checkpoint holds the
             # row's value for the whole row: the width-weighted mean (exact for RowWiseAdagrad: each shard
             # accumulates the mean square gradient over its own columns).
             if len(parts) == 1:
-                return parts[0].states[slot][i:j].contiguous()
+                return parts[0].states[slot][i].contiguous()
             total = sum(p.cols for p in parts)
-            acc = sum(p.states[slot][i:j].to(torch.float64) * p.cols for p in parts) / total
+            acc = sum(p.states[slot][i].to(torch.float64) * p.cols for p in parts) / total
             return acc.to(spec.dtype)
         return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)).contiguous()
 
@@ -163,6 +165,40 @@ class TorchRecTable:
                         s.states[slot][local] = part[:, lo:hi]
                     else:   # per-row value: each column shard starts from the row's value
                         s.states[slot][local] = part
+                if self.tracker is not None:   # loaded rows are changes since any earlier mark
+                    self.tracker.touch(s.row0, s.rows, local)
+
+    # ------------------------------------------------------------------------ change tracking
+    #: the table's `tracking.TableTracker` (rows looked up since a mark), set when the table is found in a
+    #: sharded collection; None: the table cannot tell what changed and increments hold it whole
+    tracker = None
+
+    def mark_changes(self) -> int:
+        return self.tracker.mark() if self.tracker is not None else 0
+
+    def export_changes(self, since: int, slots: Sequence[str], max_rows: int) -> Changes | None:
+        """The rows this process holds that were looked up (so possibly updated by the fused optimizer) or
+        loaded since mark `since`, in chunks of <= max_rows; None when the tracker cannot tell."""
+        self._check_slots(slots)
+        if self.tracker is None:
+            return None
+        found = []
+        for a, b in self._layout.owned_rows:
+            local = self.tracker.changed(a, b - a, since)
+            if local is None:
+                return None
+            found.append((a, b, local))
+
+        def chunks():
+            for a, b, local in found:
+                parts = sorted((s for s in self.shards if s.row0 == a and s.rows == b - a), key=lambda s: s.col0)
+                for i in range(0, local.shape[0], max(1, max_rows)):
+                    sel = local[i:i + max_rows]
+                    yield sel + a, {slot: self._gather(parts, slot, sel) for slot in slots}
+        return Changes(sum(int(x.shape[0]) for _, _, x in found), chunks(), torch.empty(0, dtype=torch.int64))
+
+    def forget_changes(self, upto: int) -> None:
+        """A fixed-size table removes no rows: nothing is kept per mark."""
 
     def clear_rows(self) -> None:
         """A fixed-size table keeps its rows: a replacing load overwrites every row it holds (the loader

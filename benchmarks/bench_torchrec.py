@@ -147,6 +147,75 @@ def _train_step(a, dmp, dense_opt, rank: int) -> None:
     dense_opt.step()
 
 
+def _kjt(a, ids_per_table: list, batch: int):
+    import torch
+    from torchrec import KeyedJaggedTensor
+    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f{i}" for i in range(a.tables)], values=torch.cat(ids_per_table),
+                                               lengths=torch.ones(batch * a.tables, dtype=torch.int32))
+
+
+def _phase_track(a, rank: int, world: int, res: dict) -> None:
+    """Change tracking: the training step's cost with recckpt's lookup-path stamps, with TorchRec's
+    ModelDeltaTrackerTrec (ID_ONLY), and with neither (three identical models, rounds interleaved); then
+    an increment after steps that touch 5% of the rows, against a full save (bytes and time)."""
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.model_tracker.types import DeltaTrackerConfig, TrackingMode
+
+    import recckpt
+    r = res.setdefault("tracking", {})
+    rows = a.rows // a.tables
+    models = {}
+    for name in ("none", "recckpt", "delta_tracker"):
+        models[name] = _build(a, world, rank, "adagrad", "tw")
+    saver = recckpt.Saver(models["recckpt"][0], output_dir=os.path.join(a.dir, "track"), max_keep=None)
+    saver.save("f0")     # its first mark installs the lookup hooks
+    from recckpt.integrations.torchrec import tracking
+    hook0 = tracking.hook_seconds(models["recckpt"][0])
+    models["delta_tracker"][0].init_torchrec_delta_tracker(DeltaTrackerConfig(tracking_mode=TrackingMode.ID_ONLY))
+    batch = 2048
+    g = torch.Generator().manual_seed(11 + rank)
+    for rnd in range(a.rounds * 3):
+        names = list(models)
+        names = names[rnd % 3:] + names[:rnd % 3]
+        for name in names:
+            dmp, dense_opt = models[name]
+            kjts = [_kjt(a, [torch.randint(0, rows, (batch,), generator=g) for _ in range(a.tables)], batch)
+                    for _ in range(5)]
+            dist.barrier()
+            t0 = time.perf_counter()
+            for kjt in kjts:
+                dense_opt.zero_grad()
+                dmp(kjt).backward()
+                dense_opt.step()
+            dt = torch.tensor([(time.perf_counter() - t0) / len(kjts)], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            r.setdefault(f"step_{name}", []).append(float(dt))
+            if name == "recckpt":
+                hs = torch.tensor([(tracking.hook_seconds(dmp) - hook0) / len(kjts)], dtype=torch.float64)
+                dist.all_reduce(hs, op=dist.ReduceOp.MAX)
+                hook0 = tracking.hook_seconds(dmp)
+                r.setdefault("hook_recckpt", []).append(float(hs))
+    # an increment after steps that touch 5% of every table's rows (every rank feeds the same 5%)
+    dmp, dense_opt = models["recckpt"]
+    t_full, _, _ = _timed(lambda: saver.save("f1"), rank)
+    hot = [torch.randperm(rows, generator=torch.Generator().manual_seed(3 + i))[:rows // 20] for i in range(a.tables)]
+    for k in range(0, rows // 20, batch):
+        n = min(batch, rows // 20 - k)
+        kjt = _kjt(a, [h[k:k + n] for h in hot], n)
+        dense_opt.zero_grad()
+        dmp(kjt).backward()
+        dense_opt.step()
+    t_inc, _, _ = _timed(lambda: saver.save("i1", incremental=True), rank)
+    if rank == 0:
+        base = os.path.join(a.dir, "track")
+        r["full_bytes"] = _dir_bytes(os.path.join(base, "f1"))
+        r["incr_bytes"] = _dir_bytes(os.path.join(base, "i1"))
+        r["incr_rows"] = saver.last_save.sparse_rows
+        r["touched_rows"] = (rows // 20) * a.tables
+        r["full_s"], r["incr_s"] = t_full, t_inc
+
+
 def _dcp_state(dmp, dense_opt) -> dict:
     return {"model": dmp.state_dict(), "fused_optim": dmp.fused_optimizer.state_dict(),
             "dense_opt": dense_opt.state_dict()}
@@ -309,7 +378,10 @@ def _worker(rank: int, world: int, a, phase: str, out: str) -> None:
     res: dict = {}
     try:
         for opt in a.opts.split(","):
-            if phase == "save":
+            if phase == "track":
+                if opt == "adagrad":
+                    _phase_track(a, rank, world, res)
+            elif phase == "save":
                 _phase_save(a, rank, world, opt, res)
             else:
                 for plan_kind in (["rw", "cw"] if opt == "rowwise" else ["rw"]):
@@ -349,7 +421,24 @@ def report(a, res: dict) -> dict:
     lines = [f"{a.tables} EBC tables, {a.rows} rows in all, dim {a.dim}; 2 ranks table-wise; best of {a.rounds} "
              f"(slowest rank); memory = peak RSS growth of the worse rank during the operation"]
     head = f"{'':34}{'recckpt':>12}{'DCP':>12}{'DCP/recckpt':>13}"
+    tr = res.get("tracking")
+    if tr:
+        med = {k: sorted(v)[len(v) // 2] for k, v in tr.items() if k.startswith("step_")}
+        lines += ["", "change tracking (fused Adagrad, TW@2, 2048 ids per table per step, median step)"]
+        for k, v in med.items():
+            lines.append(f"  {k[5:]:16} {v * 1e3:8.2f} ms  ({v / med['step_none'] - 1:+.1%} vs none)")
+        hook = sorted(tr["hook_recckpt"])[len(tr["hook_recckpt"]) // 2]
+        lines.append(f"  recckpt's hooks themselves: {hook * 1e3:.3f} ms a step = {hook / med['step_none']:.2%} of a "
+                     f"step without tracking (timed inside the hooks: robust to the machine's noise)")
+        targets["tracking.step_overhead"] = (hook / med["step_none"], "<=", 0.05)
+        ratio = tr["incr_bytes"] / tr["full_bytes"]
+        lines.append(f"  increment after 5% of rows touched: {tr['incr_rows']} rows (touched {tr['touched_rows']}), "
+                     f"{tr['incr_bytes'] / 2**20:.1f} MB vs full {tr['full_bytes'] / 2**20:.1f} MB = {ratio:.3f}; "
+                     f"{tr['incr_s']:.2f} s vs {tr['full_s']:.2f} s")
+        targets["tracking.increment_bytes_vs_full"] = (ratio, "<=", 0.1)
     for opt, r in res.items():
+        if opt == "tracking":
+            continue
         lines += ["", f"fused {opt}", head]
 
         def row(label, key, unit="s", scale=1.0):
@@ -406,15 +495,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--phases", default="save,track", help="save (save/load/reshard vs DCP), track (tracking)")
     a = ap.parse_args()
     keep = a.dir is not None
     a.dir = a.dir or tempfile.mkdtemp(prefix="recckpt-bench-torchrec-")
     shutil.rmtree(a.dir, ignore_errors=True)    # checkpoints of an earlier run would be refused
     os.makedirs(a.dir)
     try:
-        res = _spawn(a, 2, "save")
-        for opt, r in _spawn(a, 3, "reshard").items():
-            res[opt].update(r)
+        res = {}
+        if "track" in a.phases:
+            res.update(_spawn(a, 2, "track"))
+        if "save" in a.phases:
+            res.update(_spawn(a, 2, "save"))
+            for opt, r in _spawn(a, 3, "reshard").items():
+                res[opt].update(r)
         targets = report(a, res)
         if a.json:
             with open(a.json, "w") as f:

@@ -19,6 +19,7 @@ that is never checkpointed; rows looked up before the first mark are covered by 
 """
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Dict, List, Optional, Tuple
 
@@ -60,10 +61,12 @@ class TableTracker:
     def touch(self, row0: int, rows: int, local: torch.Tensor) -> None:
         """Rows written other than by training (a load): changes since every earlier mark."""
         if self.first is not None:
-            self._stamps(row0, rows)[local] = self.gen
+            self._stamps(row0, rows).numpy()[local.numpy()] = self.gen
 
     def looked_up(self, row0: int, rows: int, local: torch.Tensor) -> None:
-        self._stamps(row0, rows)[local] = self.gen
+        # numpy's fancy assignment: a few µs for thousands of ids, where torch's index_put under
+        # intra-op threads on a busy CPU took milliseconds (measured: benchmarks/README.md, TorchRec)
+        self._stamps(row0, rows).numpy()[local.numpy()] = self.gen
 
 
 class CollectionTracker:
@@ -73,6 +76,7 @@ class CollectionTracker:
         self._module = weakref.ref(module)
         self.tables: Dict[str, TableTracker] = {}
         self._handles: List = []
+        self.seconds = 0.0           # time spent in the hooks (what tracking costs training)
 
     def table(self, name: str) -> TableTracker:
         t = self.tables.get(name)
@@ -106,16 +110,23 @@ class CollectionTracker:
             features = args[0] if args else None
             if features is None or not hasattr(features, "length_per_key"):
                 return
+            t0 = time.perf_counter()
             values = features.values()
             counts = features.length_per_key()
             k = pos = 0
             for tracker, row0, rows, nf in plan:
                 n = sum(counts[k:k + nf])
                 if tracker is not None and n:
-                    tracker.looked_up(row0, rows, values[pos:pos + n].to(torch.int64))
+                    tracker.looked_up(row0, rows, values[pos:pos + n])
                 k += nf
                 pos += n
+            self.seconds += time.perf_counter() - t0
         return hook
+
+
+def hook_seconds(model) -> float:
+    """Seconds the tracking hooks of `model`'s sharded collections have run so far (for measurements)."""
+    return sum(ct.seconds for m, ct in list(_trackers.items()) if any(x is m for x in model.modules()))
 
 
 def attach(found, tables) -> None:

@@ -4,7 +4,12 @@
 under row-wise / table-wise), save full c0, an increment c1 (sync) and an increment c2 taken through an
 async snapshot while training goes on; rank 0 compacts c2. Then 3 ranks under other plans (column-wise
 included) load the chain c2 and the compacted c2_full. Each is compared row by row and slot by slot with
-the model trained without interruption (dumped at c2's capture, from TorchRec's own state)."""
+the model trained without interruption (dumped at c2's capture, from TorchRec's own state).
+
+Warm starts between kinds (item 3, TorchRec -> HashTable): a saved TorchRec table warm-starts a recckpt
+HashTable through the model bank with `rename`, keyed by row index, in the pytest process, which never
+imports torchrec (a TorchRec checkpoint is an ordinary recckpt checkpoint). The HashTable -> TorchRec MCH
+direction is not done: the integration has no MCH adapter yet."""
 from __future__ import annotations
 
 import json
@@ -12,7 +17,9 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
 
 from .harness import ROOT, free_port, full, load_dump, needs_torchrec, same
 
@@ -103,3 +110,44 @@ def test_compacted_chain_equals_uninterrupted_model(chains, name):
                ((f"coll.embedding_bags.{n}", rows) for n, rows, _ in TABLES)), "the compacted checkpoint is full"
     _compare(tmp, name, "c2_full")
 
+
+
+def _rows(path, table, slots):
+    import recckpt
+    view = recckpt.open(path)
+    ids, cols = [], {s: [] for s in slots}
+    for i, c in view.iter_rows(table, slots):
+        ids.append(i)
+        for s in slots:
+            cols[s].append(c[s])
+    ids = np.concatenate(ids)
+    order = np.argsort(ids)
+    return ids[order], {s: np.concatenate(v)[order] for s, v in cols.items()}
+
+
+def test_torchrec_table_warm_starts_a_hashtable_by_row_index(chains, tmp_path):
+    import recckpt
+    tmp, *_ = chains
+    src = os.path.join(tmp, "ck_ada", "c0")          # fused Adagrad, table 'a' (40 x 12) table-wise
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.user = recckpt.HashTable("user", dim=12)
+
+    model = Model()
+    opt = recckpt.SparseAdagrad(model, lr=0.05)
+    saver = recckpt.Saver(model, sparse_optim=opt, output_dir=str(tmp_path / "run"))
+    manager = recckpt.CheckpointManager(saver, 10)
+    results = manager.load_model_bank([{"path": src, "tables": ["coll.embedding_bags.a"],
+                                        "rename": {"coll.embedding_bags.a": "user"}}])
+    assert [r.tables for r in results] == [["user"]]
+    ids, cols = _rows(src, "coll.embedding_bags.a", ["embedding", "adagrad.acc"])
+    assert np.array_equal(ids, np.arange(40))
+    got = model.user.ids().numpy()
+    order = np.argsort(got)
+    assert np.array_equal(got[order], ids), "every row index becomes an id of the HashTable"
+    emb = model.user.slot("embedding").detach().numpy()[order]
+    acc = model.user.slot("adagrad.acc").detach().numpy()[order]
+    assert np.array_equal(emb, cols["embedding"])
+    assert np.array_equal(acc, cols["adagrad.acc"]) and (acc != 0).any()

@@ -359,7 +359,10 @@ def _phase_reshard(a, rank: int, world: int, opt: str, plan_kind: str, res: dict
             try:
                 t, mem, _ = _timed(fn, rank)
             except BaseException as e:  # noqa: BLE001 - DCP's errors are BaseExceptions; reported, not raised
-                r[f"{key}_{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                # DCP's CheckpointException carries each rank's traceback: keep its first line and the cause
+                lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+                cause = next((x for x in reversed(lines) if "Error" in x.split(":")[0]), "")
+                r[f"{key}_{name}_error"] = f"{type(e).__name__}: {lines[0][:120] if lines else ''} {cause[:240]}"
                 import torch.distributed as dist
                 dist.barrier()
                 continue

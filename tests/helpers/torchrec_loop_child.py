@@ -33,6 +33,7 @@ def _build(job, world, rank):
     from torchrec.distributed.sharding_plan import (
         column_wise,
         construct_module_sharding_plan,
+        data_parallel,
         row_wise,
         table_row_wise,
         table_wise,
@@ -56,8 +57,11 @@ def _build(job, world, rank):
 
     model = Model()
     opt = {"adagrad": torch.optim.Adagrad, "rowwise": RowWiseAdagrad}[job["opt"]]
-    apply_optimizer_in_backward(opt, coll.parameters(), {"lr": 0.05})
-    gens = {"tw": lambda i: table_wise(rank=i % world), "rw": lambda i: row_wise(),
+    # a data-parallel table has no fused optimizer (and is not trained here: it only has to round-trip)
+    dp = {t for t, p in job["plan"].items() if p == "dp"}
+    apply_optimizer_in_backward(opt, [p for n, p in coll.named_parameters() if n.split(".")[-2] not in dp],
+                                {"lr": 0.05})
+    gens = {"tw": lambda i: table_wise(rank=i % world), "rw": lambda i: row_wise(), "dp": lambda i: data_parallel(),
             "cw": lambda i: column_wise(ranks=list(range(world))), "twrw": lambda i: table_row_wise(host_index=0)}
     per = {n: gens[job["plan"][n]](i) for i, (n, *_r) in enumerate(job["tables"])}
     plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
@@ -101,6 +105,11 @@ def _dump(model, path, rank):
     out = {}
     for key, w in model.state_dict().items():
         if ".embedding_bags." not in key or not key.endswith(".weight"):
+            continue
+        if not hasattr(w, "local_shards"):    # a data-parallel table: every rank holds it; rank 0 stands for all
+            if rank == 0:
+                out[key[:-len(".weight")]] = {"weight": [([0, 0], w.detach().clone())], "states": {},
+                                              "shape": list(w.shape)}
             continue
         local = lambda t: [(list(s.metadata.shard_offsets), s.tensor.clone()) for s in t.local_shards()]  # noqa: E731
         states = {k.rpartition(".")[2]: local(st) for k, st in fused.get(key, {}).items()}

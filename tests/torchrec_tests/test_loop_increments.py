@@ -26,9 +26,11 @@ from .harness import ROOT, free_port, full, load_dump, needs_torchrec, same
 pytestmark = needs_torchrec
 
 CHILD = os.path.join(ROOT, "tests", "helpers", "torchrec_loop_child.py")
-TABLES = [["a", 40, 12], ["b", 30, 12], ["c", 25, 24]]
-JOBS = {"ada": ("adagrad", {"a": "tw", "b": "rw", "c": "twrw"}, {"a": "rw", "b": "cw", "c": "tw"}),
-        "row": ("rowwise", {"a": "rw", "b": "rw", "c": "tw"}, {"a": "cw", "b": "tw", "c": "rw"})}
+TABLES = [["a", 40, 12], ["b", 30, 12], ["c", 25, 24], ["d", 20, 12]]
+# "d" is data-parallel: not tracked, so every increment holds it whole, written by rank 0 alone
+JOBS = {"ada": ("adagrad", {"a": "tw", "b": "rw", "c": "twrw", "d": "dp"}, {"a": "rw", "b": "cw", "c": "tw", "d": "dp"}),
+        "row": ("rowwise", {"a": "rw", "b": "rw", "c": "tw", "d": "dp"}, {"a": "cw", "b": "tw", "c": "rw", "d": "dp"})}
+DP_ROWS = 20
 
 
 def _run(tmp, phase, world, jobs):
@@ -60,14 +62,17 @@ def chains(tmp_path_factory):
 
 def test_increments_hold_exactly_the_rows_training_touched(chains):
     """Each increment holds the distinct rows the batches since its parent fed (every rank's batch), far
-    fewer than the table's; the async one holds the rows at its capture although training went on."""
+    fewer than the table's, plus the untracked data-parallel table whole, written once (by rank 0) in the
+    sync save and in the async snapshot; the async one holds the rows at its capture although training
+    went on."""
     _, trained, _ = chains
     total = sum(r for _, r, _ in TABLES)
     for name in JOBS:
         for ck, parent in (("c1", "c0"), ("c2", "c1")):
             st = trained[name][ck]
             assert st["parent"] == parent and st["full_reason"] is None, st
-            assert st["rows"] == sum(st["fed"].values()), f"{name} {ck}: {st}"
+            tracked = sum(n for t, n in st["fed"].items() if t != "d")
+            assert st["rows"] == tracked + DP_ROWS, f"{name} {ck}: {st} (the DP table once, not once a rank)"
             assert 0 < st["rows"] < total // 2
 
 
@@ -78,6 +83,8 @@ def _compare(tmp, name, ck):
     for table in src:
         shape = src[table]["shape"]
         same(full(src[table]["weight"], shape), full(dst[table]["weight"], shape), f"{name} {ck} {table}: embeddings")
+        if not src[table]["states"]:     # the data-parallel table: no fused optimizer state
+            continue
         a = src[table]["states"]["momentum1"]
         b = dst[table]["states"]["momentum1"]
         if len(a[0][1].shape) == 2:      # Adagrad: shaped like the weight, column-split like it

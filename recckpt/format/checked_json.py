@@ -104,6 +104,26 @@ def loads(data: bytes, path: str, max_bytes: int) -> dict:
     return obj
 
 
+def dumps_unchecked(obj: dict) -> bytes:
+    """A metadata file without a self-checksum (format version 4's indexes: the manifest records the
+    size and CRC of their bytes). Compact: these files grow with the segments."""
+    if CRC_KEY in obj:
+        raise ValueError(f"metadata must not contain the key {CRC_KEY!r}")
+    check_tree(obj, MAX_DEPTH)
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def loads_unchecked(data: bytes, path: str, max_bytes: int) -> dict:
+    """Parse a metadata file that `dumps_unchecked` wrote (its bytes already checked against the
+    manifest): the rules of `parse`, an ASCII object, no self-checksum to recompute."""
+    if isinstance(data, (bytes, bytearray)) and not data.isascii():
+        raise CorruptCheckpointError(f"{path}: not valid checkpoint metadata (non-ASCII bytes)", path)
+    obj = parse(data, path, JsonLimits(max_bytes))
+    if not isinstance(obj, dict):
+        raise CorruptCheckpointError(f"{path}: not valid checkpoint metadata (not a JSON object)", path)
+    return obj
+
+
 def check_tree(obj, max_depth: int = MAX_DEPTH) -> None:
     """Depth and key rules, without recursion (a hostile text must not exhaust the stack here either);
     raises JsonRuleError. Writers call it too, so that what recckpt writes it can read back."""

@@ -15,13 +15,25 @@ from recckpt.format import checked_json
 CAP = 1 << 30
 
 
+def _is_index(rel: str) -> bool:
+    return rel == "index.json" or rel.endswith(".index.json")
+
+
 def read_json(ckpt: str, rel: str) -> dict:
-    return checked_json.loads(open(os.path.join(ckpt, rel), "rb").read(), rel, CAP)
+    """A metadata file as JSON: checked (its self-checksum verified), or a format version 4 index."""
+    data = open(os.path.join(ckpt, rel), "rb").read()
+    if _is_index(rel) and b'"crc32c":' not in data[-40:] and _json.loads(data).get("format_version", 0) >= 4:
+        return checked_json.loads_unchecked(data, rel, CAP)
+    return checked_json.loads(data, rel, CAP)
 
 
 def write_json(ckpt: str, rel: str, obj: dict) -> None:
-    """Write a checked JSON file (valid self-checksum) and, unless it is the manifest, re-sign it there."""
-    open(os.path.join(ckpt, rel), "wb").write(checked_json.dumps(obj))
+    """Write a metadata file as its format version has it (a checked JSON file with a valid
+    self-checksum; a version 4 index without one) and, unless it is the manifest, re-sign it there."""
+    if _is_index(rel) and isinstance(obj.get("format_version"), int) and obj["format_version"] >= 4:
+        open(os.path.join(ckpt, rel), "wb").write(checked_json.dumps_unchecked(obj))
+    else:
+        open(os.path.join(ckpt, rel), "wb").write(checked_json.dumps(obj))
     if rel != "manifest.json":
         resign(ckpt, rel)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import _C, __version__
-from ..errors import CheckpointSaveError, CorruptCheckpointError
+from ..errors import CheckpointSaveError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage
 from . import catalog, checked_json, names, safetensors_io, structure, tree_codec
 from .schema import (
@@ -65,7 +65,7 @@ def index_bytes(doc: IndexDoc) -> bytes:
     return checked_json.dumps(doc.to_json())
 
 
-def parse_index_bytes(data: bytes, where: str, format_version: int) -> dict:
+def parse_index_bytes(data: "bytes | str", where: str, format_version: int) -> dict:
     """An index file's JSON object, by the rules of the manifest's `format_version`."""
     if format_version >= names.SEGMENT_DIR_SINCE:
         return checked_json.loads_unchecked(data, where, names.MAX_INDEX_BYTES)
@@ -223,6 +223,7 @@ class CheckpointReader:
         self.read_options = read_options or ReadOptions()
         self.manifest = catalog.read_manifest(storage, ckpt_dir)
         self._parsed: IndexDoc | None = None
+        self._index_error: Exception | None = None
         self._index: IndexDoc | None = None
         self._segments: SegmentReader | None = None
 
@@ -287,13 +288,23 @@ class CheckpointReader:
     def parsed_index(self) -> IndexDoc:
         """The index, checked field by field against the manifest, but not yet for how its blocks tile
         the shard files (`verify` wants every tiling finding; `index` stops at the first)."""
+        if self._index_error is not None:
+            raise self._index_error   # a large hostile index is read and refused once, not per caller
         if self._parsed is None:
             if self.manifest.index is None:
                 self._parsed = IndexDoc(self.manifest.num_buckets, self.manifest.chunk_bytes)
             else:
                 where = self.describe(self.manifest.index)
-                obj = parse_index_bytes(self.read_file(self.manifest.index), where, self.manifest.format_version)
-                self._parsed = index_from_json(obj, where, self.manifest)
+                try:
+                    # The bytes are let go once decoded: a large index is held once as text, not twice.
+                    text = checked_json.ascii_text(self.read_file(self.manifest.index), where)
+                    obj = parse_index_bytes(text, where, self.manifest.format_version)
+                    del text
+                    self._parsed = index_from_json(obj, where, self.manifest)
+                except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
+                    # A copy without the traceback, whose frames hold the file's bytes and parse.
+                    self._index_error = e.retold(str(e))
+                    raise
         return self._parsed
 
     @property

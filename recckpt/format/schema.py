@@ -596,10 +596,24 @@ def _int_array(v: _V, raw, where: str, n: int | None) -> np.ndarray:
     return a.astype(np.int64, copy=False)
 
 
-def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, row_bytes: list[list[int]] | None,
-             with_packed: bool, with_block: bool, nblocks: int) -> list[Segment]:
-    """One table's SEGS, validated vectorised: lengths, ranges, where each segment ends, the CRC string.
-    `row_bytes[block]`: bytes of a row of each column (ids first) per column block."""
+@dataclass
+class _SegArrays:
+    """One table's SEGS after the vectorised checks (phase 1), before its CRCs are decoded."""
+    where: str
+    raw: dict
+    a: dict[str, np.ndarray]
+    packed: np.ndarray
+    block: np.ndarray
+    starts: np.ndarray     # [s, ncols] column offsets
+    lengths: np.ndarray    # [s, ncols]
+    ends: np.ndarray       # [s] where each segment ends
+
+
+def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, row_bytes: list[list[int]],
+             with_packed: bool, with_block: bool, nblocks: int) -> _SegArrays:
+    """Phase 1 of one table's SEGS, vectorised (no per-segment Python): list lengths, ranges, column
+    positions by the layout rule, each segment inside its file. `row_bytes[block]`: bytes of a row of
+    each column (ids first) per column block."""
     seg = v.dict(raw, where)
     a = {k: _int_array(v, v.get(seg, k, where), f"{where}.{k}", None if k == "file" else len(seg["file"]))
          for k in _SEG_KEYS}
@@ -611,6 +625,9 @@ def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, row_bytes: list[list[int]] |
     for key in ("packed", "block"):
         if key in seg and not (with_packed if key == "packed" else with_block):
             v.fail(f"{where}.{key}", "not a field of these segments")
+    extra = set(seg) - set(_SEG_KEYS) - {"packed", "block", "crc32c"}
+    if extra:
+        v.fail(where, f"unknown fields {sorted(extra)!r:.80}")
     nb, nfiles = doc.num_buckets, len(doc.files)
 
     def check(ok: np.ndarray, key: str, rule: str) -> None:
@@ -627,16 +644,14 @@ def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, row_bytes: list[list[int]] |
     check(a["last"] - a["first"] + 1 >= a["dir"], "dir", "more directory entries than buckets in [first, last]")
     check((packed == 0) | (packed == 1), "packed", "expected 0 or 1")
     check((block >= 0) & (block < max(nblocks, 1)), "block", "not a column block of the table")
-    if row_bytes is None:   # without a manifest: the ids column only is known
-        v.fail(where, "a version 4 index is validated against its manifest")
     ncols = len(row_bytes[0])
-    rb = np.asarray(row_bytes, dtype=object)
-    if any(int(x) * (_U32 - 1) >= _I63 for x in rb.reshape(-1)):
+    if any(x * (_U32 - 1) >= (1 << 62) for rbs in row_bytes for x in rbs):
         v.fail(where, "a slot row is too large for any segment")
-    rb = rb.astype(np.int64)[block]                    # [s, ncols]
-    lengths = a["rows"][:, None] * rb                  # < 2**63 (checked above)
+    rb = np.asarray(row_bytes, dtype=np.int64)[block]          # [s, ncols]
+    lengths = a["rows"][:, None] * rb                          # < 2**62 (checked above)
     starts = np.empty_like(lengths)
     pos = a["offset"] + 8 * a["dir"]
+    check(pos < (1 << 62), "offset", "beyond any file")
     unpadded = packed.astype(bool)
     for k in range(ncols):
         if k == 0:
@@ -645,35 +660,82 @@ def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, row_bytes: list[list[int]] |
             ln = lengths[:, k]
             starts[:, k] = np.where(unpadded | (ln == 0), pos, layout.align_up(pos))
         pos = starts[:, k] + lengths[:, k]
+        check(pos < (1 << 62), "offset", "beyond any file")
     sizes = np.asarray([sz for _, sz in doc.files], dtype=np.int64)
     if s:
         check(pos <= sizes[a["file"]], "offset", "the segment ends beyond its file")
-    steps = layout.checksum_steps(lengths, doc.chunk_bytes)
-    counts = 1 + layout.crc_count(lengths, steps).sum(axis=1)   # the directory's CRC, then the columns'
-    text = v.str(v.get(seg, "crc32c", where), f"{where}.crc32c")
+    return _SegArrays(where, seg, a, packed, block, starts, lengths, pos)
+
+
+def _tiling_v4(v: _V, doc: IndexDoc, parts: list[_SegArrays]) -> None:
+    """The segments of every table tile each shard file exactly (docs/FORMAT.md, Tiling), checked on
+    the arrays before anything per segment is built: a segment listed twice, overlapping or leaving a
+    gap is refused in one vectorised pass, naming the file."""
+    nfiles = len(doc.files)
+    if not parts:
+        fi = off = end = np.zeros(0, dtype=np.int64)
+    else:
+        fi = np.concatenate([p.a["file"] for p in parts])
+        off = np.concatenate([p.a["offset"] for p in parts])
+        end = np.concatenate([p.ends for p in parts])
+    order = np.lexsort((end, off, fi))
+    fi, off, end = fi[order], off[order], end[order]
+    first = np.ones(len(fi), dtype=bool)
+    first[1:] = fi[1:] != fi[:-1]
+    want = np.zeros(len(fi), dtype=np.int64)
+    want[1:] = end[:-1]
+    want[first] = 0
+    last_end = np.zeros(nfiles, dtype=np.int64)
+    if len(fi):
+        last = np.ones(len(fi), dtype=bool)
+        last[:-1] = fi[:-1] != fi[1:]
+        last_end[fi[last]] = end[last]
+    sizes = np.asarray([sz for _, sz in doc.files], dtype=np.int64)
+    bad = np.nonzero(off != want)[0]
+    short = np.nonzero(last_end != sizes)[0]
+    if bad.size or short.size:
+        f = int(fi[bad[0]]) if bad.size and (not short.size or fi[bad[0]] <= short[0]) else int(short[0])
+        nbad = int(np.count_nonzero(fi[bad] == f)) if bad.size else 0
+        parts_msg = []
+        if nbad:
+            i = int(bad[np.argmax(fi[bad] == f)])
+            parts_msg.append(f"{nbad} segment(s) overlap, repeat or leave a gap (one at [{off[i]}, {end[i]}) "
+                             f"where byte {want[i]} was due)")
+        if last_end[f] != sizes[f]:
+            parts_msg.append(f"the segments end at byte {last_end[f]} of {sizes[f]}")
+        files_bad = len(set(fi[bad].tolist()) | set(short.tolist()))
+        more = f" (and {files_bad - 1} more shard files)" if files_bad > 1 else ""
+        v.fail("files", f"{doc.files[f][0]}: the index's segments do not tile the file: {'; '.join(parts_msg)}"
+                        f"{more}. Every byte of a shard file belongs to exactly one segment; the index is corrupt "
+                        f"or hostile")
+
+
+def _segments_from(v: _V, doc: IndexDoc, p: _SegArrays) -> list[Segment]:
+    """Phase 2: decode the table's CRC string and build its Segment records."""
+    steps = layout.checksum_steps(p.lengths, doc.chunk_bytes)
+    counts = 1 + layout.crc_count(p.lengths, steps).sum(axis=1)   # the directory's CRC, then the columns'
+    text = v.str(v.get(p.raw, "crc32c", p.where), f"{p.where}.crc32c")
     total = int(counts.sum())
     if len(text) != 8 * total or not _HEX.fullmatch(text):
-        v.fail(f"{where}.crc32c", f"expected {total} CRCs as {8 * total} lower-case hex digits, got "
-                                  f"{len(text)} characters")
+        v.fail(f"{p.where}.crc32c", f"expected {total} CRCs as {8 * total} lower-case hex digits, got "
+                                    f"{len(text)} characters")
     crcs = np.frombuffer(bytes.fromhex(text), dtype=">u4").astype(np.uint32)
-    ends = np.cumsum(counts)
+    a = {k: x.tolist() for k, x in p.a.items()}
+    packed_l, block_l = p.packed.tolist(), p.block.tolist()
+    starts_l, lengths_l, steps_l = p.starts.tolist(), p.lengths.tolist(), steps.tolist()
+    ends_l = np.cumsum(counts).tolist()
     out = []
-    a_list = {k: x.tolist() for k, x in a.items()}
-    packed_l, block_l = packed.tolist(), block.tolist()
-    starts_l, lengths_l, steps_l, ends_l = starts.tolist(), lengths.tolist(), steps.tolist(), ends.tolist()
     lo = 0
-    for i in range(s):
+    for i in range(len(a["file"])):
         c = lo + 1
         cols = []
-        for k in range(ncols):
-            ln, st = lengths_l[i][k], steps_l[i][k]
+        for k, (ln, st) in enumerate(zip(lengths_l[i], steps_l[i])):
             m = -(-ln // st)
             cols.append(Column(starts_l[i][k], ln, crcs[c:c + m], st))
             c += m
-        off, k_dir = a_list["offset"][i], a_list["dir"][i]
-        out.append(Segment(a_list["file"][i], a_list["rows"][i], Column(off, 8 * k_dir, crcs[lo:lo + 1], 8 * k_dir),
-                           tuple(cols), k_dir, a_list["first"][i], a_list["last"][i], bool(packed_l[i]),
-                           block_l[i]))
+        off, k_dir = a["offset"][i], a["dir"][i]
+        out.append(Segment(a["file"][i], a["rows"][i], Column(off, 8 * k_dir, crcs[lo:lo + 1], 8 * k_dir),
+                           tuple(cols), k_dir, a["first"][i], a["last"][i], bool(packed_l[i]), block_l[i]))
         lo = ends_l[i]
     return out
 
@@ -684,6 +746,8 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
         if tables:
             v.fail("tables", "a version 4 index is validated against its manifest (its slot specs)")
         return doc
+    # Phase 1, vectorised per table: fields, ranges, where every segment ends, row counts.
+    phase1 = []   # (name, slots, table segs, removed segs or None)
     for name, t in tables.items():
         where = f"tables[{name!r}]"
         slots = [v.str(x, f"{where}.slots") for x in v.list(v.get(t, "slots", where), f"{where}.slots")]
@@ -697,27 +761,30 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
         row_bytes = [[8] + info.slot_row_bytes(slots, j) for j in range(nblocks)]
         segs = _segs_v4(v, v.get(t, "segments", where), f"{where}.segments", doc, row_bytes, True,
                         cb is not None, nblocks)
-        if cb is not None:
-            doc.blocked.add(name)
+        removed = None
         if "removed" in t:
             if not info.changes:
                 v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
-            doc.removed[name] = _segs_v4(v, t["removed"], f"{where}.removed", doc, [[8]], False, False, 1)
-        doc.tables[name] = (slots, segs)
-    if worker:
-        return doc
-    for name, info in manifest.tables.items():
-        if name not in doc.tables:
-            v.fail("tables", f"table {name!r} of the manifest has no index entry")
-        segs = doc.tables[name][1]
-        nblocks = len(info.column_blocks.blocks) if info.column_blocks is not None else 1
-        per_block = [0] * nblocks
-        for sg in segs:
-            per_block[sg.block] += sg.rows
-        if any(r != info.rows for r in per_block):
-            v.fail(f"tables[{name!r}]", f"segments hold {per_block} rows per column block, the manifest says "
-                                        f"{info.rows}")
-        gone = sum(sg.rows for sg in doc.removed.get(name, []))
-        if gone != info.removed:
-            v.fail(f"tables[{name!r}].removed", f"segments hold {gone} removed ids, the manifest says {info.removed}")
+            removed = _segs_v4(v, t["removed"], f"{where}.removed", doc, [[8]], False, False, 1)
+        if not worker:
+            per_block = np.bincount(segs.block, weights=segs.a["rows"], minlength=nblocks)
+            if np.any(per_block != info.rows):
+                v.fail(where, f"segments hold {per_block.astype(np.int64).tolist()[:8]} rows per column block, "
+                              f"the manifest says {info.rows}")
+            gone = int(removed.a["rows"].sum()) if removed is not None else 0
+            if gone != info.removed:
+                v.fail(f"{where}.removed", f"segments hold {gone} removed ids, the manifest says {info.removed}")
+        phase1.append((name, slots, segs, removed, cb is not None))
+    if not worker:
+        for name in manifest.tables:
+            if name not in tables:
+                v.fail("tables", f"table {name!r} of the manifest has no index entry")
+    _tiling_v4(v, doc, [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None])
+    # Phase 2: the CRCs, and the records the readers use.
+    for name, slots, segs, removed, blocked in phase1:
+        doc.tables[name] = (slots, _segments_from(v, doc, segs))
+        if removed is not None:
+            doc.removed[name] = _segments_from(v, doc, removed)
+        if blocked:
+            doc.blocked.add(name)
     return doc

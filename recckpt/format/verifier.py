@@ -136,6 +136,11 @@ class _Checker:
         worker_docs: dict[int, IndexDoc] = {}
         for rel, info in sorted(self.m.files.items()):
             try:
+                if rel == self.m.index:   # read, checked and parsed once, by the reader (kept for the rest)
+                    self.reader.parsed_index()   # fields, against the manifest
+                    self.report.files_checked += 1
+                    self.report.bytes_checked += info.size
+                    continue
                 data = self.reader.read_file(rel)
                 self.report.files_checked += 1
                 self.report.bytes_checked += len(data)
@@ -149,9 +154,7 @@ class _Checker:
 
     def check_file(self, rel: str, data: bytes, worker_docs: dict[int, IndexDoc]) -> None:
         where = self.reader.describe(rel)
-        if rel == self.m.index:
-            self.reader.parsed_index()  # fields, against the manifest; tiling is check_shards' job
-        elif rel.startswith(f"{names.SPARSE_DIR}/worker-") and rel.endswith(".index.json"):
+        if rel.startswith(f"{names.SPARSE_DIR}/worker-") and rel.endswith(".index.json"):
             worker = names.worker_index_worker(rel)
             if worker is None:
                 raise CorruptCheckpointError(f"{where}: not a worker index name (expected "

@@ -32,6 +32,7 @@ from ..load.load_apply import LoadResult
 from ..load.load_config import LoadConfig
 from ..load.loader import LoadRequest, LoadTarget, load_checkpoint
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
+from ..state.optim_names import saved_param_names
 from ..state.protocol import ChangeTracking, SparseState, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from ..state.staging import StagingPool
@@ -291,7 +292,7 @@ class Saver:
         sparse, dense = self._state()
         first = shard_id == 0
         return Snapshot(tables=list(sparse.values()), dense=dense if first else None,
-                        extras=_extras_tree(self.registry, self.sparse_optim) if first else None,
+                        extras=_extras_tree(self.registry, self.sparse_optim, self.model) if first else None,
                         io_state=self.registry.io_tree())
 
     def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False) -> Snapshot:
@@ -624,10 +625,14 @@ class Saver:
         self._pending_forget = None
 
 
-def _extras_tree(registry: Registry, sparse_optim) -> dict:
-    """The extras tree a save writes: every registered object's state plus the sparse optimizer's."""
-    objects = {name: extras_fmt.entry(name, kind, state, allow_pickle)
-               for name, kind, state, allow_pickle in registry.object_states()}
+def _extras_tree(registry: Registry, sparse_optim, model) -> dict:
+    """The extras tree a save writes: every registered object's state plus the sparse optimizer's. A
+    registered torch.optim optimizer also records its parameters' names in `model`, so that a load
+    maps its state by name."""
+    objects = {}
+    for name, kind, state, allow_pickle in registry.object_states():
+        names = saved_param_names(model, registry.object(name), state) if kind == "state_dict" else None
+        objects[name] = extras_fmt.entry(name, kind, state, allow_pickle, names)
     return {"objects": objects, "sparse_optimizer": sparse_optim.state_dict() if sparse_optim is not None else None}
 
 

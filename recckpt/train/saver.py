@@ -401,7 +401,8 @@ class Saver:
             handed_over = parts is None
             if parts is not None:
                 manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
-                                    opts=self._write_options(), metadata=metadata)
+                                    opts=self._write_options(), metadata=metadata,
+                                    visible_within_s=self.options.visibility_timeout_s)
                 self._after_commit(ckpt_id, keep, protect)
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),

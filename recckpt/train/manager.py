@@ -254,7 +254,7 @@ class CheckpointManager:
             # ranks would then be saving different checkpoints and every later save would fail.
             # after the drain: the save in flight committed (or failed), so the chain's parent is known
             incremental = self._increment_next(ephemeral)
-            snap = self.saver.capture_copy(self._buffers, self.shard_id, incremental)
+            snap = self.saver.capture_copy(self._buffers, self.shard_id, incremental, step=step)
             handle.stall_seconds = time.perf_counter() - t0
 
             def write_async():

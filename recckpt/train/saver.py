@@ -91,8 +91,8 @@ class Saver:
         storage_options: passed to fsspec for an fsspec URL (endpoint_url, key/secret, profile, ...),
             and used for every other path this Saver opens unless a load names its own.
         eviction: an `EvictionPolicy` applied to every table with counters when a save captures the
-            state (sync saves): the selected rows leave the live table (`evict`), and an incremental
-            save records them as removed.
+            state (a sync save, or the snapshot of an async one, `capture_copy`): the selected rows
+            leave the live table (`evict`), and an incremental save records them as removed.
         write_filter: an `EvictionPolicy` that only shapes what is written: rows it selects (in tables
             with `freq`/`last_step` slots) are left out of the checkpoint, the live table keeps them. In
             an increment, a row left out keeps the value earlier links hold for it.
@@ -295,18 +295,23 @@ class Saver:
                         extras=_extras_tree(self.registry, self.sparse_optim, self.model) if first else None,
                         io_state=self.registry.io_tree())
 
-    def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False) -> Snapshot:
+    def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False, *,
+                     step: int | None = None) -> Snapshot:
         """A frozen copy of what a save of this worker writes, in `bufs` (reused across saves), for a
         write in the background (`write(ckpt_id, snapshot)`). With `incremental`, change-tracking tables
         are copied as their changes since the parent (what `chain_parent()` names) and their marks are
         taken now, so the increment holds exactly the changes up to this capture; without a parent the
-        copy is whole and `full_reason` says why. Call it from the training thread, with no save of
-        this Saver in flight."""
+        copy is whole and `full_reason` says why. The Saver's `eviction` applies here, at `step`, as a
+        sync save applies it when it captures: the rows leave the live tables before the copy, and
+        the next increment records them as removed. Call it from the training thread, with no save
+        of this Saver in flight."""
         self._forget_written()
         chain, reason = (self._chain, None)
         if incremental:
             parent, reason = self._parent_for(True)
             chain = self._chain if parent is not None else None
+        if self.eviction is not None:
+            self._evict(step)
         live = self.capture(shard_id)
         live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if isinstance(t, ChangeTracking)}
         live.chain, live.full_reason = (chain, None) if incremental and chain is not None else (None, reason)

@@ -44,6 +44,8 @@ class LoadResult:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    other_bytes_read: int = 0
+    """Bytes of the dense, extras and IO-state files read (`bytes_read` counts the sparse shard files)."""
     bytes_mapped: int = 0
     """Of `bytes_read`, the bytes mapped into tables copy-on-write instead of copied (`LoadConfig.mmap`)."""
     tables_mapped: list[str] = field(default_factory=list)

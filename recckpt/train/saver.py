@@ -26,6 +26,7 @@ from ..format import catalog, dtypes, extras as extras_fmt, recovery
 from ..format.checkpoint import WorkerPart, finalize, write_worker_part
 from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
+from ..format.retention import META_EPHEMERAL
 from ..format.schema import ParentRef, SlotInfo
 from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
@@ -37,6 +38,7 @@ from ..state.protocol import ChangeTracking, SparseState, split_sparse_dense_sta
 from ..state.registry import Registry
 from ..state.staging import StagingPool
 from ..storage import open_storage
+from .events import save_line
 from .options import SaveOptions
 from .policies import CkptEntry, KeepPolicy
 from .snapshot import HostBuffers, Snapshot, copy_snapshot
@@ -431,6 +433,12 @@ class Saver:
                             "torch.distributed process group, the checkpoint commits when this process has "
                             "saved every shard", shard_id, shard_num, self.storage.describe(ckpt_id))
             self._committed_chain(ckpt_id, manifest, marks, snap.tables if live else None)
+            if stats.committed:
+                kind = ("incremental" if parent is not None else
+                        "ephemeral" if (metadata or {}).get(META_EPHEMERAL) == "1" else "full")
+                log.info("%s", save_line(ckpt_id, step, stats.bytes_written, stats.seconds, stats.sparse_rows,
+                                         kind=kind, rank=shard_id, whole=manifest is not None,
+                                         stall_seconds=None if live else snap.stall_seconds))
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
             if handed_over:

@@ -157,6 +157,10 @@ class LoadPlan:
             for name in objs:
                 if name not in self.registry.object_names():
                     self.problems_unexpected.append(f"checkpoint object {name!r} is not registered")
+                elif not objs[name]["kind"].startswith(extras_fmt.PICKLED_PREFIX):
+                    why = self.registry.refusal(name, objs[name]["kind"], objs[name]["state"])
+                    if why is not None:
+                        self.incompatible.append(why + " (exclude 'extra', or register it as the same type)")
             self._plan_optimizers(objs, ckpt_dense if conf.wants("dense") else None)
         self.io_tree = None
         resized = conf.wants("io_state") and self.registry.io_names() and self.m.io_state and world != self.m.shard_num

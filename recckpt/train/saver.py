@@ -274,7 +274,9 @@ class Saver:
         that disagree with an initialised process group are an error. Without a process group, explicit
         values > 1 mean every shard is saved from this process: the checkpoint commits at the save of
         the last shard, and the earlier calls return the location it will have (with a warning;
-        `last_save` is not set, `write()` reports `committed=False`). `step` (the
+        `last_save` is not set, `write()` reports `committed=False`); parts whose other shards are not
+        saved within `SaveOptions.coordination_timeout_s` of the last one are dropped with a warning
+        (nothing is committed). `step` (the
         training step) is recorded per worker and decides duplicate ids under duplicates='newest'.
 
         incremental=True writes only the sparse rows changed since the newest checkpoint this Saver

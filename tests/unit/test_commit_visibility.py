@@ -102,3 +102,34 @@ def test_an_object_store_missing_file_fails_the_save(s3_server, s3_bucket):
     text = str(e.value)
     assert "rank(s) 1" in text and "not in this store" in text and "endpoint_url" in text, text
     assert s0.checkpoints() == []
+
+
+def test_parts_parked_in_process_are_dropped_after_the_timeout(tmp_path, caplog):
+    """Issue 29 item 7: a shard saved from this process waits for the other shards; one that never
+    comes left its part (and a protected staging directory) parked forever."""
+    import time
+
+    from recckpt.coordination import InProcessCoordinator
+    out = str(tmp_path / "out")
+    opts = SaveOptions(num_buckets=8, fsync=False, coordination_timeout_s=0.2)
+    s1 = Saver(model(1), output_dir=out, options=opts)
+    save_shard1(s1)
+    probe = InProcessCoordinator(0, 2)
+    assert list(probe.active_nonces(s1.storage.describe())) == ["c"]
+    assert [n for n in os.listdir(out) if n.startswith(".staging-c-")]
+    time.sleep(0.3)
+    with caplog.at_level("WARNING", logger="recckpt"):
+        assert probe.active_nonces(s1.storage.describe()) == {}
+    assert any("dropped the parts of checkpoint 'c'" in r.getMessage() and "shard(s) [0]" in r.getMessage()
+               for r in caplog.records)
+    Saver(model(0), output_dir=out, options=opts).save("other")     # its start-up recovery may now clean up
+    assert not [n for n in os.listdir(out) if n.startswith(".staging-c-")]
+
+
+def test_a_single_shard_saves_recovery_leaves_parts_parked_in_process_alone(tmp_path):
+    out = str(tmp_path / "out")
+    s0, s1 = savers(out)
+    save_shard1(s1)
+    Saver(model(0), output_dir=out, options=SaveOptions(num_buckets=8, fsync=False)).save("other")
+    s0.save("c", shard_id=0, shard_num=2)          # shard 1's staged files are still there: it commits
+    assert s0.checkpoints() == ["other", "c"]

@@ -263,33 +263,57 @@ def test_named_state_round_trip_and_keyed_optimizer(tmp_path):
         named_optimizer_state(aopt, Towers(("a",)))
 
 
+KEYED_SCRIPT = """
+import sys, warnings
+import torch
+from torchrec.optim.keyed import KeyedOptimizerWrapper
+from test_optim_by_name import SHARED, Towers, trained
+from recckpt import Saver
+out = sys.argv[1]
+am, _ = trained("adam", ("a", "b"))
+src = KeyedOptimizerWrapper(dict(am.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.01))
+src.init_state()
+g = torch.Generator().manual_seed(5)
+for _ in range(2):
+    src.zero_grad()
+    am(torch.randn(4, 3, generator=g)).backward()
+    src.step()
+s = Saver(am, output_dir=out + "/a")
+s.register_for_checkpointing("opt", src)
+s.save("c")
+m = Towers(("a", "c"), seed=9)
+dst = KeyedOptimizerWrapper(dict(m.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.01))
+dst.init_state()
+fresh = {k: v["exp_avg"].clone() for k, v in dst.state_dict()["state"].items()}
+s2 = Saver(m, output_dir=out + "/b")
+s2.register_for_checkpointing("opt", dst)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    s2.load(ckpt_path=out + "/a", ckpt_id="c", load_conf={"load": ["extra"], "strict": False})
+got, want = dst.state_dict()["state"], src.state_dict()["state"]
+for n in SHARED:
+    assert torch.equal(got[n]["exp_avg"], want[n]["exp_avg"]), n
+assert torch.equal(got["c.weight"]["exp_avg"], fresh["c.weight"])   # fresh, not b's
+assert not torch.equal(got["c.weight"]["exp_avg"], want["b.weight"]["exp_avg"])
+print("ok")
+"""
+
+
 def test_torchrec_keyed_optimizer_state_maps_by_name(tmp_path):
-    keyed = pytest.importorskip("torchrec.optim.keyed", reason="TorchRec is not installed")
-    am, _ = trained("adam", ("a", "b"))
-    src = keyed.KeyedOptimizerWrapper(dict(am.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.01))
-    src.init_state()
-    g = torch.Generator().manual_seed(5)
-    for _ in range(2):
-        src.zero_grad()
-        am(torch.randn(4, 3, generator=g)).backward()
-        src.step()
-    s = Saver(am, output_dir=tmp_path / "a")
-    s.register_for_checkpointing("opt", src)
-    s.save("c")
-    m = Towers(("a", "c"), seed=9)
-    dst = keyed.KeyedOptimizerWrapper(dict(m.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.01))
-    dst.init_state()
-    fresh = {k: v["exp_avg"].clone() for k, v in dst.state_dict()["state"].items()}
-    s2 = Saver(m, output_dir=tmp_path / "b")
-    s2.register_for_checkpointing("opt", dst)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        s2.load(ckpt_path=str(tmp_path / "a"), ckpt_id="c", load_conf={"load": ["extra"], "strict": False})
-    got, want = dst.state_dict()["state"], src.state_dict()["state"]
-    for n in SHARED:
-        assert torch.equal(got[n]["exp_avg"], want[n]["exp_avg"]), n
-    assert torch.equal(got["c.weight"]["exp_avg"], fresh["c.weight"])   # fresh, not b's
-    assert not torch.equal(got["c.weight"]["exp_avg"], want["b.weight"]["exp_avg"])
+    """A registered KeyedOptimizer (state keyed by parameter name already) maps by name the same way.
+    In a worker process: the test process never imports TorchRec (tests/conftest.py)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    if importlib.util.find_spec("torchrec") is None:
+        pytest.skip("TorchRec is not installed")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.join(root, "tests"), root])}
+    p = subprocess.run([sys.executable, "-c", KEYED_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                       env=env, timeout=300, check=False)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
 
 
 def test_saved_names_are_a_plain_list_in_the_extras_tree(tmp_path):

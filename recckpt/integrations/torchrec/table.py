@@ -121,6 +121,44 @@ class TorchRecTable:
             return acc.to(spec.dtype)
         return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)).contiguous()
 
+    def read_rows(self, ids: torch.Tensor, slots: Sequence[str]) -> Dict[str, torch.Tensor]:
+        """Rows `ids` (global row indices this process holds, any order) of `slots`, as new tensors.
+        Column-split slots carry this process's columns (`row_layout().columns`), per-row slots the
+        row's value (as `export_chunks`). Used by managed-collision tables, whose rows are not ranges."""
+        self._check_slots(slots)
+        owned = self._owned_mask(ids)
+        if not bool(owned.all()):
+            raise InvalidArgumentError(f"TorchRec table {self.name!r}: row {int(ids[~owned][0])} is not held by this "
+                                       f"process (it holds rows {list(self._layout.owned_rows)})")
+        c0, c1 = self._layout.columns or (0, self.dim)
+        out = {}
+        for slot in slots:
+            spec = self.slots[slot]
+            split = len(spec.shape) == 1
+            col = torch.empty((ids.shape[0], c1 - c0) if split else (ids.shape[0],), dtype=spec.dtype)
+            acc = None if split else torch.zeros(ids.shape[0], dtype=torch.float64)
+            for s in self.shards:
+                sel = (ids >= s.row0) & (ids < s.row0 + s.rows)
+                if not bool(sel.any()):
+                    continue
+                local = ids[sel] - s.row0
+                if slot == EMBEDDING:
+                    col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.weight[local]
+                elif split:
+                    col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.states[slot][local]
+                else:   # per-row value kept per column shard: the width-weighted mean, as _gather
+                    acc[sel] += s.states[slot][local].to(torch.float64) * s.cols / (c1 - c0)
+            if acc is not None:
+                col = acc.to(spec.dtype)
+            out[slot] = col
+        return out
+
+    def _owned_mask(self, ids: torch.Tensor) -> torch.Tensor:
+        owned = torch.zeros(ids.shape[0], dtype=torch.bool)
+        for a, b in self._layout.owned_rows:
+            owned |= (ids >= a) & (ids < b)
+        return owned
+
     def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
         """Overwrite the rows `ids` (global row indices this process holds) in place. Column-split slots
         carry columns `row_layout().columns` (all columns when None). Everything is checked before any
@@ -140,9 +178,7 @@ class TorchRecTable:
                     f"{col.dtype} {tuple(col.shape)}")
         if n == 0:
             return
-        owned = torch.zeros(n, dtype=torch.bool)
-        for a, b in self._layout.owned_rows:
-            owned |= (ids >= a) & (ids < b)
+        owned = self._owned_mask(ids)
         if not bool(owned.all()):
             bad = int(ids[~owned][0])
             raise InvalidArgumentError(

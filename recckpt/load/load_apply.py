@@ -65,7 +65,8 @@ class LoadPlan:
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
         conf, m = self.conf, self.m
-        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model))
+        objects = [self.registry.object(n) for n in self.registry.object_names()]
+        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model, objects))
         self.model_sparse, self.model_dense = sparse, dense
         self.sparse_jobs = []   # (ckpt name, table, [(slot, SlotInfo, SlotSpec)])
         if conf.wants("sparse") or conf.wants("sparse_opt"):
@@ -152,6 +153,10 @@ class LoadPlan:
                 self.extras_tree = extras_fmt.unpickle_allowed(tree, wanted, where)
         if conf.wants("extra"):
             objs = self.extras_tree.get("objects", {})
+            for name, entry in objs.items():   # what an integration's tables hold, given back to the object
+                if name in self.registry.object_names() and entry.get("kind") == "state_dict":
+                    entry["state"] = plugins.loaded_object_state(self.model, self.registry.object(name),
+                                                                 entry["state"])
             for name in self.registry.object_names():
                 if name not in objs:
                     self.problems_missing.append(f"registered object {name!r} is not in the checkpoint")

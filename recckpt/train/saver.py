@@ -264,8 +264,11 @@ class Saver:
                 TableSource(meta.name, {}, len(removed),
                             ((removed[i:i + per], []) for i in range(0, len(removed), per))))
 
+    def _objects(self) -> list:
+        return [self.registry.object(n) for n in self.registry.object_names()]
+
     def _state(self):
-        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model))
+        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model, self._objects()))
         for k, v in dense.items():
             if not isinstance(v, torch.Tensor):
                 raise CheckpointSaveError(
@@ -305,7 +308,7 @@ class Saver:
         sparse, dense = self._state()
         first = shard_id == 0
         return Snapshot(tables=list(sparse.values()), dense=dense if first else None,
-                        extras=_extras_tree(self.registry, self.sparse_optim) if first else None,
+                        extras=_extras_tree(self.registry, self.sparse_optim, self.model) if first else None,
                         io_state=self.registry.io_tree())
 
     def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False) -> Snapshot:
@@ -639,9 +642,14 @@ class Saver:
         self._pending_forget = None
 
 
-def _extras_tree(registry: Registry, sparse_optim) -> dict:
-    """The extras tree a save writes: every registered object's state plus the sparse optimizer's."""
-    objects = {name: extras_fmt.entry(name, kind, state, allow_pickle)
+def _extras_tree(registry: Registry, sparse_optim, model=None) -> dict:
+    """The extras tree a save writes: every registered object's state plus the sparse optimizer's (an
+    integration may leave out of an object's state what its tables' slots hold)."""
+    def state_of(name, kind, state):
+        if kind != "state_dict" or model is None:
+            return state
+        return plugins.saved_object_state(model, registry.object(name), state)
+    objects = {name: extras_fmt.entry(name, kind, state_of(name, kind, state), allow_pickle)
                for name, kind, state, allow_pickle in registry.object_states()}
     return {"objects": objects, "sparse_optimizer": sparse_optim.state_dict() if sparse_optim is not None else None}
 

@@ -88,7 +88,7 @@ def _build(job, world, rank):
 
     model = Model()
     if not sharded:
-        return model, model, None
+        return model, model, _dense_opt(model, opt_cls)
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import (
         column_wise,
@@ -120,13 +120,19 @@ def _build(job, world, rank):
             plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
                                                                         device_type="cpu", sharder=sharders[0])})
     dmp = DistributedModelParallel(model, env=env, plan=plan, device=torch.device("cpu"), sharders=sharders)
-    dense_opt = None
-    if dp_tables:
-        from torchrec.optim.keyed import KeyedOptimizerWrapper
-        from torchrec.optim.optimizers import in_backward_optimizer_filter
-        dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                          lambda params: opt_cls(params, lr=0.05))
-    return dmp, model, dense_opt
+    return dmp, model, _dense_opt(dmp, opt_cls)
+
+
+def _dense_opt(model, opt_cls):
+    """The user's dense optimizer, a KeyedOptimizer keyed by parameter name over every parameter without
+    an in-backward optimizer: the dense arch and data-parallel tables (registered as "dense_opt"); Adagrad
+    (SGD in SGD jobs)."""
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    import torch
+    dense_cls = torch.optim.SGD if opt_cls is torch.optim.SGD else torch.optim.Adagrad   # RowWiseAdagrad wants 2-D
+    return KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
+                                 lambda params: dense_cls(params, lr=0.05))
 
 
 def _train(job, model, dense_opt, rank):

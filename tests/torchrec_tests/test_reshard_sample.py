@@ -27,6 +27,7 @@ TABLES = [["a", 13, 24, "fp32"], ["b", 7, 12, "fp32"], ["h", 9, 12, "fp16"]]
 TW = {"a": "tw", "b": "tw", "h": "tw"}
 RW = {"a": "rw", "b": "rw", "h": "rw"}
 CW = {"a": "cw", "b": "cw", "h": "cw"}
+DP_MIX = {"a": "dp", "b": "rw", "h": "tw"}   # table a data-parallel: its Adagrad state is in the dense optimizer
 EC_TABLES = [["a", 13, 12, "fp32"], ["b", 7, 12, "fp32"]]   # an EC needs one dim for all its tables
 
 
@@ -54,7 +55,7 @@ def runs(tmp_path_factory):
     run_jobs(tmp, 2, [
         _job("tw2", TW, "adagrad", tmp, save=True, steps=3),
         _job("rowwise_rw2", RW, "rowwise", tmp, save=True, steps=3),
-        _job("dp2", {"a": "dp", "b": "rw", "h": "tw"}, "adagrad", tmp, save=True, steps=3),
+        _job("dp2", DP_MIX, "adagrad", tmp, save=True, steps=3),
         _job("dtensor_tw2", TW, "adagrad", tmp, save=True, steps=3, dtensor=True),
         _job("ec_rw2", RW, "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
         _job("twrw2", {"a": "twrw", "b": "twrw", "h": "twrw"}, "rowwise", tmp, save=True, steps=3),
@@ -76,7 +77,8 @@ def runs(tmp_path_factory):
     results = run_jobs(tmp, 3, [
         _job("rw3_from_tw2", RW, "adagrad", tmp, load="tw2"),
         _job("cw3_from_rowwise_rw2", CW, "rowwise", tmp, load="rowwise_rw2"),
-        _job("rw3_from_dp2", RW, "adagrad", tmp, load="dp2", conf={"exclude": ["sparse_opt", "extra"]}),
+        _job("rw3_from_dp2", RW, "adagrad", tmp, load="dp2"),
+        _job("dp3_from_tw2", DP_MIX, "adagrad", tmp, load="tw2"),
         _job("rw3_from_unsharded1", RW, "adagrad", tmp, load="unsharded1"),
         _job("rw3_from_dtensor_tw2", RW, "adagrad", tmp, load="dtensor_tw2"),
         _job("ec_tw3_from_ec_rw2", TW, "adagrad", tmp, load="ec_rw2", kind="ec", tables=EC_TABLES),
@@ -131,11 +133,36 @@ def test_rowwise_rw2_to_cw3(runs):
             same(t, per_row.to(t.dtype), f"table {table}: column shard {k} momentum")
 
 
-def test_dp2_to_rw3_rows(runs):
+def _states_equal(src, dst, names):
+    """Each table's optimizer state equal, whichever optimizer holds it: the fused one ('momentum1') or,
+    for a data-parallel table, the registered dense KeyedOptimizer (Adagrad's 'sum')."""
+    for table in src:
+        shape = src[table]["shape"]
+        a = full(next(src[table]["states"][n] for n in names if n in src[table]["states"]), shape)
+        b = full(next(dst[table]["states"][n] for n in names if n in dst[table]["states"]), shape)
+        assert bool((a != 0).any()), f"table {table}: training left no optimizer state to compare"
+        same(a.to(b.dtype), b, f"table {table}: Adagrad state")
+
+
+def test_dp2_to_rw3_rows_and_optimizer_state(runs):
+    """A data-parallel table becomes row-wise: its rows, and its Adagrad state moves from the dense
+    KeyedOptimizer into the fused optimizer; the dense optimizer loads without refusing (no exclude)."""
     tmp, results, _ = runs
     src, dst = _tables(tmp, "dp2"), _tables(tmp, "rw3_from_dp2")
     _weights_equal(src, dst)
+    assert "sum" in src["coll.embedding_bags.a"]["states"], "the DP table's state is in the dense optimizer"
+    _states_equal(src, dst, ("momentum1", "sum"))
     assert results[0][2]["loaded_tables"] == ["coll.embedding_bags.a", "coll.embedding_bags.b", "coll.embedding_bags.h"]
+
+
+def test_tw2_to_dp3_optimizer_state_moves_into_dense_optimizer(runs):
+    """The reverse: a table-wise table (fused Adagrad) becomes data-parallel: its state lands in the
+    registered dense KeyedOptimizer, which loads without refusing its new parameter."""
+    tmp, *_ = runs
+    src, dst = _tables(tmp, "tw2"), _tables(tmp, "dp3_from_tw2")
+    _weights_equal(src, dst)
+    assert "sum" in dst["coll.embedding_bags.a"]["states"]
+    _states_equal(src, dst, ("momentum1", "sum"))
 
 
 def test_sharded_to_unsharded_and_back(runs):

@@ -7,12 +7,13 @@ table keeps its name whether the model is sharded, wrapped or compiled: `ebc.emb
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
 from ...errors import InvalidArgumentError
 from .agree import agreed_slots
+from .dense_optim import dp_slots, optimizers
 from .mch import MCHTable, persistent_buffers, writes_unsharded
 from .table import ADAGRAD, EMBEDDING, ROWWISE_ADAGRAD, Shard, TorchRecTable
 
@@ -118,7 +119,8 @@ def _fused_states(table: str, states: Dict[str, Any], shape: Tuple[int, int]) ->
     return out
 
 
-def _sharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[str]]:
+def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: List[Any]
+                    ) -> Tuple[List[TorchRecTable], List[str]]:
     plan = f.module.module_sharding_plan
     fused = f.module.fused_optimizer.state_dict().get("state", {})
     tables, keys = [], []
@@ -147,6 +149,11 @@ def _sharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], 
             local.append(Shard(int(off[0]), int(t.shape[0]), int(off[1]), int(t.shape[1]), t, states))
         opt_slots = {slot: (_dtype_of(st, opt_local[slot]), (d,) if slot == ADAGRAD else ())
                      for slot, st in opt.items()}
+        if replicated and not opt and key in params:
+            # A data-parallel table has no fused optimizer: its state is in the user's dense optimizer.
+            refs, opt_slots = dp_slots(params[key], (n, d), opts)
+            for sh in local:
+                sh.states.update(refs)
         tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=_dtype_of(w, shards), shards=local,
                            opt_slots=opt_slots, replicated=replicated, sharding=ps.sharding_type))
         keys.append(key)
@@ -174,7 +181,8 @@ def _in_backward_states(table: str, param: torch.Tensor) -> Dict[str, torch.Tens
     return out
 
 
-def _unsharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[str]]:
+def _unsharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: List[Any]
+                      ) -> Tuple[List[TorchRecTable], List[str]]:
     tables, keys = [], []
     for tname, sub in getattr(f.module, f.tables_attr).items():
         rel = f"{f.tables_attr}.{tname}.weight"
@@ -197,13 +205,16 @@ def _unsharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable]
     return tables, keys
 
 
-def find_tables(model, sd: Dict[str, Any]) -> Tuple[List[Any], List[str], List[Found]]:
+def find_tables(model, sd: Dict[str, Any], objects: Sequence[Any] = ()) -> Tuple[List[Any], List[str], List[Found]]:
     """(tables, their state_dict keys, the collections found) of `model`, whose state_dict is `sd`. A
     table is a `TorchRecTable`, or an `MCHTable` (keyed by raw id) around one when a managed-collision
-    module keys it; the keys include that module's buffers which the table stands for."""
+    module keys it; the keys include that module's buffers which the table stands for. `objects` (the
+    registered objects) are searched for data-parallel tables' optimizer state (`dense_optim`)."""
     parts, keys, found = [], [], list(collections(model))
+    opts = optimizers(objects)
+    params = dict(model.named_parameters()) if opts else {}
     for f in found:
-        t, k = (_sharded_tables if f.sharded else _unsharded_tables)(f, sd)
+        t, k = (_sharded_tables if f.sharded else _unsharded_tables)(f, sd, params, opts)
         parts += t
         keys += k
         if f.mc is not None:
@@ -262,4 +273,25 @@ def _mch_keys(f: Found, sd: Dict[str, Any], names: List[str]) -> List[str]:
         for buf in persistent_buffers(_mch_module(f, tname)):
             rel = f"_managed_collision_modules.{tname}.{buf}"
             out += [p + rel for p in f.mc_prefixes if p + rel in sd][:1]
+    return out
+
+
+def moved_params(model, objects: Sequence[Any]) -> set:
+    """ids of the data-parallel tables' parameters whose state, kept by one of `objects`, is saved as the
+    table's slots (`dense_optim`)."""
+    opts = optimizers(objects)
+    if not opts:
+        return set()
+    params = dict(model.named_parameters())
+    out = set()
+    for f in collections(model):
+        if not f.sharded:
+            continue
+        for tname, ps in f.module.module_sharding_plan.items():
+            if ps.sharding_type != "data_parallel":
+                continue
+            rel = f"{f.tables_attr}.{tname}.weight"
+            key = next((p + rel for p in f.raw_prefixes if p + rel in params), None)
+            if key is not None and dp_slots(params[key], tuple(params[key].shape), opts)[0]:
+                out.add(id(params[key]))
     return out

@@ -8,7 +8,7 @@ load writes into them in place, so nothing is copied whole and a load works befo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
@@ -24,14 +24,21 @@ ROWWISE_ADAGRAD = "rowwise_adagrad.acc"   # one value per row: shape ()
 class Shard:
     """One local shard: rows [row0, row0 + rows) and columns [col0, col0 + cols) of the logical table.
     `weight` is a [rows, cols] view of live storage; `states` maps each optimizer slot to its live
-    view: [rows, cols] for elementwise slots, [rows] for per-row slots (per column shard under a
+    view (or a function giving it, see `state`): [rows, cols] for elementwise slots, [rows] for per-row slots (per column shard under a
     column-wise plan)."""
     row0: int
     rows: int
     col0: int
     cols: int
     weight: torch.Tensor
-    states: Dict[str, torch.Tensor] = field(default_factory=dict)
+    states: Dict[str, Any] = field(default_factory=dict)
+
+    def state(self, slot: str) -> torch.Tensor:
+        """The live view of optimizer slot `slot`. A value may be a function giving it: state kept by a
+        registered dense optimizer (a data-parallel table's), which a load may replace before the
+        table's rows are written (torch.optim's load_state_dict installs new tensors)."""
+        v = self.states[slot]
+        return v() if callable(v) else v
 
 
 class TorchRecTable:
@@ -109,15 +116,15 @@ class TorchRecTable:
         if slot == EMBEDDING:
             pieces = [p.weight[i:j] for p in parts]
         elif len(spec.shape) == 1:
-            pieces = [p.states[slot][i:j] for p in parts]
+            pieces = [p.state(slot)[i:j] for p in parts]
         else:
             # A per-row value under a column-wise plan is kept per column shard; the checkpoint holds the
             # row's value for the whole row: the width-weighted mean (exact for RowWiseAdagrad: each shard
             # accumulates the mean square gradient over its own columns).
             if len(parts) == 1:
-                return parts[0].states[slot][i:j].contiguous()
+                return parts[0].state(slot)[i:j].contiguous()
             total = sum(p.cols for p in parts)
-            acc = sum(p.states[slot][i:j].to(torch.float64) * p.cols for p in parts) / total
+            acc = sum(p.state(slot)[i:j].to(torch.float64) * p.cols for p in parts) / total
             return acc.to(spec.dtype)
         return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)).contiguous()
 
@@ -145,9 +152,9 @@ class TorchRecTable:
                 if slot == EMBEDDING:
                     col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.weight[local]
                 elif split:
-                    col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.states[slot][local]
+                    col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.state(slot)[local]
                 else:   # per-row value kept per column shard: the width-weighted mean, as _gather
-                    acc[sel] += s.states[slot][local].to(torch.float64) * s.cols / (c1 - c0)
+                    acc[sel] += s.state(slot)[local].to(torch.float64) * s.cols / (c1 - c0)
             if acc is not None:
                 col = acc.to(spec.dtype)
             out[slot] = col
@@ -196,9 +203,9 @@ class TorchRecTable:
                     if slot == EMBEDDING:
                         s.weight[local] = part[:, lo:hi]
                     elif len(self.slots[slot].shape) == 1:
-                        s.states[slot][local] = part[:, lo:hi]
+                        s.state(slot)[local] = part[:, lo:hi]
                     else:   # per-row value: each column shard starts from the row's value
-                        s.states[slot][local] = part
+                        s.state(slot)[local] = part
 
     def clear_rows(self) -> None:
         """A fixed-size table keeps its rows: a replacing load overwrites every row it holds (the loader

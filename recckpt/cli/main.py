@@ -63,6 +63,10 @@ def cmd_ls(a) -> int:
         print(render.table(rows, ["ID", "STEP", "KIND", "SIZE", "CREATED"]))
     for name, what in listing.leftovers:
         print(f"leftover: {name} (left by {what}; `recckpt gc` removes it)")
+    if listing.output_dirs_below:
+        print("output directories below it (pass one of these):")
+        for d in listing.output_dirs_below:
+            print(f"  {listing.output_dir.rstrip('/')}/{d}")
     return EXIT_OK
 
 

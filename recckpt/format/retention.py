@@ -26,6 +26,14 @@ def parse_step(text) -> int | None:
     return None
 
 
+def recorded_step(metadata: Mapping[str, str], worker_steps: Mapping[int, int]) -> int | None:
+    """The global step the CheckpointManager recorded, else the newest step a worker saved at."""
+    step = parse_step(metadata.get(META_STEP))
+    if step is not None:
+        return step
+    return max(worker_steps.values()) if worker_steps else None
+
+
 def positive_int(owner: str, field: str, v) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         raise InvalidArgumentError(f"{owner}.{field} must be an integer >= 1, got {v!r}")
@@ -91,4 +99,4 @@ class CkptEntry:
         return cls(ckpt_id, parse_step(metadata.get(META_STEP)), metadata.get(META_EPHEMERAL) == "1")
 
 
-__all__ = ["META_STEP", "META_EPHEMERAL", "parse_step", "positive_int", "KeepPolicy", "CkptEntry"]
+__all__ = ["META_STEP", "META_EPHEMERAL", "parse_step", "recorded_step", "positive_int", "KeepPolicy", "CkptEntry"]

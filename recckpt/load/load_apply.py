@@ -9,12 +9,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, LoadApplyError, LoadConfigError
+from ..errors import (
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    LoadApplyError,
+    LoadConfigError,
+    RecckptError,
+)
 from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
-from ..state import plugins
+from ..state import optim_names, plugins
 from ..state.protocol import FixedSize, RoutedRows, column_split_slots, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
@@ -39,6 +45,8 @@ class LoadResult:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    other_bytes_read: int = 0
+    """Bytes of the dense, extras and IO-state files read (`bytes_read` counts the sparse shard files)."""
     bytes_mapped: int = 0
     """Of `bytes_read`, the bytes mapped into tables copy-on-write instead of copied (`LoadConfig.mmap`)."""
     tables_mapped: list[str] = field(default_factory=list)
@@ -61,6 +69,7 @@ class LoadPlan:
         self.problems_missing: list[str] = []
         self.problems_unexpected: list[str] = []
         self.incompatible: list[str] = []
+        self.skipped_objects: set[str] = set()   # registered objects whose saved state must not be applied
 
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
@@ -153,16 +162,17 @@ class LoadPlan:
                 self.extras_tree = extras_fmt.unpickle_allowed(tree, wanted, where)
         if conf.wants("extra"):
             objs = self.extras_tree.get("objects", {})
-            for name, entry in objs.items():   # what an integration's tables hold, given back to the object
-                if name in self.registry.object_names() and entry.get("kind") == "state_dict":
-                    entry["state"] = plugins.loaded_object_state(self.model, self.registry.object(name),
-                                                                 entry["state"])
             for name in self.registry.object_names():
                 if name not in objs:
                     self.problems_missing.append(f"registered object {name!r} is not in the checkpoint")
             for name in objs:
                 if name not in self.registry.object_names():
                     self.problems_unexpected.append(f"checkpoint object {name!r} is not registered")
+                elif not objs[name]["kind"].startswith(extras_fmt.PICKLED_PREFIX):
+                    why = self.registry.refusal(name, objs[name]["kind"], objs[name]["state"])
+                    if why is not None:
+                        self.incompatible.append(why + " (exclude 'extra', or register it as the same type)")
+            self._plan_optimizers(objs, ckpt_dense if conf.wants("dense") else None)
         self.io_tree = None
         resized = conf.wants("io_state") and self.registry.io_names() and self.m.io_state and world != self.m.shard_num
         if resized and conf.io_state_on_resize == "error":
@@ -222,6 +232,71 @@ class LoadPlan:
             table.plan_rows(chunks(), [s for s, _, _ in slots], self.conf.overflow)
         except IncompatibleCheckpointError as e:
             self.incompatible.append(str(e))
+
+    def _plan_optimizers(self, objs: dict, ckpt_dense) -> None:
+        """Registered optimizers get their saved state by parameter name (state layer, optim_names),
+        never by position: each entry's state is replaced by what the live optimizer's load_state_dict
+        is given, and mismatches join the load's report. A checkpoint that records no names (saved
+        before they were recorded) applies positionally only where its dense keys and shapes are the
+        model's exactly; otherwise the optimizer is left as it is, reported as missing."""
+        shapes = None
+
+        def dense_shapes() -> dict[str, tuple]:
+            nonlocal shapes
+            if shapes is None:
+                shapes = ({k: tuple(t.shape) for k, t in ckpt_dense.items()} if ckpt_dense is not None else
+                          {k: tuple(shape) for k, (_, shape) in self.reader.dense_header().items()})
+            return shapes
+
+        where = self.reader.describe(self.m.extras or "")
+        for name in self.registry.object_names():
+            entry = objs.get(name)
+            obj = self.registry.object(name)
+            if entry is None or entry["kind"] != "state_dict" or not optim_names.is_optimizer(obj):
+                continue
+            what = f"registered optimizer {name!r}"
+            saved = entry["state"]
+            names = entry.get(extras_fmt.PARAM_NAMES)
+            if names is not None and optim_names.is_positional(saved):
+                try:
+                    saved = optim_names.to_named(saved, names, f"{where}: object {name!r}")
+                except IncompatibleCheckpointError as e:
+                    raise CorruptCheckpointError(str(e), where) from None
+            elif optim_names.is_positional(saved):
+                self._positional_optimizer(name, what, dense_shapes())
+                continue
+            elif not optim_names.is_named(saved):
+                continue   # no parameters to map (an empty state): applied as it is
+            # an integration's tables may hold some parameters' state (a TorchRec data-parallel table's)
+            saved = plugins.loaded_object_state(self.model, obj, saved)
+            try:
+                m = optim_names.match_optimizer_state(
+                    obj, self.model, saved, rename=self.conf.renamed, selected=self.conf.dense_selected,
+                    saved_shapes=dense_shapes())
+            except RecckptError as e:
+                self.incompatible.append(f"{what}: {e}")
+                continue
+            self.incompatible += [f"{what}: {c}" for c in m.conflicts]
+            missing, unexpected = m.problems(what)
+            self.problems_missing += missing
+            self.problems_unexpected += unexpected
+            objs[name] = dict(entry, state=m.state_dict)
+
+    def _positional_optimizer(self, name: str, what: str, ckpt_shapes: dict[str, tuple]) -> None:
+        """An optimizer's numbered state without names (older checkpoints): safe only when the
+        parameters are the same, which the dense state shows: same keys (after renames), same shapes."""
+        model_shapes = {k: tuple(v.shape) for k, v in self.model_dense.items()}
+        renamed = {self.conf.renamed(k): v for k, v in ckpt_shapes.items()}
+        if renamed == model_shapes:
+            return
+        diff = sorted(set(renamed) ^ set(model_shapes)) or sorted(
+            k for k in renamed if renamed[k] != model_shapes.get(k))
+        self.skipped_objects.add(name)
+        self.problems_missing.append(
+            f"{what}: the checkpoint records no parameter names (written before they were recorded) and its "
+            f"dense keys or shapes differ from the model's ({', '.join(map(repr, diff[:5]))}"
+            f"{', ...' if len(diff) > 5 else ''}), so its state, numbered by position, could go to the wrong "
+            f"parameters: not applied (the optimizer keeps its own state)")
 
     def _plan_chains(self, shard_id: int, world: int) -> None:
         """For an incremental checkpoint: open and check every link of its chain, and decide which rows of
@@ -309,7 +384,7 @@ class LoadPlan:
                     self._opt_loaded = True
             if conf.wants("extra"):
                 for name, entry in self.extras_tree.get("objects", {}).items():
-                    if name in self.registry.object_names():
+                    if name in self.registry.object_names() and name not in self.skipped_objects:
                         what = f"registered object {name!r}"
                         self._apply_extra(name, entry)
                         done.append(what)

@@ -127,9 +127,9 @@ def _dense_opt(model, opt_cls):
     """The user's dense optimizer, a KeyedOptimizer keyed by parameter name over every parameter without
     an in-backward optimizer: the dense arch and data-parallel tables (registered as "dense_opt"); Adagrad
     (SGD in SGD jobs)."""
+    import torch
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
-    import torch
     dense_cls = torch.optim.SGD if opt_cls is torch.optim.SGD else torch.optim.Adagrad   # RowWiseAdagrad wants 2-D
     return KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
                                  lambda params: dense_cls(params, lr=0.05))

@@ -16,7 +16,7 @@ from .versions import check
 TORCHREC_VERSION, FBGEMM_VERSION = check()
 
 from .dense_optim import loaded_state, saved_state  # noqa: E402  (after the version check, which must fail first)
-from .discover import collections, find_tables, moved_params  # noqa: E402
+from .discover import collections, find_tables, moved_params, table_param_names  # noqa: E402
 from .table import TorchRecTable  # noqa: E402
 
 __all__ = ["TorchRecTable", "dense_load_dict", "find_tables", "loaded_object_state", "manifest_metadata",
@@ -67,13 +67,14 @@ def dense_load_dict(model, dense: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def saved_object_state(model, obj, state):
-    """What a save writes for registered object `obj` (its state_dict `state`): a dense optimizer's state
-    without the data-parallel tables' parameters whose state the tables' slots hold."""
-    return saved_state(obj, state, moved_params(model, [obj]))
+    """What a save writes for registered object `obj` (its state_dict `state`): a name-keyed dense
+    optimizer's state without the data-parallel tables' parameters whose state the tables' slots hold."""
+    return saved_state(obj, state, moved_params(model, [obj]), model)
 
 
 def loaded_object_state(model, obj, state):
-    """What a load gives registered object `obj` from the checkpoint's `state`: a name-keyed dense
-    optimizer gets its own live entries for the data-parallel tables' parameters the checkpoint's state
-    lacks (their state comes from the tables' slots), so it does not refuse a table that changed sides."""
-    return loaded_state(obj, state, moved_params(model, [obj]))
+    """What a load gives registered optimizer `obj` from the checkpoint's `state` (keyed by name): no
+    entries for TorchRec tables' parameters it does not hold now, and its own live entries for the
+    data-parallel tables' parameters the checkpoint lacks (their state comes from the tables' slots), so
+    it does not refuse a table that changed sides."""
+    return loaded_state(obj, state, moved_params(model, [obj]), table_param_names(model), model)

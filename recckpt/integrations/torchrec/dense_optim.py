@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
 
 import torch
 
+from ...state.optim_names import named_optimizer_state, param_names
 from .table import ADAGRAD, ROWWISE_ADAGRAD
 
 
@@ -57,18 +58,23 @@ def _named(state: Any) -> bool:
         isinstance(k, str) for k in state["state"])
 
 
-def _moved_names(obj: Any, moved: set) -> List[str]:
-    """The names under which name-keyed optimizer `obj` (a KeyedOptimizer: `params` {name: parameter})
-    holds the parameters in `moved` (data-parallel tables' parameters whose state is saved as slots)."""
+def _param_items(obj: Any, model) -> List[Tuple[str, Any]]:
+    """(name, parameter) of every parameter of optimizer `obj`: a KeyedOptimizer names them (`params`),
+    a torch.optim optimizer's get their names in `model`."""
     params = getattr(obj, "params", None)
-    if not isinstance(params, Mapping):
-        return []
-    return [name for name, p in params.items() if id(p) in moved]
+    if isinstance(params, Mapping):
+        return list(params.items())
+    names = param_names(model, obj)
+    return [(n, p) for n, p in zip(names, (p for g in obj.param_groups for p in g["params"])) if n is not None]
 
 
-def saved_state(obj: Any, state: Any, moved: set) -> Any:
-    """`state` (obj's state_dict) without the entries of parameters whose state the tables' slots hold."""
-    names = set(_moved_names(obj, moved)) if _named(state) else set()
+def saved_state(obj: Any, state: Any, moved: set, model=None) -> Any:
+    """`state` (obj's state_dict) without the entries of parameters whose state the tables' slots hold
+    (a name-keyed state: a KeyedOptimizer's; a torch.optim optimizer's numbered state is saved whole and
+    `loaded_state` leaves those entries out)."""
+    if not _named(state):
+        return state
+    names = {n for n, p in _param_items(obj, model) if id(p) in moved}
     if not names:
         return state
     out = dict(state, state={k: v for k, v in state["state"].items() if k not in names})
@@ -78,20 +84,31 @@ def saved_state(obj: Any, state: Any, moved: set) -> Any:
     return out
 
 
-def loaded_state(obj: Any, state: Any, moved: set) -> Any:
-    """`state` (from a checkpoint) plus obj's own live entries for its moved parameters the checkpoint
-    lacks: loading them copies each onto itself, and the table's rows are written afterwards."""
-    names = [n for n in _moved_names(obj, moved)] if _named(state) else []
-    missing = [n for n in names if n not in state["state"]]
-    if not missing:
+def loaded_state(obj: Any, state: Any, moved: set, table_params: set, model) -> Any:
+    """The checkpoint's name-keyed `state` for optimizer `obj`, as the tables leave it: entries of TorchRec
+    tables' parameters that `obj` does not hold now (a table saved data-parallel, sharded now) are left
+    out, and `obj`'s own live entries are added for its moved parameters the checkpoint lacks (a table
+    sharded when saved, data-parallel now): loading them copies each onto itself, and the table's rows
+    are written afterwards."""
+    if not _named(state):
         return state
-    live = obj.state_dict()
-    out = dict(state, state={**state["state"], **{n: live["state"][n] for n in missing if n in live["state"]}})
-    if isinstance(state.get("param_groups"), list) and isinstance(live.get("param_groups"), list):
-        have = {p for g in state["param_groups"] for p in g.get("params", [])}
-        groups = [dict(g, params=list(g.get("params", []))) for g in state["param_groups"]]
+    held = _param_items(obj, model)
+    held_names = {n for n, _ in held}
+    drop = {k for k in state["state"] if k in table_params and k not in held_names}
+    groups = state.get("param_groups")
+    if isinstance(groups, list):
+        drop |= {p for g in groups for p in g.get("params", []) if p in table_params and p not in held_names}
+    missing = [n for n, p in held if id(p) in moved and n not in state["state"]]
+    if not drop and not missing:
+        return state
+    live = named_optimizer_state(obj, model) if missing else {"state": {}}
+    out = dict(state, state={**{k: v for k, v in state["state"].items() if k not in drop},
+                             **{n: live["state"][n] for n in missing if n in live["state"]}})
+    if isinstance(groups, list):
+        new_groups = [dict(g, params=[p for p in g.get("params", []) if p not in drop]) for g in groups]
+        have = {p for g in new_groups for p in g["params"]}
         for n in missing:
-            if n not in have and groups:
-                groups[0]["params"].append(n)
-        out["param_groups"] = groups
+            if n not in have and new_groups:
+                new_groups[0]["params"].append(n)
+        out["param_groups"] = new_groups
     return out

@@ -295,3 +295,14 @@ def moved_params(model, objects: Sequence[Any]) -> set:
             if key is not None and dp_slots(params[key], tuple(params[key].shape), opts)[0]:
                 out.add(id(params[key]))
     return out
+
+
+def table_param_names(model) -> set:
+    """Every name under which a TorchRec table's weight may appear as a parameter of `model` (raw and
+    normalized), sharded or not: what a dense optimizer may have saved state under."""
+    out = set()
+    for f in collections(model):
+        tables = f.module.module_sharding_plan if f.sharded else getattr(f.module, f.tables_attr)
+        for tname in tables:
+            out |= {f"{p}{f.tables_attr}.{tname}.weight" for p in f.raw_prefixes}
+    return out

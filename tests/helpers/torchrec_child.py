@@ -6,7 +6,8 @@ TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`.
   {"kind": "ebc"|"ec", "plan": {table: "tw"|"rw"|"cw"|"dp"|"twrw"} or "unsharded" or "default",
    "opt": "adagrad"|"rowwise"|"sgd", "tables": [[name, rows, dim, dtype], ...], "train_steps": k,
    "save": dir or null, "load": dir or null, "load_conf": {...} or null, "dump": dir or null,
-   "dtensor": bool, "expect_error": true or null, "dump_before": dir or null}
+   "dtensor": bool, "expect_error": true or null, "dump_before": dir or null,
+   "dense_opt": "keyed" (KeyedOptimizer, default) or "torch" (torch.optim), "kind" may also be "mch"}
 `dump` gets `<dump>/rank<r>.pt`: per table, the live local shards read straight from TorchRec's own
 state (state_dict + fused optimizer state, or the in-backward optimizer when unsharded), independent of
 recckpt's adapter, so the test compares what TorchRec holds.
@@ -88,7 +89,7 @@ def _build(job, world, rank):
 
     model = Model()
     if not sharded:
-        return model, model, _dense_opt(model, opt_cls)
+        return model, model, _dense_opt(model, opt_cls, job.get("dense_opt", "keyed"))
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import (
         column_wise,
@@ -120,10 +121,10 @@ def _build(job, world, rank):
             plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
                                                                         device_type="cpu", sharder=sharders[0])})
     dmp = DistributedModelParallel(model, env=env, plan=plan, device=torch.device("cpu"), sharders=sharders)
-    return dmp, model, _dense_opt(dmp, opt_cls)
+    return dmp, model, _dense_opt(dmp, opt_cls, job.get("dense_opt", "keyed"))
 
 
-def _dense_opt(model, opt_cls):
+def _dense_opt(model, opt_cls, kind="keyed"):
     """The user's dense optimizer, a KeyedOptimizer keyed by parameter name over every parameter without
     an in-backward optimizer: the dense arch and data-parallel tables (registered as "dense_opt"); Adagrad
     (SGD in SGD jobs)."""
@@ -131,8 +132,10 @@ def _dense_opt(model, opt_cls):
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     dense_cls = torch.optim.SGD if opt_cls is torch.optim.SGD else torch.optim.Adagrad   # RowWiseAdagrad wants 2-D
-    return KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
-                                 lambda params: dense_cls(params, lr=0.05))
+    params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    if kind == "torch":     # a plain torch.optim optimizer (numbered state)
+        return dense_cls(list(params.values()), lr=0.05)
+    return KeyedOptimizerWrapper(params, lambda ps: dense_cls(ps, lr=0.05))
 
 
 def _train(job, model, dense_opt, rank):
@@ -192,7 +195,8 @@ def _dump(model, dense_opt, path, rank):
                     if isinstance(v, torch.Tensor) and v.dim() > 0:
                         states[k] = [([0] * v.dim(), v.clone())]
         if dense_opt is not None and not hasattr(w, "local_shards"):
-            for k, st in dense_opt.state_dict()["state"].get(key, {}).items():
+            by_name = {n: dense_opt.state.get(p, {}) for n, p in model.named_parameters()}
+            for k, st in by_name.get(key, {}).items():
                 if isinstance(st, torch.Tensor) and st.dim() > 0:
                     states[k] = [([0] * st.dim(), st.clone())]
         out[table] = {"weight": local(w), "states": states, "shape": list(w.shape)}

@@ -56,6 +56,7 @@ def runs(tmp_path_factory):
         _job("tw2", TW, "adagrad", tmp, save=True, steps=3),
         _job("rowwise_rw2", RW, "rowwise", tmp, save=True, steps=3),
         _job("dp2", DP_MIX, "adagrad", tmp, save=True, steps=3),
+        dict(_job("dp2_torch", DP_MIX, "adagrad", tmp, save=True, steps=3), dense_opt="torch"),
         _job("dtensor_tw2", TW, "adagrad", tmp, save=True, steps=3, dtensor=True),
         _job("ec_rw2", RW, "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
         _job("twrw2", {"a": "twrw", "b": "twrw", "h": "twrw"}, "rowwise", tmp, save=True, steps=3),
@@ -79,6 +80,8 @@ def runs(tmp_path_factory):
         _job("cw3_from_rowwise_rw2", CW, "rowwise", tmp, load="rowwise_rw2"),
         _job("rw3_from_dp2", RW, "adagrad", tmp, load="dp2"),
         _job("dp3_from_tw2", DP_MIX, "adagrad", tmp, load="tw2"),
+        dict(_job("rw3_from_dp2_torch", RW, "adagrad", tmp, load="dp2_torch"), dense_opt="torch"),
+        dict(_job("dp3_torch_from_tw2", DP_MIX, "adagrad", tmp, load="tw2"), dense_opt="torch"),
         _job("rw3_from_unsharded1", RW, "adagrad", tmp, load="unsharded1"),
         _job("rw3_from_dtensor_tw2", RW, "adagrad", tmp, load="dtensor_tw2"),
         _job("ec_tw3_from_ec_rw2", TW, "adagrad", tmp, load="ec_rw2", kind="ec", tables=EC_TABLES),
@@ -155,11 +158,23 @@ def test_dp2_to_rw3_rows_and_optimizer_state(runs):
     assert results[0][2]["loaded_tables"] == ["coll.embedding_bags.a", "coll.embedding_bags.b", "coll.embedding_bags.h"]
 
 
-def test_tw2_to_dp3_optimizer_state_moves_into_dense_optimizer(runs):
-    """The reverse: a table-wise table (fused Adagrad) becomes data-parallel: its state lands in the
-    registered dense KeyedOptimizer, which loads without refusing its new parameter."""
+@pytest.mark.parametrize("src_name,dst_name", [("dp2_torch", "rw3_from_dp2_torch")])
+def test_dp_to_rw_with_a_torch_optim_dense_optimizer(runs, src_name, dst_name):
+    """The same with a plain torch.optim Adagrad as the dense optimizer (numbered state, mapped by name)."""
     tmp, *_ = runs
-    src, dst = _tables(tmp, "tw2"), _tables(tmp, "dp3_from_tw2")
+    src, dst = _tables(tmp, src_name), _tables(tmp, dst_name)
+    _weights_equal(src, dst)
+    assert "sum" in src["coll.embedding_bags.a"]["states"]
+    _states_equal(src, dst, ("momentum1", "sum"))
+
+
+@pytest.mark.parametrize("dst_name", ["dp3_from_tw2", "dp3_torch_from_tw2"])
+def test_tw2_to_dp3_optimizer_state_moves_into_dense_optimizer(runs, dst_name):
+    """The reverse: a table-wise table (fused Adagrad) becomes data-parallel: its state lands in the
+    registered dense optimizer (a KeyedOptimizer, or a torch.optim one), which loads without refusing
+    its new parameter."""
+    tmp, *_ = runs
+    src, dst = _tables(tmp, "tw2"), _tables(tmp, dst_name)
     _weights_equal(src, dst)
     assert "sum" in dst["coll.embedding_bags.a"]["states"]
     _states_equal(src, dst, ("momentum1", "sum"))

@@ -8,7 +8,7 @@ load writes into them in place, so nothing is copied whole and a load works befo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
@@ -24,14 +24,21 @@ ROWWISE_ADAGRAD = "rowwise_adagrad.acc"   # one value per row: shape ()
 class Shard:
     """One local shard: rows [row0, row0 + rows) and columns [col0, col0 + cols) of the logical table.
     `weight` is a [rows, cols] view of live storage; `states` maps each optimizer slot to its live
-    view: [rows, cols] for elementwise slots, [rows] for per-row slots (per column shard under a
+    view (or a function giving it, see `state`): [rows, cols] for elementwise slots, [rows] for per-row slots (per column shard under a
     column-wise plan)."""
     row0: int
     rows: int
     col0: int
     cols: int
     weight: torch.Tensor
-    states: Dict[str, torch.Tensor] = field(default_factory=dict)
+    states: Dict[str, Any] = field(default_factory=dict)
+
+    def state(self, slot: str) -> torch.Tensor:
+        """The live view of optimizer slot `slot`. A value may be a function giving it: state kept by a
+        registered dense optimizer (a data-parallel table's), which a load may replace before the
+        table's rows are written (torch.optim's load_state_dict installs new tensors)."""
+        v = self.states[slot]
+        return v() if callable(v) else v
 
 
 class TorchRecTable:
@@ -111,17 +118,55 @@ class TorchRecTable:
         if slot == EMBEDDING:
             pieces = [p.weight[i] for p in parts]
         elif len(spec.shape) == 1:
-            pieces = [p.states[slot][i] for p in parts]
+            pieces = [p.state(slot)[i] for p in parts]
         else:
             # A per-row value under a column-wise plan is kept per column shard; the checkpoint holds the
             # row's value for the whole row: the width-weighted mean (exact for RowWiseAdagrad: each shard
             # accumulates the mean square gradient over its own columns).
             if len(parts) == 1:
-                return parts[0].states[slot][i].contiguous()
+                return parts[0].state(slot)[i].contiguous()
             total = sum(p.cols for p in parts)
-            acc = sum(p.states[slot][i].to(torch.float64) * p.cols for p in parts) / total
+            acc = sum(p.state(slot)[i].to(torch.float64) * p.cols for p in parts) / total
             return acc.to(spec.dtype)
         return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)).contiguous()
+
+    def read_rows(self, ids: torch.Tensor, slots: Sequence[str]) -> Dict[str, torch.Tensor]:
+        """Rows `ids` (global row indices this process holds, any order) of `slots`, as new tensors.
+        Column-split slots carry this process's columns (`row_layout().columns`), per-row slots the
+        row's value (as `export_chunks`). Used by managed-collision tables, whose rows are not ranges."""
+        self._check_slots(slots)
+        owned = self._owned_mask(ids)
+        if not bool(owned.all()):
+            raise InvalidArgumentError(f"TorchRec table {self.name!r}: row {int(ids[~owned][0])} is not held by this "
+                                       f"process (it holds rows {list(self._layout.owned_rows)})")
+        c0, c1 = self._layout.columns or (0, self.dim)
+        out = {}
+        for slot in slots:
+            spec = self.slots[slot]
+            split = len(spec.shape) == 1
+            col = torch.empty((ids.shape[0], c1 - c0) if split else (ids.shape[0],), dtype=spec.dtype)
+            acc = None if split else torch.zeros(ids.shape[0], dtype=torch.float64)
+            for s in self.shards:
+                sel = (ids >= s.row0) & (ids < s.row0 + s.rows)
+                if not bool(sel.any()):
+                    continue
+                local = ids[sel] - s.row0
+                if slot == EMBEDDING:
+                    col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.weight[local]
+                elif split:
+                    col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.state(slot)[local]
+                else:   # per-row value kept per column shard: the width-weighted mean, as _gather
+                    acc[sel] += s.state(slot)[local].to(torch.float64) * s.cols / (c1 - c0)
+            if acc is not None:
+                col = acc.to(spec.dtype)
+            out[slot] = col
+        return out
+
+    def _owned_mask(self, ids: torch.Tensor) -> torch.Tensor:
+        owned = torch.zeros(ids.shape[0], dtype=torch.bool)
+        for a, b in self._layout.owned_rows:
+            owned |= (ids >= a) & (ids < b)
+        return owned
 
     def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
         """Overwrite the rows `ids` (global row indices this process holds) in place. Column-split slots
@@ -142,9 +187,7 @@ class TorchRecTable:
                     f"{col.dtype} {tuple(col.shape)}")
         if n == 0:
             return
-        owned = torch.zeros(n, dtype=torch.bool)
-        for a, b in self._layout.owned_rows:
-            owned |= (ids >= a) & (ids < b)
+        owned = self._owned_mask(ids)
         if not bool(owned.all()):
             bad = int(ids[~owned][0])
             raise InvalidArgumentError(
@@ -162,9 +205,9 @@ class TorchRecTable:
                     if slot == EMBEDDING:
                         s.weight[local] = part[:, lo:hi]
                     elif len(self.slots[slot].shape) == 1:
-                        s.states[slot][local] = part[:, lo:hi]
+                        s.state(slot)[local] = part[:, lo:hi]
                     else:   # per-row value: each column shard starts from the row's value
-                        s.states[slot][local] = part
+                        s.state(slot)[local] = part
                 if self.tracker is not None:   # loaded rows are changes since any earlier mark
                     self.tracker.touch(s.row0, s.rows, local)
 

@@ -25,6 +25,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from .table import TorchRecTable
+
 _trackers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -139,5 +141,6 @@ def attach(found, tables) -> None:
             ct = _trackers[f.module] = CollectionTracker(f.module)
         head = f"{f.prefix}{f.tables_attr}."
         for t in tables:
-            if t.name.startswith(head) and not t.replicated:
+            # an MCH table (keyed by raw id, its own type) is not tracked: its increments hold it whole
+            if isinstance(t, TorchRecTable) and t.name.startswith(head) and not t.replicated:
                 t.tracker = ct.table(t.name[len(head):])

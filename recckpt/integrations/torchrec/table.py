@@ -198,16 +198,21 @@ class TorchRecTable:
                 sel = (ids >= s.row0) & (ids < s.row0 + s.rows)
                 if not bool(sel.any()):
                     continue
-                local = ids[sel] - s.row0
+                whole = bool(sel.all())     # every id in this shard: no masked copies of the columns
+                local = (ids if whole else ids[sel]) - s.row0
                 lo, hi = s.col0 - c0, s.col0 - c0 + s.cols
+                # format v4 reads a row range in row order: one run of rows is a slice copy, not a scatter
+                m = local.shape[0]
+                run = m > 1 and int(local[-1]) - int(local[0]) == m - 1 and bool((local[1:] > local[:-1]).all())
+                at = slice(int(local[0]), int(local[0]) + m) if run or m == 1 else local
                 for slot, col in columns.items():
-                    part = col[sel]
+                    part = col if whole else col[sel]
                     if slot == EMBEDDING:
-                        s.weight[local] = part[:, lo:hi]
+                        s.weight[at] = part[:, lo:hi]
                     elif len(self.slots[slot].shape) == 1:
-                        s.state(slot)[local] = part[:, lo:hi]
+                        s.state(slot)[at] = part[:, lo:hi]
                     else:   # per-row value: each column shard starts from the row's value
-                        s.state(slot)[local] = part
+                        s.state(slot)[at] = part
                 if self.tracker is not None:   # loaded rows are changes since any earlier mark
                     self.tracker.touch(s.row0, s.rows, local)
 

@@ -63,6 +63,8 @@ def cmd_ls(a) -> int:
         print(render.table(rows, ["ID", "STEP", "KIND", "SIZE", "CREATED"]))
     for name, what in listing.leftovers:
         print(f"leftover: {name} (left by {what}; `recckpt gc` removes it)")
+    for name, why in listing.strays:
+        print(f"stray: {name} ({why})")
     return EXIT_OK
 
 

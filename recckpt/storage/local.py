@@ -77,8 +77,9 @@ class LocalStorage(Storage):
             os.makedirs(p, exist_ok=True)
         except OSError as e:
             # e.g. a link loop or a file on the way: name the path, not a raw OSError
-            raise StorageError(e.errno, f"cannot create directory {p}: {e.strerror} ({e.filename}); check "
-                                        f"that every part of the path is a directory you can write", p) from e
+            at = "" if e.filename in (None, p) else f" (at {e.filename})"
+            raise StorageError(e.errno, f"cannot create directory {p}: {e.strerror}{at}; check that every part "
+                                        f"of the path is a directory you can write", path=p) from e
 
     def entry_kind(self, path):
         try:
@@ -125,7 +126,7 @@ class LocalStorage(Storage):
             # os.replace cannot put a file over a directory, and a directory here is not ours to remove
             raise StorageError(errno.EISDIR, f"{self.local_path(path)} is a directory, where recckpt keeps a "
                                              f"file; nothing removes it for you: move it away (mv or rm -r), and "
-                                             f"the next save writes the file", self.local_path(path))
+                                             f"the next save writes the file", path=self.local_path(path))
         claim = self.claim(tmp, owner) if owner is not None else None
         try:
             try:

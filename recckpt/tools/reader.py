@@ -29,7 +29,7 @@ from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
-from ..format.retention import META_EPHEMERAL, META_STEP, parse_step
+from ..format.retention import META_EPHEMERAL, manifest_step
 from ..storage import Storage, open_storage
 
 DEFAULT_CHUNK_ROWS = 65536
@@ -119,10 +119,7 @@ def _not_a_checkpoint(storage: Storage) -> str:
 
 def recorded_step(metadata: Mapping[str, str], worker_steps: Mapping[int, int]) -> int | None:
     """The global step the CheckpointManager recorded, else the newest step a worker saved at."""
-    step = parse_step(metadata.get(META_STEP))
-    if step is not None:
-        return step
-    return max(worker_steps.values()) if worker_steps else None
+    return manifest_step(metadata, worker_steps)
 
 
 def kind_of(metadata: Mapping[str, str], parent: str | None) -> str:

@@ -26,6 +26,7 @@ from ..format import catalog, dtypes, extras as extras_fmt, recovery
 from ..format.checkpoint import WorkerPart, finalize, write_worker_part
 from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
+from ..format.retention import manifest_step, restore_order
 from ..format.schema import ParentRef, SlotInfo
 from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
@@ -175,8 +176,10 @@ class Saver:
         return self._chain.ckpt_id if self._chain is not None else None
 
     def latest_checkpoint(self) -> str | None:
-        ids = self.checkpoints()
-        return ids[-1] if ids else None
+        """The checkpoint `load()` without an id loads: the one of the highest global step (docs/SAFETY.md)."""
+        found = catalog.committed(self.storage)
+        order = restore_order([(i, manifest_step(m.metadata, m.worker_steps)) for i, m in found])
+        return order[0] if order else None
 
     # ------------------------------------------------------------------------------------- save
     def _write_options(self) -> SparseWriteOptions:

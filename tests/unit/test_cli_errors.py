@@ -41,6 +41,8 @@ CASES = [
     (["compact", "{d}/out/c1", "{d}/afile/c3"], "afile"),
     (["compact", "{d}/out/c1", "{d}/fifo/c3"], "fifo"),
     (["compact", "{d}/nope/c1", "{d}/out/c3"], "nope"),
+    (["compact", "nope", "{d}/out/c3"], "nope"),                 # no <output_dir>/ part
+    (["compact", "{d}/out/c1", "c3"], "c3"),
 ]
 
 

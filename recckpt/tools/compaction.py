@@ -22,7 +22,7 @@ from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
 from ..format.fold import Scratch, bucket_groups, fill_live, plan_fold
 from ..format.layout import row_granule, segment_rows
-from ..format.names import MANIFEST, validate_ckpt_id
+from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.retention import META_COMPACTED_FROM, manifest_step
 from ..format.sparse_io import SparseWriteOptions, TableSource, WriteReceipts
 from ..storage import open_storage
@@ -156,8 +156,15 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
     # store, where the manifest written last is the commit).
     stage = store.save_target(dst_id, catalog.new_staging_dir(dst_id, uuid.uuid4().hex))
     rows = 0
+    claim = None
     try:
-        store.makedirs("")
+        store.prepare_for_save()
+        # Claimed before anything is written, as a save claims its target: start-up recovery and `gc` in
+        # another process leave a claimed target alone (docs/SAFETY.md, "Claims").
+        claim = store.claim(stage, owner_file(stage, 0))
+        if catalog.is_committed(store, dst_id):   # committed by another writer meanwhile: never overwrite
+            raise CheckpointExistsError(f"compact: {store.describe(dst_id)} was committed by another writer; "
+                                        f"choose another id", path=store.describe(dst_id))
         sources = []
         for name, info in m.tables.items():
             tl = table_links(links, name)
@@ -183,11 +190,15 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
         meta[META_COMPACTED_FROM] = src_id
         finalize(store, stage, dst_id, parts, opts=opts, metadata=meta)
     except BaseException:
-        try:
-            store.discard(stage, dst_id, MANIFEST)
-        except OSError:
-            pass
+        if claim is not None:   # only what this compaction claimed: in place, unclaimed files are a rival's
+            try:
+                store.discard(stage, dst_id, MANIFEST)   # never a committed checkpoint
+            except OSError:
+                pass
         raise
+    finally:
+        if claim is not None:
+            claim.release()   # after the commit (or the discard): a rival sees it committed, or nothing
     try:
         catalog.write_version_file(store, [i for i, _ in catalog.committed(store)], fsync)
     except (OSError, RecckptError) as e:  # committed already; the next save or recovery redoes the list

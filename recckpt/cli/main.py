@@ -65,6 +65,10 @@ def cmd_ls(a) -> int:
         print(f"leftover: {name} (left by {what}; `recckpt gc` removes it)")
     for name, why in listing.strays:
         print(f"stray: {name} ({why})")
+    if listing.output_dirs_below:
+        print("output directories below it (pass one of these):")
+        for d in listing.output_dirs_below:
+            print(f"  {listing.output_dir.rstrip('/')}/{d}")
     return EXIT_OK
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from .. import _C, __version__
 from ..errors import CheckpointSaveError, CorruptCheckpointError
 from ..storage import Storage
-from . import catalog, checked_json, names, safetensors_io, structure, tree_codec
+from . import catalog, checked_json, names, safetensors_io, structure, tree_codec, visibility
 from .schema import FileInfo, IndexDoc, Manifest, ParentRef, SlotInfo, TableInfo, index_from_json, manifest_from_json
 from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
 
@@ -118,12 +118,27 @@ def copy_whole_files(src: "CheckpointReader", storage: Storage, stage: str, part
         setattr(part, attr, rel)
 
 
+def expected_files(parts: list[WorkerPart]) -> list[visibility.ExpectedFile]:
+    """Every file the parts say their workers wrote (shard files, indexes, IO state, dense, extras)."""
+    out = []
+    for p in parts:
+        out += [visibility.ExpectedFile(p.worker, rel, int(size)) for rel, (size, _) in p.files.items()]
+        out += [visibility.ExpectedFile(p.worker, f["path"], int(f["size"])) for f in p.index.get("files", [])]
+    return out
+
+
 def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart], *,
-             opts: SparseWriteOptions, metadata: dict[str, str] | None = None) -> Manifest:
-    """Worker 0: merge the workers' indexes, write index.json and the manifest, and commit."""
+             opts: SparseWriteOptions, metadata: dict[str, str] | None = None,
+             visible_within_s: float | None = None) -> Manifest:
+    """Worker 0: merge the workers' indexes, write index.json and the manifest, and commit.
+    `visible_within_s`: first check that every file of every part is in `stage` with its size, waiting
+    up to that long for files another node wrote (None: the parts were written by this process)."""
     parts = sorted(parts, key=lambda p: p.worker)
     if [p.worker for p in parts] != list(range(len(parts))):
         raise ValueError(f"expected one part per worker 0..{len(parts) - 1}, got {[p.worker for p in parts]}")
+    if visible_within_s is not None:
+        visibility.check_visible(storage, stage, expected_files(parts), ckpt_id=ckpt_id,
+                                 timeout_s=visible_within_s)
     docs = [index_from_json(p.index, f"worker {p.worker} index") for p in parts]
     merged = IndexDoc.merge(docs)
     if any(p.parent != parts[0].parent for p in parts):

@@ -28,9 +28,8 @@ def parse_step(text) -> int | None:
     return None
 
 
-def manifest_step(metadata: Mapping[str, str], worker_steps: Mapping[int, int]) -> int | None:
-    """The global step a checkpoint holds: its `recckpt.global_step`, else the newest step a worker saved
-    at (`Saver.save(step=...)`), else None."""
+def recorded_step(metadata: Mapping[str, str], worker_steps: Mapping[int, int]) -> int | None:
+    """The global step the CheckpointManager recorded, else the newest step a worker saved at."""
     step = parse_step(metadata.get(META_STEP))
     if step is not None:
         return step
@@ -117,4 +116,4 @@ class CkptEntry:
         return cls(ckpt_id, parse_step(metadata.get(META_STEP)), metadata.get(META_EPHEMERAL) == "1")
 
 
-__all__ = ["META_STEP", "META_EPHEMERAL", "parse_step", "positive_int", "KeepPolicy", "CkptEntry"]
+__all__ = ["META_STEP", "META_EPHEMERAL", "parse_step", "recorded_step", "positive_int", "KeepPolicy", "CkptEntry"]

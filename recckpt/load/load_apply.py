@@ -6,14 +6,22 @@ import logging
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, LoadApplyError, LoadConfigError
+from ..errors import (
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    LoadApplyError,
+    LoadConfigError,
+    RecckptError,
+)
 from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
-from ..state.protocol import split_sparse_dense_state_dict
+from ..state import optim_names, plugins
+from ..state.protocol import FixedSize, column_split_slots, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
 from .load_config import LoadConfig
@@ -37,6 +45,8 @@ class LoadResult:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    other_bytes_read: int = 0
+    """Bytes of the dense, extras and IO-state files read (`bytes_read` counts the sparse shard files)."""
     bytes_mapped: int = 0
     """Of `bytes_read`, the bytes mapped into tables copy-on-write instead of copied (`LoadConfig.mmap`)."""
     tables_mapped: list[str] = field(default_factory=list)
@@ -59,11 +69,12 @@ class LoadPlan:
         self.problems_missing: list[str] = []
         self.problems_unexpected: list[str] = []
         self.incompatible: list[str] = []
+        self.skipped_objects: set[str] = set()   # registered objects whose saved state must not be applied
 
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
         conf, m = self.conf, self.m
-        sparse, dense = split_sparse_dense_state_dict(self.model.state_dict())
+        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model))
         self.model_sparse, self.model_dense = sparse, dense
         self.sparse_jobs = []   # (ckpt name, table, [(slot, SlotInfo, SlotSpec)])
         if conf.wants("sparse") or conf.wants("sparse_opt"):
@@ -95,6 +106,13 @@ class LoadPlan:
                     self._check_compatible(f"table {name!r} slot {slot!r}", si.dtype, si.shape,
                                            spec.dtype, tuple(spec.shape))
                     slots.append((slot, si, spec))
+                if isinstance(table, FixedSize) and slots and not conf.merge:
+                    n = table.row_layout().num_rows
+                    if info.rows != n:
+                        self.incompatible.append(
+                            f"table {name!r}: the checkpoint holds {info.rows} rows, model table {target!r} has "
+                            f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads the rows "
+                            f"that fit)")
                 for slot, spec in meta.slots.items():
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
                         self.problems_missing.append(f"slot {slot!r} of model table {target!r} is not in the checkpoint")
@@ -147,6 +165,11 @@ class LoadPlan:
             for name in objs:
                 if name not in self.registry.object_names():
                     self.problems_unexpected.append(f"checkpoint object {name!r} is not registered")
+                elif not objs[name]["kind"].startswith(extras_fmt.PICKLED_PREFIX):
+                    why = self.registry.refusal(name, objs[name]["kind"], objs[name]["state"])
+                    if why is not None:
+                        self.incompatible.append(why + " (exclude 'extra', or register it as the same type)")
+            self._plan_optimizers(objs, ckpt_dense if conf.wants("dense") else None)
         self.io_tree = None
         resized = conf.wants("io_state") and self.registry.io_names() and self.m.io_state and world != self.m.shard_num
         if resized and conf.io_state_on_resize == "error":
@@ -184,6 +207,69 @@ class LoadPlan:
                     "names, 'rename'/'tables'/'dense_keys'; when only optimizer slots differ (another sparse "
                     "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
+
+    def _plan_optimizers(self, objs: dict, ckpt_dense) -> None:
+        """Registered optimizers get their saved state by parameter name (state layer, optim_names),
+        never by position: each entry's state is replaced by what the live optimizer's load_state_dict
+        is given, and mismatches join the load's report. A checkpoint that records no names (saved
+        before they were recorded) applies positionally only where its dense keys and shapes are the
+        model's exactly; otherwise the optimizer is left as it is, reported as missing."""
+        shapes = None
+
+        def dense_shapes() -> dict[str, tuple]:
+            nonlocal shapes
+            if shapes is None:
+                shapes = ({k: tuple(t.shape) for k, t in ckpt_dense.items()} if ckpt_dense is not None else
+                          {k: tuple(shape) for k, (_, shape) in self.reader.dense_header().items()})
+            return shapes
+
+        where = self.reader.describe(self.m.extras or "")
+        for name in self.registry.object_names():
+            entry = objs.get(name)
+            obj = self.registry.object(name)
+            if entry is None or entry["kind"] != "state_dict" or not optim_names.is_optimizer(obj):
+                continue
+            what = f"registered optimizer {name!r}"
+            saved = entry["state"]
+            names = entry.get(extras_fmt.PARAM_NAMES)
+            if names is not None and optim_names.is_positional(saved):
+                try:
+                    saved = optim_names.to_named(saved, names, f"{where}: object {name!r}")
+                except IncompatibleCheckpointError as e:
+                    raise CorruptCheckpointError(str(e), where) from None
+            elif optim_names.is_positional(saved):
+                self._positional_optimizer(name, what, dense_shapes())
+                continue
+            elif not optim_names.is_named(saved):
+                continue   # no parameters to map (an empty state): applied as it is
+            try:
+                m = optim_names.match_optimizer_state(
+                    obj, self.model, saved, rename=self.conf.renamed, selected=self.conf.dense_selected,
+                    saved_shapes=dense_shapes())
+            except RecckptError as e:
+                self.incompatible.append(f"{what}: {e}")
+                continue
+            self.incompatible += [f"{what}: {c}" for c in m.conflicts]
+            missing, unexpected = m.problems(what)
+            self.problems_missing += missing
+            self.problems_unexpected += unexpected
+            objs[name] = dict(entry, state=m.state_dict)
+
+    def _positional_optimizer(self, name: str, what: str, ckpt_shapes: dict[str, tuple]) -> None:
+        """An optimizer's numbered state without names (older checkpoints): safe only when the
+        parameters are the same, which the dense state shows: same keys (after renames), same shapes."""
+        model_shapes = {k: tuple(v.shape) for k, v in self.model_dense.items()}
+        renamed = {self.conf.renamed(k): v for k, v in ckpt_shapes.items()}
+        if renamed == model_shapes:
+            return
+        diff = sorted(set(renamed) ^ set(model_shapes)) or sorted(
+            k for k in renamed if renamed[k] != model_shapes.get(k))
+        self.skipped_objects.add(name)
+        self.problems_missing.append(
+            f"{what}: the checkpoint records no parameter names (written before they were recorded) and its "
+            f"dense keys or shapes differ from the model's ({', '.join(map(repr, diff[:5]))}"
+            f"{', ...' if len(diff) > 5 else ''}), so its state, numbered by position, could go to the wrong "
+            f"parameters: not applied (the optimizer keeps its own state)")
 
     def _plan_chains(self, shard_id: int, world: int) -> None:
         """For an incremental checkpoint: open and check every link of its chain, and decide which rows of
@@ -271,7 +357,7 @@ class LoadPlan:
                     self._opt_loaded = True
             if conf.wants("extra"):
                 for name, entry in self.extras_tree.get("objects", {}).items():
-                    if name in self.registry.object_names():
+                    if name in self.registry.object_names() and name not in self.skipped_objects:
                         what = f"registered object {name!r}"
                         self._apply_extra(name, entry)
                         done.append(what)
@@ -331,6 +417,10 @@ class LoadPlan:
                     self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, direct)
                     applied.append(target)
                     continue
+                if isinstance(table, FixedSize):
+                    self.result.sparse_rows += self._load_fixed(name, target, table, slots)
+                    applied.append(target)
+                    continue
                 simple = conf.ownership is None and conf.duplicates == "error"
                 if simple and conf.mmap and mapped_load_possible(table, slots, cleared,
                                                                  self.reader.segments.storage.engine_path("") is not None):
@@ -382,13 +472,50 @@ class LoadPlan:
             applied.append(target)
         self.result.tables = applied
         if self.dense_out:
-            self.model.load_state_dict(self.dense_out, strict=False)
+            plugins.load_dense(self.model, self.dense_out)
             self.result.dense_keys = list(self.dense_out)
         if self.io_tree is not None:
             for name, obj in self.registry.io_items():
                 if name in self.io_tree:
                     obj.load_io_state(self.io_tree[name])
                     self.result.io_state.append(name)
+
+    def _load_fixed(self, name: str, target: str, table, slots) -> int:
+        """Rows of a fixed-size table (TorchRec's): this process keeps the row ids its layout owns (all
+        of them when replicated) and the columns it holds of column-split slots. Today's hash layout
+        spreads a row range over every bucket, so every bucket is read; a row outside [0, N) is refused
+        with the table's name."""
+        layout = table.row_layout()
+        if not layout.owned_rows:
+            return 0   # this process holds no rows of the table (table-wise, another rank's)
+        starts = np.array([a for a, _ in layout.owned_rows], dtype=np.int64)
+        ends = np.array([b for _, b in layout.owned_rows], dtype=np.int64)
+        split = set(column_split_slots(table.sparse_meta()))
+        c0, c1 = layout.columns or (0, None)
+        names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
+        rows = 0
+        for ids, cols in self.reader.segments.iter_table(name, names, rbs, 0, self.m.num_buckets):
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
+                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                raise IncompatibleCheckpointError(
+                    f"checkpoint {self.reader.describe()}: table {name!r} holds row id {bad}, outside model "
+                    f"table {target!r}'s {layout.num_rows} rows", table=target)
+            if not layout.replicated:
+                k = np.searchsorted(starts, ids, side="right") - 1
+                keep = np.nonzero((k >= 0) & (ids < ends[np.maximum(k, 0)]))[0]
+                ids, cols = ids[keep], [c[keep] for c in cols]
+            n = len(ids)
+            if n == 0:
+                continue
+            tensors = {}
+            for (slot, si, spec), raw in zip(slots, cols):
+                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
+                if slot in split and layout.columns is not None:
+                    t = t[:, c0:c1]
+                tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+            table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
+            rows += n
+        return rows
 
     def _apply_extra(self, name, entry):
         self.registry.apply_object(name, entry["kind"], entry["state"])

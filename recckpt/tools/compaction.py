@@ -23,7 +23,7 @@ from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, wr
 from ..format.fold import Scratch, bucket_groups, fill_live, plan_fold
 from ..format.layout import row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
-from ..format.retention import META_COMPACTED_FROM, manifest_step
+from ..format.retention import META_COMPACTED_FROM, recorded_step
 from ..format.sparse_io import SparseWriteOptions, TableSource, WriteReceipts
 from ..storage import open_storage
 
@@ -62,7 +62,7 @@ def _warn_live_dir(store, src_id: str, dst_id: str, step: int | None) -> None:
     one of its checkpoints from now on. Say what that means; nothing needs a flag, since a restart picks
     the highest step, not the checkpoint committed last."""
     found = catalog.committed(store)
-    steps = [(manifest_step(e.metadata, e.worker_steps), cid) for cid, e in found]
+    steps = [(recorded_step(e.metadata, e.worker_steps), cid) for cid, e in found]
     top = max(((s, cid) for s, cid in steps if s is not None), default=None)
     newer = "" if top is None or step is None or top[0] <= step else (
         f"; it holds step {step}, older than {top[1]!r} (step {top[0]}), which restore() and load() still "
@@ -150,7 +150,7 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
     if store.exists(dst_id):
         raise CheckpointExistsError(f"compact: {store.describe(dst_id)} already exists; choose another id")
     if _same_dir(src_store, store):
-        _warn_live_dir(store, src_id, dst_id, manifest_step(m.metadata, m.worker_steps))
+        _warn_live_dir(store, src_id, dst_id, recorded_step(m.metadata, m.worker_steps))
     opts = SparseWriteOptions(m.num_buckets, m.chunk_bytes, concurrency, SEGMENT_BYTES, 256 << 20, fsync)
     # The store decides where a save's files go (a staging directory, or the final keys of an object
     # store, where the manifest written last is the commit).

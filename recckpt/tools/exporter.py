@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..errors import InvalidArgumentError
 from ..format import dtypes
@@ -36,7 +35,7 @@ from .reader import DEFAULT_CHUNK_ROWS, CheckpointView, open as open_checkpoint
 
 FORMATS = ("parquet", "safetensors", "npy")
 DTYPES = ("fp32", "fp16", "bf16", "int8")
-#: Counter slots the --min-freq / --seen-since-step filters read (docs/SPARSE_STATE.md names them).
+#: Counter slots the min_freq / seen_since_step filters read (docs/SPARSE_STATE.md names them).
 FREQ_SLOT, LAST_STEP_SLOT = "freq", "last_step"
 #: Formats that buffer one output file in memory get at most this many bytes of rows per file by default.
 DEFAULT_BUFFERED_FILE_BYTES = 64 << 20
@@ -134,9 +133,14 @@ def _convert(name: str, a: np.ndarray, dtype: str, fmt: str) -> dict[str, Any]:
         return {name: a}
     if dtype == "fp32":
         return {name: a.astype(np.float32, copy=False)}
-    if dtype == "fp16":  # torch converts with the CPU's F16C instructions; numpy's loop is several times slower
+    # torch only for what numpy cannot do well: fp16 (torch converts with the CPU's F16C instructions;
+    # numpy's loop is several times slower) and bf16 (numpy has no bfloat16). fp32/int8 exports of
+    # Parquet and .npy never import it.
+    if dtype == "fp16":
+        import torch
         return {name: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.float16).numpy()}
     if dtype == "bf16":
+        import torch
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
         return {name: t if fmt == "safetensors" else t.float().numpy()}
     q, scale, offset = quantize_int8(a)
@@ -188,6 +192,11 @@ class _ParquetSink:
         return [self.path]
 
 
+def _torch_cat(parts):
+    import torch  # only bf16 columns for safetensors are tensors
+    return torch.cat(parts)
+
+
 class _BufferedSink:
     """safetensors / .npy: a file's rows are collected, then written at once (at most shard_rows rows)."""
 
@@ -199,16 +208,17 @@ class _BufferedSink:
         # Copies: the arrays may be views of the reader's reused chunk buffer.
         self._ids.append(np.array(ids))
         for k, a in cols.items():
-            self._cols.setdefault(k, []).append(a.clone() if isinstance(a, torch.Tensor) else np.array(a))
+            self._cols.setdefault(k, []).append(np.array(a) if isinstance(a, np.ndarray) else a.clone())
 
     def close(self) -> list[str]:
         if not self._ids:
             return []
         ids = np.concatenate(self._ids)
-        cols = {k: (torch.cat(v) if isinstance(v[0], torch.Tensor) else np.concatenate(v))
+        cols = {k: (np.concatenate(v) if isinstance(v[0], np.ndarray) else _torch_cat(v))
                 for k, v in self._cols.items()}
         self._ids, self._cols = [], {}
         if self.fmt == "safetensors":
+            import torch  # the safetensors writer takes tensors (bf16 has no numpy dtype)
             from safetensors.torch import save_file
             tensors = {ID_COLUMN: torch.from_numpy(ids)}
             tensors.update({k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
@@ -301,17 +311,18 @@ def _plan(view: CheckpointView, opts: ExportOptions) -> dict[str, tuple[list[str
     plan = {}
     for t in tables:
         if t not in view.tables:
-            raise InvalidArgumentError(f"--tables: {view.path} has no table {t!r}; it has {sorted(view.tables)}")
+            raise InvalidArgumentError(f"ExportOptions.tables (--tables): {view.path} has no table {t!r}; it has {sorted(view.tables)}")
         have = view.tables[t].slots
         missing = [s for s in opts.slots if s not in have]
         if missing:
-            raise InvalidArgumentError(f"--slots: table {t!r} of {view.path} has no slot(s) {missing}; it has "
+            raise InvalidArgumentError(f"ExportOptions.slots (--slots): table {t!r} of {view.path} has no slot(s) {missing}; it has "
                                        f"{list(have)}")
-        for what, slot, v in (("--min-freq", FREQ_SLOT, opts.min_freq),
-                              ("--seen-since-step", LAST_STEP_SLOT, opts.seen_since_step)):
+        for what, slot, v in (("ExportOptions.min_freq (--min-freq)", FREQ_SLOT, opts.min_freq),
+                              ("ExportOptions.seen_since_step (--seen-since-step)", LAST_STEP_SLOT,
+                               opts.seen_since_step)):
             if v is not None and slot not in have:
                 raise InvalidArgumentError(f"{what}: table {t!r} of {view.path} has no {slot!r} counter slot; "
-                                           f"drop the option or export only tables that count ({what} needs it)")
+                                           f"drop the option or export only tables that count (it needs that slot)")
         _safe_name("table", t)
         for s in opts.slots:
             _safe_name("slot", s)
@@ -356,10 +367,10 @@ def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLik
     plan = _plan(view, opts)
     out_dir = os.fspath(out_dir)
     if "://" in out_dir:
-        raise InvalidArgumentError(f"--out {out_dir}: export writes to a local directory; export locally, "
+        raise InvalidArgumentError(f"out_dir (--out) {out_dir}: export writes to a local directory; export locally, "
                                    f"then copy the files to the store")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise InvalidArgumentError(f"--out {out_dir}: exists and is not an empty directory; choose a new "
+        raise InvalidArgumentError(f"out_dir (--out) {out_dir}: exists and is not an empty directory; choose a new "
                                    f"directory (an export never overwrites files)")
     t0 = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)

@@ -34,6 +34,45 @@ class Listing:
     checkpoints: list[CheckpointSummary] = field(default_factory=list)   # oldest first
     leftovers: list[tuple[str, str]] = field(default_factory=list)       # (name, what left it)
     strays: list[tuple[str, str]] = field(default_factory=list)          # (name, why recckpt leaves it alone)
+    output_dirs_below: list[str] = field(default_factory=list)
+    """When this directory holds no checkpoint: output directories found below it (a user who passed
+    the run's folder instead of its output_dir), as paths relative to it."""
+
+
+#: How far `ls` looks below a directory without checkpoints for output directories: levels, and
+#: directories listed in all (each a request on an object store).
+SEARCH_DEPTH, SEARCH_DIRS = 3, 200
+
+
+def _holds_checkpoints(storage, path: str, entries: list[str]) -> bool:
+    """Whether directory `path` (listing `entries`) looks like an output directory: a version file, or a
+    committed checkpoint directory (one with a manifest) in it."""
+    if names.VERSION_FILE in entries:
+        return True
+    return any(not e.startswith(".") and storage.exists(f"{path}/{e}/{names.MANIFEST}") for e in entries)
+
+
+def output_dirs_below(storage, depth: int = SEARCH_DEPTH, budget: int = SEARCH_DIRS) -> list[str]:
+    """Output directories below the root of `storage` (breadth first, at most `depth` levels and `budget`
+    directories listed); paths relative to the root."""
+    found, level, listed = [], [""], 0
+    for _ in range(depth):
+        nxt = []
+        for d in level:
+            for e in storage.listdir(d):
+                if e.startswith(".") or e == names.VERSION_FILE:
+                    continue
+                path = f"{d}/{e}" if d else e
+                if listed >= budget or not storage.isdir(path):
+                    continue
+                listed += 1
+                entries = storage.listdir(path)
+                if _holds_checkpoints(storage, path, entries):
+                    found.append(path)
+                else:
+                    nxt.append(path)
+        level = nxt
+    return sorted(found)
 
 
 def _require_dir(storage) -> None:
@@ -69,6 +108,8 @@ def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = Non
             _size(storage, cid, m), _dt.datetime.fromtimestamp(m.created_ns / 1e9, tz=_dt.timezone.utc), parent))
     out.leftovers = recovery.find_leftovers(storage)
     out.strays = recovery.find_strays(storage)
+    if not out.checkpoints and catalog.read_version_file(storage) is None:
+        out.output_dirs_below = output_dirs_below(storage)
     return out
 
 
@@ -139,4 +180,4 @@ def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] 
     return [(n, w) for n, w in found if n in removed]
 
 
-__all__ = ["CheckpointSummary", "Listing", "gc", "list_checkpoints", "prune"]
+__all__ = ["CheckpointSummary", "Listing", "gc", "list_checkpoints", "prune", "output_dirs_below"]

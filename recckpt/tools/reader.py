@@ -29,7 +29,7 @@ from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
-from ..format.retention import META_EPHEMERAL, manifest_step
+from ..format.retention import META_EPHEMERAL, recorded_step
 from ..storage import Storage, open_storage
 
 DEFAULT_CHUNK_ROWS = 65536
@@ -115,11 +115,6 @@ def _not_a_checkpoint(storage: Storage) -> str:
                 f"{storage.describe(found[-1])} (the newest of {len(found)})")
     return (f"{where} is not a committed checkpoint (no {names.MANIFEST}); pass a checkpoint directory, "
             f"<output_dir>/<ckpt_id>")
-
-
-def recorded_step(metadata: Mapping[str, str], worker_steps: Mapping[int, int]) -> int | None:
-    """The global step the CheckpointManager recorded, else the newest step a worker saved at."""
-    return manifest_step(metadata, worker_steps)
 
 
 def kind_of(metadata: Mapping[str, str], parent: str | None) -> str:

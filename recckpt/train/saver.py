@@ -27,17 +27,20 @@ from ..format.chain import walk_chain
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
-from ..format.retention import manifest_step, restore_order
+from ..format.retention import META_EPHEMERAL, recorded_step, restore_order
 from ..format.schema import ParentRef, SlotInfo
 from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
 from ..load.load_config import LoadConfig
 from ..load.loader import LoadRequest, LoadTarget, load_checkpoint
+from ..state import plugins
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
-from ..state.protocol import ChangeTracking, SparseState, split_sparse_dense_state_dict
+from ..state.optim_names import saved_param_names
+from ..state.protocol import ChangeTracking, FixedSize, SparseState, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from ..state.staging import StagingPool
 from ..storage import open_storage
+from .events import save_line
 from .options import SaveOptions
 from .policies import CkptEntry, KeepPolicy
 from .snapshot import HostBuffers, Snapshot, copy_snapshot
@@ -92,8 +95,8 @@ class Saver:
         storage_options: passed to fsspec for an fsspec URL (endpoint_url, key/secret, profile, ...),
             and used for every other path this Saver opens unless a load names its own.
         eviction: an `EvictionPolicy` applied to every table with counters when a save captures the
-            state (sync saves): the selected rows leave the live table (`evict`), and an incremental
-            save records them as removed.
+            state (a sync save, or the snapshot of an async one, `capture_copy`): the selected rows
+            leave the live table (`evict`), and an incremental save records them as removed.
         write_filter: an `EvictionPolicy` that only shapes what is written: rows it selects (in tables
             with `freq`/`last_step` slots) are left out of the checkpoint, the live table keeps them. In
             an increment, a row left out keeps the value earlier links hold for it.
@@ -179,7 +182,7 @@ class Saver:
     def latest_checkpoint(self) -> str | None:
         """The checkpoint `load()` without an id loads: the one of the highest global step (docs/SAFETY.md)."""
         found = catalog.committed(self.storage)
-        order = restore_order([(i, manifest_step(m.metadata, m.worker_steps)) for i, m in found])
+        order = restore_order([(i, recorded_step(m.metadata, m.worker_steps)) for i, m in found])
         return order[0] if order else None
 
     # ------------------------------------------------------------------------------------- save
@@ -188,11 +191,24 @@ class Saver:
         return SparseWriteOptions(o.num_buckets, o.chunk_bytes, self.concurrency, o.segment_bytes,
                                   o.max_inflight_bytes, o.fsync)
 
-    def _table_source(self, table: SparseState, since: int | None = None, step: int | None = None
-                      ) -> tuple[TableSource, TableSource | None]:
+    def _table_source(self, table: SparseState, since: int | None = None, step: int | None = None,
+                      shard_id: int = 0) -> tuple[TableSource, TableSource | None]:
         """The table as the writer reads it: all rows, or with `since` (a mark of the parent) only the
-        rows changed since, then a second source of the removed ids (None: the table is written whole)."""
+        rows changed since, then a second source of the removed ids (None: the table is written whole).
+        A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only."""
         meta = table.sparse_meta()
+        if isinstance(table, FixedSize):
+            layout = table.row_layout()
+            if layout.columns is not None:
+                raise CheckpointSaveError(
+                    f"table {meta.name!r} is split by columns on this process (columns {layout.columns} of "
+                    f"{layout.num_rows} rows): saving column-wise sharded tables needs the column blocks of "
+                    f"format version 4, not in this build yet; save under a plan without column-wise tables "
+                    f"(loading INTO a column-wise plan works). See docs/TORCHREC.md")
+            if layout.replicated and shard_id != 0:
+                slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category)
+                         for k, s in meta.slots.items()}
+                return TableSource(meta.name, slots, 0, iter(())), None
         slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
         names = list(slots)
         # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
@@ -255,7 +271,7 @@ class Saver:
                             ((removed[i:i + per], []) for i in range(0, len(removed), per))))
 
     def _state(self):
-        sparse, dense = split_sparse_dense_state_dict(self.model.state_dict())
+        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model))
         for k, v in dense.items():
             if not isinstance(v, torch.Tensor):
                 raise CheckpointSaveError(
@@ -275,7 +291,9 @@ class Saver:
         that disagree with an initialised process group are an error. Without a process group, explicit
         values > 1 mean every shard is saved from this process: the checkpoint commits at the save of
         the last shard, and the earlier calls return the location it will have (with a warning;
-        `last_save` is not set, `write()` reports `committed=False`). `step` (the
+        `last_save` is not set, `write()` reports `committed=False`); parts whose other shards are not
+        saved within `SaveOptions.coordination_timeout_s` of the last one are dropped with a warning
+        (nothing is committed). `step` (the
         training step) is recorded per worker and decides duplicate ids under duplicates='newest'.
 
         incremental=True writes only the sparse rows changed since the newest checkpoint this Saver
@@ -295,21 +313,26 @@ class Saver:
         sparse, dense = self._state()
         first = shard_id == 0
         return Snapshot(tables=list(sparse.values()), dense=dense if first else None,
-                        extras=_extras_tree(self.registry, self.sparse_optim) if first else None,
+                        extras=_extras_tree(self.registry, self.sparse_optim, self.model) if first else None,
                         io_state=self.registry.io_tree())
 
-    def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False) -> Snapshot:
+    def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False, *,
+                     step: int | None = None) -> Snapshot:
         """A frozen copy of what a save of this worker writes, in `bufs` (reused across saves), for a
         write in the background (`write(ckpt_id, snapshot)`). With `incremental`, change-tracking tables
         are copied as their changes since the parent (what `chain_parent()` names) and their marks are
         taken now, so the increment holds exactly the changes up to this capture; without a parent the
-        copy is whole and `full_reason` says why. Call it from the training thread, with no save of
-        this Saver in flight."""
+        copy is whole and `full_reason` says why. The Saver's `eviction` applies here, at `step`, as a
+        sync save applies it when it captures: the rows leave the live tables before the copy, and
+        the next increment records them as removed. Call it from the training thread, with no save
+        of this Saver in flight."""
         self._forget_written()
         chain, reason = (self._chain, None)
         if incremental:
             parent, reason = self._parent_for(True)
             chain = self._chain if parent is not None else None
+        if self.eviction is not None:
+            self._evict(step)
         live = self.capture(shard_id)
         live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if isinstance(t, ChangeTracking)}
         live.chain, live.full_reason = (chain, None) if incremental and chain is not None else (None, reason)
@@ -393,7 +416,7 @@ class Saver:
                         f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
                         f"was written: the next save writes a full checkpoint")
             since = chain.marks if parent is not None else {}
-            sources = [self._table_source(t, since.get(t.sparse_meta().name), step) for t in snap.tables]
+            sources = [self._table_source(t, since.get(t.sparse_meta().name), step, shard_id) for t in snap.tables]
             part = write_worker_part(
                 self.storage, stage, shard_id, tables=[t for t, _ in sources],
                 dense=snap.dense if shard_id == 0 else None,
@@ -404,7 +427,9 @@ class Saver:
             handed_over = parts is None
             if parts is not None:
                 manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
-                                    opts=self._write_options(), metadata=metadata)
+                                    opts=self._write_options(),
+                                    metadata={**plugins.manifest_metadata(self.model), **(metadata or {})},
+                                    visible_within_s=self.options.visibility_timeout_s)
                 self._after_commit(ckpt_id, keep, protect)
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),
@@ -428,6 +453,12 @@ class Saver:
                             "torch.distributed process group, the checkpoint commits when this process has "
                             "saved every shard", shard_id, shard_num, self.storage.describe(ckpt_id))
             self._committed_chain(ckpt_id, manifest, marks, snap.tables if live else None)
+            if stats.committed:
+                kind = ("incremental" if parent is not None else
+                        "ephemeral" if (metadata or {}).get(META_EPHEMERAL) == "1" else "full")
+                log.info("%s", save_line(ckpt_id, step, stats.bytes_written, stats.seconds, stats.sparse_rows,
+                                         kind=kind, rank=shard_id, whole=manifest is not None,
+                                         stall_seconds=None if live else snap.stall_seconds))
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
             if handed_over:
@@ -642,10 +673,14 @@ class Saver:
         self._pending_forget = None
 
 
-def _extras_tree(registry: Registry, sparse_optim) -> dict:
-    """The extras tree a save writes: every registered object's state plus the sparse optimizer's."""
-    objects = {name: extras_fmt.entry(name, kind, state, allow_pickle)
-               for name, kind, state, allow_pickle in registry.object_states()}
+def _extras_tree(registry: Registry, sparse_optim, model) -> dict:
+    """The extras tree a save writes: every registered object's state plus the sparse optimizer's. A
+    registered torch.optim optimizer also records its parameters' names in `model`, so that a load
+    maps its state by name."""
+    objects = {}
+    for name, kind, state, allow_pickle in registry.object_states():
+        names = saved_param_names(model, registry.object(name), state) if kind == "state_dict" else None
+        objects[name] = extras_fmt.entry(name, kind, state, allow_pickle, names)
     return {"objects": objects, "sparse_optimizer": sparse_optim.state_dict() if sparse_optim is not None else None}
 
 

@@ -4,9 +4,11 @@ pays TorchRec's import once). Every case compares what TorchRec holds after the 
 by slot, with what it held when saved.
 
 Phases: 2 ranks train and save (EBC table-wise with fused Adagrad incl. an fp16 table, row-wise with
-RowWiseAdagrad, data-parallel + row-wise); 1 process loads the table-wise checkpoint into an unsharded
-module and saves an unsharded one; 3 ranks load: TW@2 -> RW@3, RowWiseAdagrad RW@2 -> CW@3, DP@2 -> RW@3,
-unsharded -> RW@3.
+RowWiseAdagrad, data-parallel + row-wise + table-wise with a KeyedOptimizer or torch.optim dense optimizer,
+DTensor, EC row-wise, table-row-wise, the default planner for EBC and EC, MCH row-wise); 1 process loads
+into unsharded modules (EBC, MCH) and saves unsharded ones, and checks refused mismatches; 3 ranks load:
+TW@2 -> RW@3, RowWiseAdagrad RW@2 -> CW@3, DP@2 -> RW@3, TW@2 -> DP@3, unsharded -> RW@3, default ->
+default, MCH RW@2 -> RW@3 (fitting, over capacity: error and evict), MCH unsharded -> RW@3.
 """
 from __future__ import annotations
 
@@ -60,6 +62,8 @@ def runs(tmp_path_factory):
         _job("dtensor_tw2", TW, "adagrad", tmp, save=True, steps=3, dtensor=True),
         _job("ec_rw2", RW, "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
         _job("twrw2", {"a": "twrw", "b": "twrw", "h": "twrw"}, "rowwise", tmp, save=True, steps=3),
+        _job("default2", "default", "adagrad", tmp, save=True, steps=3),     # DMP's own planner (no plan)
+        _job("ec_default2", "default", "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
         _mch("mch_rw2", "rw", tmp, save=True, steps=3),
         _mch("mchs_rw2", "rw", tmp, tables=MCH_SMALL, save=True, steps=4),
     ])
@@ -86,6 +90,8 @@ def runs(tmp_path_factory):
         _job("rw3_from_dtensor_tw2", RW, "adagrad", tmp, load="dtensor_tw2"),
         _job("ec_tw3_from_ec_rw2", TW, "adagrad", tmp, load="ec_rw2", kind="ec", tables=EC_TABLES),
         _job("tw3_from_twrw2", TW, "rowwise", tmp, load="twrw2"),
+        _job("default3_from_default2", "default", "adagrad", tmp, load="default2"),
+        _job("ec_default3_from_ec_default2", "default", "adagrad", tmp, load="ec_default2", kind="ec", tables=EC_TABLES),
         _mch("mch_rw3_from_rw2", "rw", tmp, load="mch_rw2"),
         _mch("mch_rw3_from_un1", "rw", tmp, load="mch_un1"),
         dict(_mch("mchs_err", "rw", tmp, tables=MCH_SMALL, load="mchs_rw2"), expect_error=True),
@@ -264,6 +270,10 @@ def test_model_free_tools_read_a_torchrec_checkpoint_without_torchrec(runs):
     ("dtensor_tw2", "rw3_from_dtensor_tw2", "momentum1"),     # DTensor state dicts (output_dtensor=True)
     ("ec_rw2", "ec_tw3_from_ec_rw2", "momentum1"),            # EmbeddingCollection RW@2 -> TW@3
     ("twrw2", "tw3_from_twrw2", "momentum1"),                 # table-row-wise, RowWiseAdagrad
+    # the default planner (no plan) @2 -> @3: it makes these small EBC tables data-parallel (their state in
+    # the in-backward optimizer, 'sum') and the EC's row-wise
+    ("default2", "default3_from_default2", "sum"),
+    ("ec_default2", "ec_default3_from_ec_default2", "momentum1"),
 ])
 def test_more_plans_round_trip(runs, src_name, dst_name, state):
     tmp, *_ = runs

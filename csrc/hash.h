@@ -60,6 +60,25 @@ class Bucketer {
   FastMod mod_;
 };
 
+// Format version 4's "row_range" bucket function of a fixed-size table of N rows (ids are row
+// indices): bucket(row) = floor(row * B / N) for 0 <= row < N, so a row range is a bucket range.
+class RowRangeBucketer {
+ public:
+  RowRangeBucketer(uint64_t num_buckets, uint64_t num_rows) : b_(num_buckets), n_(num_rows) {}
+  inline uint64_t operator()(int64_t row) const {
+    return (uint64_t)(((unsigned __int128)(uint64_t)row * b_) / n_);
+  }
+  bool contains(int64_t row) const { return row >= 0 && (uint64_t)row < n_; }
+
+ private:
+  uint64_t b_, n_;
+};
+
+// Largest N a row_range table may have (docs/FORMAT.md): N < 2^40, so row * B < 2^64 for B < 2^24.
+constexpr int64_t kMaxRowRangeRows = int64_t(1) << 40;
+
 void bucket_of(const int64_t* ids, int64_t n, uint64_t num_buckets, int64_t* out);
+// row_range buckets; an id outside [0, num_rows) gets -1.
+void row_range_bucket_of(const int64_t* ids, int64_t n, uint64_t num_buckets, uint64_t num_rows, int64_t* out);
 
 }  // namespace recckpt

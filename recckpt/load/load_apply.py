@@ -513,19 +513,45 @@ class LoadPlan:
 
     def _load_fixed(self, name: str, target: str, table, slots) -> int:
         """Rows of a fixed-size table (TorchRec's): this process keeps the row ids its layout owns (all
-        of them when replicated) and the columns it holds of column-split slots. Today's hash layout
-        spreads a row range over every bucket, so every bucket is read; a row outside [0, N) is refused
-        with the table's name."""
+        of them when replicated) and the columns it holds of column-split slots. A table saved with
+        format version 4's "row_range" buckets over the same N rows is read by the bucket ranges that
+        hold the owned rows only (docs/FORMAT.md: what a loading rank reads); one saved with "hash"
+        buckets spreads a row range over every bucket, so every bucket is read. A row outside [0, N) is
+        refused with the table's name."""
         layout = table.row_layout()
         if not layout.owned_rows:
             return 0   # this process holds no rows of the table (table-wise, another rank's)
+        rows = 0
+        for lo, hi in self._fixed_bucket_ranges(name, layout):
+            rows += self._load_fixed_range(name, target, table, slots, layout, lo, hi)
+        return rows
+
+    def _fixed_bucket_ranges(self, name: str, layout) -> list[tuple[int, int]]:
+        """The bucket ranges that hold a fixed-size table's owned rows: by row range when the checkpoint
+        bucketed the table "row_range" over the same N, else every bucket."""
+        info, nb = self.m.tables[name], self.m.num_buckets
+        if layout.replicated or info.bucket_fn != "row_range" or info.num_rows != layout.num_rows:
+            return [(0, nb)]
+        n = layout.num_rows
+        out: list[tuple[int, int]] = []
+        for a, b in layout.owned_rows:
+            lo, hi = a * nb // n, (b - 1) * nb // n + 1
+            if out and lo <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], hi))
+            else:
+                out.append((lo, hi))
+        return out
+
+    def _load_fixed_range(self, name: str, target: str, table, slots, layout, bucket_lo: int,
+                          bucket_hi: int) -> int:
+        """The owned rows of one bucket range of a fixed-size table (see `_load_fixed`)."""
         starts = np.array([a for a, _ in layout.owned_rows], dtype=np.int64)
         ends = np.array([b for _, b in layout.owned_rows], dtype=np.int64)
         split = set(column_split_slots(table.sparse_meta()))
         c0, c1 = layout.columns or (0, None)
         names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
         rows = 0
-        for ids, cols in self.reader.segments.iter_table(name, names, rbs, 0, self.m.num_buckets):
+        for ids, cols in self.reader.segments.iter_table(name, names, rbs, bucket_lo, bucket_hi):
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
                 raise IncompatibleCheckpointError(

@@ -194,8 +194,10 @@ class Saver:
         rows changed since, then a second source of the removed ids (None: the table is written whole).
         A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only."""
         meta = table.sparse_meta()
+        num_rows = 0   # "hash" buckets; a fixed-size table's rows are bucketed "row_range" (docs/FORMAT.md)
         if isinstance(table, FixedSize):
             layout = table.row_layout()
+            num_rows = layout.num_rows
             if layout.columns is not None:
                 raise CheckpointSaveError(
                     f"table {meta.name!r} is split by columns on this process (columns {layout.columns} of "
@@ -205,7 +207,7 @@ class Saver:
             if layout.replicated and shard_id != 0:
                 slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category)
                          for k, s in meta.slots.items()}
-                return TableSource(meta.name, slots, 0, iter(())), None
+                return TableSource(meta.name, slots, 0, iter(()), num_rows=num_rows), None
         slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
         names = list(slots)
         # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
@@ -260,12 +262,12 @@ class Saver:
                     yield ids_np, out
 
         if changes is None:
-            return TableSource(meta.name, slots, meta.num_rows, chunks()), None
+            return TableSource(meta.name, slots, meta.num_rows, chunks(), num_rows=num_rows), None
         removed = changes.removed.detach().cpu().to(torch.int64).contiguous().numpy()
         per = max(1, self.options.segment_bytes // 8)   # removed ids per segment
-        return (TableSource(meta.name, slots, changes.rows, chunks()),
+        return (TableSource(meta.name, slots, changes.rows, chunks(), num_rows=num_rows),
                 TableSource(meta.name, {}, len(removed),
-                            ((removed[i:i + per], []) for i in range(0, len(removed), per))))
+                            ((removed[i:i + per], []) for i in range(0, len(removed), per)), num_rows=num_rows))
 
     def _objects(self) -> list:
         return [self.registry.object(n) for n in self.registry.object_names()]

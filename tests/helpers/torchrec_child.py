@@ -243,6 +243,43 @@ def _dump_mch(model, sd, fused):
     return out
 
 
+def _share_bytes(model, dense_opt):
+    """(bytes of the TorchRec tables' state this process holds: its shards of every weight and of the
+    optimizer state kept for it (fused, in-backward or dense), the same with every column of the rows it
+    holds), read from TorchRec's own state: what a load bounded by the shard may read, + slack."""
+    import torch
+    sd = model.state_dict()
+    fo = getattr(model, "fused_optimizer", None)
+    fused = fo.state_dict()["state"] if fo is not None else {}
+    params = dict(model.named_parameters())
+
+    def pieces(t):
+        if hasattr(t, "local_shards") and hasattr(t, "metadata"):
+            return [s.tensor for s in t.local_shards()], list(t.shape)
+        if hasattr(t, "to_local"):
+            return list(t.to_local().local_shards()), list(t.shape)
+        return [t], list(t.shape)
+
+    share = rows_share = 0
+    for key, w in sd.items():
+        if not key.endswith(".weight") or ("embedding_bags." not in key and "embeddings." not in key):
+            continue
+        ws, shape = pieces(w)
+        states = [v for v in fused.get(key, {}).values() if isinstance(v, torch.Tensor) or hasattr(v, "local_shards")]
+        sts = [p for st in states for p in pieces(st)[0]]
+        if not hasattr(w, "local_shards") and not hasattr(w, "to_local"):
+            param = params.get(key)
+            opts = list(getattr(param, "_in_backward_optimizers", [])) + ([dense_opt] if dense_opt is not None else [])
+            for o in opts:
+                st = o.state.get(param, {}) if param is not None else {}
+                sts += [v for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        here = sum(t.numel() * t.element_size() for t in ws + sts)
+        share += here
+        cols = sum(t.shape[1] for t in ws[:1]) if ws and ws[0].dim() == 2 else shape[1]
+        rows_share += here * shape[1] // max(cols, 1) if ws and ws[0].numel() else 0
+    return share, rows_share
+
+
 def _rss(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -313,6 +350,8 @@ def _run_jobs(rank, world, spec):
                 r = saver.load(load_conf=job.get("load_conf"))
                 res["loaded_tables"] = sorted(r.tables)
                 res["rows"] = r.sparse_rows
+                res["bytes_read"] = r.bytes_read
+                res["share_bytes"], res["row_share_bytes"] = _share_bytes(model, dense_opt)
             if job.get("save"):
                 saver = recckpt.Saver(model, output_dir=job["save"])
                 if dense_opt is not None:

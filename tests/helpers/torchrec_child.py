@@ -177,6 +177,7 @@ def _dump(model, dense_opt, path, rank):
             return [(list(o), s.clone()) for o, s in zip(loc.local_offsets(), loc.local_shards())]
         return [([0] * t.dim(), t.detach().clone())]
 
+    params = dict(model.named_parameters())
     for key, w in sd.items():
         if not key.endswith(".weight") or ("embedding_bags." not in key and "embeddings." not in key):
             continue
@@ -186,12 +187,11 @@ def _dump(model, dense_opt, path, rank):
         states = {}
         for skey, st in fused.get(key, {}).items():
             states[skey.rpartition(".")[2]] = local(st)
-        if not fused and not hasattr(w, "local_shards"):   # unsharded: the in-backward optimizer
-            mod = model
-            for part in table.split("."):
-                mod = getattr(mod, part) if not part.isdigit() else mod[int(part)]
-            for o in getattr(mod.weight, "_in_backward_optimizers", []):
-                for k, v in o.state.get(mod.weight, {}).items():
+        if not hasattr(w, "local_shards") and not hasattr(w, "to_local") and key not in fused:
+            # unsharded or data-parallel: the parameter's in-backward optimizer, if any
+            param = params.get(key)
+            for o in getattr(param, "_in_backward_optimizers", []):
+                for k, v in o.state.get(param, {}).items():
                     if isinstance(v, torch.Tensor) and v.dim() > 0:
                         states[k] = [([0] * v.dim(), v.clone())]
         if dense_opt is not None and not hasattr(w, "local_shards"):
@@ -243,6 +243,85 @@ def _dump_mch(model, sd, fused):
     return out
 
 
+def _share_bytes(model, dense_opt):
+    """(bytes of the TorchRec tables' state this process holds: its shards of every weight and of the
+    optimizer state kept for it (fused, in-backward or dense), the same with every column of the rows it
+    holds), read from TorchRec's own state: what a load bounded by the shard may read, + slack."""
+    import torch
+    sd = model.state_dict()
+    fo = getattr(model, "fused_optimizer", None)
+    fused = fo.state_dict()["state"] if fo is not None else {}
+    params = dict(model.named_parameters())
+
+    def pieces(t):
+        if hasattr(t, "local_shards") and hasattr(t, "metadata"):
+            return [s.tensor for s in t.local_shards()], list(t.shape)
+        if hasattr(t, "to_local"):
+            return list(t.to_local().local_shards()), list(t.shape)
+        return [t], list(t.shape)
+
+    share = rows_share = 0
+    for key, w in sd.items():
+        if not key.endswith(".weight") or ("embedding_bags." not in key and "embeddings." not in key):
+            continue
+        ws, shape = pieces(w)
+        states = [v for v in fused.get(key, {}).values() if isinstance(v, torch.Tensor) or hasattr(v, "local_shards")]
+        sts = [p for st in states for p in pieces(st)[0]]
+        if not hasattr(w, "local_shards") and not hasattr(w, "to_local"):
+            param = params.get(key)
+            opts = list(getattr(param, "_in_backward_optimizers", [])) + ([dense_opt] if dense_opt is not None else [])
+            for o in opts:
+                st = o.state.get(param, {}) if param is not None else {}
+                sts += [v for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        here = sum(t.numel() * t.element_size() for t in ws + sts)
+        share += here
+        cols = sum(t.shape[1] for t in ws[:1]) if ws and ws[0].dim() == 2 else shape[1]
+        rows_share += here * shape[1] // max(cols, 1) if ws and ws[0].numel() else 0
+    return share, rows_share
+
+
+def _rss(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _peak_growth(fn):
+    """Peak RSS growth (VmHWM over the RSS before) while `fn` runs."""
+    import gc
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")   # reset the peak RSS (VmHWM) to the current RSS
+    base = _rss("VmRSS")
+    fn()
+    return _rss("VmHWM") - base
+
+
+def _rss_job(job, model, rank):
+    """Save, then load, the model with small configured buffers; report each one's peak RSS growth and
+    the bound (segment + in-flight + staging bytes + read batch bytes), and the bytes of this rank's
+    table shards (weights and optimizer state), which a whole copy would add."""
+    import recckpt
+    from recckpt import SaveOptions
+    from recckpt.format.sparse_io import ReadOptions
+    o = job["rss"]
+    opts = SaveOptions(segment_bytes=o["segment_bytes"], max_inflight_bytes=o["inflight_bytes"],
+                       staging_bytes=o["staging_bytes"], fsync=False)
+    ro = ReadOptions(batch_bytes=o["batch_bytes"])
+    saver = recckpt.Saver(model, output_dir=job["save"], options=opts, read_options=ro)
+    local = 0
+    for v in model.state_dict().values():
+        if hasattr(v, "local_shards"):
+            local += sum(s.tensor.numel() * s.tensor.element_size() for s in v.local_shards())
+    local *= 2   # Adagrad keeps one value per weight element
+    save = _peak_growth(lambda: saver.save("ckpt_1"))
+    load = _peak_growth(lambda: saver.load())
+    return {"rss_save": save, "rss_load": load, "shard_bytes": local,
+            "bound": o["segment_bytes"] + o["inflight_bytes"] + o["staging_bytes"] + o["batch_bytes"]}
+
+
 def _run_jobs(rank, world, spec):
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
@@ -257,6 +336,12 @@ def _run_jobs(rank, world, spec):
         res = {"name": job.get("name")}
         if job.get("dump_before"):
             _dump(model, dense_opt, job["dump_before"], rank)
+        if job.get("rss"):
+            res.update(_rss_job(job, model, rank))
+            results.append(res)
+            if world > 1:
+                dist.barrier()
+            continue
         try:
             if job.get("load"):
                 saver = recckpt.Saver(model, output_dir=job["load"])
@@ -265,6 +350,8 @@ def _run_jobs(rank, world, spec):
                 r = saver.load(load_conf=job.get("load_conf"))
                 res["loaded_tables"] = sorted(r.tables)
                 res["rows"] = r.sparse_rows
+                res["bytes_read"] = r.bytes_read
+                res["share_bytes"], res["row_share_bytes"] = _share_bytes(model, dense_opt)
             if job.get("save"):
                 saver = recckpt.Saver(model, output_dir=job["save"])
                 if dense_opt is not None:

@@ -4,9 +4,11 @@ pays TorchRec's import once). Every case compares what TorchRec holds after the 
 by slot, with what it held when saved.
 
 Phases: 2 ranks train and save (EBC table-wise with fused Adagrad incl. an fp16 table, row-wise with
-RowWiseAdagrad, data-parallel + row-wise); 1 process loads the table-wise checkpoint into an unsharded
-module and saves an unsharded one; 3 ranks load: TW@2 -> RW@3, RowWiseAdagrad RW@2 -> CW@3, DP@2 -> RW@3,
-unsharded -> RW@3.
+RowWiseAdagrad, data-parallel + row-wise + table-wise with a KeyedOptimizer or torch.optim dense optimizer,
+DTensor, EC row-wise, table-row-wise, the default planner for EBC and EC, MCH row-wise); 1 process loads
+into unsharded modules (EBC, MCH) and saves unsharded ones, and checks refused mismatches; 3 ranks load:
+TW@2 -> RW@3, RowWiseAdagrad RW@2 -> CW@3, DP@2 -> RW@3, TW@2 -> DP@3, unsharded -> RW@3, default ->
+default, MCH RW@2 -> RW@3 (fitting, over capacity: error and evict), MCH unsharded -> RW@3.
 """
 from __future__ import annotations
 
@@ -36,6 +38,19 @@ MCH_SMALL = [["s", 8, 8, "fp32"]]    # 6 admitted ids at 2 ranks (3 + 3), 5 slot
 MCH_INPUT = 60                       # raw ids 0..59, routed by range: 30 per rank at 2, 20 per rank at 3
 
 
+# Reads bounded by the shard (issue 25 item 4): tables big enough that the 1 MB slack does not hide a
+# whole-table read (4 x 50k rows x 24 fp32: 4.8 MB of weights + 4.8 MB of Adagrad state each).
+BIG = [[f"g{i}", 50_000, 24, "fp32"] for i in range(4)]
+BIG_SAVES = ["tw", "rw", "twrw", "mixed"]
+BIG_PAIRS = [("tw", "rw"), ("rw", "tw"), ("twrw", "rw"), ("mixed", "rw"), ("rw", "mixed"), ("rw", "cw")]
+
+
+def _big_plan(p):
+    if p == "mixed":
+        return {"g0": "dp", "g1": "rw", "g2": "tw", "g3": "twrw"}
+    return {t[0]: p for t in BIG}
+
+
 def _mch(name, plan, tmp, tables=MCH_BIG, **kw):
     plan = {t[0]: "rw" for t in tables} if plan == "rw" else plan
     return dict(_job(name, plan, "adagrad", tmp, tables=tables, kind="mch", **kw), mch_input=MCH_INPUT)
@@ -60,8 +75,11 @@ def runs(tmp_path_factory):
         _job("dtensor_tw2", TW, "adagrad", tmp, save=True, steps=3, dtensor=True),
         _job("ec_rw2", RW, "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
         _job("twrw2", {"a": "twrw", "b": "twrw", "h": "twrw"}, "rowwise", tmp, save=True, steps=3),
+        _job("default2", "default", "adagrad", tmp, save=True, steps=3),     # DMP's own planner (no plan)
+        _job("ec_default2", "default", "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
         _mch("mch_rw2", "rw", tmp, save=True, steps=3),
         _mch("mchs_rw2", "rw", tmp, tables=MCH_SMALL, save=True, steps=4),
+        *[_job(f"big_{p}2", _big_plan(p), "adagrad", tmp, tables=BIG, save=True, steps=1) for p in BIG_SAVES],
     ])
     bad = [("rows", [["a", 14, 24, "fp32"], *TABLES[1:]]), ("dim", [["a", 13, 28, "fp32"], *TABLES[1:]]),
            ("missing", TABLES[:2]), ("optimizer", TABLES)]
@@ -86,6 +104,10 @@ def runs(tmp_path_factory):
         _job("rw3_from_dtensor_tw2", RW, "adagrad", tmp, load="dtensor_tw2"),
         _job("ec_tw3_from_ec_rw2", TW, "adagrad", tmp, load="ec_rw2", kind="ec", tables=EC_TABLES),
         _job("tw3_from_twrw2", TW, "rowwise", tmp, load="twrw2"),
+        _job("default3_from_default2", "default", "adagrad", tmp, load="default2"),
+        _job("ec_default3_from_ec_default2", "default", "adagrad", tmp, load="ec_default2", kind="ec", tables=EC_TABLES),
+        *[_job(f"big_{d}3_from_{p}2", _big_plan(d), "adagrad", tmp, tables=BIG, load=f"big_{p}2")
+          for p, d in BIG_PAIRS],
         _mch("mch_rw3_from_rw2", "rw", tmp, load="mch_rw2"),
         _mch("mch_rw3_from_un1", "rw", tmp, load="mch_un1"),
         dict(_mch("mchs_err", "rw", tmp, tables=MCH_SMALL, load="mchs_rw2"), expect_error=True),
@@ -264,6 +286,10 @@ def test_model_free_tools_read_a_torchrec_checkpoint_without_torchrec(runs):
     ("dtensor_tw2", "rw3_from_dtensor_tw2", "momentum1"),     # DTensor state dicts (output_dtensor=True)
     ("ec_rw2", "ec_tw3_from_ec_rw2", "momentum1"),            # EmbeddingCollection RW@2 -> TW@3
     ("twrw2", "tw3_from_twrw2", "momentum1"),                 # table-row-wise, RowWiseAdagrad
+    # the default planner (no plan) @2 -> @3: it makes these small EBC tables data-parallel (their state in
+    # the in-backward optimizer, 'sum') and the EC's row-wise
+    ("default2", "default3_from_default2", "sum"),
+    ("ec_default2", "ec_default3_from_ec_default2", "momentum1"),
 ])
 def test_more_plans_round_trip(runs, src_name, dst_name, state):
     tmp, *_ = runs
@@ -346,3 +372,24 @@ def test_mch_over_capacity_error_or_evict(runs):
         want |= set(mine[:cap])
     assert set(dst[MCH_S]) == want and len(want) < 6
     _mch_same(src, dst, MCH_S)
+
+
+MB = 1 << 20
+
+
+@pytest.mark.parametrize("save,load", BIG_PAIRS, ids=[f"{p}@2-to-{d}@3" for p, d in BIG_PAIRS])
+def test_reads_bounded_by_the_shard(runs, save, load):
+    """Each loading rank reads (LoadResult.bytes_read, sparse shard files) at most 1.2x the bytes of the
+    table state it holds + 1 MB: format version 4 buckets TorchRec tables by row range, and a rank reads
+    the buckets of its rows only (a data-parallel table: all of it, on every rank). Column-wise plans are
+    bounded by their ROWS' share only until the column blocks of format version 4 land: a rank then reads
+    every column of its rows (docs/TORCHREC.md)."""
+    tmp, results, _ = runs
+    name = f"big_{load}3_from_{save}2"
+    for rank, res in enumerate(results):
+        r = next(x for x in res if x["name"] == name)
+        share = r["row_share_bytes"] if load == "cw" else r["share_bytes"]
+        assert r["bytes_read"] <= 1.2 * share + MB, (
+            f"rank {rank} read {r['bytes_read'] / MB:.1f} MB for a share of {share / MB:.1f} MB ({save}@2 -> {load}@3)")
+    total = sum(next(x for x in res if x["name"] == name)["bytes_read"] for res in results)
+    assert total >= 4 * 50_000 * 24 * 4 * 2 * 0.9, "the ranks together read less than the tables hold"

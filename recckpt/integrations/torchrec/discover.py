@@ -150,8 +150,15 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
         opt_slots = {slot: (_dtype_of(st, opt_local[slot]), (d,) if slot == ADAGRAD else ())
                      for slot, st in opt.items()}
         if replicated and not opt and key in params:
-            # A data-parallel table has no fused optimizer: its state is in the user's dense optimizer.
-            refs, opt_slots = dp_slots(params[key], (n, d), opts)
+            # A data-parallel table has no fused optimizer: its state is in its in-backward optimizer
+            # (apply_optimizer_in_backward, e.g. on a table the default planner made data-parallel), or in
+            # the user's dense optimizer.
+            in_bw = _in_backward_states(full_name, params[key])
+            if in_bw:
+                refs = dict(in_bw)
+                opt_slots = {slot: (st.dtype, (d,) if slot == ADAGRAD else ()) for slot, st in in_bw.items()}
+            else:
+                refs, opt_slots = dp_slots(params[key], (n, d), opts)
             for sh in local:
                 sh.states.update(refs)
         tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=_dtype_of(w, shards), shards=local,
@@ -212,7 +219,7 @@ def find_tables(model, sd: Dict[str, Any], objects: Sequence[Any] = ()) -> Tuple
     registered objects) are searched for data-parallel tables' optimizer state (`dense_optim`)."""
     parts, keys, found = [], [], list(collections(model))
     opts = optimizers(objects)
-    params = dict(model.named_parameters()) if opts else {}
+    params = dict(model.named_parameters()) if any(f.sharded for f in found) else {}
     for f in found:
         t, k = (_sharded_tables if f.sharded else _unsharded_tables)(f, sd, params, opts)
         parts += t

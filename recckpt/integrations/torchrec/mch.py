@@ -52,7 +52,8 @@ def route(ids: torch.Tensor, input_size: int, buckets: int) -> torch.Tensor:
     if buckets == 1:
         return torch.zeros(ids.shape[0], dtype=torch.int64)
     block = -(-input_size // buckets)
-    inside = (ids >= 0) & (ids < block * buckets)
+    top = block * buckets   # may pass 2**63 (the default input size 2**63 - 1): every id >= 0 is inside
+    inside = (ids >= 0) if top > torch.iinfo(torch.int64).max else (ids >= 0) & (ids < top)
     # unsigned(id) mod b == (id mod b + 2**64 mod b) mod b for a negative id
     wrapped = torch.where(ids >= 0, ids % buckets, (ids % buckets + (2 ** 64) % buckets) % buckets)
     return torch.where(inside, ids // block, wrapped)

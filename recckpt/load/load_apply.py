@@ -21,9 +21,10 @@ from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
 from ..state import optim_names, plugins
-from ..state.protocol import FixedSize, column_split_slots, split_sparse_dense_state_dict
+from ..state.protocol import FixedSize, RoutedRows, column_split_slots, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
+from .fixed_rows import OwnedRows
 from .load_config import LoadConfig
 from .row_filter import RowFilter, owners_of
 from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
@@ -74,7 +75,8 @@ class LoadPlan:
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
         conf, m = self.conf, self.m
-        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model))
+        objects = [self.registry.object(n) for n in self.registry.object_names()]
+        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model, objects))
         self.model_sparse, self.model_dense = sparse, dense
         self.sparse_jobs = []   # (ckpt name, table, [(slot, SlotInfo, SlotSpec)])
         if conf.wants("sparse") or conf.wants("sparse_opt"):
@@ -106,13 +108,15 @@ class LoadPlan:
                     self._check_compatible(f"table {name!r} slot {slot!r}", si.dtype, si.shape,
                                            spec.dtype, tuple(spec.shape))
                     slots.append((slot, si, spec))
-                if isinstance(table, FixedSize) and slots and not conf.merge:
-                    n = table.row_layout().num_rows
+                if isinstance(table, FixedSize) and slots and not conf.merge and m.parent is None:
+                    n = table.row_layout().num_rows   # (a chain's is checked on its base, in _plan_chains)
                     if info.rows != n:
                         self.incompatible.append(
                             f"table {name!r}: the checkpoint holds {info.rows} rows, model table {target!r} has "
                             f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads the rows "
                             f"that fit)")
+                if isinstance(table, RoutedRows) and slots and not self.incompatible:
+                    self._plan_routed(name, table, info, slots)
                 for slot, spec in meta.slots.items():
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
                         self.problems_missing.append(f"slot {slot!r} of model table {target!r} is not in the checkpoint")
@@ -208,6 +212,28 @@ class LoadPlan:
                     "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
 
+    def _plan_routed(self, name: str, table, info, slots) -> None:
+        """A table that routes ids itself and holds a bounded number of them (`RoutedRows`): let it see
+        every id of the checkpoint's table (and the slots it ranks them by) and decide which it keeps,
+        before anything is applied; a refusal (the ids do not fit) is one of the load's incompatibilities."""
+        if self.conf.merge:
+            self.incompatible.append(f"table {name!r} routes its ids itself and is replaced whole: load_conf "
+                                     f"'merge' does not apply to it")
+            return
+        want = [s for s in table.plan_slots() if s in info.slots]
+        rbs = [info.slots[s].row_bytes for s in want]
+        sis = [info.slots[s] for s in want]
+
+        def chunks():
+            for ids, cols in self.reader.segments.iter_table(name, want, rbs, 0, self.m.num_buckets):
+                n = len(ids)
+                yield torch.from_numpy(ids), {s: torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
+                                              for s, si, raw in zip(want, sis, cols)}
+        try:
+            table.plan_rows(chunks(), [s for s, _, _ in slots], self.conf.overflow)
+        except IncompatibleCheckpointError as e:
+            self.incompatible.append(str(e))
+
     def _plan_optimizers(self, objs: dict, ckpt_dense) -> None:
         """Registered optimizers get their saved state by parameter name (state layer, optim_names),
         never by position: each entry's state is replaced by what the live optimizer's load_state_dict
@@ -242,6 +268,8 @@ class LoadPlan:
                 continue
             elif not optim_names.is_named(saved):
                 continue   # no parameters to map (an empty state): applied as it is
+            # an integration's tables may hold some parameters' state (a TorchRec data-parallel table's)
+            saved = plugins.loaded_object_state(self.model, obj, saved)
             try:
                 m = optim_names.match_optimizer_state(
                     obj, self.model, saved, rename=self.conf.renamed, selected=self.conf.dense_selected,
@@ -281,12 +309,25 @@ class LoadPlan:
         lo, hi = bucket_range(shard_id, world, self.m.num_buckets)
         if self.conf.ownership is not None:
             lo, hi = 0, self.m.num_buckets
-        for name, _, _, slots in self.sparse_jobs:
+        for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue
             tl = table_links(links, name)
+            if isinstance(table, FixedSize) and not self.conf.merge:
+                n, have = table.row_layout().num_rows, tl[0].manifest.tables[name].rows
+                if have != n:
+                    self.incompatible.append(
+                        f"table {name!r}: the chain's base {tl[0].describe()} holds {have} rows, model table "
+                        f"{target!r} has {n} (a fixed-size table is replaced whole; load_conf 'merge': True "
+                        f"loads the rows that fit)")
             if len(tl) > 1:
-                self.chain_plans[name] = plan_chain(tl, name, lo, hi, rank=shard_id, world=world,
+                t_lo, t_hi = lo, hi
+                if isinstance(table, FixedSize):
+                    # the buckets of its owned rows ("row_range"; every bucket under "hash"); OwnedRows keeps
+                    # exactly its rows and columns of what the fold gives
+                    ranges = self._fixed_bucket_ranges(name, table.row_layout())
+                    t_lo, t_hi = (min(a for a, _ in ranges), max(b for _, b in ranges)) if ranges else (0, 0)
+                self.chain_plans[name] = plan_chain(tl, name, t_lo, t_hi, rank=shard_id, world=world,
                                                     ownership=self.conf.ownership,
                                                     duplicates=self.conf.duplicates)
 
@@ -413,8 +454,18 @@ class LoadPlan:
                     reserve = getattr(table, "reserve", None)
                     if callable(reserve):
                         reserve(len(table) + plan.out_rows)
+                    if isinstance(table, FixedSize):
+                        sink = OwnedRows(table, target, self.reader.describe())
+                        load_chain_rows(plan, name, target, sink, slots, False)
+                        self.result.sparse_rows += sink.rows
+                        applied.append(target)
+                        continue
                     direct = conf.ownership is None and direct_load_possible(table, slots, cleared)
                     self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, direct)
+                    applied.append(target)
+                    continue
+                if isinstance(table, RoutedRows):
+                    self.result.sparse_rows += self._load_routed(name, table, slots)
                     applied.append(target)
                     continue
                 if isinstance(table, FixedSize):
@@ -540,6 +591,25 @@ class LoadPlan:
                     t = t[:, c0:c1]
                 tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
             table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
+            rows += n
+        return rows
+
+    def _load_routed(self, name: str, table, slots) -> int:
+        """Rows of a `RoutedRows` table: every bucket is read (its routing is not recckpt's) and the table
+        keeps the ids it planned to (`prepare` called `plan_rows`; `clear_rows` installed them)."""
+        names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
+        rows = 0
+        for ids, cols in self.reader.segments.iter_table(name, names, rbs, 0, self.m.num_buckets):
+            t_ids = torch.from_numpy(ids)
+            keep = table.keep(t_ids)
+            n = int(keep.sum())
+            if n == 0:
+                continue
+            tensors = {}
+            for (slot, si, spec), raw in zip(slots, cols):
+                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(len(ids), *si.shape)[keep]
+                tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+            table.import_rows(t_ids[keep].contiguous(), tensors)
             rows += n
         return rows
 

@@ -77,6 +77,13 @@ class LoadConfig:
     checkpoint, do not truncate or rewrite its files in place (the process would get SIGBUS); deleting
     it is safe, but its disk space is freed only once no table maps it. See docs/LOADING.md."""
 
+    overflow: str = "error"
+    """A table that holds at most a fixed number of ids per process (TorchRec's managed-collision tables,
+    `RoutedRows`) loaded onto another plan, where a process is routed more of the checkpoint's ids than it
+    has room for: 'error' (default) raises, naming the table, the process and both counts, before anything
+    is loaded; 'evict' keeps the ids the table's own eviction policy ranks highest (for MCH: LFU by count,
+    LRU by last access) and drops the rest. See docs/TORCHREC.md."""
+
     ownership: Callable | None = None
     """Which ids this rank keeps, when training routed ids with its own function instead of
     `recckpt.partition`: `ownership(ids: int64 tensor, world: int) -> ranks` (e.g.
@@ -88,6 +95,8 @@ class LoadConfig:
         if self.io_state_on_resize not in ("error", "drop"):
             raise LoadConfigError(f"LoadConfig.io_state_on_resize must be 'error' or 'drop', got "
                                   f"{self.io_state_on_resize!r}")
+        if self.overflow not in ("error", "evict"):
+            raise LoadConfigError(f"LoadConfig.overflow must be 'error' or 'evict', got {self.overflow!r}")
         if self.ownership is not None and not callable(self.ownership):
             raise LoadConfigError(f"LoadConfig.ownership must be a function (ids, world) -> ranks, got "
                                   f"{type(self.ownership).__name__}")

@@ -5,9 +5,12 @@ holds a module of its library AND that library is already imported (a model cann
 module otherwise), so the rest of recckpt, and any model without such modules, pays nothing.
 
 An adapter module provides:
-- ``model_state_dict(model, state_dict) -> dict``: the model's state_dict with each table it manages
-  replaced by a `SparseState` object (its storage keys removed), so that
-  `split_sparse_dense_state_dict` sees the tables as sparse;
+- ``model_state_dict(model, state_dict, objects) -> dict``: the model's state_dict with each table it
+  manages replaced by a `SparseState` object (its storage keys removed), so that
+  `split_sparse_dense_state_dict` sees the tables as sparse; `objects` are the registered objects (a
+  table's optimizer state may live in one);
+- ``saved_object_state(model, obj, state)`` / ``loaded_object_state(model, obj, state)``: a registered
+  object's state as a save writes it / as a load gives it (what the tables hold moved out / back);
 - ``manifest_metadata(model) -> dict[str, str]``: what the manifest records about the library (versions,
   sharding plan);
 - ``dense_load_dict(model, dense) -> dict``: what to give `model.load_state_dict(..., strict=False)` to
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Sequence
 
 #: module-class prefix -> (the library's top-level module, the adapter's import path)
 PLUGINS: Dict[str, tuple] = {
@@ -50,12 +53,28 @@ def adapters_for(model: Any) -> List[Any]:
     return [importlib.import_module(PLUGINS[p][1]) for p in found]
 
 
-def model_state_dict(model: Any) -> Dict[str, Any]:
-    """`model.state_dict()`, with the tables of every applicable adapter as `SparseState` values."""
+def model_state_dict(model: Any, objects: Sequence[Any] = ()) -> Dict[str, Any]:
+    """`model.state_dict()`, with the tables of every applicable adapter as `SparseState` values.
+    `objects`: the registered objects (an adapter may find table state there, e.g. a dense optimizer's)."""
     sd = model.state_dict()
     for adapter in adapters_for(model):
-        sd = adapter.model_state_dict(model, sd)
+        sd = adapter.model_state_dict(model, sd, objects)
     return sd
+
+
+def saved_object_state(model: Any, obj: Any, state: Any) -> Any:
+    """Registered object `obj`'s state as a save writes it (an adapter may leave out what its tables hold)."""
+    for adapter in adapters_for(model):
+        state = adapter.saved_object_state(model, obj, state)
+    return state
+
+
+def loaded_object_state(model: Any, obj: Any, state: Any) -> Any:
+    """The checkpoint's `state` of registered object `obj` as a load gives it (an adapter may add what
+    its tables hold, so that the object does not refuse it)."""
+    for adapter in adapters_for(model):
+        state = adapter.loaded_object_state(model, obj, state)
+    return state
 
 
 def manifest_metadata(model: Any) -> Dict[str, str]:

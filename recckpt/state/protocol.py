@@ -26,6 +26,7 @@ __all__ = [
     "ChangeTracking",
     "Changes",
     "FixedSize",
+    "RoutedRows",
     "RowRangeLayout",
     "column_split_slots",
     "SLOT_CATEGORIES",
@@ -386,6 +387,35 @@ class FixedSize(Protocol):
     ``replicated``); ``clear_rows`` cannot remove rows of such a table (a load overwrites them)."""
 
     def row_layout(self) -> RowRangeLayout: ...
+
+
+@runtime_checkable
+class RoutedRows(Protocol):
+    """Optional extension of :class:`SparseState` for a table that routes ids to processes by its own
+    rule and holds at most a fixed number of them per process (TorchRec's managed-collision tables:
+    raw ids routed by range, each shard with its own slots).
+
+    A loader reads every row of the checkpoint's table twice. Before anything is applied it hands the
+    ids (with the slots :meth:`plan_slots` names that the checkpoint has) to :meth:`plan_rows`, which
+    decides which ids this process keeps and raises :class:`~recckpt.errors.IncompatibleCheckpointError`
+    (naming the table and the counts) when they do not fit and ``overflow`` is ``"error"``; with
+    ``"evict"`` it keeps the ones its own eviction policy ranks highest. Then, while applying,
+    ``clear_rows`` installs the planned ids and :meth:`import_rows` gets only the rows :meth:`keep`
+    selects."""
+
+    def plan_slots(self) -> Sequence[str]:
+        """Slots (besides the ids) :meth:`plan_rows` needs to rank ids for eviction."""
+        ...
+
+    def plan_rows(self, chunks: Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]],
+                  loaded_slots: Sequence[str], overflow: str) -> int:
+        """See every ``(ids, columns)`` of the checkpoint's table once; return how many ids this process
+        keeps. ``loaded_slots`` are the slots the load will import."""
+        ...
+
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        """Boolean mask over ``ids``: the rows this process keeps (as planned)."""
+        ...
 
 
 def column_split_slots(meta: SparseTableMeta) -> Tuple[str, ...]:

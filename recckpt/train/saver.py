@@ -272,8 +272,11 @@ class Saver:
                 TableSource(meta.name, {}, len(removed),
                             ((removed[i:i + per], []) for i in range(0, len(removed), per)), num_rows=num_rows))
 
+    def _objects(self) -> list:
+        return [self.registry.object(n) for n in self.registry.object_names()]
+
     def _state(self):
-        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model))
+        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model, self._objects()))
         for k, v in dense.items():
             if not isinstance(v, torch.Tensor):
                 raise CheckpointSaveError(
@@ -338,7 +341,7 @@ class Saver:
         live = self.capture(shard_id)
         live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if isinstance(t, ChangeTracking)}
         live.chain, live.full_reason = (chain, None) if incremental and chain is not None else (None, reason)
-        return copy_snapshot(live, bufs, chain.marks if incremental and chain is not None else None)
+        return copy_snapshot(live, bufs, chain.marks if incremental and chain is not None else None, shard_id)
 
     def _forget_written(self) -> None:
         """Let the live tables drop the change records a committed checkpoint holds, for saves written
@@ -678,10 +681,13 @@ class Saver:
 def _extras_tree(registry: Registry, sparse_optim, model) -> dict:
     """The extras tree a save writes: every registered object's state plus the sparse optimizer's. A
     registered torch.optim optimizer also records its parameters' names in `model`, so that a load
-    maps its state by name."""
+    maps its state by name; an integration may leave out of an object's state what its tables' slots
+    hold (a TorchRec data-parallel table's optimizer state)."""
     objects = {}
     for name, kind, state, allow_pickle in registry.object_states():
         names = saved_param_names(model, registry.object(name), state) if kind == "state_dict" else None
+        if kind == "state_dict":
+            state = plugins.saved_object_state(model, registry.object(name), state)
         objects[name] = extras_fmt.entry(name, kind, state, allow_pickle, names)
     return {"objects": objects, "sparse_optimizer": sparse_optim.state_dict() if sparse_optim is not None else None}
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointSaveError
-from ..state.protocol import Changes, SparseTableMeta
+from ..state.protocol import Changes, FixedSize, RowRangeLayout, SparseTableMeta
 from ..state.staging import StagingPool
 from .options import SaveOptions
 
@@ -110,8 +110,36 @@ class SnapshotTable:
         return Changes(n, chunks, self._removed)
 
 
-def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: int | None = None) -> SnapshotTable:
+class FixedSizeSnapshotTable(SnapshotTable):
+    """A fixed-size table's (TorchRec's) local shards frozen at capture time, with the row layout the
+    saver writes them by (row-range ownership; a replicated table written by worker 0 only)."""
+
+    def __init__(self, layout: RowRangeLayout, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._layout = layout
+
+    def row_layout(self) -> RowRangeLayout:
+        return self._layout
+
+
+def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: int | None = None,
+                shard_id: int = 0) -> SnapshotTable:
     meta = table.sparse_meta()
+    name = meta.name
+    if isinstance(table, FixedSize):
+        layout = table.row_layout()
+        if layout.replicated and shard_id != 0:
+            # Worker 0 alone writes a replicated table: the others copy nothing (only its description).
+            empty = SparseTableMeta(name, meta.slots, 0)
+            return FixedSizeSnapshotTable(layout, empty, torch.empty(0, dtype=torch.int64),
+                                          {k: torch.empty((0, *s.shape), dtype=s.dtype) for k, s in meta.slots.items()})
+        return FixedSizeSnapshotTable(layout, *_copy_rows(table, meta, bufs, staging, since))
+    return SnapshotTable(*_copy_rows(table, meta, bufs, staging, since))
+
+
+def _copy_rows(table, meta: SparseTableMeta, bufs: HostBuffers, staging: StagingPool, since: int | None):
+    """(meta, ids, columns, since, removed) of `table` copied into `bufs`: every row, or with `since` the
+    rows changed since that mark and the ids removed since."""
     name = meta.name
     changes = None
     if since is not None:  # only what changed since the parent (ChangeTracking), else every row
@@ -142,9 +170,9 @@ def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: int | Non
     if off != n:
         raise CheckpointSaveError(f"table {name!r}: export_chunks gave {off} rows, sparse_meta() reported {n}")
     if changes is None:
-        return SnapshotTable(meta, ids, cols)
+        return meta, ids, cols, None, None
     removed = changes.removed.detach().to("cpu", torch.int64).clone()
-    return SnapshotTable(meta, ids, cols, since=since, removed=removed)
+    return meta, ids, cols, since, removed
 
 
 def _freeze(obj, bufs: HostBuffers, path: tuple):
@@ -168,17 +196,18 @@ def _freeze(obj, bufs: HostBuffers, path: tuple):
     return obj
 
 
-def copy_snapshot(live: Snapshot, bufs: HostBuffers, since: dict | None = None) -> Snapshot:
+def copy_snapshot(live: Snapshot, bufs: HostBuffers, since: dict | None = None, shard_id: int = 0) -> Snapshot:
     """`live` (from `Saver.capture`) with every part copied into `bufs`, so training may go on. `since`:
     table name -> the parent's mark, for an incremental save: those tables (when they can tell) are
-    copied as their changes since the mark. The result carries `live`'s marks, chain and full_reason."""
+    copied as their changes since the mark. `shard_id`: this worker (a replicated fixed-size table is
+    copied by worker 0 only). The result carries `live`'s marks, chain and full_reason."""
     since = since or {}
     return Snapshot(
-        tables=[_copy_table(t, bufs, bufs.staging(), since.get(t.sparse_meta().name)) for t in live.tables],
+        tables=[_copy_table(t, bufs, bufs.staging(), since.get(t.sparse_meta().name), shard_id) for t in live.tables],
         dense=None if live.dense is None else {k: _freeze(v, bufs, ("dense", k)) for k, v in live.dense.items()},
         extras=_freeze(live.extras, bufs, ("extras",)),
         io_state=_freeze(live.io_state, bufs, ("io",)),
         marks=live.marks, chain=live.chain, full_reason=live.full_reason)
 
 
-__all__ = ["Snapshot", "HostBuffers", "SnapshotTable", "copy_snapshot"]
+__all__ = ["Snapshot", "HostBuffers", "SnapshotTable", "FixedSizeSnapshotTable", "copy_snapshot"]

@@ -6,7 +6,8 @@ TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`.
   {"kind": "ebc"|"ec", "plan": {table: "tw"|"rw"|"cw"|"dp"|"twrw"} or "unsharded" or "default",
    "opt": "adagrad"|"rowwise"|"sgd", "tables": [[name, rows, dim, dtype], ...], "train_steps": k,
    "save": dir or null, "load": dir or null, "load_conf": {...} or null, "dump": dir or null,
-   "dtensor": bool, "expect_error": true or null, "dump_before": dir or null}
+   "dtensor": bool, "expect_error": true or null, "dump_before": dir or null,
+   "dense_opt": "keyed" (KeyedOptimizer, default) or "torch" (torch.optim), "kind" may also be "mch"}
 `dump` gets `<dump>/rank<r>.pt`: per table, the live local shards read straight from TorchRec's own
 state (state_dict + fused optimizer state, or the in-backward optimizer when unsharded), independent of
 recckpt's adapter, so the test compares what TorchRec holds.
@@ -36,7 +37,23 @@ def _build(job, world, rank):
     sharded = job["plan"] != "unsharded"
     dev = torch.device("meta") if sharded else torch.device("cpu")
     torch.manual_seed(1234)
-    if job["kind"] == "ebc":
+    if job["kind"] == "mch":
+        from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
+        from torchrec.modules.mc_modules import (
+            LFU_EvictionPolicy,
+            LRU_EvictionPolicy,
+            ManagedCollisionCollection,
+            MCHManagedCollisionModule,
+        )
+        cfgs = [EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"],
+                                   data_type=dtypes[dt]) for n, r, d, dt in job["tables"]]
+        policy = {"lfu": LFU_EvictionPolicy, "lru": LRU_EvictionPolicy}[job.get("policy", "lfu")]
+        mcc = ManagedCollisionCollection(
+            {n: MCHManagedCollisionModule(zch_size=r, device=dev, eviction_policy=policy(), eviction_interval=1,
+                                          input_hash_size=job["mch_input"]) for n, r, *_ in job["tables"]}, cfgs)
+        inner = EmbeddingBagCollection(tables=cfgs, device=dev)
+        coll = ManagedCollisionEmbeddingBagCollection(inner, mcc, return_remapped_features=False)
+    elif job["kind"] == "ebc":
         cfgs = [EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"],
                                    data_type=dtypes[dt]) for n, r, d, dt in job["tables"]]
         coll = EmbeddingBagCollection(tables=cfgs, device=dev)
@@ -58,6 +75,8 @@ def _build(job, world, rank):
         def forward(self, kjt):
             from torchrec.sparse.jagged_tensor import KeyedTensor
             out = self.coll(kjt)
+            if isinstance(out, tuple):                # a managed-collision EBC: (pooled, remapped)
+                out = out[0]
             if callable(getattr(out, "wait", None)):   # a sharded EC's output is awaitable
                 out = out.wait()
             if isinstance(out, KeyedTensor):        # EBC: pooled
@@ -70,7 +89,7 @@ def _build(job, world, rank):
 
     model = Model()
     if not sharded:
-        return model, model, None
+        return model, model, _dense_opt(model, opt_cls, job.get("dense_opt", "keyed"))
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import (
         column_wise,
@@ -93,14 +112,30 @@ def _build(job, world, rank):
         per = {n: gens[job["plan"][n]](i) for i, (n, *_rest) in enumerate(job["tables"])}
         plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
                                                                     device_type="cpu")})
-    dmp = DistributedModelParallel(model, env=env, plan=plan, device=torch.device("cpu"))
-    dense_opt = None
-    if dp_tables:
-        from torchrec.optim.keyed import KeyedOptimizerWrapper
-        from torchrec.optim.optimizers import in_backward_optimizer_filter
-        dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                          lambda params: opt_cls(params, lr=0.05))
-    return dmp, model, dense_opt
+    sharders = None
+    if job["kind"] == "mch":
+        from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
+        sharders = [ManagedCollisionEmbeddingBagCollectionSharder()]
+        if plan is not None:
+            per = {n: row_wise() for n, *_rest in job["tables"]}
+            plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
+                                                                        device_type="cpu", sharder=sharders[0])})
+    dmp = DistributedModelParallel(model, env=env, plan=plan, device=torch.device("cpu"), sharders=sharders)
+    return dmp, model, _dense_opt(dmp, opt_cls, job.get("dense_opt", "keyed"))
+
+
+def _dense_opt(model, opt_cls, kind="keyed"):
+    """The user's dense optimizer, a KeyedOptimizer keyed by parameter name over every parameter without
+    an in-backward optimizer: the dense arch and data-parallel tables (registered as "dense_opt"); Adagrad
+    (SGD in SGD jobs)."""
+    import torch
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    dense_cls = torch.optim.SGD if opt_cls is torch.optim.SGD else torch.optim.Adagrad   # RowWiseAdagrad wants 2-D
+    params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    if kind == "torch":     # a plain torch.optim optimizer (numbered state)
+        return dense_cls(list(params.values()), lr=0.05)
+    return KeyedOptimizerWrapper(params, lambda ps: dense_cls(ps, lr=0.05))
 
 
 def _train(job, model, dense_opt, rank):
@@ -113,7 +148,7 @@ def _train(job, model, dense_opt, rank):
         for n, r, *_ in job["tables"]:
             k = torch.randint(1, 4, (2,), generator=g)
             lens.append(k)
-            vals.append(torch.randint(0, r, (int(k.sum()),), generator=g))
+            vals.append(torch.randint(0, job.get("mch_input", r), (int(k.sum()),), generator=g))
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{n}" for n in names], values=torch.cat(vals),
                                                   lengths=torch.cat(lens))
         model(kjt).backward()
@@ -142,6 +177,7 @@ def _dump(model, dense_opt, path, rank):
             return [(list(o), s.clone()) for o, s in zip(loc.local_offsets(), loc.local_shards())]
         return [([0] * t.dim(), t.detach().clone())]
 
+    params = dict(model.named_parameters())
     for key, w in sd.items():
         if not key.endswith(".weight") or ("embedding_bags." not in key and "embeddings." not in key):
             continue
@@ -151,20 +187,139 @@ def _dump(model, dense_opt, path, rank):
         states = {}
         for skey, st in fused.get(key, {}).items():
             states[skey.rpartition(".")[2]] = local(st)
-        if not fused and not hasattr(w, "local_shards"):   # unsharded: the in-backward optimizer
-            mod = model
-            for part in table.split("."):
-                mod = getattr(mod, part) if not part.isdigit() else mod[int(part)]
-            for o in getattr(mod.weight, "_in_backward_optimizers", []):
-                for k, v in o.state.get(mod.weight, {}).items():
+        if not hasattr(w, "local_shards") and not hasattr(w, "to_local") and key not in fused:
+            # unsharded or data-parallel: the parameter's in-backward optimizer, if any
+            param = params.get(key)
+            for o in getattr(param, "_in_backward_optimizers", []):
+                for k, v in o.state.get(param, {}).items():
                     if isinstance(v, torch.Tensor) and v.dim() > 0:
                         states[k] = [([0] * v.dim(), v.clone())]
         if dense_opt is not None and not hasattr(w, "local_shards"):
-            for k, st in dense_opt.state_dict()["state"].get(key, {}).items():
+            by_name = {n: dense_opt.state.get(p, {}) for n, p in model.named_parameters()}
+            for k, st in by_name.get(key, {}).items():
                 if isinstance(st, torch.Tensor) and st.dim() > 0:
                     states[k] = [([0] * st.dim(), st.clone())]
         out[table] = {"weight": local(w), "states": states, "shape": list(w.shape)}
+    out.update(_dump_mch(model, sd, fused))
     torch.save(out, os.path.join(path, f"rank{rank}.pt"))
+
+
+def _dump_mch(model, sd, fused):
+    """Managed-collision tables, keyed by raw id: {"mch:<table>": {"ids", "weight", "states", "meta"}} with
+    this process's admitted raw ids and, for each, its row of the weight, of each optimizer state and its
+    eviction metadata, read from TorchRec's own state."""
+    import torch
+    out = {}
+    for mname, mod in model.named_modules():
+        if type(mod).__name__ != "MCHManagedCollisionModule":
+            continue
+        table = mname.rpartition(".")[2]
+        wkey = next(k for k in sd if k.endswith(f"_embedding_module.embedding_bags.{table}.weight"))
+        prefix = wkey[:-len(f"._embedding_module.embedding_bags.{table}.weight")]
+        w = sd[wkey]
+        if hasattr(w, "local_shards"):
+            shard = w.local_shards()[0]
+            row0, wt = shard.metadata.shard_offsets[0], shard.tensor
+        else:
+            row0, wt = 0, w
+        states = {}
+        for skey, st in fused.get(wkey, {}).items():
+            states[skey.rpartition(".")[2]] = st.local_shards()[0].tensor if hasattr(st, "local_shards") else st
+        if not fused:
+            for o in getattr(getattr(model, "coll")._embedding_module.embedding_bags[table].weight,
+                             "_in_backward_optimizers", []):
+                for k, v in o.state.get(getattr(model, "coll")._embedding_module.embedding_bags[table].weight, {}).items():
+                    if isinstance(v, torch.Tensor) and v.dim() > 0:
+                        states[k] = v
+        raw = mod._mch_sorted_raw_ids
+        keep = raw != torch.iinfo(torch.int64).max
+        rows = mod._mch_remapped_ids_mapping[keep] - row0
+        meta = {n: getattr(mod, "_mch_" + n)[keep].clone() for n in ("counts", "last_access_iter")
+                if hasattr(mod, "_mch_" + n)}
+        out[f"mch:{prefix}._embedding_module.embedding_bags.{table}"] = {
+            "ids": raw[keep].clone(), "weight": wt[rows].clone(),
+            "states": {k: v.reshape(v.shape[0], -1)[rows].clone() for k, v in states.items()}, "meta": meta,
+            "capacity": int(mod._zch_size) - 1}
+    return out
+
+
+def _share_bytes(model, dense_opt):
+    """(bytes of the TorchRec tables' state this process holds: its shards of every weight and of the
+    optimizer state kept for it (fused, in-backward or dense), the same with every column of the rows it
+    holds), read from TorchRec's own state: what a load bounded by the shard may read, + slack."""
+    import torch
+    sd = model.state_dict()
+    fo = getattr(model, "fused_optimizer", None)
+    fused = fo.state_dict()["state"] if fo is not None else {}
+    params = dict(model.named_parameters())
+
+    def pieces(t):
+        if hasattr(t, "local_shards") and hasattr(t, "metadata"):
+            return [s.tensor for s in t.local_shards()], list(t.shape)
+        if hasattr(t, "to_local"):
+            return list(t.to_local().local_shards()), list(t.shape)
+        return [t], list(t.shape)
+
+    share = rows_share = 0
+    for key, w in sd.items():
+        if not key.endswith(".weight") or ("embedding_bags." not in key and "embeddings." not in key):
+            continue
+        ws, shape = pieces(w)
+        states = [v for v in fused.get(key, {}).values() if isinstance(v, torch.Tensor) or hasattr(v, "local_shards")]
+        sts = [p for st in states for p in pieces(st)[0]]
+        if not hasattr(w, "local_shards") and not hasattr(w, "to_local"):
+            param = params.get(key)
+            opts = list(getattr(param, "_in_backward_optimizers", [])) + ([dense_opt] if dense_opt is not None else [])
+            for o in opts:
+                st = o.state.get(param, {}) if param is not None else {}
+                sts += [v for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        here = sum(t.numel() * t.element_size() for t in ws + sts)
+        share += here
+        cols = sum(t.shape[1] for t in ws[:1]) if ws and ws[0].dim() == 2 else shape[1]
+        rows_share += here * shape[1] // max(cols, 1) if ws and ws[0].numel() else 0
+    return share, rows_share
+
+
+def _rss(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _peak_growth(fn):
+    """Peak RSS growth (VmHWM over the RSS before) while `fn` runs."""
+    import gc
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")   # reset the peak RSS (VmHWM) to the current RSS
+    base = _rss("VmRSS")
+    fn()
+    return _rss("VmHWM") - base
+
+
+def _rss_job(job, model, rank):
+    """Save, then load, the model with small configured buffers; report each one's peak RSS growth and
+    the bound (segment + in-flight + staging bytes + read batch bytes), and the bytes of this rank's
+    table shards (weights and optimizer state), which a whole copy would add."""
+    import recckpt
+    from recckpt import SaveOptions
+    from recckpt.format.sparse_io import ReadOptions
+    o = job["rss"]
+    opts = SaveOptions(segment_bytes=o["segment_bytes"], max_inflight_bytes=o["inflight_bytes"],
+                       staging_bytes=o["staging_bytes"], fsync=False)
+    ro = ReadOptions(batch_bytes=o["batch_bytes"])
+    saver = recckpt.Saver(model, output_dir=job["save"], options=opts, read_options=ro)
+    local = 0
+    for v in model.state_dict().values():
+        if hasattr(v, "local_shards"):
+            local += sum(s.tensor.numel() * s.tensor.element_size() for s in v.local_shards())
+    local *= 2   # Adagrad keeps one value per weight element
+    save = _peak_growth(lambda: saver.save("ckpt_1"))
+    load = _peak_growth(lambda: saver.load())
+    return {"rss_save": save, "rss_load": load, "shard_bytes": local,
+            "bound": o["segment_bytes"] + o["inflight_bytes"] + o["staging_bytes"] + o["batch_bytes"]}
 
 
 def _run_jobs(rank, world, spec):
@@ -181,6 +336,12 @@ def _run_jobs(rank, world, spec):
         res = {"name": job.get("name")}
         if job.get("dump_before"):
             _dump(model, dense_opt, job["dump_before"], rank)
+        if job.get("rss"):
+            res.update(_rss_job(job, model, rank))
+            results.append(res)
+            if world > 1:
+                dist.barrier()
+            continue
         try:
             if job.get("load"):
                 saver = recckpt.Saver(model, output_dir=job["load"])
@@ -189,6 +350,8 @@ def _run_jobs(rank, world, spec):
                 r = saver.load(load_conf=job.get("load_conf"))
                 res["loaded_tables"] = sorted(r.tables)
                 res["rows"] = r.sparse_rows
+                res["bytes_read"] = r.bytes_read
+                res["share_bytes"], res["row_share_bytes"] = _share_bytes(model, dense_opt)
             if job.get("save"):
                 saver = recckpt.Saver(model, output_dir=job["save"])
                 if dense_opt is not None:

@@ -49,6 +49,8 @@ def load_dump(path: str) -> dict:
     for f in sorted(os.listdir(path)):
         part = torch.load(os.path.join(path, f), weights_only=True)
         for table, t in part.items():
+            if table.startswith("mch:"):
+                continue   # managed-collision tables, by raw id: load_mch_dump
             m = merged.setdefault(table, {"shape": t["shape"], "weight": [], "states": {}})
             m["weight"] += t["weight"]
             for k, pieces in t["states"].items():
@@ -74,3 +76,23 @@ def same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"
     diff = ~((a == b) | (torch.isnan(a) & torch.isnan(b)))
     assert not bool(diff.any()), f"{what}: {int(diff.sum())} of {a.numel()} elements differ"
+
+
+def load_mch_dump(path: str) -> dict:
+    """Every rank's managed-collision dump merged: {table: {raw id: (weight row, {state: row}, {meta: value},
+    rank)}}, and {table: {rank: capacity}}; a raw id held by two ranks fails."""
+    merged: dict = {}
+    caps: dict = {}
+    for f in sorted(os.listdir(path)):
+        part = torch.load(os.path.join(path, f), weights_only=True)
+        for table, t in part.items():
+            if not table.startswith("mch:"):
+                continue
+            rank = int(f[len("rank"):-len(".pt")])
+            m = merged.setdefault(table[4:], {})
+            caps.setdefault(table[4:], {})[rank] = t["capacity"]
+            for i, raw in enumerate(t["ids"].tolist()):
+                assert raw not in m, f"table {table}: raw id {raw} held twice"
+                m[raw] = (t["weight"][i], {k: v[i] for k, v in t["states"].items()},
+                          {k: int(v[i]) for k, v in t["meta"].items()}, rank)
+    return merged, caps

@@ -4,9 +4,11 @@ pays TorchRec's import once). Every case compares what TorchRec holds after the 
 by slot, with what it held when saved.
 
 Phases: 2 ranks train and save (EBC table-wise with fused Adagrad incl. an fp16 table, row-wise with
-RowWiseAdagrad, data-parallel + row-wise); 1 process loads the table-wise checkpoint into an unsharded
-module and saves an unsharded one; 3 ranks load: TW@2 -> RW@3, RowWiseAdagrad RW@2 -> CW@3, DP@2 -> RW@3,
-unsharded -> RW@3.
+RowWiseAdagrad, data-parallel + row-wise + table-wise with a KeyedOptimizer or torch.optim dense optimizer,
+DTensor, EC row-wise, table-row-wise, the default planner for EBC and EC, MCH row-wise); 1 process loads
+into unsharded modules (EBC, MCH) and saves unsharded ones, and checks refused mismatches; 3 ranks load:
+TW@2 -> RW@3, RowWiseAdagrad RW@2 -> CW@3, DP@2 -> RW@3, TW@2 -> DP@3, unsharded -> RW@3, default ->
+default, MCH RW@2 -> RW@3 (fitting, over capacity: error and evict), MCH unsharded -> RW@3.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import textwrap
 import pytest
 import torch
 
-from .harness import ROOT, full, load_dump, needs_torchrec, run_jobs, same
+from .harness import ROOT, full, load_dump, load_mch_dump, needs_torchrec, run_jobs, same
 
 pytestmark = needs_torchrec
 
@@ -27,7 +29,31 @@ TABLES = [["a", 13, 24, "fp32"], ["b", 7, 12, "fp32"], ["h", 9, 12, "fp16"]]
 TW = {"a": "tw", "b": "tw", "h": "tw"}
 RW = {"a": "rw", "b": "rw", "h": "rw"}
 CW = {"a": "cw", "b": "cw", "h": "cw"}
+DP_MIX = {"a": "dp", "b": "rw", "h": "tw"}   # table a data-parallel: its Adagrad state is in the dense optimizer
 EC_TABLES = [["a", 13, 12, "fp32"], ["b", 7, 12, "fp32"]]   # an EC needs one dim for all its tables
+
+
+MCH_BIG = [["m", 40, 8, "fp32"]]     # a managed-collision table that fits every plan below
+MCH_SMALL = [["s", 8, 8, "fp32"]]    # 6 admitted ids at 2 ranks (3 + 3), 5 slots at 3 ranks (2 + 2 + 1)
+MCH_INPUT = 60                       # raw ids 0..59, routed by range: 30 per rank at 2, 20 per rank at 3
+
+
+# Reads bounded by the shard (issue 25 item 4): tables big enough that the 1 MB slack does not hide a
+# whole-table read (4 x 50k rows x 24 fp32: 4.8 MB of weights + 4.8 MB of Adagrad state each).
+BIG = [[f"g{i}", 50_000, 24, "fp32"] for i in range(4)]
+BIG_SAVES = ["tw", "rw", "twrw", "mixed"]
+BIG_PAIRS = [("tw", "rw"), ("rw", "tw"), ("twrw", "rw"), ("mixed", "rw"), ("rw", "mixed"), ("rw", "cw")]
+
+
+def _big_plan(p):
+    if p == "mixed":
+        return {"g0": "dp", "g1": "rw", "g2": "tw", "g3": "twrw"}
+    return {t[0]: p for t in BIG}
+
+
+def _mch(name, plan, tmp, tables=MCH_BIG, **kw):
+    plan = {t[0]: "rw" for t in tables} if plan == "rw" else plan
+    return dict(_job(name, plan, "adagrad", tmp, tables=tables, kind="mch", **kw), mch_input=MCH_INPUT)
 
 
 def _job(name, plan, opt, tmp, *, save=False, load=None, steps=0, tables=TABLES, conf=None, kind="ebc",
@@ -44,10 +70,16 @@ def runs(tmp_path_factory):
     run_jobs(tmp, 2, [
         _job("tw2", TW, "adagrad", tmp, save=True, steps=3),
         _job("rowwise_rw2", RW, "rowwise", tmp, save=True, steps=3),
-        _job("dp2", {"a": "dp", "b": "rw", "h": "tw"}, "adagrad", tmp, save=True, steps=3),
+        _job("dp2", DP_MIX, "adagrad", tmp, save=True, steps=3),
+        dict(_job("dp2_torch", DP_MIX, "adagrad", tmp, save=True, steps=3), dense_opt="torch"),
         _job("dtensor_tw2", TW, "adagrad", tmp, save=True, steps=3, dtensor=True),
         _job("ec_rw2", RW, "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
         _job("twrw2", {"a": "twrw", "b": "twrw", "h": "twrw"}, "rowwise", tmp, save=True, steps=3),
+        _job("default2", "default", "adagrad", tmp, save=True, steps=3),     # DMP's own planner (no plan)
+        _job("ec_default2", "default", "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
+        _mch("mch_rw2", "rw", tmp, save=True, steps=3),
+        _mch("mchs_rw2", "rw", tmp, tables=MCH_SMALL, save=True, steps=4),
+        *[_job(f"big_{p}2", _big_plan(p), "adagrad", tmp, tables=BIG, save=True, steps=1) for p in BIG_SAVES],
     ])
     bad = [("rows", [["a", 14, 24, "fp32"], *TABLES[1:]]), ("dim", [["a", 13, 28, "fp32"], *TABLES[1:]]),
            ("missing", TABLES[:2]), ("optimizer", TABLES)]
@@ -57,17 +89,31 @@ def runs(tmp_path_factory):
         *[dict(_job(f"bad_{why}", "unsharded", "rowwise" if why == "optimizer" else "adagrad", tmp, load="tw2",
                     tables=tables), expect_error=True, dump_before=os.path.join(tmp, f"d_bad_{why}_before"))
           for why, tables in bad],
+        _mch("mch_un_from_rw2", "unsharded", tmp, load="mch_rw2"),
+        _mch("mch_un1", "unsharded", tmp, save=True, steps=3),
     ])
-    errors = {r["name"]: r["error"] for r in unsharded[0][2:]}
+    errors = {r["name"]: r["error"] for r in unsharded[0] if "error" in r}
     results = run_jobs(tmp, 3, [
         _job("rw3_from_tw2", RW, "adagrad", tmp, load="tw2"),
         _job("cw3_from_rowwise_rw2", CW, "rowwise", tmp, load="rowwise_rw2"),
-        _job("rw3_from_dp2", RW, "adagrad", tmp, load="dp2", conf={"exclude": ["sparse_opt", "extra"]}),
+        _job("rw3_from_dp2", RW, "adagrad", tmp, load="dp2"),
+        _job("dp3_from_tw2", DP_MIX, "adagrad", tmp, load="tw2"),
+        dict(_job("rw3_from_dp2_torch", RW, "adagrad", tmp, load="dp2_torch"), dense_opt="torch"),
+        dict(_job("dp3_torch_from_tw2", DP_MIX, "adagrad", tmp, load="tw2"), dense_opt="torch"),
         _job("rw3_from_unsharded1", RW, "adagrad", tmp, load="unsharded1"),
         _job("rw3_from_dtensor_tw2", RW, "adagrad", tmp, load="dtensor_tw2"),
         _job("ec_tw3_from_ec_rw2", TW, "adagrad", tmp, load="ec_rw2", kind="ec", tables=EC_TABLES),
         _job("tw3_from_twrw2", TW, "rowwise", tmp, load="twrw2"),
+        _job("default3_from_default2", "default", "adagrad", tmp, load="default2"),
+        _job("ec_default3_from_ec_default2", "default", "adagrad", tmp, load="ec_default2", kind="ec", tables=EC_TABLES),
+        *[_job(f"big_{d}3_from_{p}2", _big_plan(d), "adagrad", tmp, tables=BIG, load=f"big_{p}2")
+          for p, d in BIG_PAIRS],
+        _mch("mch_rw3_from_rw2", "rw", tmp, load="mch_rw2"),
+        _mch("mch_rw3_from_un1", "rw", tmp, load="mch_un1"),
+        dict(_mch("mchs_err", "rw", tmp, tables=MCH_SMALL, load="mchs_rw2"), expect_error=True),
+        _mch("mchs_evict", "rw", tmp, tables=MCH_SMALL, load="mchs_rw2", conf={"overflow": "evict"}),
     ])
+    errors.update({r["name"]: r.get("error") for r in results[0] if r["name"] == "mchs_err"})
     return tmp, results, errors
 
 
@@ -112,11 +158,48 @@ def test_rowwise_rw2_to_cw3(runs):
             same(t, per_row.to(t.dtype), f"table {table}: column shard {k} momentum")
 
 
-def test_dp2_to_rw3_rows(runs):
+def _states_equal(src, dst, names):
+    """Each table's optimizer state equal, whichever optimizer holds it: the fused one ('momentum1') or,
+    for a data-parallel table, the registered dense KeyedOptimizer (Adagrad's 'sum')."""
+    for table in src:
+        shape = src[table]["shape"]
+        a = full(next(src[table]["states"][n] for n in names if n in src[table]["states"]), shape)
+        b = full(next(dst[table]["states"][n] for n in names if n in dst[table]["states"]), shape)
+        assert bool((a != 0).any()), f"table {table}: training left no optimizer state to compare"
+        same(a.to(b.dtype), b, f"table {table}: Adagrad state")
+
+
+def test_dp2_to_rw3_rows_and_optimizer_state(runs):
+    """A data-parallel table becomes row-wise: its rows, and its Adagrad state moves from the dense
+    KeyedOptimizer into the fused optimizer; the dense optimizer loads without refusing (no exclude)."""
     tmp, results, _ = runs
     src, dst = _tables(tmp, "dp2"), _tables(tmp, "rw3_from_dp2")
     _weights_equal(src, dst)
+    assert "sum" in src["coll.embedding_bags.a"]["states"], "the DP table's state is in the dense optimizer"
+    _states_equal(src, dst, ("momentum1", "sum"))
     assert results[0][2]["loaded_tables"] == ["coll.embedding_bags.a", "coll.embedding_bags.b", "coll.embedding_bags.h"]
+
+
+@pytest.mark.parametrize("src_name,dst_name", [("dp2_torch", "rw3_from_dp2_torch")])
+def test_dp_to_rw_with_a_torch_optim_dense_optimizer(runs, src_name, dst_name):
+    """The same with a plain torch.optim Adagrad as the dense optimizer (numbered state, mapped by name)."""
+    tmp, *_ = runs
+    src, dst = _tables(tmp, src_name), _tables(tmp, dst_name)
+    _weights_equal(src, dst)
+    assert "sum" in src["coll.embedding_bags.a"]["states"]
+    _states_equal(src, dst, ("momentum1", "sum"))
+
+
+@pytest.mark.parametrize("dst_name", ["dp3_from_tw2", "dp3_torch_from_tw2"])
+def test_tw2_to_dp3_optimizer_state_moves_into_dense_optimizer(runs, dst_name):
+    """The reverse: a table-wise table (fused Adagrad) becomes data-parallel: its state lands in the
+    registered dense optimizer (a KeyedOptimizer, or a torch.optim one), which loads without refusing
+    its new parameter."""
+    tmp, *_ = runs
+    src, dst = _tables(tmp, "tw2"), _tables(tmp, dst_name)
+    _weights_equal(src, dst)
+    assert "sum" in dst["coll.embedding_bags.a"]["states"]
+    _states_equal(src, dst, ("momentum1", "sum"))
 
 
 def test_sharded_to_unsharded_and_back(runs):
@@ -203,6 +286,10 @@ def test_model_free_tools_read_a_torchrec_checkpoint_without_torchrec(runs):
     ("dtensor_tw2", "rw3_from_dtensor_tw2", "momentum1"),     # DTensor state dicts (output_dtensor=True)
     ("ec_rw2", "ec_tw3_from_ec_rw2", "momentum1"),            # EmbeddingCollection RW@2 -> TW@3
     ("twrw2", "tw3_from_twrw2", "momentum1"),                 # table-row-wise, RowWiseAdagrad
+    # the default planner (no plan) @2 -> @3: it makes these small EBC tables data-parallel (their state in
+    # the in-backward optimizer, 'sum') and the EC's row-wise
+    ("default2", "default3_from_default2", "sum"),
+    ("ec_default2", "ec_default3_from_ec_default2", "momentum1"),
 ])
 def test_more_plans_round_trip(runs, src_name, dst_name, state):
     tmp, *_ = runs
@@ -214,3 +301,95 @@ def test_more_plans_round_trip(runs, src_name, dst_name, state):
         a = full(pieces, shape)
         assert bool((a != 0).any()), f"table {table}: no optimizer state to compare"
         same(a, full(dst[table]["states"][state], shape), f"table {table}: optimizer state")
+
+
+def _mch_same(src, dst, table, state_names=("momentum1", "momentum1")):
+    """Every raw id of `dst` has the rows it had in `src`: embedding, optimizer state, eviction metadata."""
+    for raw, (w, states, meta, _) in dst[table].items():
+        w0, states0, meta0, _ = src[table][raw]
+        same(w0, w, f"table {table} raw id {raw}: embedding")
+        a, b = states0[state_names[0]], states[state_names[1]]
+        same(a.to(b.dtype).reshape(b.shape), b, f"table {table} raw id {raw}: Adagrad state")
+        assert meta0 == meta, f"table {table} raw id {raw}: metadata {meta0} vs {meta}"
+
+
+def _routed_by_range(dump, table, world):
+    """TorchRec's row-wise MCH routes raw id x to rank x // ceil(input size / world)."""
+    block = -(-MCH_INPUT // world)
+    for raw, (*_, rank) in dump[table].items():
+        assert rank == raw // block, f"table {table}: raw id {raw} loaded on rank {rank}, routed to {raw // block}"
+
+
+MCH_T = "coll._embedding_module.embedding_bags.m"
+MCH_S = "coll._embedding_module.embedding_bags.s"
+
+
+def test_mch_rw2_to_rw3_every_admitted_id_keeps_its_rows(runs):
+    """MCH 2 -> 3: the raw-id -> slot mapping is rebuilt for the new shards; every admitted id is on the
+    rank TorchRec routes it to, with its embedding, Adagrad state and LFU count (its slot may change)."""
+    tmp, *_ = runs
+    src, _ = load_mch_dump(os.path.join(tmp, "d_mch_rw2"))
+    dst, caps = load_mch_dump(os.path.join(tmp, "d_mch_rw3_from_rw2"))
+    assert len(src[MCH_T]) >= 8 and set(src[MCH_T]) == set(dst[MCH_T])
+    assert any(bool((s[1]["momentum1"] != 0).any()) for s in src[MCH_T].values())
+    _mch_same(src, dst, MCH_T)
+    _routed_by_range(dst, MCH_T, 3)
+    _routed_by_range(src, MCH_T, 2)
+
+
+def test_mch_unsharded_both_ways(runs):
+    tmp, *_ = runs
+    src, _ = load_mch_dump(os.path.join(tmp, "d_mch_rw2"))
+    dst, _ = load_mch_dump(os.path.join(tmp, "d_mch_un_from_rw2"))
+    assert set(src[MCH_T]) == set(dst[MCH_T])
+    _mch_same(src, dst, MCH_T, ("momentum1", "sum"))
+    src, _ = load_mch_dump(os.path.join(tmp, "d_mch_un1"))
+    dst, _ = load_mch_dump(os.path.join(tmp, "d_mch_rw3_from_un1"))
+    assert len(src[MCH_T]) >= 4 and set(src[MCH_T]) == set(dst[MCH_T])
+    _mch_same(src, dst, MCH_T, ("sum", "momentum1"))
+    _routed_by_range(dst, MCH_T, 3)
+
+
+def test_mch_over_capacity_error_or_evict(runs):
+    """A shard routed more admitted ids than it has slots: by default a recckpt error naming the table and
+    the counts, with nothing loaded; with load_conf {'overflow': 'evict'} each shard keeps its ids of
+    highest LFU count (ties: the smaller raw id), each with its own rows."""
+    tmp, _, errors = runs
+    src, _ = load_mch_dump(os.path.join(tmp, "d_mchs_rw2"))
+    assert len(src[MCH_S]) == 6
+    err = errors["mchs_err"]
+    assert err and err.startswith("IncompatibleCheckpointError"), err
+    for needle in (MCH_S, "6 admitted ids", "for 2 slots", "'overflow': 'evict'", "Nothing was loaded"):
+        assert needle in err, f"{needle!r} not in {err}"
+    untouched, _ = load_mch_dump(os.path.join(tmp, "d_mchs_err"))
+    assert untouched.get(MCH_S, {}) == {}, "a refused load admitted ids"
+    dst, caps = load_mch_dump(os.path.join(tmp, "d_mchs_evict"))
+    block = -(-MCH_INPUT // 3)
+    want = set()
+    for rank, cap in caps[MCH_S].items():
+        mine = [raw for raw in src[MCH_S] if raw // block == rank]
+        mine.sort(key=lambda raw: (-src[MCH_S][raw][2]["counts"], raw))
+        want |= set(mine[:cap])
+    assert set(dst[MCH_S]) == want and len(want) < 6
+    _mch_same(src, dst, MCH_S)
+
+
+MB = 1 << 20
+
+
+@pytest.mark.parametrize("save,load", BIG_PAIRS, ids=[f"{p}@2-to-{d}@3" for p, d in BIG_PAIRS])
+def test_reads_bounded_by_the_shard(runs, save, load):
+    """Each loading rank reads (LoadResult.bytes_read, sparse shard files) at most 1.2x the bytes of the
+    table state it holds + 1 MB: format version 4 buckets TorchRec tables by row range, and a rank reads
+    the buckets of its rows only (a data-parallel table: all of it, on every rank). Column-wise plans are
+    bounded by their ROWS' share only until the column blocks of format version 4 land: a rank then reads
+    every column of its rows (docs/TORCHREC.md)."""
+    tmp, results, _ = runs
+    name = f"big_{load}3_from_{save}2"
+    for rank, res in enumerate(results):
+        r = next(x for x in res if x["name"] == name)
+        share = r["row_share_bytes"] if load == "cw" else r["share_bytes"]
+        assert r["bytes_read"] <= 1.2 * share + MB, (
+            f"rank {rank} read {r['bytes_read'] / MB:.1f} MB for a share of {share / MB:.1f} MB ({save}@2 -> {load}@3)")
+    total = sum(next(x for x in res if x["name"] == name)["bytes_read"] for res in results)
+    assert total >= 4 * 50_000 * 24 * 4 * 2 * 0.9, "the ranks together read less than the tables hold"

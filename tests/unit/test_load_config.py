@@ -312,3 +312,12 @@ def test_model_bank_of_some_tables_takes_their_optimizer_state(tmp_path):
         load_conf={"load": ["sparse", "sparse_opt"], "tables": ["user"], "rename": {"user": "customer"}})
     assert len(m.customer) == len(src.user)
     assert opt.state_dict()["tables"]["customer"] == src_opt.state_dict()["tables"]["user"]
+
+
+def test_overflow_option_is_validated():
+    """LoadConfig.overflow (bounded tables routed more ids than they hold, e.g. TorchRec MCH): 'error' by
+    default, 'evict' on request, anything else refused naming the option."""
+    assert LoadConfig().overflow == "error"
+    assert LoadConfig.coerce({"overflow": "evict"}).overflow == "evict"
+    with pytest.raises(LoadConfigError, match="overflow"):
+        LoadConfig(overflow="drop")

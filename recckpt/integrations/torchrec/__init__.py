@@ -9,21 +9,27 @@ and names the install script when they are missing or untested.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict
+from typing import Any, Dict, Sequence
 
 from .versions import check
 
 TORCHREC_VERSION, FBGEMM_VERSION = check()
 
-from .discover import collections, find_tables  # noqa: E402  (after the version check, which must fail first)
+from . import tracking  # noqa: E402  (after the version check, which must fail first)
+from .dense_optim import loaded_state, saved_state  # noqa: E402
+from .discover import collections, find_tables, moved_params, table_param_names  # noqa: E402
 from .table import TorchRecTable  # noqa: E402
 
-__all__ = ["TorchRecTable", "dense_load_dict", "find_tables", "manifest_metadata", "model_state_dict"]
+__all__ = ["TorchRecTable", "dense_load_dict", "find_tables", "loaded_object_state", "manifest_metadata",
+           "model_state_dict", "saved_object_state"]
 
 
-def model_state_dict(model, state_dict: Dict[str, Any]) -> Dict[str, Any]:
-    """`state_dict` with each TorchRec table's weight entry replaced by its `TorchRecTable`."""
-    tables, keys, _ = find_tables(model, state_dict)
+def model_state_dict(model, state_dict: Dict[str, Any], objects: Sequence[Any] = ()) -> Dict[str, Any]:
+    """`state_dict` with each TorchRec table's weight entry replaced by its `TorchRecTable` (an `MCHTable`
+    for a managed-collision table, whose MCH buffers leave the state_dict too). `objects`: the registered
+    objects, where a data-parallel table's optimizer state is found."""
+    tables, keys, found = find_tables(model, state_dict, objects)
+    tracking.attach(found, tables)    # which rows changed since a mark, for incremental checkpoints
     gone = set(keys)
     out = {k: v for k, v in state_dict.items() if k not in gone}
     for t in tables:
@@ -60,3 +66,17 @@ def dense_load_dict(model, dense: Dict[str, Any]) -> Dict[str, Any]:
     sd = model.state_dict()
     _, keys, _ = find_tables(model, sd)
     return {**{k: sd[k] for k in keys}, **dense}
+
+
+def saved_object_state(model, obj, state):
+    """What a save writes for registered object `obj` (its state_dict `state`): a name-keyed dense
+    optimizer's state without the data-parallel tables' parameters whose state the tables' slots hold."""
+    return saved_state(obj, state, moved_params(model, [obj]), model)
+
+
+def loaded_object_state(model, obj, state):
+    """What a load gives registered optimizer `obj` from the checkpoint's `state` (keyed by name): no
+    entries for TorchRec tables' parameters it does not hold now, and its own live entries for the
+    data-parallel tables' parameters the checkpoint lacks (their state comes from the tables' slots), so
+    it does not refuse a table that changed sides."""
+    return loaded_state(obj, state, moved_params(model, [obj]), table_param_names(model), model)

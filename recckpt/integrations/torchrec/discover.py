@@ -7,12 +7,14 @@ table keeps its name whether the model is sharded, wrapped or compiled: `ebc.emb
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
 from ...errors import InvalidArgumentError
 from .agree import agreed_slots
+from .dense_optim import dp_slots, optimizers
+from .mch import MCHTable, persistent_buffers, writes_unsharded
 from .table import ADAGRAD, EMBEDDING, ROWWISE_ADAGRAD, Shard, TorchRecTable
 
 #: wrapper class name -> the child attribute that holds the wrapped module (left out of names)
@@ -21,6 +23,11 @@ WRAPPERS = {"DistributedModelParallel": "_dmp_wrapped_module", "DistributedDataP
 #: TorchRec collection classes and the ModuleDict under which their tables' parameters live
 UNSHARDED = {"EmbeddingBagCollection": "embedding_bags", "EmbeddingCollection": "embeddings"}
 SHARDED = {"ShardedEmbeddingBagCollection": "embedding_bags", "ShardedEmbeddingCollection": "embeddings"}
+#: managed-collision wrappers: their `_embedding_module` is an EBC/EC (sharded or not), their
+#: `_managed_collision_collection` holds one MCH module per table
+MANAGED = ("ManagedCollisionEmbeddingBagCollection", "ManagedCollisionEmbeddingCollection",
+           "ShardedManagedCollisionEmbeddingBagCollection", "ShardedManagedCollisionEmbeddingCollection")
+MC_EMBEDDING, MC_COLLECTION = "_embedding_module", "_managed_collision_collection"
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,9 @@ class Found:
     module: Any
     tables_attr: str
     sharded: bool
+    mc: Any = None
+    """The managed-collision collection whose MCH modules key this collection's tables by raw id."""
+    mc_prefixes: Tuple[str, ...] = ()
 
 
 def _is_torchrec(m) -> bool:
@@ -46,6 +56,17 @@ def collections(model) -> Iterator[Found]:
             n = norm if skip else f"{norm}{child_name}."
             r = f"{raw}{child_name}."
             cls = type(child).__name__
+            if _is_torchrec(child) and cls in MANAGED:
+                inner = getattr(child, MC_EMBEDDING)
+                icls = type(inner).__name__
+                sharded = icls in SHARDED
+                if not (sharded or icls in UNSHARDED):
+                    raise InvalidArgumentError(f"TorchRec {cls} at {n!r} wraps a {icls}; recckpt maps "
+                                               f"EmbeddingBagCollection / EmbeddingCollection tables")
+                yield Found(f"{n}{MC_EMBEDDING}.", (f"{r}{MC_EMBEDDING}.", f"{n}{MC_EMBEDDING}."), inner,
+                            (SHARDED if sharded else UNSHARDED)[icls], sharded, getattr(child, MC_COLLECTION),
+                            (f"{r}{MC_COLLECTION}.", f"{n}{MC_COLLECTION}."))
+                continue
             if _is_torchrec(child) and (cls in UNSHARDED or cls in SHARDED):
                 sharded = cls in SHARDED
                 yield Found(n, (r, n), child, (SHARDED if sharded else UNSHARDED)[cls], sharded)
@@ -98,7 +119,8 @@ def _fused_states(table: str, states: Dict[str, Any], shape: Tuple[int, int]) ->
     return out
 
 
-def _sharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[str]]:
+def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: List[Any]
+                    ) -> Tuple[List[TorchRecTable], List[str]]:
     plan = f.module.module_sharding_plan
     fused = f.module.fused_optimizer.state_dict().get("state", {})
     tables, keys = [], []
@@ -127,6 +149,18 @@ def _sharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], 
             local.append(Shard(int(off[0]), int(t.shape[0]), int(off[1]), int(t.shape[1]), t, states))
         opt_slots = {slot: (_dtype_of(st, opt_local[slot]), (d,) if slot == ADAGRAD else ())
                      for slot, st in opt.items()}
+        if replicated and not opt and key in params:
+            # A data-parallel table has no fused optimizer: its state is in its in-backward optimizer
+            # (apply_optimizer_in_backward, e.g. on a table the default planner made data-parallel), or in
+            # the user's dense optimizer.
+            in_bw = _in_backward_states(full_name, params[key])
+            if in_bw:
+                refs = dict(in_bw)
+                opt_slots = {slot: (st.dtype, (d,) if slot == ADAGRAD else ()) for slot, st in in_bw.items()}
+            else:
+                refs, opt_slots = dp_slots(params[key], (n, d), opts)
+            for sh in local:
+                sh.states.update(refs)
         tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=_dtype_of(w, shards), shards=local,
                            opt_slots=opt_slots, replicated=replicated, sharding=ps.sharding_type))
         keys.append(key)
@@ -154,7 +188,8 @@ def _in_backward_states(table: str, param: torch.Tensor) -> Dict[str, torch.Tens
     return out
 
 
-def _unsharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[str]]:
+def _unsharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: List[Any]
+                      ) -> Tuple[List[TorchRecTable], List[str]]:
     tables, keys = [], []
     for tname, sub in getattr(f.module, f.tables_attr).items():
         rel = f"{f.tables_attr}.{tname}.weight"
@@ -177,13 +212,20 @@ def _unsharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable]
     return tables, keys
 
 
-def find_tables(model, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[str], List[Found]]:
-    """(tables, their state_dict keys, the collections found) of `model`, whose state_dict is `sd`."""
+def find_tables(model, sd: Dict[str, Any], objects: Sequence[Any] = ()) -> Tuple[List[Any], List[str], List[Found]]:
+    """(tables, their state_dict keys, the collections found) of `model`, whose state_dict is `sd`. A
+    table is a `TorchRecTable`, or an `MCHTable` (keyed by raw id) around one when a managed-collision
+    module keys it; the keys include that module's buffers which the table stands for. `objects` (the
+    registered objects) are searched for data-parallel tables' optimizer state (`dense_optim`)."""
     parts, keys, found = [], [], list(collections(model))
+    opts = optimizers(objects)
+    params = dict(model.named_parameters()) if any(f.sharded for f in found) else {}
     for f in found:
-        t, k = (_sharded_tables if f.sharded else _unsharded_tables)(f, sd)
+        t, k = (_sharded_tables if f.sharded else _unsharded_tables)(f, sd, params, opts)
         parts += t
         keys += k
+        if f.mc is not None:
+            keys += _mch_keys(f, sd, [p["name"] for p in t])
     # Ranks holding no shard of a table learn its optimizer slots from those that do (once per model).
     # The weight's dtype too: a DTensor state dict reports fp32 for an fp16 table on ranks without a shard.
     def schema(p):
@@ -198,4 +240,76 @@ def find_tables(model, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[st
             p["dtype"] = got.pop(EMBEDDING)[0]
             p["opt_slots"] = got
         tables.append(TorchRecTable(**p))
-    return tables, keys, found
+    by_found = {id(f): f for f in found}
+    owner = {}
+    for f in found:
+        for tname in getattr(f.module, f.tables_attr) if not f.sharded else f.module.module_sharding_plan:
+            owner[f"{f.prefix}{f.tables_attr}.{tname}"] = (id(f), tname)
+    out = []
+    for t in tables:
+        fid, tname = owner[t.name]
+        f = by_found[fid]
+        if f.mc is None:
+            out.append(t)
+            continue
+        mod = _mch_module(f, tname)
+        out.append(MCHTable(t, mod, writes=True if f.sharded else writes_unsharded()))
+    return out, keys, found
+
+
+def _mch_module(f: Found, tname: str):
+    mods = getattr(f.mc, "_managed_collision_modules", None)
+    if mods is None or tname not in mods:
+        raise InvalidArgumentError(f"TorchRec table {f.prefix}{f.tables_attr}.{tname}: its managed-collision "
+                                   f"collection has no module for it")
+    mod = mods[tname]
+    if type(mod).__name__ != "MCHManagedCollisionModule":
+        raise InvalidArgumentError(
+            f"TorchRec table {f.prefix}{f.tables_attr}.{tname}: its managed-collision module is a "
+            f"{type(mod).__name__}; recckpt maps MCHManagedCollisionModule (MPZCH's HashZchManagedCollisionModule "
+            f"does not train on CPU in torchrec 1.8); see docs/TORCHREC.md")
+    return mod
+
+
+def _mch_keys(f: Found, sd: Dict[str, Any], names: List[str]) -> List[str]:
+    """The state_dict keys of the MCH buffers that the tables' raw ids and slots stand for (and the
+    plan-derived output segments, never loaded from a checkpoint of another plan)."""
+    out = []
+    for name in names:
+        tname = name.rpartition(".")[2]
+        for buf in persistent_buffers(_mch_module(f, tname)):
+            rel = f"_managed_collision_modules.{tname}.{buf}"
+            out += [p + rel for p in f.mc_prefixes if p + rel in sd][:1]
+    return out
+
+
+def moved_params(model, objects: Sequence[Any]) -> set:
+    """ids of the data-parallel tables' parameters whose state, kept by one of `objects`, is saved as the
+    table's slots (`dense_optim`)."""
+    opts = optimizers(objects)
+    if not opts:
+        return set()
+    params = dict(model.named_parameters())
+    out = set()
+    for f in collections(model):
+        if not f.sharded:
+            continue
+        for tname, ps in f.module.module_sharding_plan.items():
+            if ps.sharding_type != "data_parallel":
+                continue
+            rel = f"{f.tables_attr}.{tname}.weight"
+            key = next((p + rel for p in f.raw_prefixes if p + rel in params), None)
+            if key is not None and dp_slots(params[key], tuple(params[key].shape), opts)[0]:
+                out.add(id(params[key]))
+    return out
+
+
+def table_param_names(model) -> set:
+    """Every name under which a TorchRec table's weight may appear as a parameter of `model` (raw and
+    normalized), sharded or not: what a dense optimizer may have saved state under."""
+    out = set()
+    for f in collections(model):
+        tables = f.module.module_sharding_plan if f.sharded else getattr(f.module, f.tables_attr)
+        for tname in tables:
+            out |= {f"{p}{f.tables_attr}.{tname}.weight" for p in f.raw_prefixes}
+    return out

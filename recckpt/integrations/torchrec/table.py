@@ -8,12 +8,12 @@ load writes into them in place, so nothing is copied whole and a load works befo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
 from ...errors import InvalidArgumentError
-from ...state.protocol import RowRangeLayout, SlotSpec, SparseTableMeta
+from ...state.protocol import Changes, RowRangeLayout, SlotSpec, SparseTableMeta
 
 EMBEDDING = "embedding"
 ADAGRAD = "adagrad.acc"               # elementwise: shape (D,), column-split like the embedding
@@ -24,14 +24,21 @@ ROWWISE_ADAGRAD = "rowwise_adagrad.acc"   # one value per row: shape ()
 class Shard:
     """One local shard: rows [row0, row0 + rows) and columns [col0, col0 + cols) of the logical table.
     `weight` is a [rows, cols] view of live storage; `states` maps each optimizer slot to its live
-    view: [rows, cols] for elementwise slots, [rows] for per-row slots (per column shard under a
+    view (or a function giving it, see `state`): [rows, cols] for elementwise slots, [rows] for per-row slots (per column shard under a
     column-wise plan)."""
     row0: int
     rows: int
     col0: int
     cols: int
     weight: torch.Tensor
-    states: Dict[str, torch.Tensor] = field(default_factory=dict)
+    states: Dict[str, Any] = field(default_factory=dict)
+
+    def state(self, slot: str) -> torch.Tensor:
+        """The live view of optimizer slot `slot`. A value may be a function giving it: state kept by a
+        registered dense optimizer (a data-parallel table's), which a load may replace before the
+        table's rows are written (torch.optim's load_state_dict installs new tensors)."""
+        v = self.states[slot]
+        return v() if callable(v) else v
 
 
 class TorchRecTable:
@@ -101,25 +108,65 @@ class TorchRecTable:
             for i in range(0, b - a, max_rows):
                 j = min(b - a, i + max_rows)
                 ids = torch.arange(a + i, a + j, dtype=torch.int64)
-                yield ids, {slot: self._gather(parts, slot, i, j) for slot in slots}
+                yield ids, {slot: self._gather(parts, slot, slice(i, j)) for slot in slots}
 
-    def _gather(self, parts: List[Shard], slot: str, i: int, j: int) -> torch.Tensor:
-        """Rows [i, j) of `slot` across the column shards `parts` of one row range."""
+    def _gather(self, parts: List[Shard], slot: str, sel) -> torch.Tensor:
+        """Rows `sel` (a slice, or int64 local row indices) of `slot` across the column shards `parts` of
+        one row range."""
         spec = self.slots[slot]
+        i = sel
         if slot == EMBEDDING:
-            pieces = [p.weight[i:j] for p in parts]
+            pieces = [p.weight[i] for p in parts]
         elif len(spec.shape) == 1:
-            pieces = [p.states[slot][i:j] for p in parts]
+            pieces = [p.state(slot)[i] for p in parts]
         else:
             # A per-row value under a column-wise plan is kept per column shard; the checkpoint holds the
             # row's value for the whole row: the width-weighted mean (exact for RowWiseAdagrad: each shard
             # accumulates the mean square gradient over its own columns).
             if len(parts) == 1:
-                return parts[0].states[slot][i:j].contiguous()
+                return parts[0].state(slot)[i].contiguous()
             total = sum(p.cols for p in parts)
-            acc = sum(p.states[slot][i:j].to(torch.float64) * p.cols for p in parts) / total
+            acc = sum(p.state(slot)[i].to(torch.float64) * p.cols for p in parts) / total
             return acc.to(spec.dtype)
         return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)).contiguous()
+
+    def read_rows(self, ids: torch.Tensor, slots: Sequence[str]) -> Dict[str, torch.Tensor]:
+        """Rows `ids` (global row indices this process holds, any order) of `slots`, as new tensors.
+        Column-split slots carry this process's columns (`row_layout().columns`), per-row slots the
+        row's value (as `export_chunks`). Used by managed-collision tables, whose rows are not ranges."""
+        self._check_slots(slots)
+        owned = self._owned_mask(ids)
+        if not bool(owned.all()):
+            raise InvalidArgumentError(f"TorchRec table {self.name!r}: row {int(ids[~owned][0])} is not held by this "
+                                       f"process (it holds rows {list(self._layout.owned_rows)})")
+        c0, c1 = self._layout.columns or (0, self.dim)
+        out = {}
+        for slot in slots:
+            spec = self.slots[slot]
+            split = len(spec.shape) == 1
+            col = torch.empty((ids.shape[0], c1 - c0) if split else (ids.shape[0],), dtype=spec.dtype)
+            acc = None if split else torch.zeros(ids.shape[0], dtype=torch.float64)
+            for s in self.shards:
+                sel = (ids >= s.row0) & (ids < s.row0 + s.rows)
+                if not bool(sel.any()):
+                    continue
+                local = ids[sel] - s.row0
+                if slot == EMBEDDING:
+                    col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.weight[local]
+                elif split:
+                    col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.state(slot)[local]
+                else:   # per-row value kept per column shard: the width-weighted mean, as _gather
+                    acc[sel] += s.state(slot)[local].to(torch.float64) * s.cols / (c1 - c0)
+            if acc is not None:
+                col = acc.to(spec.dtype)
+            out[slot] = col
+        return out
+
+    def _owned_mask(self, ids: torch.Tensor) -> torch.Tensor:
+        owned = torch.zeros(ids.shape[0], dtype=torch.bool)
+        for a, b in self._layout.owned_rows:
+            owned |= (ids >= a) & (ids < b)
+        return owned
 
     def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
         """Overwrite the rows `ids` (global row indices this process holds) in place. Column-split slots
@@ -140,9 +187,7 @@ class TorchRecTable:
                     f"{col.dtype} {tuple(col.shape)}")
         if n == 0:
             return
-        owned = torch.zeros(n, dtype=torch.bool)
-        for a, b in self._layout.owned_rows:
-            owned |= (ids >= a) & (ids < b)
+        owned = self._owned_mask(ids)
         if not bool(owned.all()):
             bad = int(ids[~owned][0])
             raise InvalidArgumentError(
@@ -153,16 +198,55 @@ class TorchRecTable:
                 sel = (ids >= s.row0) & (ids < s.row0 + s.rows)
                 if not bool(sel.any()):
                     continue
-                local = ids[sel] - s.row0
+                whole = bool(sel.all())     # every id in this shard: no masked copies of the columns
+                local = (ids if whole else ids[sel]) - s.row0
                 lo, hi = s.col0 - c0, s.col0 - c0 + s.cols
+                # format v4 reads a row range in row order: one run of rows is a slice copy, not a scatter
+                m = local.shape[0]
+                run = m > 1 and int(local[-1]) - int(local[0]) == m - 1 and bool((local[1:] > local[:-1]).all())
+                at = slice(int(local[0]), int(local[0]) + m) if run or m == 1 else local
                 for slot, col in columns.items():
-                    part = col[sel]
+                    part = col if whole else col[sel]
                     if slot == EMBEDDING:
-                        s.weight[local] = part[:, lo:hi]
+                        s.weight[at] = part[:, lo:hi]
                     elif len(self.slots[slot].shape) == 1:
-                        s.states[slot][local] = part[:, lo:hi]
+                        s.state(slot)[at] = part[:, lo:hi]
                     else:   # per-row value: each column shard starts from the row's value
-                        s.states[slot][local] = part
+                        s.state(slot)[at] = part
+                if self.tracker is not None:   # loaded rows are changes since any earlier mark
+                    self.tracker.touch(s.row0, s.rows, local)
+
+    # ------------------------------------------------------------------------ change tracking
+    #: the table's `tracking.TableTracker` (rows looked up since a mark), set when the table is found in a
+    #: sharded collection; None: the table cannot tell what changed and increments hold it whole
+    tracker = None
+
+    def mark_changes(self) -> int:
+        return self.tracker.mark() if self.tracker is not None else 0
+
+    def export_changes(self, since: int, slots: Sequence[str], max_rows: int) -> Changes | None:
+        """The rows this process holds that were looked up (so possibly updated by the fused optimizer) or
+        loaded since mark `since`, in chunks of <= max_rows; None when the tracker cannot tell."""
+        self._check_slots(slots)
+        if self.tracker is None:
+            return None
+        found = []
+        for a, b in self._layout.owned_rows:
+            local = self.tracker.changed(a, b - a, since)
+            if local is None:
+                return None
+            found.append((a, b, local))
+
+        def chunks():
+            for a, b, local in found:
+                parts = sorted((s for s in self.shards if s.row0 == a and s.rows == b - a), key=lambda s: s.col0)
+                for i in range(0, local.shape[0], max(1, max_rows)):
+                    sel = local[i:i + max_rows]
+                    yield sel + a, {slot: self._gather(parts, slot, sel) for slot in slots}
+        return Changes(sum(int(x.shape[0]) for _, _, x in found), chunks(), torch.empty(0, dtype=torch.int64))
+
+    def forget_changes(self, upto: int) -> None:
+        """A fixed-size table removes no rows: nothing is kept per mark."""
 
     def clear_rows(self) -> None:
         """A fixed-size table keeps its rows: a replacing load overwrites every row it holds (the loader

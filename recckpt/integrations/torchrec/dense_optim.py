@@ -1,0 +1,114 @@
+"""A data-parallel table's optimizer state, which lives in the user's dense optimizer.
+
+DMP gives a data-parallel table no fused optimizer: its weight is an ordinary parameter, stepped by the
+dense optimizer the user registers with `register_for_checkpointing` (a TorchRec `KeyedOptimizer`, keyed
+by parameter name, or a `torch.optim` optimizer). Its state is saved as the table's slots, like a sharded
+table's fused state, so a table that changes sides (data-parallel <-> sharded) keeps it:
+
+- `dp_slots` finds the state of each data-parallel table's parameter in the registered optimizers
+  (Adagrad's and RowWiseAdagrad's `sum`, as the fused kernels' `momentum1`);
+- a save leaves those parameters out of a name-keyed optimizer's own saved state (`saved_state`): the
+  table's slots hold it;
+- a load gives a name-keyed optimizer its live entries for the data-parallel parameters it holds that the
+  checkpoint's state lacks (`loaded_state`), so `KeyedOptimizer.load_state_dict`, which wants exactly its
+  own parameters, does not refuse a table that was sharded when saved; the table's rows then write the
+  state in place.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
+
+import torch
+
+from ...state.optim_names import named_optimizer_state, param_names
+from .table import ADAGRAD, ROWWISE_ADAGRAD
+
+
+def optimizers(objects: Iterable[Any]) -> List[Any]:
+    """The registered objects that keep per-parameter state like a torch optimizer (`state[param]`)."""
+    return [o for o in objects if isinstance(getattr(o, "state", None), Mapping)
+            and isinstance(getattr(o, "param_groups", None), list)]
+
+
+def dp_slots(param: torch.Tensor, shape: Tuple[int, int], opts: List[Any]
+             ) -> Tuple[Dict[str, Callable[[], torch.Tensor]], Dict[str, Tuple[torch.dtype, Tuple[int, ...]]]]:
+    """({slot: function giving the live state tensor}, {slot: (dtype, row shape)}) of a data-parallel
+    table's parameter `param` of `shape` [N, D], from the first optimizer in `opts` holding state for
+    it. Only Adagrad-like `sum` state maps ([N, D] -> adagrad.acc, [N] or [N, 1] -> rowwise_adagrad.acc);
+    other optimizers' state stays in their own saved state (the table then has no optimizer slots)."""
+    n, d = shape
+    for opt in opts:
+        st = opt.state.get(param)
+        if not isinstance(st, Mapping):
+            continue
+        acc = st.get("sum")
+        if not isinstance(acc, torch.Tensor):
+            return {}, {}
+        if tuple(acc.shape) == (n, d):
+            return {ADAGRAD: lambda o=opt: o.state[param]["sum"]}, {ADAGRAD: (acc.dtype, (d,))}
+        if acc.numel() == n and acc.dim() in (1, 2):
+            return ({ROWWISE_ADAGRAD: lambda o=opt: o.state[param]["sum"].view(n)},
+                    {ROWWISE_ADAGRAD: (acc.dtype, ())})
+        return {}, {}
+    return {}, {}
+
+
+def _named(state: Any) -> bool:
+    return isinstance(state, Mapping) and isinstance(state.get("state"), Mapping) and all(
+        isinstance(k, str) for k in state["state"])
+
+
+def _param_items(obj: Any, model) -> List[Tuple[str, Any]]:
+    """(name, parameter) of every parameter of optimizer `obj`: a KeyedOptimizer names them (`params`),
+    a torch.optim optimizer's get their names in `model`."""
+    params = getattr(obj, "params", None)
+    if isinstance(params, Mapping):
+        return list(params.items())
+    names = param_names(model, obj)
+    return [(n, p) for n, p in zip(names, (p for g in obj.param_groups for p in g["params"])) if n is not None]
+
+
+def saved_state(obj: Any, state: Any, moved: set, model=None) -> Any:
+    """`state` (obj's state_dict) without the entries of parameters whose state the tables' slots hold
+    (a name-keyed state: a KeyedOptimizer's; a torch.optim optimizer's numbered state is saved whole and
+    `loaded_state` leaves those entries out)."""
+    if not _named(state):
+        return state
+    names = {n for n, p in _param_items(obj, model) if id(p) in moved}
+    if not names:
+        return state
+    out = dict(state, state={k: v for k, v in state["state"].items() if k not in names})
+    if isinstance(state.get("param_groups"), list):
+        out["param_groups"] = [dict(g, params=[p for p in g.get("params", []) if p not in names])
+                               for g in state["param_groups"]]
+    return out
+
+
+def loaded_state(obj: Any, state: Any, moved: set, table_params: set, model) -> Any:
+    """The checkpoint's name-keyed `state` for optimizer `obj`, as the tables leave it: entries of TorchRec
+    tables' parameters that `obj` does not hold now (a table saved data-parallel, sharded now) are left
+    out, and `obj`'s own live entries are added for its moved parameters the checkpoint lacks (a table
+    sharded when saved, data-parallel now): loading them copies each onto itself, and the table's rows
+    are written afterwards."""
+    if not _named(state):
+        return state
+    held = _param_items(obj, model)
+    held_names = {n for n, _ in held}
+    drop = {k for k in state["state"] if k in table_params and k not in held_names}
+    groups = state.get("param_groups")
+    if isinstance(groups, list):
+        drop |= {p for g in groups for p in g.get("params", []) if p in table_params and p not in held_names}
+    missing = [n for n, p in held if id(p) in moved and n not in state["state"]]
+    if not drop and not missing:
+        return state
+    live = named_optimizer_state(obj, model) if missing else {"state": {}}
+    out = dict(state, state={**{k: v for k, v in state["state"].items() if k not in drop},
+                             **{n: live["state"][n] for n in missing if n in live["state"]}})
+    if isinstance(groups, list):
+        new_groups = [dict(g, params=[p for p in g.get("params", []) if p not in drop]) for g in groups]
+        have = {p for g in new_groups for p in g["params"]}
+        for n in missing:
+            if n not in have and new_groups:
+                new_groups[0]["params"].append(n)
+        out["param_groups"] = new_groups
+    return out

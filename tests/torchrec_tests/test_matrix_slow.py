@@ -1,0 +1,79 @@
+"""The full cross-plan matrix of issue 25 (RECCKPT_SLOW=1): each save plan at 2 ranks loads into each load
+plan at 3 ranks and into one unsharded process, and an unsharded save loads into each plan at 3 ranks;
+EBC (fused Adagrad; data-parallel tables with their state in the registered dense KeyedOptimizer) and EC,
+ShardedTensor and DTensor state dicts. Compared row by row and state by state with what TorchRec held
+when saved. The CI sample (test_reshard_sample.py) runs a subset of these pairs."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .harness import full, load_dump, needs_torchrec, run_jobs, same
+
+pytestmark = [needs_torchrec, pytest.mark.slow]
+
+EBC_TABLES = [["a", 13, 24, "fp32"], ["b", 7, 12, "fp32"], ["h", 9, 12, "fp16"]]
+EC_TABLES = [["a", 13, 12, "fp32"], ["b", 7, 12, "fp32"]]
+EBC_SAVE = ["tw", "rw", "twrw", "dp", "mixed", "tw_dtensor", "rw_dtensor"]   # column-wise saves need format v4
+EBC_LOAD = ["tw", "rw", "cw", "twrw", "dp", "mixed", "mixed_cw", "rw_dtensor"]
+EC_SAVE = ["tw", "rw"]
+EC_LOAD = ["tw", "rw", "cw"]
+
+
+def _plan(kind, name, tables):
+    base = name.replace("_dtensor", "")
+    if base == "mixed":
+        return {"a": "dp", "b": "rw", "h": "tw"}
+    if base == "mixed_cw":
+        return {"a": "dp", "b": "rw", "h": "cw"}
+    return {t[0]: base for t in tables}
+
+
+def _job(tmp, kind, name, *, save=False, load=None, plan_name=None):
+    tables = EBC_TABLES if kind == "ebc" else EC_TABLES
+    plan_name = plan_name or name
+    plan = "unsharded" if plan_name == "unsharded" else _plan(kind, plan_name, tables)
+    return {"name": name, "kind": kind, "dtensor": plan_name.endswith("_dtensor"), "plan": plan, "opt": "adagrad",
+            "tables": tables, "train_steps": 3 if save else 0,
+            "save": os.path.join(tmp, f"ck_{kind}_{name}") if save else None,
+            "load": os.path.join(tmp, f"ck_{kind}_{load}") if load else None, "load_conf": None,
+            "dump": os.path.join(tmp, f"d_{kind}_{name}")}
+
+
+CASES = ([("ebc", s, d) for s in EBC_SAVE for d in EBC_LOAD + ["unsharded"]]
+         + [("ebc", "unsharded", d) for d in EBC_LOAD]
+         + [("ec", s, d) for s in EC_SAVE for d in EC_LOAD])
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("torchrec_matrix"))
+    run_jobs(tmp, 2, [_job(tmp, k, s, save=True) for k, saves in (("ebc", EBC_SAVE), ("ec", EC_SAVE)) for s in saves],
+             timeout=600)
+    run_jobs(tmp, 1, [_job(tmp, "ebc", "unsharded", save=True)]
+             + [_job(tmp, "ebc", f"unsharded_from_{s}", load=s, plan_name="unsharded") for s in EBC_SAVE], timeout=600)
+    run_jobs(tmp, 3, [_job(tmp, k, f"{d}_from_{s}", load=s, plan_name=d) for k, s, d in CASES if d != "unsharded"],
+             timeout=900)
+    return tmp
+
+
+def _state(t):
+    for name in ("momentum1", "sum"):
+        if name in t["states"]:
+            return t["states"][name]
+    raise AssertionError(f"no Adagrad state among {sorted(t['states'])}")
+
+
+@pytest.mark.parametrize("kind,save,load", CASES, ids=[f"{k}-{s}@2-to-{d}" for k, s, d in CASES])
+def test_every_save_plan_loads_into_every_load_plan(matrix, kind, save, load):
+    src = load_dump(os.path.join(matrix, f"d_{kind}_{save}"))
+    dst = load_dump(os.path.join(matrix, f"d_{kind}_{load}_from_{save}"))
+    assert set(src) == set(dst)
+    for table in src:
+        shape = src[table]["shape"]
+        a, b = full(src[table]["weight"], shape), full(dst[table]["weight"], shape)
+        same(a, b.to(a.dtype) if b.dtype != a.dtype else b, f"table {table}: embeddings")
+        sa, sb = full(_state(src[table]), shape), full(_state(dst[table]), shape)
+        assert bool((sa != 0).any()), f"table {table}: training left no optimizer state"
+        same(sa.to(sb.dtype), sb, f"table {table}: Adagrad state")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes, layout
+from .digest import DIGEST_NAME, DenseDigest, Digest, Digests, TableDigest
 from .hashing import HASH_NAME, NUM_BUCKETS_LIMIT
 from .names import (
     FORMAT_NAME,
@@ -91,6 +92,7 @@ class Manifest:
     worker_steps: dict[int, int] = field(default_factory=dict)  # worker → training step it saved at
     format_version: int = FORMAT_VERSION
     parent: ParentRef | None = None   # set: an incremental checkpoint (format version 3)
+    digests: Digests | None = None    # content digests (format version 4); None: not recorded
     content_sha256: str | None = None  # SHA-256 of manifest.json as read or written (not a field of it)
 
     def to_json(self) -> dict:
@@ -107,6 +109,7 @@ class Manifest:
             **({"worker_steps": {str(k): v for k, v in sorted(self.worker_steps.items())}}
                if self.worker_steps else {}),
             **({"parent": self.parent.to_json()} if self.parent is not None else {}),
+            **({"digests": self.digests.to_json()} if self.digests is not None else {}),
         }
 
 
@@ -326,7 +329,48 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
             v.fail("files", f"{rel!r} is referenced but has no size/checksum entry")
     if tables and m.index is None:
         v.fail("index", "the checkpoint has sparse tables but no index")
+    if obj.get("digests") is not None:
+        m.digests = _digests_from_json(v, v.dict(obj["digests"], "digests"), tables)
     return m
+
+
+def _digests_from_json(v: _V, d: dict, tables: dict[str, TableInfo]) -> Digests | None:
+    """The manifest's `digests`; None when they use an algorithm this recckpt does not know (a newer
+    writer's: the checkpoint stays readable, its contents are just not comparable by digest)."""
+    if v.str(v.get(d, "hash", "digests"), "digests.hash") != DIGEST_NAME:
+        return None
+
+    def hex_(x, where):
+        try:
+            return Digest.from_hex(x)
+        except ValueError as e:
+            v.fail(where, str(e))
+
+    out = Digests()
+    for name, t in v.dict(v.get(d, "tables", "digests"), "digests.tables").items():
+        where = f"digests.tables[{name!r}]"
+        info = tables.get(name)
+        if info is None:
+            v.fail(where, "no such table in the manifest")
+        rows = v.int(v.get(t, "rows", where), f"{where}.rows")
+        if not info.changes and rows != info.rows:
+            v.fail(f"{where}.rows", f"{rows}, but the table holds {info.rows} rows")
+        slots = v.dict(v.get(t, "slots", where), f"{where}.slots")
+        if set(slots) != set(info.slots):   # an object: its keys are stored sorted, not in column order
+            v.fail(f"{where}.slots", f"{sorted(slots)} differ from the table's slots {sorted(info.slots)}")
+        out.tables[name] = TableDigest(list(info.slots), rows, hex_(v.get(t, "ids", where), f"{where}.ids"),
+                                       {s: hex_(slots[s], f"{where}.slots[{s!r}]") for s in info.slots})
+    if "dense" in d:
+        out.dense = {}
+        for key, e in v.dict(d["dense"], "digests.dense").items():
+            where = f"digests.dense[{key!r}]"
+            dt = v.get(e, "dtype", where)
+            if dt not in dtypes.names():
+                v.fail(f"{where}.dtype", f"unknown dtype {dt!r:.40}")
+            shape = tuple(v.int(x, f"{where}.shape", 0, _I63) for x in v.list(v.get(e, "shape", where), f"{where}.shape"))
+            out.dense[v.str(key, "digests.dense")] = DenseDigest(dt, shape, hex_(v.get(e, "digest", where),
+                                                                                f"{where}.digest"))
+    return out
 
 
 def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> IndexDoc:

@@ -77,7 +77,7 @@ import json, os, resource, sys, time
 sys.path.insert(0, {repo!r})
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq, torch
 import recckpt
-import recckpt.api.exporter, recckpt.api.reader  # imported before the RSS baseline, like the baseline's modules
+import recckpt.tools.exporter, recckpt.tools.reader  # imported before the RSS baseline, like the baseline's modules
 from recckpt.format.checkpoint import CheckpointReader
 from recckpt.storage import open_storage
 

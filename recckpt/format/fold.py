@@ -2,7 +2,7 @@
 
 The one home of the chain rule of docs/FORMAT.md ("Incremental checkpoints"): for every id the newest
 event wins, a row in a later link replacing the id's row from earlier links, a removed id in a later
-link deleting it. Loads (recckpt.api.chain_load), compaction (recckpt.api.compaction) and the
+link deleting it. Loads (recckpt.load.chain_load), compaction (recckpt.tools.compaction) and the
 model-free reader all fold through this module.
 
 A fold has two steps, both without per-row Python:

@@ -779,7 +779,7 @@ class HashTable(nn.Module):
         The views are rows ``[len(self), len(self) + n)`` of the table's own storage (grown if
         needed), so a loader reads the checkpoint straight into the table with no staging copy. On a
         device table the ids are host memory and the slot views device memory: the loader reads into
-        host buffers and copies them over (:func:`recckpt.api.sparse_load.load_table_rows`).
+        host buffers and copies them over (:func:`recckpt.load.sparse_load.load_table_rows`).
         """
         slots = list(slots)
         for s in slots:

@@ -90,7 +90,7 @@ def main():
     assert (mgr.shard_id, mgr.shard_num) == (rank, world), "the manager must take its world from the group"
 
     if a.fail_rank == rank:
-        from recckpt.api import saver as saver_mod
+        from recckpt.train import saver as saver_mod
         real, calls = saver_mod.write_worker_part, []
 
         def failing(*args, **kw):

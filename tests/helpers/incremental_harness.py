@@ -131,7 +131,7 @@ def run_kill_incremental(n: int, work_dir: str, seed: int = 0, max_delay: float 
     out_dir = os.path.join(work_dir, "ckpts")
     progress = os.path.join(work_dir, "progress")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "recckpt.api.saver", "helpers.incremental_harness"])
+    ctx.set_forkserver_preload(["torch", "recckpt.train.saver", "helpers.incremental_harness"])
     for trial in range(n):
         p = ctx.Process(target=_child, args=(out_dir, progress), daemon=True)
         p.start()

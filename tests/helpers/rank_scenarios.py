@@ -117,7 +117,7 @@ def stalled_committer(rank, world, out, timeout_s, sleep_s, when):
     over. Reports what each rank's save() did."""
     import warnings
 
-    import recckpt.api.saver as saver_mod
+    import recckpt.train.saver as saver_mod
     if rank == 0:
         real = saver_mod.finalize
 

@@ -175,7 +175,7 @@ def run_kill(n: int, work_dir: str, seed: int = 0, max_delay: float = 0.4) -> Tr
     out_dir = os.path.join(work_dir, "ckpts")
     progress = os.path.join(work_dir, "progress")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "recckpt.api.saver", "helpers.stress_harness"])
+    ctx.set_forkserver_preload(["torch", "recckpt.train.saver", "helpers.stress_harness"])
     next_step, last_seen = 0, None   # the step the next child saves first; the newest restored
     for trial in range(n):
         before = len(_reported(progress))

@@ -10,7 +10,7 @@ import torch
 
 from helpers.tables import table_contents
 from recckpt import CheckpointManager, HashTable, IncrementPolicy, SaveOptions, Saver, SparseAdam
-from recckpt.api.snapshot import HostBuffers
+from recckpt.train.snapshot import HostBuffers
 from recckpt.errors import CheckpointSaveError
 from recckpt.format import catalog
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from recckpt import HashTable, SaveOptions, Saver, SparseAdagrad, SparseAdam
-from recckpt.api.manager import CheckpointManager
+from recckpt.train.manager import CheckpointManager
 from recckpt.errors import CheckpointSaveError
 from recckpt.state import initializers, staging
 

@@ -48,8 +48,8 @@ def test_every_recckpt_error_is_defined_in_errors_module():
 
 
 def test_old_import_paths_still_work():
-    from recckpt.api.async_save import AsyncCommitOutcomeUnknownError, AsyncSaveError
-    from recckpt.api.row_filter import DuplicateIdsError
+    from recckpt.train.async_save import AsyncCommitOutcomeUnknownError, AsyncSaveError
+    from recckpt.load.row_filter import DuplicateIdsError
     assert DuplicateIdsError is errors.DuplicateIdsError
     assert AsyncSaveError is errors.AsyncSaveError is recckpt.AsyncSaveError
     assert AsyncCommitOutcomeUnknownError is errors.AsyncCommitOutcomeUnknownError
@@ -82,7 +82,7 @@ def test_checkpoint_not_found_names_its_path(tmp_path):
     import torch
 
     from recckpt import CheckpointManager, Saver
-    from recckpt.api import outdir
+    from recckpt.tools import outdir
 
     model = torch.nn.Linear(2, 2)
     saver = Saver(model, output_dir=str(tmp_path / "run"))

@@ -15,7 +15,7 @@ import torch
 import recckpt
 from helpers.checkpoints import DIM, make_checkpoint, table_rows
 from recckpt import ExportOptions
-from recckpt.api.exporter import dequantize_int8, quantize_int8
+from recckpt.tools.exporter import dequantize_int8, quantize_int8
 from recckpt.errors import InvalidArgumentError
 
 ROWS = table_rows(1200, seed=5)

@@ -28,12 +28,23 @@ PENDING: frozenset[tuple[str, str]] = frozenset()
 PENDING_CYCLES: list[list[str]] = []
 
 #: Layer of each top-level part of the package, and the layers each may import (its own included).
-LAYER_OF = {"cli": "cli", "__main__": "cli", "api": "api", "routing": "routing", "state": "state", "format": "format",
+#: The layer table of /work/shared/DESIGN.md, top to bottom: integrations, cli, train, load, tools,
+#: state, format, engine, storage, coordination. `api` is the compatibility alias of the old paths: it
+#: names its targets as strings and imports nothing of recckpt's directly.
+LAYER_OF = {"integrations": "integrations", "cli": "cli", "__main__": "cli", "train": "train", "load": "load",
+            "tools": "tools", "api": "compat", "routing": "routing", "state": "state", "format": "format",
             "storage": "storage", "coordination": "coordination", "_C": "engine",
             "errors": "base", "_version": "base", "": "base"}
+_BELOW_TOOLS = {"routing", "state", "format", "storage", "coordination", "engine", "base"}
 MAY_IMPORT = {
-    "cli": {"api", "routing", "state", "format", "storage", "coordination", "engine", "base"},
-    "api": {"routing", "state", "format", "storage", "coordination", "engine", "base"},
+    "integrations": {"train", "load", "tools"} | _BELOW_TOOLS,
+    "cli": {"tools"} | _BELOW_TOOLS,
+    # The training side may use the loading layer (Saver.load delegates to it), never the offline tools.
+    "train": {"load"} | _BELOW_TOOLS,
+    # Loading and the offline tools are siblings: neither imports the other, nor the training side.
+    "load": _BELOW_TOOLS,
+    "tools": _BELOW_TOOLS,
+    "compat": set(),
     "routing": {"format", "engine", "base"},
     "state": {"engine", "base"},
     "format": {"storage", "engine", "base"},
@@ -218,6 +229,23 @@ def test_layers_import_only_layers_below():
             if _layer(target) != layer and _layer(target) not in MAY_IMPORT[layer]:
                 bad.append(f"{mod} ({layer}) imports {target} ({_layer(target)})")
     assert bad == []
+
+
+def test_the_layer_check_catches_what_it_should():
+    """The layer scan itself: a tool importing the training side, or the training side importing a tool,
+    is reported; the training side importing the loading layer is not."""
+    saved = dict(MODULES)
+    try:
+        MODULES["recckpt.tools._probe"] = ("t.py", ast.parse("from ..train import saver\n"))
+        MODULES["recckpt.train._probe"] = ("s.py", ast.parse("from ..tools import reader\nfrom ..load import load_apply\n"))
+        KNOWN.update({"recckpt.tools._probe", "recckpt.train._probe"})
+        bad = [(m, t) for m in ("recckpt.tools._probe", "recckpt.train._probe")
+               for t in sorted(_edges(m, MODULES[m][1])) if _layer(t) not in MAY_IMPORT[_layer(m)] | {_layer(m)}]
+    finally:
+        MODULES.clear()
+        MODULES.update(saved)
+        KNOWN.difference_update({"recckpt.tools._probe", "recckpt.train._probe"})
+    assert bad == [("recckpt.tools._probe", "recckpt.train.saver"), ("recckpt.train._probe", "recckpt.tools.reader")]
 
 
 def test_every_part_of_the_package_has_a_layer():

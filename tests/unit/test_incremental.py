@@ -184,7 +184,7 @@ def test_every_link_of_a_chain_loads_like_a_full_checkpoint(tmp_path, world):
 def test_a_chain_load_in_many_bucket_groups_equals_one_in_a_single_group(tmp_path, monkeypatch, world):
     """Every bucket its own fold group (LOAD_GROUP_BYTES=1): each group appends its own rows, holes of
     removed ids are removed at the end; the table equals the state of the chain's newest link."""
-    from recckpt.api import chain_load
+    from recckpt.load import chain_load
     model, saver, snaps = run_chain(tmp_path)
     monkeypatch.setattr(chain_load, "LOAD_GROUP_BYTES", 1)
     merged = {}
@@ -444,7 +444,7 @@ def test_chain_load_through_import_rows_with_an_ownership_function(tmp_path):
 
 # ----------------------------------------------------------------------------------- increment policy
 def test_increment_policy_decides_from_the_chain():
-    from recckpt.api.increments import IncrementPolicy
+    from recckpt.train.increments import IncrementPolicy
     p = IncrementPolicy(full_every=3, max_chain_fraction=0.5)
     assert not p.incremental(None)
     assert p.incremental((0, 0, 100)) and p.incremental((2, 40, 100))
@@ -508,7 +508,7 @@ def test_manager_writes_increments_between_full_checkpoints_and_keeps_the_chain(
 
 
 def test_cli_prune_keeps_the_chain_of_what_it_keeps(tmp_path):
-    from recckpt.api.outdir import prune
+    from recckpt.tools.outdir import prune
     run_chain(tmp_path, n_incr=2)
     assert prune(str(tmp_path), 1) == []            # c2 needs c1 and c0
     m2 = Model()
@@ -546,7 +546,7 @@ def test_compaction_reuses_a_buffer_only_after_the_writer_wrote_it(tmp_path, mon
     # Many bucket groups, two buffer sets used by turns: filling a set again must wait for every chunk
     # cut from it (group k - 2), and must not wait for the group just before (written meanwhile).
     import recckpt
-    import recckpt.api.compaction as C
+    import recckpt.tools.compaction as C
     from recckpt.format.sparse_io import WriteReceipts
     model = torch.nn.Module()
     model.emb = HashTable("emb", 16, track_changes=True)

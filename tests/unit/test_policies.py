@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 from recckpt import AnySavePolicy, AtSteps, EphemeralEveryNSteps, EveryNSeconds, EveryNSteps, KeepPolicy
-from recckpt.api.policies import EPHEMERAL, PERMANENT, CkptEntry, SaveContext, SaveSchedule
+from recckpt.train.policies import EPHEMERAL, PERMANENT, CkptEntry, SaveContext, SaveSchedule
 
 
 def ctx(seconds=0.0):

@@ -173,7 +173,7 @@ def test_storage_options_are_refused_or_passed_on(tmp_path):
 def test_small_windows_read_every_row_once(tmp_path, monkeypatch):
     """iter_rows reads a table window of buckets at a time (what bounds its memory); with tiny windows the
     rows, of a bucket range too, are still every row exactly once."""
-    import recckpt.api.reader as reader_mod
+    import recckpt.tools.reader as reader_mod
     rows = table_rows(3000, seed=9)
     make_checkpoint(str(tmp_path), "c", rows, workers=2)
     v = recckpt.open(tmp_path / "c")

@@ -79,7 +79,7 @@ def test_chunks_shards_and_buckets_of_a_chain(chain):
 
 
 def test_small_windows_fold_in_many_groups(chain, monkeypatch):
-    from recckpt.api import reader
+    from recckpt.tools import reader
     monkeypatch.setattr(reader, "WINDOW_BYTES", 512)   # many bucket groups, each planned on its own
     out, snaps = chain
     view = recckpt.open(f"{out}/c2")

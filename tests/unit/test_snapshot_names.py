@@ -3,7 +3,7 @@ import torch
 
 from helpers.tables import DictTable, assert_tables_equal
 from recckpt import SaveOptions, Saver
-from recckpt.api.snapshot import HostBuffers, copy_snapshot
+from recckpt.train.snapshot import HostBuffers, copy_snapshot
 from recckpt.state.protocol import SlotSpec
 
 OPTS = SaveOptions(num_buckets=16, fsync=False)

@@ -14,9 +14,7 @@ import torch
 
 from ..coordination import check_world, coordinator_for, resolve_shard
 from ..errors import (
-    CheckpointDeletedError,
     CheckpointExistsError,
-    CheckpointNotFoundError,
     CheckpointSaveError,
     CommitOutcomeUnknownError,
     ConcurrentCommitError,
@@ -24,21 +22,22 @@ from ..errors import (
     InvalidArgumentError,
     RecckptError,
 )
-from ..format import catalog, dtypes, recovery
-from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
+from ..format import catalog, dtypes, extras as extras_fmt, recovery
+from ..format.checkpoint import WorkerPart, finalize, write_worker_part
 from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.schema import ParentRef, SlotInfo
 from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
+from ..load.load_apply import LoadResult
+from ..load.load_config import LoadConfig
+from ..load.loader import LoadRequest, LoadTarget, load_checkpoint
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
 from ..state.protocol import ChangeTracking, SparseState, split_sparse_dense_state_dict
+from ..state.registry import Registry
 from ..state.staging import StagingPool
 from ..storage import open_storage
-from .load_apply import LoadPlan, LoadResult
-from .load_config import LoadConfig
 from .options import SaveOptions
 from .policies import CkptEntry, KeepPolicy
-from .registry import Registry
 from .snapshot import HostBuffers, Snapshot, copy_snapshot
 
 log = logging.getLogger("recckpt")
@@ -288,11 +287,11 @@ class Saver:
 
     def capture(self, shard_id: int = 0) -> Snapshot:
         """What a save of this worker writes, read from the live objects (no copies: the sync path).
-        `recckpt.api.snapshot.copy_snapshot` freezes it into reused host buffers for async saves."""
+        `recckpt.train.snapshot.copy_snapshot` freezes it into reused host buffers for async saves."""
         sparse, dense = self._state()
         first = shard_id == 0
         return Snapshot(tables=list(sparse.values()), dense=dense if first else None,
-                        extras=self.registry.extras_tree(self.sparse_optim) if first else None,
+                        extras=_extras_tree(self.registry, self.sparse_optim) if first else None,
                         io_state=self.registry.io_tree())
 
     def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False) -> Snapshot:
@@ -590,47 +589,6 @@ class Saver:
                 kwargs[k] = conf.pop(k)
         return self.load(load_conf=LoadConfig.coerce(conf), **kwargs)
 
-    def _resolve(self, ckpt_path, ckpt_id, direct_path, storage_options=None):
-        if direct_path:
-            if ckpt_path is None:
-                raise InvalidArgumentError("direct_path=True needs ckpt_path: the committed checkpoint directory")
-            storage = self.open_storage(ckpt_path, storage_options)
-            if not storage.exists(MANIFEST):
-                raise CheckpointNotFoundError(
-                    f"{storage.describe()} is not a committed checkpoint (no manifest.json); with "
-                    f"direct_path=True pass the checkpoint directory itself, e.g. <output_dir>/<ckpt_id>",
-                    path=storage.describe())
-            if catalog.read_manifest(storage, "").parent is not None:
-                # An increment's parents are its sibling directories: open it from its output directory.
-                head, _, name = os.fspath(ckpt_path).rstrip("/").rpartition("/")
-                if head:
-                    return self.open_storage(head, storage_options), name, None
-            return storage, "", None
-        storage = self.storage if ckpt_path is None else self.open_storage(ckpt_path, storage_options)
-        if not storage.isdir(""):
-            raise CheckpointNotFoundError(f"checkpoint directory {storage.describe()} does not exist",
-                                          path=storage.describe())
-        if ckpt_id is None:
-            found = catalog.committed(storage)
-            if not found and storage.exists(MANIFEST):
-                raise CheckpointNotFoundError(
-                    f"{storage.describe()} is one checkpoint directory, not an output directory: pass "
-                    f"direct_path=True to load it, or its parent directory as ckpt_path",
-                    path=storage.describe())
-            if not found:
-                raise CheckpointNotFoundError(
-                    f"no committed checkpoint in {storage.describe()} (version file "
-                    f"{'missing' if catalog.read_version_file(storage) is None else 'lists none that exist'}); "
-                    f"save one first, or pass ckpt_path/ckpt_id of an existing checkpoint", path=storage.describe())
-            ckpt_id = found[-1][0]
-        else:
-            validate_ckpt_id(ckpt_id)
-            if not catalog.is_committed(storage, ckpt_id):
-                raise CheckpointNotFoundError(
-                    f"checkpoint {storage.describe(ckpt_id)} does not exist or was never committed; "
-                    f"committed: {[i for i, _ in catalog.committed(storage)]}", path=storage.describe(ckpt_id))
-        return storage, ckpt_id, ckpt_id
-
     def load(self, ckpt_path: str | None = None, ckpt_id: str | None = None, load_conf=None,
              shard_id: int | None = None, direct_path: bool = False, *, shard_num: int | None = None,
              storage_options: dict | None = None) -> LoadResult:
@@ -643,41 +601,34 @@ class Saver:
         shard_id/shard_num (the loading world, any size) default like `save`'s; rank r loads the ids
         that `recckpt.partition(ids, shard_num) == r`, or that LoadConfig.ownership assigns to it.
         `storage_options` (default: this Saver's) open `ckpt_path`. A checkpoint deleted while it is
-        read (retention in another process) raises CheckpointDeletedError."""
-        t0 = time.perf_counter()
-        conf = LoadConfig.coerce(load_conf)
+        read (retention in another process) raises CheckpointDeletedError. The work is
+        `recckpt.load.loader.load_checkpoint`'s; the Saver only keeps what the next incremental save needs."""
         shard_id, world = resolve_shard(shard_id, shard_num)
-        storage, ckpt_dir, resolved_id = self._resolve(ckpt_path, ckpt_id, direct_path, storage_options)
-        reader = None
-        try:
-            reader = CheckpointReader(storage, ckpt_dir, threads=self.concurrency, read_options=self.read_options)
-            result = LoadResult(reader.describe(), resolved_id)
-            result.metadata = dict(reader.manifest.metadata)
-            plan = LoadPlan(self.model, self.sparse_optim, self.registry, reader, conf, result)
-            plan.prepare(shard_id, world)
-            self._chain = None  # the tables are about to change: the last checkpoint no longer describes them
-            self._pending_forget = None
-            plan.apply(shard_id, world)
-        except (RecckptError, OSError) as e:
-            # A checkpoint deleted under the load (retention in another process) shows up as missing or
-            # short files; tell it apart from a corrupt one by its commit marker.
-            if storage.exists(f"{ckpt_dir}/{MANIFEST}" if ckpt_dir else MANIFEST):
-                raise
-            raise CheckpointDeletedError(
-                f"checkpoint {storage.describe(ckpt_dir)} was deleted while it was being loaded (by retention "
-                f"in another process, or by hand): {e}. Everything is read and verified before the model is "
-                f"touched, except sparse rows, which the message above names if any were applied. Load again "
-                f"to get the newest checkpoint.") from e
-        finally:
-            if reader is not None:
-                reader.close()   # local copies of an object store's shard files, if any
-        if storage is self.storage and plan.replaced_whole_state():
-            marks = {t.sparse_meta().name: t.mark_changes() for t in plan.model_sparse.values()
+        storage = self.storage if ckpt_path is None else self.open_storage(ckpt_path, storage_options)
+        target = LoadTarget(self.model, self.sparse_optim, self.registry, self.concurrency, self.read_options)
+        if direct_path and ckpt_path is None:
+            raise InvalidArgumentError("direct_path=True needs ckpt_path: the committed checkpoint directory")
+        url = self.output_dir if ckpt_path is None else os.fspath(ckpt_path)
+        request = LoadRequest(storage, url, ckpt_id, direct_path, LoadConfig.coerce(load_conf), shard_id, world,
+                              parent_storage=lambda url: self.open_storage(url, storage_options))
+        outcome = load_checkpoint(target, request, before_apply=self._forget_chain)
+        if storage is self.storage and outcome.replaced_whole_state:
+            marks = {t.sparse_meta().name: t.mark_changes() for t in outcome.tables
                      if isinstance(t, ChangeTracking)}
-            self._chain = _ChainState(resolved_id, reader.manifest.content_sha256, marks)
-        result.bytes_read = reader.segments.bytes_read if reader.manifest.index else 0
-        result.seconds = time.perf_counter() - t0
-        return result
+            self._chain = _ChainState(outcome.result.ckpt_id, outcome.manifest_sha256, marks)
+        return outcome.result
+
+    def _forget_chain(self) -> None:
+        """The tables are about to change: the last checkpoint no longer describes them."""
+        self._chain = None
+        self._pending_forget = None
+
+
+def _extras_tree(registry: Registry, sparse_optim) -> dict:
+    """The extras tree a save writes: every registered object's state plus the sparse optimizer's."""
+    objects = {name: extras_fmt.entry(name, kind, state, allow_pickle)
+               for name, kind, state, allow_pickle in registry.object_states()}
+    return {"objects": objects, "sparse_optimizer": sparse_optim.state_dict() if sparse_optim is not None else None}
 
 
 def _lost_commit_race(e: BaseException) -> bool:

@@ -32,9 +32,9 @@ from ..errors import (
 from ..format import catalog
 from ..format.chain import chain_stats
 from ..format.names import validate_ckpt_id
+from ..load.load_config import LoadConfig
 from .async_save import FAILED, AsyncWriter, SaveHandle
 from .increments import IncrementPolicy
-from .load_config import LoadConfig
 from .policies import (
     EPHEMERAL,
     META_EPHEMERAL,

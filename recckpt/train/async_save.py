@@ -13,7 +13,7 @@ import time
 from typing import Callable
 
 # AsyncSaveError and AsyncCommitOutcomeUnknownError live in recckpt.errors; imported here also so that
-# the old import path (recckpt.api.async_save) keeps working.
+# the old import path (recckpt.train.async_save) keeps working.
 from ..errors import AsyncCommitOutcomeUnknownError, AsyncSaveError, CommitOutcomeUnknownError
 
 log = logging.getLogger("recckpt")

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..errors import InvalidArgumentError
-from ..format import extras as extras_fmt
 
 
 def _check_name(name, registry: dict, what: str) -> None:
@@ -61,16 +60,13 @@ class Registry:
         return iter(list(self._io.items()))
 
     # ------------------------------------------------------------------------------- save side
-    def extras_tree(self, sparse_optim=None) -> dict:
-        """The extras tree a save writes: every object's state plus the sparse optimizer's."""
-        objects = {}
+    def object_states(self) -> Iterator[tuple[str, str, Any, bool]]:
+        """`(name, kind, state, allow_pickle)` of every registered object, as a save captures it: kind
+        "state_dict" (its `state_dict()`) for objects with `state_dict`/`load_state_dict`, else "value"."""
         for name, obj in self._objects.items():
             kind = "state_dict" if (callable(getattr(obj, "state_dict", None))
                                     and callable(getattr(obj, "load_state_dict", None))) else "value"
-            state = obj.state_dict() if kind == "state_dict" else obj
-            objects[name] = extras_fmt.entry(name, kind, state, name in self._pickle_allowed)
-        opt = sparse_optim.state_dict() if sparse_optim is not None else None
-        return {"objects": objects, "sparse_optimizer": opt}
+            yield name, kind, (obj.state_dict() if kind == "state_dict" else obj), name in self._pickle_allowed
 
     def io_tree(self) -> dict | None:
         """Every IO-state provider's `dump_io_state()`, or None when none is registered."""

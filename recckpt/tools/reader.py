@@ -29,8 +29,8 @@ from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
+from ..format.retention import META_EPHEMERAL, META_STEP, parse_step
 from ..storage import Storage, open_storage
-from .policies import META_EPHEMERAL, META_STEP, parse_step
 
 DEFAULT_CHUNK_ROWS = 65536
 #: iter_rows reads about this many bytes of rows (all segments together) per bucket window.

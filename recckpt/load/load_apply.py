@@ -14,9 +14,9 @@ from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
 from ..state.protocol import split_sparse_dense_state_dict
+from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
 from .load_config import LoadConfig
-from .registry import Registry
 from .row_filter import RowFilter, owners_of
 from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
 

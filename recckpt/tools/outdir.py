@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, names, recovery
-from .policies import CkptEntry, KeepPolicy
+from ..format.retention import CkptEntry, KeepPolicy
 from .reader import kind_of, open_output_dir, parent_of, recorded_step
 
 

@@ -7,33 +7,28 @@ differ between workers (a clock) sets `rank0_decides = True`: the manager then t
 every rank, through recckpt's coordination group. A policy with `ephemeral = True` asks for checkpoints
 that live only until a newer one commits. `SaveSchedule` validates a combination and decides per step.
 
-`KeepPolicy` is the one implementation of retention (`Saver(max_keep=...)` is a KeepPolicy too): a pure
-function of the committed list, so it behaves the same after a restart.
+`KeepPolicy` is the one implementation of retention (`Saver(max_keep=...)` is a KeepPolicy too). It lives
+in `recckpt.format.retention`, below both the training side and the offline tools (prune), and is
+re-exported here.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Iterable, Iterator, Protocol, runtime_checkable
 
 from ..errors import InvalidArgumentError
+from ..format.retention import (  # noqa: F401  (public here too)
+    META_EPHEMERAL,
+    META_STEP,
+    CkptEntry,
+    KeepPolicy,
+    parse_step,
+    positive_int,
+)
 
 EPHEMERAL = "ephemeral"
 PERMANENT = "permanent"
-
-#: Manifest metadata keys that retention and restore read: the global step a checkpoint holds, and
-#: whether it is ephemeral ("1") or regular ("0").
-META_STEP = "recckpt.global_step"
-META_EPHEMERAL = "recckpt.ephemeral"
-
-
-def parse_step(text) -> int | None:
-    """A global step as written in manifest metadata or an id: ASCII digits only (str.isdigit also
-    accepts '²'), at most 18 of them; anything else is no step."""
-    if isinstance(text, str) and 0 < len(text) <= 18 and text.isascii() and text.isdigit():
-        return int(text)
-    return None
-
 
 @dataclass(frozen=True)
 class SaveContext:
@@ -55,11 +50,6 @@ class SaveDecisionPolicy(Protocol):
         """Whether global step `step` (just completed) is saved."""
 
 
-def _positive_int(owner: str, field: str, v) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise InvalidArgumentError(f"{owner}.{field} must be an integer >= 1, got {v!r}")
-
-
 @dataclass(frozen=True)
 class EveryNSteps:
     """Save when the global step is a multiple of `n`."""
@@ -67,7 +57,7 @@ class EveryNSteps:
     """Steps between saves (>= 1)."""
 
     def __post_init__(self):
-        _positive_int("EveryNSteps", "n", self.n)
+        positive_int("EveryNSteps", "n", self.n)
 
     def should_save(self, step: int, context: SaveContext) -> bool:
         return step % self.n == 0
@@ -103,7 +93,7 @@ class AtSteps:
         except TypeError:
             raise InvalidArgumentError(f"AtSteps.steps must be an iterable of integers >= 1, got {self.steps!r}") from None
         for s in steps:
-            _positive_int("AtSteps", "steps[...]", s)
+            positive_int("AtSteps", "steps[...]", s)
         object.__setattr__(self, "steps", steps)
 
     def should_save(self, step: int, context: SaveContext) -> bool:
@@ -121,7 +111,7 @@ class EphemeralEveryNSteps:
     ephemeral = True
 
     def __post_init__(self):
-        _positive_int("EphemeralEveryNSteps", "n", self.n)
+        positive_int("EphemeralEveryNSteps", "n", self.n)
 
     def should_save(self, step: int, context: SaveContext) -> bool:
         return step % self.n == 0
@@ -171,66 +161,6 @@ def _flatten(policies: Iterable) -> Iterator:
             yield from _flatten(p.policies)
         else:
             yield p
-
-
-@dataclass(frozen=True)
-class KeepPolicy:
-    """Which committed checkpoints retention keeps. Retention runs only after a new checkpoint commits,
-    so the newest committed checkpoint is never deleted, and the one a run restored from survives
-    until a newer one exists."""
-    max_keep: int | None = 1
-    """Keep the newest `max_keep` regular (non-ephemeral) checkpoints; None keeps all. At least 1: the
-    newest committed checkpoint is what a restart (or a failed async save) falls back to."""
-
-    keep_every_n_steps: int | None = None
-    """Also keep, forever, every regular checkpoint whose global step is a multiple of this."""
-
-    def __post_init__(self):
-        if self.max_keep is not None and (not isinstance(self.max_keep, int) or isinstance(self.max_keep, bool)
-                                          or self.max_keep < 1):
-            raise InvalidArgumentError(
-                f"KeepPolicy.max_keep must be an integer >= 1 or None (keep all), got {self.max_keep!r}: the "
-                f"newest committed checkpoint must survive until a newer one commits, which matters most "
-                f"with async saves where the next one is still being written")
-        if self.keep_every_n_steps is not None:
-            _positive_int("KeepPolicy", "keep_every_n_steps", self.keep_every_n_steps)
-
-    @classmethod
-    def coerce(cls, keep) -> "KeepPolicy":
-        if isinstance(keep, cls):
-            return keep
-        if keep is None or isinstance(keep, int):
-            return cls(max_keep=keep)
-        raise InvalidArgumentError(f"keep must be a KeepPolicy, an int (max_keep) or None (keep all), got {keep!r}")
-
-    def doomed(self, entries: Sequence["CkptEntry"], restored_from: str | None = None) -> list[str]:
-        """Ids among `entries` (committed, oldest first; the last is the newest) that may be deleted."""
-        if not entries:
-            return []
-        keep = {entries[-1].ckpt_id}
-        regular = [e for e in entries if not e.ephemeral]
-        keep.update(e.ckpt_id for e in (regular if self.max_keep is None else regular[-self.max_keep:]))
-        if self.keep_every_n_steps is not None:
-            keep.update(e.ckpt_id for e in regular
-                        if e.step is not None and e.step % self.keep_every_n_steps == 0)
-        # Ephemeral checkpoints survive only while they are the newest (added above as entries[-1]).
-        ids = [e.ckpt_id for e in entries]
-        if restored_from in ids and ids.index(restored_from) == len(ids) - 1:
-            keep.add(restored_from)  # explicit: never delete the restore point before a newer one exists
-        return [i for i in ids if i not in keep]
-
-
-@dataclass(frozen=True)
-class CkptEntry:
-    """A committed checkpoint as retention sees it."""
-    ckpt_id: str
-    step: int | None
-    ephemeral: bool
-
-    @classmethod
-    def from_metadata(cls, ckpt_id: str, metadata: Mapping[str, str]) -> "CkptEntry":
-        """From a manifest's metadata (a checkpoint written without a manager: no step, regular)."""
-        return cls(ckpt_id, parse_step(metadata.get(META_STEP)), metadata.get(META_EPHEMERAL) == "1")
 
 
 class SaveSchedule:

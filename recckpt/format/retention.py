@@ -1,0 +1,94 @@
+"""Retention and step metadata: rules the training side and the offline tools both apply.
+
+Which committed checkpoints retention keeps (`KeepPolicy`, a pure function of the committed list, so it
+behaves the same after a restart and in `recckpt prune`), and the manifest metadata keys that record a
+checkpoint's global step and whether it is ephemeral. The save side (`recckpt.train`) writes them; the
+tools (`recckpt.tools`) read them; neither imports the other, so the rules live here, below both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ..errors import InvalidArgumentError
+
+#: Manifest metadata keys that retention and restore read: the global step a checkpoint holds, and
+#: whether it is ephemeral ("1") or regular ("0").
+META_STEP = "recckpt.global_step"
+META_EPHEMERAL = "recckpt.ephemeral"
+
+
+def parse_step(text) -> int | None:
+    """A global step as written in manifest metadata or an id: ASCII digits only (str.isdigit also
+    accepts '²'), at most 18 of them; anything else is no step."""
+    if isinstance(text, str) and 0 < len(text) <= 18 and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
+def positive_int(owner: str, field: str, v) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise InvalidArgumentError(f"{owner}.{field} must be an integer >= 1, got {v!r}")
+
+
+@dataclass(frozen=True)
+class KeepPolicy:
+    """Which committed checkpoints retention keeps. Retention runs only after a new checkpoint commits,
+    so the newest committed checkpoint is never deleted, and the one a run restored from survives
+    until a newer one exists."""
+    max_keep: int | None = 1
+    """Keep the newest `max_keep` regular (non-ephemeral) checkpoints; None keeps all. At least 1: the
+    newest committed checkpoint is what a restart (or a failed async save) falls back to."""
+
+    keep_every_n_steps: int | None = None
+    """Also keep, forever, every regular checkpoint whose global step is a multiple of this."""
+
+    def __post_init__(self):
+        if self.max_keep is not None and (not isinstance(self.max_keep, int) or isinstance(self.max_keep, bool)
+                                          or self.max_keep < 1):
+            raise InvalidArgumentError(
+                f"KeepPolicy.max_keep must be an integer >= 1 or None (keep all), got {self.max_keep!r}: the "
+                f"newest committed checkpoint must survive until a newer one commits, which matters most "
+                f"with async saves where the next one is still being written")
+        if self.keep_every_n_steps is not None:
+            positive_int("KeepPolicy", "keep_every_n_steps", self.keep_every_n_steps)
+
+    @classmethod
+    def coerce(cls, keep) -> "KeepPolicy":
+        if isinstance(keep, cls):
+            return keep
+        if keep is None or isinstance(keep, int):
+            return cls(max_keep=keep)
+        raise InvalidArgumentError(f"keep must be a KeepPolicy, an int (max_keep) or None (keep all), got {keep!r}")
+
+    def doomed(self, entries: Sequence["CkptEntry"], restored_from: str | None = None) -> list[str]:
+        """Ids among `entries` (committed, oldest first; the last is the newest) that may be deleted."""
+        if not entries:
+            return []
+        keep = {entries[-1].ckpt_id}
+        regular = [e for e in entries if not e.ephemeral]
+        keep.update(e.ckpt_id for e in (regular if self.max_keep is None else regular[-self.max_keep:]))
+        if self.keep_every_n_steps is not None:
+            keep.update(e.ckpt_id for e in regular
+                        if e.step is not None and e.step % self.keep_every_n_steps == 0)
+        # Ephemeral checkpoints survive only while they are the newest (added above as entries[-1]).
+        ids = [e.ckpt_id for e in entries]
+        if restored_from in ids and ids.index(restored_from) == len(ids) - 1:
+            keep.add(restored_from)  # explicit: never delete the restore point before a newer one exists
+        return [i for i in ids if i not in keep]
+
+
+@dataclass(frozen=True)
+class CkptEntry:
+    """A committed checkpoint as retention sees it."""
+    ckpt_id: str
+    step: int | None
+    ephemeral: bool
+
+    @classmethod
+    def from_metadata(cls, ckpt_id: str, metadata: Mapping[str, str]) -> "CkptEntry":
+        """From a manifest's metadata (a checkpoint written without a manager: no step, regular)."""
+        return cls(ckpt_id, parse_step(metadata.get(META_STEP)), metadata.get(META_EPHEMERAL) == "1")
+
+
+__all__ = ["META_STEP", "META_EPHEMERAL", "parse_step", "positive_int", "KeepPolicy", "CkptEntry"]

@@ -1,0 +1,132 @@
+"""One load, start to end: resolve which checkpoint a request names, open it, match it against the
+live objects and apply it (`LoadPlan`). `Saver.load` and the manager's restore delegate here."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import CheckpointDeletedError, CheckpointNotFoundError, RecckptError
+from ..format import catalog
+from ..format.checkpoint import CheckpointReader
+from ..format.names import MANIFEST, validate_ckpt_id
+from ..format.sparse_io import ReadOptions
+from ..state.registry import Registry
+from ..storage import Storage
+from .load_apply import LoadPlan, LoadResult
+from .load_config import LoadConfig
+
+
+@dataclass(frozen=True)
+class LoadTarget:
+    """The live objects a load applies to."""
+    model: Any
+    sparse_optim: Any
+    registry: Registry
+    threads: int
+    """Reader threads."""
+    read_options: ReadOptions
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Which checkpoint to load, and onto which worker of which world."""
+    storage: Storage
+    """An output directory, or with `direct_path` one checkpoint directory."""
+    url: str
+    """The path or URL `storage` was opened from, as the user gave it."""
+    ckpt_id: str | None
+    """None: the newest committed checkpoint of the output directory."""
+    direct_path: bool
+    conf: LoadConfig
+    shard_id: int
+    world: int
+    parent_storage: Callable[[str], Storage]
+    """Opens the output directory above a `direct_path` increment (its parents are its siblings)."""
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    result: LoadResult
+    replaced_whole_state: bool
+    """Whether every table was replaced from the checkpoint (so it describes the live tables now)."""
+    manifest_sha256: str
+    tables: tuple
+    """The model's sparse tables, as the load saw them."""
+
+
+def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
+    """(storage, checkpoint directory within it, resolved id or None for a direct path)."""
+    storage, ckpt_id = request.storage, request.ckpt_id
+    if request.direct_path:
+        if not storage.exists(MANIFEST):
+            raise CheckpointNotFoundError(
+                f"{storage.describe()} is not a committed checkpoint (no manifest.json); with "
+                f"direct_path=True pass the checkpoint directory itself, e.g. <output_dir>/<ckpt_id>",
+                path=storage.describe())
+        if catalog.read_manifest(storage, "").parent is not None:
+            # An increment's parents are its sibling directories: open it from its output directory.
+            head, _, name = request.url.rstrip("/").rpartition("/")
+            if head:
+                return request.parent_storage(head), name, None
+        return storage, "", None
+    if not storage.isdir(""):
+        raise CheckpointNotFoundError(f"checkpoint directory {storage.describe()} does not exist",
+                                      path=storage.describe())
+    if ckpt_id is None:
+        found = catalog.committed(storage)
+        if not found and storage.exists(MANIFEST):
+            raise CheckpointNotFoundError(
+                f"{storage.describe()} is one checkpoint directory, not an output directory: pass "
+                f"direct_path=True to load it, or its parent directory as ckpt_path",
+                path=storage.describe())
+        if not found:
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint in {storage.describe()} (version file "
+                f"{'missing' if catalog.read_version_file(storage) is None else 'lists none that exist'}); "
+                f"save one first, or pass ckpt_path/ckpt_id of an existing checkpoint", path=storage.describe())
+        ckpt_id = found[-1][0]
+    else:
+        validate_ckpt_id(ckpt_id)
+        if not catalog.is_committed(storage, ckpt_id):
+            raise CheckpointNotFoundError(
+                f"checkpoint {storage.describe(ckpt_id)} does not exist or was never committed; "
+                f"committed: {[i for i, _ in catalog.committed(storage)]}", path=storage.describe(ckpt_id))
+    return storage, ckpt_id, ckpt_id
+
+
+def load_checkpoint(target: LoadTarget, request: LoadRequest,
+                    before_apply: Callable[[], None] = lambda: None) -> LoadOutcome:
+    """Resolve, read, check and apply one checkpoint. `before_apply` runs once everything that can be
+    checked up front has been, just before the live objects change."""
+    t0 = time.perf_counter()
+    storage, ckpt_dir, resolved_id = resolve(request)
+    reader = None
+    try:
+        reader = CheckpointReader(storage, ckpt_dir, threads=target.threads, read_options=target.read_options)
+        result = LoadResult(reader.describe(), resolved_id)
+        result.metadata = dict(reader.manifest.metadata)
+        plan = LoadPlan(target.model, target.sparse_optim, target.registry, reader, request.conf, result)
+        plan.prepare(request.shard_id, request.world)
+        before_apply()
+        plan.apply(request.shard_id, request.world)
+    except (RecckptError, OSError) as e:
+        # A checkpoint deleted under the load (retention in another process) shows up as missing or
+        # short files; tell it apart from a corrupt one by its commit marker.
+        if storage.exists(f"{ckpt_dir}/{MANIFEST}" if ckpt_dir else MANIFEST):
+            raise
+        raise CheckpointDeletedError(
+            f"checkpoint {storage.describe(ckpt_dir)} was deleted while it was being loaded (by retention "
+            f"in another process, or by hand): {e}. Everything is read and verified before the model is "
+            f"touched, except sparse rows, which the message above names if any were applied. Load again "
+            f"to get the newest checkpoint.") from e
+    finally:
+        if reader is not None:
+            reader.close()   # local copies of an object store's shard files, if any
+    result.bytes_read = reader.segments.bytes_read if reader.manifest.index else 0
+    result.seconds = time.perf_counter() - t0
+    return LoadOutcome(result, plan.replaced_whole_state(), reader.manifest.content_sha256,
+                       tuple(plan.model_sparse.values()))
+
+
+__all__ = ["LoadTarget", "LoadRequest", "LoadOutcome", "resolve", "load_checkpoint"]

@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..errors import InvalidArgumentError
 from .reader import DEFAULT_CHUNK_ROWS, CheckpointView, open as open_checkpoint
@@ -133,6 +133,8 @@ def _convert(name: str, a: np.ndarray, dtype: str, fmt: str) -> dict[str, Any]:
         return {name: a}
     if dtype == "fp32":
         return {name: a.astype(np.float32, copy=False)}
+    if dtype in ("fp16", "bf16"):   # torch only where it is needed: an fp32 export does not import it
+        import torch
     if dtype == "fp16":  # torch converts with the CPU's F16C instructions; numpy's loop is several times slower
         return {name: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.float16).numpy()}
     if dtype == "bf16":
@@ -187,6 +189,12 @@ class _ParquetSink:
         return [self.path]
 
 
+def _is_tensor(a) -> bool:
+    """A torch tensor (one exists only once torch is imported: this check never imports it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(a, torch.Tensor)
+
+
 class _BufferedSink:
     """safetensors / .npy: a file's rows are collected, then written at once (at most shard_rows rows)."""
 
@@ -198,19 +206,20 @@ class _BufferedSink:
         # Copies: the arrays may be views of the reader's reused chunk buffer.
         self._ids.append(np.array(ids))
         for k, a in cols.items():
-            self._cols.setdefault(k, []).append(a.clone() if isinstance(a, torch.Tensor) else np.array(a))
+            self._cols.setdefault(k, []).append(a.clone() if _is_tensor(a) else np.array(a))
 
     def close(self) -> list[str]:
         if not self._ids:
             return []
         ids = np.concatenate(self._ids)
-        cols = {k: (torch.cat(v) if isinstance(v[0], torch.Tensor) else np.concatenate(v))
+        cols = {k: (sys.modules["torch"].cat(v) if _is_tensor(v[0]) else np.concatenate(v))
                 for k, v in self._cols.items()}
         self._ids, self._cols = [], {}
         if self.fmt == "safetensors":
+            import torch
             from safetensors.torch import save_file
             tensors = {"id": torch.from_numpy(ids)}
-            tensors.update({k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
+            tensors.update({k: v if _is_tensor(v) else torch.from_numpy(np.ascontiguousarray(v))
                             for k, v in cols.items()})
             save_file(tensors, self.path + ".safetensors", metadata={"format": "recckpt-export"})
             return [self.path + ".safetensors"]

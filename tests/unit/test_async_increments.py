@@ -10,9 +10,9 @@ import torch
 
 from helpers.tables import table_contents
 from recckpt import CheckpointManager, HashTable, IncrementPolicy, SaveOptions, Saver, SparseAdam
-from recckpt.train.snapshot import HostBuffers
 from recckpt.errors import CheckpointSaveError
 from recckpt.format import catalog
+from recckpt.train.snapshot import HostBuffers
 
 OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=4096, fsync=False)
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from recckpt import HashTable, SaveOptions, Saver, SparseAdagrad, SparseAdam
-from recckpt.train.manager import CheckpointManager
 from recckpt.errors import CheckpointSaveError
 from recckpt.state import initializers, staging
+from recckpt.train.manager import CheckpointManager
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device: torch.cuda.is_available() is False here")

@@ -48,8 +48,8 @@ def test_every_recckpt_error_is_defined_in_errors_module():
 
 
 def test_old_import_paths_still_work():
-    from recckpt.train.async_save import AsyncCommitOutcomeUnknownError, AsyncSaveError
     from recckpt.load.row_filter import DuplicateIdsError
+    from recckpt.train.async_save import AsyncCommitOutcomeUnknownError, AsyncSaveError
     assert DuplicateIdsError is errors.DuplicateIdsError
     assert AsyncSaveError is errors.AsyncSaveError is recckpt.AsyncSaveError
     assert AsyncCommitOutcomeUnknownError is errors.AsyncCommitOutcomeUnknownError

@@ -15,8 +15,8 @@ import torch
 import recckpt
 from helpers.checkpoints import DIM, make_checkpoint, table_rows
 from recckpt import ExportOptions
-from recckpt.tools.exporter import dequantize_int8, quantize_int8
 from recckpt.errors import InvalidArgumentError
+from recckpt.tools.exporter import dequantize_int8, quantize_int8
 
 ROWS = table_rows(1200, seed=5)
 
@@ -229,6 +229,7 @@ def test_hostile_table_name_cannot_write_outside_out(tmp_path):
     write_json(str(ck), "index.json", idx)
     man = read_json(str(ck), "manifest.json")
     man["tables"] = {evil: man["tables"]["user"]}
+    man["digests"]["tables"] = {evil: man["digests"]["tables"]["user"]}
     write_json(str(ck), "manifest.json", man)
     assert recckpt.open(ck).tables[evil].rows == 30
     with pytest.raises(InvalidArgumentError, match="cannot be used as a file name"):

@@ -3,8 +3,8 @@ import torch
 
 from helpers.tables import DictTable, assert_tables_equal
 from recckpt import SaveOptions, Saver
-from recckpt.train.snapshot import HostBuffers, copy_snapshot
 from recckpt.state.protocol import SlotSpec
+from recckpt.train.snapshot import HostBuffers, copy_snapshot
 
 OPTS = SaveOptions(num_buckets=16, fsync=False)
 

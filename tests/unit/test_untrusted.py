@@ -198,6 +198,7 @@ def test_huge_claimed_sizes_and_rows_allocate_nothing(tmp_path):
     hostile.write_json(ckpt, "index.json", idx)
     m = hostile.read_json(ckpt, "manifest.json")
     m["tables"]["user"]["rows"] += extra
+    m["digests"]["tables"]["user"]["rows"] += extra   # consistent, so the index's own checks are what fire
     hostile.write_json(ckpt, "manifest.json", m)
     with pytest.raises(CorruptCheckpointError, match="checksums for"):
         _load(tmp_path)

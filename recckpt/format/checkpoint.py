@@ -182,6 +182,7 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         m.dense = m.dense or p.dense
         m.extras = m.extras or p.extras
     m.digests = _merged_digests(parts, m)
+    m.shard_bytes = sum(size for _, size in merged.files)   # listings show sizes without reading the index
     if m.tables:
         data = checked_json.dumps(merged.to_json())
         storage.write_bytes(f"{stage}/{names.INDEX}", data, fsync=opts.fsync)

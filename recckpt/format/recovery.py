@@ -64,6 +64,8 @@ def find_leftovers(storage: Storage, keep: Collection[str] = ()) -> list[tuple[s
             what = "an interrupted delete"
         elif name.startswith(names.VERSION_TMP_PREFIX):
             what = "an interrupted version-file update"
+        elif name.startswith(names.CATALOG_TMP_PREFIX):
+            what = "an interrupted catalog update"
         elif name.startswith(names.OWNER_PREFIX):
             what = "a writer's claim (removed only when its writer is gone)"
         else:
@@ -72,10 +74,12 @@ def find_leftovers(storage: Storage, keep: Collection[str] = ()) -> list[tuple[s
     return found
 
 
-def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) -> list[str]:
+def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True, rebuild_catalog: bool = False
+            ) -> list[str]:
     """Remove what interrupted saves and deletes left in `storage` (except the targets in `keep` and
-    those a live writer holds) and rewrite the version file if it is missing, garbled or stale.
-    Returns the names removed."""
+    those a live writer holds) and rewrite the version file and the catalog if they are missing, garbled
+    or stale (`rebuild_catalog`: the catalog from every manifest, trusting none of it). Returns the names
+    removed."""
     removed = []
     listing = storage.listdir("")
     for name in listing:
@@ -92,8 +96,9 @@ def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) ->
                 storage.remove_tree(name)
             except FileNotFoundError:
                 continue   # another process's delete or recovery finished it
-        elif name.startswith(names.VERSION_TMP_PREFIX):
-            what = "an interrupted version-file update"
+        elif name.startswith((names.VERSION_TMP_PREFIX, names.CATALOG_TMP_PREFIX)):
+            what = ("an interrupted version-file update" if name.startswith(names.VERSION_TMP_PREFIX)
+                    else "an interrupted catalog update")
             storage.remove_file(name)
         else:
             continue
@@ -107,5 +112,5 @@ def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) ->
             continue
         if storage.exists(name) and storage.remove_if_unowned([name], []):
             removed.append(name)
-    catalog.sync_version_file(storage, fsync)
+    catalog.sync_version_file(storage, fsync, rebuild=rebuild_catalog)
     return removed

@@ -93,6 +93,7 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     parent: ParentRef | None = None   # set: an incremental checkpoint (format version 3)
     digests: Digests | None = None    # content digests (format version 4); None: not recorded
+    shard_bytes: int | None = None    # bytes of all .bin shard files (version 4); None: not recorded
     content_sha256: str | None = None  # SHA-256 of manifest.json as read or written (not a field of it)
 
     def to_json(self) -> dict:
@@ -110,6 +111,7 @@ class Manifest:
                if self.worker_steps else {}),
             **({"parent": self.parent.to_json()} if self.parent is not None else {}),
             **({"digests": self.digests.to_json()} if self.digests is not None else {}),
+            **({"shard_bytes": self.shard_bytes} if self.shard_bytes is not None else {}),
         }
 
 
@@ -331,6 +333,8 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         v.fail("index", "the checkpoint has sparse tables but no index")
     if obj.get("digests") is not None:
         m.digests = _digests_from_json(v, v.dict(obj["digests"], "digests"), tables)
+    if obj.get("shard_bytes") is not None:
+        m.shard_bytes = v.int(obj["shard_bytes"], "shard_bytes")
     return m
 
 
@@ -451,6 +455,9 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
             doc.removed[name] = [segment(s, f"{where}.removed[{j}]", [], [8])
                                  for j, s in enumerate(v.list(t["removed"], f"{where}.removed"))]
         doc.tables[name] = (slots, segs)
+    if manifest is not None and manifest.shard_bytes is not None and manifest.shard_bytes != sum(n for _, n in doc.files):
+        v.fail("files", f"shard files of {sum(n for _, n in doc.files)} bytes, the manifest's shard_bytes says "
+                        f"{manifest.shard_bytes}")
     if manifest is not None:
         for name, info in manifest.tables.items():
             if name not in doc.tables:

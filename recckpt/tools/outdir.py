@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, names, recovery
 from ..format.retention import CkptEntry, KeepPolicy
-from .reader import kind_of, open_output_dir, parent_of, recorded_step
+from .reader import kind_of, open_output_dir, parent_of
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class CheckpointSummary:
     size_bytes: int
     created: _dt.datetime
     parent: str | None = None
+    compacted_from: str | None = None   # the checkpoint a compaction folded into this one
 
 
 @dataclass
@@ -42,9 +43,13 @@ def _require_dir(storage) -> None:
                                    f"its parent directory")
 
 
-def _size(storage, ckpt_id: str, m) -> int:
-    """Bytes the manifest records plus the shard files on disk (the index holds their sizes, but reading
-    a large index only to list checkpoints would make `ls` slow)."""
+def _size(storage, ckpt_id: str, entry) -> int:
+    """Bytes the catalog records (from the manifest); for a checkpoint written before manifests recorded
+    their shard bytes, the manifest's files plus the shard files on disk (the index holds their sizes,
+    but reading a large index only to list checkpoints would make `ls` slow)."""
+    if entry.size_bytes is not None:
+        return entry.size_bytes
+    m = catalog.read_manifest(storage, ckpt_id)
     total = sum(f.size for f in m.files.values())
     sparse = f"{ckpt_id}/{names.SPARSE_DIR}"
     if m.index is not None and storage.isdir(sparse):
@@ -58,11 +63,11 @@ def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = Non
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
     out = Listing(storage.describe())
-    for cid, m in catalog.committed(storage):
-        parent = parent_of(m)
+    for cid, e in catalog.committed(storage):   # the catalog: no manifest read per checkpoint
+        parent = parent_of(e)
         out.checkpoints.append(CheckpointSummary(
-            cid, storage.describe(cid), recorded_step(m.metadata, m.worker_steps), kind_of(m.metadata, parent),
-            _size(storage, cid, m), _dt.datetime.fromtimestamp(m.created_ns / 1e9, tz=_dt.timezone.utc), parent))
+            cid, storage.describe(cid), e.step, kind_of(e.metadata, parent), _size(storage, cid, e),
+            _dt.datetime.fromtimestamp(e.created_ns / 1e9, tz=_dt.timezone.utc), parent, e.compacted_from))
     out.leftovers = recovery.find_leftovers(storage)
     return out
 
@@ -83,7 +88,7 @@ def prune(output_dir, keep: int, *, dry_run: bool = False,
     doomed = catalog.without_needed_links(found, KeepPolicy(max_keep=keep).doomed(entries))
     if dry_run:
         return doomed
-    catalog.retire(storage, [cid for cid, _ in found if cid not in doomed], doomed)
+    catalog.retire(storage, [cid for cid, _ in found if cid not in doomed], doomed, entries=dict(found))
     return doomed
 
 
@@ -113,7 +118,7 @@ def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[st
                                    f"not being deleted; delete those too, or compact them first "
                                    f"(recckpt.compact)", path=storage.describe(needed[0]))
     return catalog.retire(storage, [cid for cid in committed if cid not in ids],
-                          [cid for cid in committed if cid in ids])   # committed order: see retire
+                          [cid for cid in committed if cid in ids], entries=dict(found))   # committed order: see retire
 
 
 def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] | None = None
@@ -126,7 +131,7 @@ def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] 
     found = recovery.find_leftovers(storage)
     if dry_run:
         return found
-    removed = set(recovery.recover(storage))
+    removed = set(recovery.recover(storage, rebuild_catalog=True))
     return [(n, w) for n, w in found if n in removed]
 
 

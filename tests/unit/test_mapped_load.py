@@ -201,6 +201,8 @@ def _strip_to_v1(ckpt):
     write_json(str(ckpt), "index.json", idx)  # also re-signs it in the manifest
     man = read_json(str(ckpt), "manifest.json")
     man["format_version"] = 1
+    for later in ("digests", "shard_bytes"):   # fields of later versions
+        man.pop(later, None)
     write_json(str(ckpt), "manifest.json", man)
     return idx
 

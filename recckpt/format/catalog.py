@@ -166,11 +166,21 @@ def without_needed_links(found: list[tuple[str, CatalogEntry]], doomed: list[str
 def write_version_file(storage: Storage, ids: list[str], fsync: bool = True,
                        entries: "dict[str, CatalogEntry] | None" = None) -> None:
     """Replace the version file in one step (the store decides how: temp file + rename, or one PUT);
-    with `entries` (id -> CatalogEntry, as `committed` gives them), the catalog too, listing `ids`."""
-    if entries is not None:
-        write_catalog(storage, [entries[i] for i in ids if i in entries])
+    with `entries` (id -> CatalogEntry, as `committed` gives them), then the catalog too, listing `ids`.
+    A catalog that cannot be written is removed (a stale one must not outlive a retention)."""
     storage.write_atomic(names.VERSION_FILE, "".join(f"{i}\n" for i in ids).encode(),
                          tmp=f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}", fsync=fsync)
+    if entries is None:
+        return
+    try:
+        write_catalog(storage, [entries[i] for i in ids if i in entries])
+    except OSError as e:
+        log.warning("recckpt: could not write the catalog %s (%s); listings read the manifests until it is "
+                    "rebuilt", storage.describe(names.CATALOG), e)
+        try:
+            storage.remove_file(names.CATALOG)
+        except OSError:
+            pass
 
 
 def sync_version_file(storage: Storage, fsync: bool = True, rebuild: bool = False) -> list[str]:

@@ -120,7 +120,7 @@ def test_failed_commit_on_non_atomic_store_leaves_no_checkpoint_directory(tmp_pa
     probe.storage = pf = FaultyStorage(probe.storage)
     probe.save("b")
     n_writes = pf.counts()["write"]
-    fs.arm("write", n_writes - 2, errno.ENOSPC)   # the last two writes are the catalog's and the version file's
+    fs.arm("write", n_writes - 2, errno.ENOSPC)   # the last two writes are the version file's and the catalog's
     with pytest.raises(CheckpointSaveError, match="Nothing was committed"):
         s.save("s000002")
     assert fs.fired[0][2].endswith("s000002/manifest.json"), fs.fired

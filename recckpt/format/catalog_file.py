@@ -9,20 +9,24 @@ rebuilds it from the manifests when it is missing, garbled or stale. Losing it l
 """
 from __future__ import annotations
 
+import json
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Mapping
 
+from .. import _C
 from ..errors import CorruptCheckpointError, InvalidCheckpointIdError
 from ..storage import Storage
-from . import checked_json, names
+from . import names
 from .retention import META_STEP, parse_step
 from .schema import Manifest, ParentRef
 
 log = logging.getLogger("recckpt")
 
 CATALOG_VERSION = 1
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 #: Metadata keys that name the checkpoint a compaction folded (the first is written since format 4).
 META_COMPACTED_FROM = ("recckpt.compacted_from", "compacted_from")
 _I63 = 1 << 63
@@ -47,11 +51,10 @@ class CatalogEntry:
     worker_step: int | None    # the newest step a worker saved at (manifest `worker_steps`)
     payload_bytes: int
     size_bytes: int | None     # its files: the manifest's entries plus the shard files; None: not known
+    global_step: int | None = None   # metadata `recckpt.global_step`, parsed (set from `metadata`)
 
-    @property
-    def global_step(self) -> int | None:
-        """The global step a CheckpointManager recorded (metadata `recckpt.global_step`)."""
-        return parse_step(self.metadata.get(META_STEP))
+    def __post_init__(self):
+        object.__setattr__(self, "global_step", parse_step(self.metadata.get(META_STEP)))
 
     @property
     def step(self) -> int | None:
@@ -86,15 +89,13 @@ def _entry_from_json(cid: str, e: dict) -> CatalogEntry:
     """One entry, every field checked (ValueError on any defect: the caller rebuilds the catalog)."""
     def num(key, lo=0, optional=False):
         x = e.get(key)
-        if optional and x is None:
-            return None
-        if type(x) is not int or not lo <= x < _I63:
-            raise ValueError(f"entry {cid!r}: field {key!r} is not an integer in [{lo}, 2**63)")
-        return x
+        if type(x) is int and lo <= x < _I63 or optional and x is None:
+            return x
+        raise ValueError(f"entry {cid!r}: field {key!r} is not an integer in [{lo}, 2**63)")
 
     names.validate_ckpt_id(cid)
     sha = e.get("manifest_sha256")
-    if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+    if not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
         raise ValueError(f"entry {cid!r}: manifest_sha256 is not 64 hex digits")
     meta = e.get("metadata")
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
@@ -105,7 +106,7 @@ def _entry_from_json(cid: str, e: dict) -> CatalogEntry:
             raise ValueError(f"entry {cid!r}: parent is not an object")
         pid, psha = parent.get("ckpt_id"), parent.get("manifest_sha256")
         names.validate_ckpt_id(pid)
-        if not (isinstance(psha, str) and len(psha) == 64):
+        if not (isinstance(psha, str) and _SHA256.fullmatch(psha)):
             raise ValueError(f"entry {cid!r}: parent.manifest_sha256 is not 64 hex digits")
         parent = ParentRef(pid, psha)
     return CatalogEntry(cid, sha, num("created_ns"), num("format_version", 1), num("shard_num", 1), dict(meta),
@@ -125,21 +126,39 @@ def read_catalog(storage: Storage) -> dict[str, CatalogEntry] | None:
     try:
         if len(raw) > names.MAX_CATALOG_BYTES:
             raise ValueError("larger than any catalog")
-        obj = checked_json.loads(raw, names.CATALOG, names.MAX_CATALOG_BYTES)
-        if obj.get("catalog_version") != CATALOG_VERSION or not isinstance(obj.get("checkpoints"), dict):
-            raise ValueError(f"not a version {CATALOG_VERSION} catalog")
+        obj = json.loads(_checked_body(raw))
+        if not isinstance(obj, dict) or not isinstance(obj.get("checkpoints"), dict):
+            raise ValueError("not a catalog")
         return {cid: _entry_from_json(cid, e if isinstance(e, dict) else {})
                 for cid, e in obj["checkpoints"].items()}
-    except (ValueError, CorruptCheckpointError, InvalidCheckpointIdError) as e:
+    except (ValueError, RecursionError, CorruptCheckpointError, InvalidCheckpointIdError) as e:
         log.warning("recckpt: catalog %s is garbled (%s); rebuilding it from the manifests",
                     storage.describe(names.CATALOG), e)
         return None
 
 
+def _checked_body(raw: bytes) -> bytes:
+    """The JSON body of a catalog file after its header line, checked against the header's length and
+    CRC-32C (one pass in the engine: a catalog of 10 000 checkpoints is a few MB, read on every listing)."""
+    end = raw.find(b"\n", 0, 256)
+    if end < 0:
+        raise ValueError("no header line")
+    head = json.loads(raw[:end])
+    body = raw[end + 1:]
+    if not isinstance(head, dict) or head.get("catalog_version") != CATALOG_VERSION:
+        raise ValueError(f"not a version {CATALOG_VERSION} catalog")
+    if head.get("bytes") != len(body) or head.get("crc32c") != _C.crc32c(body):
+        raise ValueError("its body does not match the length and CRC-32C of its header (torn or edited)")
+    return body
+
+
 def write_catalog(storage: Storage, entries: list[CatalogEntry]) -> None:
     """Replace the catalog in one step. Never fsynced: a catalog lost or torn by a crash is rebuilt."""
-    doc = {"catalog_version": CATALOG_VERSION, "checkpoints": {e.ckpt_id: e.to_json() for e in entries}}
-    storage.write_atomic(names.CATALOG, checked_json.dumps(doc),
+    body = json.dumps({"checkpoints": {e.ckpt_id: e.to_json() for e in entries}}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    head = json.dumps({"catalog_version": CATALOG_VERSION, "bytes": len(body), "crc32c": _C.crc32c(body)},
+                      sort_keys=True, separators=(",", ":")).encode("ascii")
+    storage.write_atomic(names.CATALOG, head + b"\n" + body,
                          tmp=f"{names.CATALOG_TMP_PREFIX}{uuid.uuid4().hex[:8]}", fsync=False)
 
 

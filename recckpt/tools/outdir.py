@@ -63,12 +63,13 @@ def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = Non
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
     out = Listing(storage.describe())
-    for cid, e in catalog.committed(storage):   # the catalog: no manifest read per checkpoint
+    found = catalog.committed(storage)   # the catalog: no manifest read per checkpoint
+    for cid, e in found:
         parent = parent_of(e)
         out.checkpoints.append(CheckpointSummary(
             cid, storage.describe(cid), e.step, kind_of(e.metadata, parent), _size(storage, cid, e),
             _dt.datetime.fromtimestamp(e.created_ns / 1e9, tz=_dt.timezone.utc), parent, e.compacted_from))
-    out.leftovers = recovery.find_leftovers(storage)
+    out.leftovers = recovery.find_leftovers(storage, keep={cid for cid, _ in found})   # committed: not leftovers
     return out
 
 

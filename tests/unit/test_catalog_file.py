@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import recckpt
-from recckpt import CheckpointManager, HashTable, SaveOptions, Saver, SparseAdam
-from recckpt.format import catalog, catalog_file, checked_json
+from recckpt import _C, CheckpointManager, HashTable, SaveOptions, Saver, SparseAdam
+from recckpt.format import catalog, catalog_file
 from recckpt.storage import open_storage
 
 OPTS = SaveOptions(num_buckets=16, fsync=False)
@@ -41,7 +41,7 @@ def _run(out, steps):
 
 
 def _catalog(out) -> dict:
-    return json.loads((out / ".catalog.json").read_text())["checkpoints"]
+    return json.loads((out / ".catalog.json").read_bytes().split(b"\n", 1)[1])["checkpoints"]
 
 
 def _count_manifest_reads(monkeypatch):
@@ -101,11 +101,17 @@ def test_a_garbled_catalog_is_rebuilt(tmp_path, caplog):
     assert len(_catalog(tmp_path)) == 5
 
 
-def _resign(path, edit):
-    obj = json.loads(path.read_text())
-    obj.pop("crc32c")
+def _resign(path, edit, head_edit=None):
+    """Edit the catalog's body (and header) and write it with a matching length and CRC, as a writer would."""
+    head, body = path.read_bytes().split(b"\n", 1)
+    obj = json.loads(body)
+    head = json.loads(head)
     edit(obj)
-    path.write_bytes(checked_json.dumps(obj))
+    body = json.dumps(obj).encode()
+    head.update(bytes=len(body), crc32c=_C.crc32c(body))
+    if head_edit is not None:
+        head_edit(head)
+    path.write_bytes(json.dumps(head).encode() + b"\n" + body)
 
 
 def test_stale_entries_follow_the_directories(tmp_path):
@@ -168,11 +174,17 @@ def test_compaction_is_listed_with_its_source(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("bad", [
-    lambda o: o.update(catalog_version=2),
+    lambda o: o.update(checkpoints=[]),
     lambda o: o["checkpoints"]["ckpt_1"].update(created_ns="soon"),
     lambda o: o["checkpoints"].update({"../x": o["checkpoints"]["ckpt_1"]}),
     lambda o: o["checkpoints"]["ckpt_1"].update(parent={"ckpt_id": "a/b", "manifest_sha256": "0" * 64}),
 ])
+def test_a_catalog_of_another_version_is_not_read(tmp_path):
+    _run(tmp_path, 2)
+    _resign(tmp_path / ".catalog.json", lambda o: None, lambda h: h.update(catalog_version=2))
+    assert catalog_file.read_catalog(open_storage(str(tmp_path))) is None
+
+
 def test_entries_are_checked_field_by_field(tmp_path, bad):
     _run(tmp_path, 2)
     _resign(tmp_path / ".catalog.json", bad)

@@ -173,18 +173,18 @@ def test_compaction_is_listed_with_its_source(tmp_path, capsys):
     assert [c["compacted_from"] for c in doc["checkpoints"]] == [None, None, "c1"]
 
 
-@pytest.mark.parametrize("bad", [
-    lambda o: o.update(checkpoints=[]),
-    lambda o: o["checkpoints"]["ckpt_1"].update(created_ns="soon"),
-    lambda o: o["checkpoints"].update({"../x": o["checkpoints"]["ckpt_1"]}),
-    lambda o: o["checkpoints"]["ckpt_1"].update(parent={"ckpt_id": "a/b", "manifest_sha256": "0" * 64}),
-])
 def test_a_catalog_of_another_version_is_not_read(tmp_path):
     _run(tmp_path, 2)
     _resign(tmp_path / ".catalog.json", lambda o: None, lambda h: h.update(catalog_version=2))
     assert catalog_file.read_catalog(open_storage(str(tmp_path))) is None
 
 
+@pytest.mark.parametrize("bad", [
+    lambda o: o.update(checkpoints=[]),
+    lambda o: o["checkpoints"]["ckpt_1"].update(created_ns="soon"),
+    lambda o: o["checkpoints"].update({"../x": o["checkpoints"]["ckpt_1"]}),
+    lambda o: o["checkpoints"]["ckpt_1"].update(parent={"ckpt_id": "a/b", "manifest_sha256": "0" * 64}),
+])
 def test_entries_are_checked_field_by_field(tmp_path, bad):
     _run(tmp_path, 2)
     _resign(tmp_path / ".catalog.json", bad)

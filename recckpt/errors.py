@@ -131,6 +131,11 @@ class LoadApplyError(RecckptError):
     (out of memory, a table refusing rows). The message says exactly what was applied before it."""
 
 
+class MissingDependencyError(RecckptError, ImportError):
+    """An optional integration was asked for and its library is missing or of an untested version (e.g.
+    TorchRec): the message names the extra and the install script."""
+
+
 class DuplicateIdsError(IncompatibleCheckpointError):
     """The same id is stored by more than one worker of a checkpoint and the duplicate rule could not
     pick one copy."""

@@ -55,3 +55,13 @@ def s3_server():
 def s3_bucket(s3_server) -> str:
     """A fresh, empty bucket on the session's server; its name."""
     return s3_server.new_bucket()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torchrec_stays_out_of_the_test_process():
+    """TorchRec costs ~4 s to import and pulls fbgemm: the suite's own process never imports it (the TorchRec
+    tests run it in worker processes). A test that imports it fails the session here."""
+    import sys
+    yield
+    assert "torchrec" not in sys.modules, (f"a test imported torchrec ({sys.modules.get('torchrec')}) into the pytest "
+                                           f"process; run TorchRec in a worker process (tests/torchrec_tests/harness.py)")

@@ -6,6 +6,7 @@ import logging
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, LoadApplyError, LoadConfigError
@@ -13,7 +14,8 @@ from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
-from ..state.protocol import split_sparse_dense_state_dict
+from ..state import plugins
+from ..state.protocol import FixedSize, column_split_slots, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
 from .load_config import LoadConfig
@@ -63,7 +65,7 @@ class LoadPlan:
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
         conf, m = self.conf, self.m
-        sparse, dense = split_sparse_dense_state_dict(self.model.state_dict())
+        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model))
         self.model_sparse, self.model_dense = sparse, dense
         self.sparse_jobs = []   # (ckpt name, table, [(slot, SlotInfo, SlotSpec)])
         if conf.wants("sparse") or conf.wants("sparse_opt"):
@@ -95,6 +97,13 @@ class LoadPlan:
                     self._check_compatible(f"table {name!r} slot {slot!r}", si.dtype, si.shape,
                                            spec.dtype, tuple(spec.shape))
                     slots.append((slot, si, spec))
+                if isinstance(table, FixedSize) and slots and not conf.merge:
+                    n = table.row_layout().num_rows
+                    if info.rows != n:
+                        self.incompatible.append(
+                            f"table {name!r}: the checkpoint holds {info.rows} rows, model table {target!r} has "
+                            f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads the rows "
+                            f"that fit)")
                 for slot, spec in meta.slots.items():
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
                         self.problems_missing.append(f"slot {slot!r} of model table {target!r} is not in the checkpoint")
@@ -331,6 +340,10 @@ class LoadPlan:
                     self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, direct)
                     applied.append(target)
                     continue
+                if isinstance(table, FixedSize):
+                    self.result.sparse_rows += self._load_fixed(name, target, table, slots)
+                    applied.append(target)
+                    continue
                 simple = conf.ownership is None and conf.duplicates == "error"
                 if simple and conf.mmap and mapped_load_possible(table, slots, cleared,
                                                                  self.reader.segments.storage.engine_path("") is not None):
@@ -382,13 +395,50 @@ class LoadPlan:
             applied.append(target)
         self.result.tables = applied
         if self.dense_out:
-            self.model.load_state_dict(self.dense_out, strict=False)
+            plugins.load_dense(self.model, self.dense_out)
             self.result.dense_keys = list(self.dense_out)
         if self.io_tree is not None:
             for name, obj in self.registry.io_items():
                 if name in self.io_tree:
                     obj.load_io_state(self.io_tree[name])
                     self.result.io_state.append(name)
+
+    def _load_fixed(self, name: str, target: str, table, slots) -> int:
+        """Rows of a fixed-size table (TorchRec's): this process keeps the row ids its layout owns (all
+        of them when replicated) and the columns it holds of column-split slots. Today's hash layout
+        spreads a row range over every bucket, so every bucket is read; a row outside [0, N) is refused
+        with the table's name."""
+        layout = table.row_layout()
+        if not layout.owned_rows:
+            return 0   # this process holds no rows of the table (table-wise, another rank's)
+        starts = np.array([a for a, _ in layout.owned_rows], dtype=np.int64)
+        ends = np.array([b for _, b in layout.owned_rows], dtype=np.int64)
+        split = set(column_split_slots(table.sparse_meta()))
+        c0, c1 = layout.columns or (0, None)
+        names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
+        rows = 0
+        for ids, cols in self.reader.segments.iter_table(name, names, rbs, 0, self.m.num_buckets):
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
+                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                raise IncompatibleCheckpointError(
+                    f"checkpoint {self.reader.describe()}: table {name!r} holds row id {bad}, outside model "
+                    f"table {target!r}'s {layout.num_rows} rows", table=target)
+            if not layout.replicated:
+                k = np.searchsorted(starts, ids, side="right") - 1
+                keep = np.nonzero((k >= 0) & (ids < ends[np.maximum(k, 0)]))[0]
+                ids, cols = ids[keep], [c[keep] for c in cols]
+            n = len(ids)
+            if n == 0:
+                continue
+            tensors = {}
+            for (slot, si, spec), raw in zip(slots, cols):
+                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
+                if slot in split and layout.columns is not None:
+                    t = t[:, c0:c1]
+                tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+            table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
+            rows += n
+        return rows
 
     def _apply_extra(self, name, entry):
         self.registry.apply_object(name, entry["kind"], entry["state"])

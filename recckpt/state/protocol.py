@@ -25,6 +25,9 @@ __all__ = [
     "BulkAppend",
     "ChangeTracking",
     "Changes",
+    "FixedSize",
+    "RowRangeLayout",
+    "column_split_slots",
     "SLOT_CATEGORIES",
     "SlotSpec",
     "SparseTableMeta",
@@ -280,6 +283,42 @@ class AdoptStorage(Protocol):
         a repeated id, a wrong shape or dtype, or a non-empty table raise ``ValueError`` naming the
         table and leave it unchanged."""
         ...
+
+
+@dataclass(frozen=True)
+class RowRangeLayout:
+    """Ownership of a fixed-size table (ids are row indices 0..num_rows-1), as its sharding plan says."""
+    num_rows: int                                   # global rows N of the logical table
+    owned_rows: Tuple[Tuple[int, int], ...]         # this process's [start, end) row ranges
+    columns: Tuple[int, int] | None = None          # [c0, c1) of the last dim of every "column-split" slot
+                                                    # this process holds; None = all columns
+    replicated: bool = False                        # every process holds the same rows (data-parallel):
+                                                    # written once, loaded by every process
+
+
+@runtime_checkable
+class FixedSize(Protocol):
+    """Optional extension of :class:`SparseState` for tables of fixed size whose ids are row indices
+    0..N-1 and whose rows (and columns) a sharding plan assigns to processes (TorchRec's tables).
+
+    ``sparse_meta()`` gives the LOGICAL slot shapes (full embedding dim D) and ``num_rows`` = the rows
+    this process holds; ``export_chunks``/``import_rows`` use global row ids, and when ``columns`` is
+    set they carry only columns [c0, c1) of column-split slots (:func:`column_split_slots`), shape
+    ``[n, c1 - c0]``. A loader gives each process the rows of its ``owned_rows`` (all rows when
+    ``replicated``); ``clear_rows`` cannot remove rows of such a table (a load overwrites them)."""
+
+    def row_layout(self) -> RowRangeLayout: ...
+
+
+def column_split_slots(meta: SparseTableMeta) -> Tuple[str, ...]:
+    """The slots of a fixed-size table that a column-wise plan splits along their last dim: those of
+    shape ``(D,)`` where ``D`` is the embedding's dim (the embedding, elementwise optimizer state).
+    One home for the rule, shared by the saver, the loader and the adapters."""
+    emb = meta.slots.get("embedding")
+    if emb is None or len(emb.shape) != 1:
+        return ()
+    d = emb.shape[0]
+    return tuple(k for k, s in meta.slots.items() if len(s.shape) == 1 and s.shape[0] == d)
 
 
 #: The key suffix under which ``torch.nn.Module.state_dict()`` stores ``get_extra_state()``.

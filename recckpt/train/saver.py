@@ -31,8 +31,9 @@ from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
 from ..load.load_config import LoadConfig
 from ..load.loader import LoadRequest, LoadTarget, load_checkpoint
+from ..state import plugins
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
-from ..state.protocol import ChangeTracking, SparseState, split_sparse_dense_state_dict
+from ..state.protocol import ChangeTracking, FixedSize, SparseState, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from ..state.staging import StagingPool
 from ..storage import open_storage
@@ -184,11 +185,24 @@ class Saver:
         return SparseWriteOptions(o.num_buckets, o.chunk_bytes, self.concurrency, o.segment_bytes,
                                   o.max_inflight_bytes, o.fsync)
 
-    def _table_source(self, table: SparseState, since: int | None = None, step: int | None = None
-                      ) -> tuple[TableSource, TableSource | None]:
+    def _table_source(self, table: SparseState, since: int | None = None, step: int | None = None,
+                      shard_id: int = 0) -> tuple[TableSource, TableSource | None]:
         """The table as the writer reads it: all rows, or with `since` (a mark of the parent) only the
-        rows changed since, then a second source of the removed ids (None: the table is written whole)."""
+        rows changed since, then a second source of the removed ids (None: the table is written whole).
+        A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only."""
         meta = table.sparse_meta()
+        if isinstance(table, FixedSize):
+            layout = table.row_layout()
+            if layout.columns is not None:
+                raise CheckpointSaveError(
+                    f"table {meta.name!r} is split by columns on this process (columns {layout.columns} of "
+                    f"{layout.num_rows} rows): saving column-wise sharded tables needs the column blocks of "
+                    f"format version 4, not in this build yet; save under a plan without column-wise tables "
+                    f"(loading INTO a column-wise plan works). See docs/TORCHREC.md")
+            if layout.replicated and shard_id != 0:
+                slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category)
+                         for k, s in meta.slots.items()}
+                return TableSource(meta.name, slots, 0, iter(())), None
         slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
         names = list(slots)
         # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
@@ -251,7 +265,7 @@ class Saver:
                             ((removed[i:i + per], []) for i in range(0, len(removed), per))))
 
     def _state(self):
-        sparse, dense = split_sparse_dense_state_dict(self.model.state_dict())
+        sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model))
         for k, v in dense.items():
             if not isinstance(v, torch.Tensor):
                 raise CheckpointSaveError(
@@ -389,7 +403,7 @@ class Saver:
                         f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
                         f"was written: the next save writes a full checkpoint")
             since = chain.marks if parent is not None else {}
-            sources = [self._table_source(t, since.get(t.sparse_meta().name), step) for t in snap.tables]
+            sources = [self._table_source(t, since.get(t.sparse_meta().name), step, shard_id) for t in snap.tables]
             part = write_worker_part(
                 self.storage, stage, shard_id, tables=[t for t, _ in sources],
                 dense=snap.dense if shard_id == 0 else None,
@@ -400,7 +414,8 @@ class Saver:
             handed_over = parts is None
             if parts is not None:
                 manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
-                                    opts=self._write_options(), metadata=metadata)
+                                    opts=self._write_options(),
+                                    metadata={**plugins.manifest_metadata(self.model), **(metadata or {})})
                 self._after_commit(ckpt_id, keep, protect)
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),

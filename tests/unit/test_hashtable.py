@@ -369,7 +369,7 @@ def test_export_chunks_are_zero_copy_views_and_detect_modification():
     it = t.export_chunks(["embedding"], 4)
     ids, cols = next(it)
     assert cols["embedding"].data_ptr() == t.weight.data_ptr()
-    assert ids.data_ptr() == t._ids.data_ptr()
+    assert ids.data_ptr() == t.store.ids.data_ptr()
     t.lookup(T([1000]), insert=True)
     with pytest.raises(RuntimeError, match="modified"):
         next(it)

@@ -251,3 +251,24 @@ def test_the_layer_check_catches_what_it_should():
 def test_every_part_of_the_package_has_a_layer():
     parts = {m.split(".")[1] if "." in m else "" for m in KNOWN}
     assert parts - set(LAYER_OF) == set()
+
+
+#: The one module outside recckpt/integrations that may name an integration: the plugin registry, which
+#: imports an adapter by its path only when the adapted library is already loaded (DESIGN.md, "Layers").
+INTEGRATION_REGISTRY = "recckpt.state.plugins"
+
+
+def _names_integration(tree: ast.Module, mod: str) -> bool:
+    for target, _, _ in _imports(mod, tree):
+        if target.startswith("recckpt.integrations"):
+            return True
+    return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "recckpt.integrations" in n.value
+               for n in ast.walk(tree))
+
+
+def test_only_the_plugin_registry_names_an_integration():
+    named = sorted(mod for mod, (_, tree) in MODULES.items()
+                   if not mod.startswith("recckpt.integrations") and _names_integration(tree, mod))
+    assert named == [INTEGRATION_REGISTRY]
+    probe = ast.parse("import importlib\nimportlib.import_module('recckpt.integrations.torchrec')\n")
+    assert _names_integration(probe, "recckpt.tools._probe")

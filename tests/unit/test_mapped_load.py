@@ -307,9 +307,9 @@ def test_mapped_load_equals_a_copying_load(tmp_path, concurrency):
     # everything but the short tail segment and partial pages at column ends is mapped
     assert 0.8 * _slot_bytes(t) < rb.bytes_mapped <= _slot_bytes(t)
     assert b.tables[0].capacity == len(t) + len(t) // 2  # room to grow without copying
-    slots = b.tables[0]._map.capacity  # ... or rehashing the id map
+    slots = b.tables[0].store.map.capacity  # ... or rehashing the id map
     b.tables[0].lookup(torch.arange(10**9, 10**9 + len(t) // 4), insert=True)
-    assert b.tables[0]._map.capacity == slots
+    assert b.tables[0].store.map.capacity == slots
 
 
 def test_mapped_load_of_an_empty_table_and_a_one_row_table(tmp_path):

@@ -1,0 +1,54 @@
+"""Agreeing on every table's optimizer slots across ranks, once per model.
+
+A rank that holds no shard of a table (table-wise plans) has no fused optimizer state for it, so it cannot
+tell by itself which slots the table has; yet every worker of a save must describe each table with the
+same slots. The first save or load of a model (which every rank calls) gathers what each rank knows, on
+a recckpt gloo group, and the answer is kept for the model's lifetime (a plan does not change).
+"""
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Dict
+
+import torch
+import torch.distributed as dist
+
+from ...coordination import groups
+from ...errors import InvalidArgumentError
+
+PURPOSE = "integration"
+TIMEOUT_S = 600.0
+_agreed: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _all_gather_json(obj, group) -> list:
+    data = torch.frombuffer(bytearray(json.dumps(obj, sort_keys=True).encode()), dtype=torch.uint8)
+    world = dist.get_world_size()
+    n = torch.tensor([data.numel()], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, n, group=group)
+    top = max(int(s) for s in sizes)
+    buf = torch.zeros(top, dtype=torch.uint8)
+    buf[:data.numel()] = data
+    outs = [torch.zeros(top, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(outs, buf, group=group)
+    return [json.loads(bytes(o[:int(s)].tolist()).decode()) for o, s in zip(outs, sizes)]
+
+
+def agreed_slots(model, local: Dict[str, Dict[str, list]]) -> Dict[str, Dict[str, list]]:
+    """table -> {slot: [dtype name, shape]} agreed by every rank (computed once per model)."""
+    have = _agreed.get(model)
+    if have is not None:
+        return have
+    out = {k: dict(v) for k, v in local.items()}
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for theirs in _all_gather_json(local, groups.group(PURPOSE, TIMEOUT_S)):
+            for table, slots in theirs.items():
+                mine = out.setdefault(table, slots)
+                if mine != slots:
+                    raise InvalidArgumentError(
+                        f"TorchRec table {table!r}: ranks disagree on its optimizer state ({mine} vs {slots}); "
+                        f"every shard of a table must use one fused optimizer")
+    _agreed[model] = out
+    return out

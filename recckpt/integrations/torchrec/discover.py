@@ -1,0 +1,201 @@
+"""Finding TorchRec tables in a model, sharded (DistributedModelParallel) or not, with their optimizer state.
+
+Table names are the parameter's name without `.weight`, with wrappers' prefixes left out
+(DistributedModelParallel's `_dmp_wrapped_module`, DDP's `module`, torch.compile's `_orig_mod`), so a
+table keeps its name whether the model is sharded, wrapped or compiled: `ebc.embedding_bags.t0`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
+
+from ...errors import InvalidArgumentError
+from .agree import agreed_slots
+from .table import ADAGRAD, EMBEDDING, ROWWISE_ADAGRAD, Shard, TorchRecTable
+
+#: wrapper class name -> the child attribute that holds the wrapped module (left out of names)
+WRAPPERS = {"DistributedModelParallel": "_dmp_wrapped_module", "DistributedDataParallel": "module",
+            "DataParallel": "module", "OptimizedModule": "_orig_mod"}
+#: TorchRec collection classes and the ModuleDict under which their tables' parameters live
+UNSHARDED = {"EmbeddingBagCollection": "embedding_bags", "EmbeddingCollection": "embeddings"}
+SHARDED = {"ShardedEmbeddingBagCollection": "embedding_bags", "ShardedEmbeddingCollection": "embeddings"}
+
+
+@dataclass(frozen=True)
+class Found:
+    """One TorchRec collection: its normalized name prefix, the raw prefixes under which its state_dict
+    keys may appear, the module, and the ModuleDict holding its tables."""
+    prefix: str
+    raw_prefixes: Tuple[str, ...]
+    module: Any
+    tables_attr: str
+    sharded: bool
+
+
+def _is_torchrec(m) -> bool:
+    return type(m).__module__.startswith("torchrec.")
+
+
+def collections(model) -> Iterator[Found]:
+    """Every TorchRec EBC/EC (sharded or not) in `model`, outermost first; their children are not searched."""
+    def walk(m, norm: str, raw: str, wrapper_child: str | None):
+        for child_name, child in m.named_children():
+            skip = child_name == wrapper_child
+            n = norm if skip else f"{norm}{child_name}."
+            r = f"{raw}{child_name}."
+            cls = type(child).__name__
+            if _is_torchrec(child) and (cls in UNSHARDED or cls in SHARDED):
+                sharded = cls in SHARDED
+                yield Found(n, (r, n), child, (SHARDED if sharded else UNSHARDED)[cls], sharded)
+                continue
+            yield from walk(child, n, r, WRAPPERS.get(cls))
+    yield from walk(model, "", "", WRAPPERS.get(type(model).__name__))
+
+
+def _local_shards(t) -> List[Tuple[Tuple[int, ...], torch.Tensor]]:
+    """(offsets, local tensor) of a ShardedTensor, a DTensor (TorchRec's LocalShardsWrapper) or a plain tensor."""
+    if hasattr(t, "local_shards") and hasattr(t, "metadata"):          # ShardedTensor
+        return [(tuple(s.metadata.shard_offsets), s.tensor) for s in t.local_shards()]
+    to_local = getattr(t, "to_local", None)
+    if callable(to_local):                                              # DTensor
+        loc = to_local()
+        if hasattr(loc, "local_shards") and hasattr(loc, "local_offsets"):
+            return [(tuple(o), s) for o, s in zip(loc.local_offsets(), loc.local_shards())]
+        raise InvalidArgumentError(f"a DTensor whose local part is a {type(loc).__name__}: recckpt reads TorchRec's "
+                                   f"DTensor state (LocalShardsWrapper) only")
+    if isinstance(t, torch.Tensor):
+        return [((0,) * t.dim(), t)]
+    raise InvalidArgumentError(f"unexpected TorchRec state of type {type(t).__name__}")
+
+
+def _dtype_of(t, shards) -> torch.dtype:
+    if shards:
+        return shards[0][1].dtype
+    meta = getattr(t, "metadata", None)
+    if callable(meta):
+        return meta().tensor_properties.dtype
+    return t.dtype
+
+
+def _fused_states(table: str, states: Dict[str, Any], shape: Tuple[int, int]) -> Dict[str, Any]:
+    """A fused optimizer's state entries of one table ({'<table>.momentum1': tensor}) -> {slot: state}.
+    On CPU, FBGEMM's fused kernels run Adagrad (momentum1 shaped like the weight), RowWiseAdagrad
+    (momentum1: one value per row, per column shard) and SGD (no state)."""
+    out = {}
+    for key, st in states.items():
+        leaf = key.rpartition(".")[2]
+        gshape = tuple(st.shape)
+        if leaf == "momentum1" and gshape == shape:
+            out[ADAGRAD] = st
+        elif leaf == "momentum1" and len(gshape) == 1 and gshape[0] % shape[0] == 0:
+            out[ROWWISE_ADAGRAD] = st
+        else:
+            raise InvalidArgumentError(
+                f"TorchRec table {table!r}: fused optimizer state {key!r} of shape {gshape} is not one recckpt "
+                f"maps (Adagrad's or RowWiseAdagrad's momentum1, of a table of shape {shape}); see docs/TORCHREC.md")
+    return out
+
+
+def _sharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[str]]:
+    plan = f.module.module_sharding_plan
+    fused = f.module.fused_optimizer.state_dict().get("state", {})
+    tables, keys = [], []
+    for tname, ps in plan.items():
+        rel = f"{f.tables_attr}.{tname}.weight"
+        full_name = f.prefix + rel[:-len(".weight")]
+        key = next((p + rel for p in f.raw_prefixes if p + rel in sd), None)
+        if key is None:
+            raise InvalidArgumentError(f"TorchRec table {full_name!r}: no state_dict entry {f.prefix + rel!r}")
+        w = sd[key]
+        n, d = (int(x) for x in w.shape)
+        shards = _local_shards(w)
+        replicated = ps.sharding_type == "data_parallel"
+        opt = _fused_states(full_name, fused.get(rel, {}), (n, d))
+        opt_local = {slot: _local_shards(st) for slot, st in opt.items()}
+        local = []
+        for i, (off, t) in enumerate(shards):
+            states = {}
+            for slot, pieces in opt_local.items():
+                if len(pieces) != len(shards):
+                    raise InvalidArgumentError(
+                        f"TorchRec table {full_name!r}: {len(shards)} local weight shards but "
+                        f"{len(pieces)} local shards of its optimizer state {slot!r}")
+                st = pieces[i][1]
+                states[slot] = st.reshape(t.shape[0]) if slot == ROWWISE_ADAGRAD else st
+            local.append(Shard(int(off[0]), int(t.shape[0]), int(off[1]), int(t.shape[1]), t, states))
+        opt_slots = {slot: (_dtype_of(st, opt_local[slot]), (d,) if slot == ADAGRAD else ())
+                     for slot, st in opt.items()}
+        tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=_dtype_of(w, shards), shards=local,
+                           opt_slots=opt_slots, replicated=replicated, sharding=ps.sharding_type))
+        keys.append(key)
+    return tables, keys
+
+
+def _in_backward_states(table: str, param: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The state of an unsharded table's in-backward optimizer (`apply_optimizer_in_backward`), as slots.
+    torch's Adagrad and TorchRec's RowWiseAdagrad call it 'sum' ([N, D] and [N, 1]); SGD keeps none."""
+    opts = getattr(param, "_in_backward_optimizers", None) or []
+    out = {}
+    for opt in opts:
+        kind = type(opt).__name__
+        st = opt.state.get(param, {})
+        if kind == "SGD" and not any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in st.values()):
+            continue
+        if kind == "Adagrad" and "sum" in st:
+            out[ADAGRAD] = st["sum"]
+        elif kind == "RowWiseAdagrad" and "sum" in st:
+            out[ROWWISE_ADAGRAD] = st["sum"].view(param.shape[0])
+        else:
+            raise InvalidArgumentError(
+                f"TorchRec table {table!r}: its in-backward optimizer {kind} (state {sorted(st)}) is not one recckpt "
+                f"maps to slots (Adagrad, RowWiseAdagrad, SGD); see docs/TORCHREC.md")
+    return out
+
+
+def _unsharded_tables(f: Found, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[str]]:
+    tables, keys = [], []
+    for tname, sub in getattr(f.module, f.tables_attr).items():
+        rel = f"{f.tables_attr}.{tname}.weight"
+        full_name = f.prefix + rel[:-len(".weight")]
+        key = next((p + rel for p in f.raw_prefixes if p + rel in sd), None)
+        if key is None:
+            raise InvalidArgumentError(f"TorchRec table {full_name!r}: no state_dict entry {f.prefix + rel!r}")
+        param = sub.weight
+        if param.is_meta:
+            raise InvalidArgumentError(f"TorchRec table {full_name!r} is on the meta device: shard it "
+                                       f"with DistributedModelParallel (or materialize it) before saving or loading")
+        n, d = (int(x) for x in param.shape)
+        states = _in_backward_states(full_name, param)
+        shard = Shard(0, n, 0, d, param.data, dict(states))
+        opt_slots = {slot: (st.dtype, (d,) if slot == ADAGRAD else ()) for slot, st in states.items()}
+        # An unsharded module holds every row in every process that has it: written once, loaded by all.
+        tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=param.dtype, shards=[shard],
+                           opt_slots=opt_slots, replicated=True, sharding="unsharded"))
+        keys.append(key)
+    return tables, keys
+
+
+def find_tables(model, sd: Dict[str, Any]) -> Tuple[List[TorchRecTable], List[str], List[Found]]:
+    """(tables, their state_dict keys, the collections found) of `model`, whose state_dict is `sd`."""
+    parts, keys, found = [], [], list(collections(model))
+    for f in found:
+        t, k = (_sharded_tables if f.sharded else _unsharded_tables)(f, sd)
+        parts += t
+        keys += k
+    # Ranks holding no shard of a table learn its optimizer slots from those that do (once per model).
+    # The weight's dtype too: a DTensor state dict reports fp32 for an fp16 table on ranks without a shard.
+    def schema(p):
+        return {s: [str(dt).replace("torch.", ""), list(sh)]
+                for s, (dt, sh) in {EMBEDDING: (p["dtype"], (p["dim"],)), **p["opt_slots"]}.items()}
+    local = {p["name"]: schema(p) for p in parts if p["shards"]}
+    agreed = agreed_slots(model, local) if found and any(f.sharded for f in found) else local
+    tables = []
+    for p in parts:
+        if not p["shards"] and p["name"] in agreed:
+            got = {s: (getattr(torch, dt), tuple(sh)) for s, (dt, sh) in agreed[p["name"]].items()}
+            p["dtype"] = got.pop(EMBEDDING)[0]
+            p["opt_slots"] = got
+        tables.append(TorchRecTable(**p))
+    return tables, keys, found

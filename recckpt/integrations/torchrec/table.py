@@ -1,0 +1,169 @@
+"""One TorchRec table as a recckpt sparse table: rows keyed by global row index, the fused (or in-backward)
+optimizer's per-row state as slots. Implements `SparseState` and `FixedSize`.
+
+The table holds views of the live storage (the fused kernel's weights and optimizer state, or an
+unsharded module's parameter and its in-backward optimizer's state): a save reads them in chunks and a
+load writes into them in place, so nothing is copied whole and a load works before the first step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+import torch
+
+from ...errors import InvalidArgumentError
+from ...state.protocol import RowRangeLayout, SlotSpec, SparseTableMeta
+
+EMBEDDING = "embedding"
+ADAGRAD = "adagrad.acc"               # elementwise: shape (D,), column-split like the embedding
+ROWWISE_ADAGRAD = "rowwise_adagrad.acc"   # one value per row: shape ()
+
+
+@dataclass
+class Shard:
+    """One local shard: rows [row0, row0 + rows) and columns [col0, col0 + cols) of the logical table.
+    `weight` is a [rows, cols] view of live storage; `states` maps each optimizer slot to its live
+    view: [rows, cols] for elementwise slots, [rows] for per-row slots (per column shard under a
+    column-wise plan)."""
+    row0: int
+    rows: int
+    col0: int
+    cols: int
+    weight: torch.Tensor
+    states: Dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class TorchRecTable:
+    """A TorchRec table (one `EmbeddingBagConfig`/`EmbeddingConfig`) as seen from this process."""
+
+    def __init__(self, name: str, num_rows: int, dim: int, dtype: torch.dtype, shards: List[Shard],
+                 opt_slots: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]], replicated: bool,
+                 sharding: str):
+        self.name, self.num_rows_global, self.dim, self.dtype = name, num_rows, dim, dtype
+        self.shards, self.replicated, self.sharding = shards, replicated, sharding
+        self.slots = {EMBEDDING: SlotSpec(dtype, (dim,), "sparse")}
+        for slot, (dt, shape) in opt_slots.items():
+            self.slots[slot] = SlotSpec(dt, shape, "sparse_opt")
+        for s in shards:
+            if tuple(s.weight.shape) != (s.rows, s.cols):
+                raise InvalidArgumentError(f"TorchRec table {name!r}: local shard at row {s.row0}, column {s.col0} "
+                                           f"has shape {tuple(s.weight.shape)}, its plan says {(s.rows, s.cols)}")
+        self._layout = self._compute_layout()
+
+    # ---------------------------------------------------------------------------------- layout
+    def _compute_layout(self) -> RowRangeLayout:
+        rows = sorted({(s.row0, s.row0 + s.rows) for s in self.shards if s.rows})
+        cols = sorted({(s.col0, s.col0 + s.cols) for s in self.shards if s.rows})
+        columns = None
+        if cols and cols != [(0, self.dim)]:
+            lo, hi, end = cols[0][0], cols[-1][1], cols[0][0]
+            for c0, c1 in cols:   # the union must be one contiguous range
+                if c0 > end:
+                    raise InvalidArgumentError(
+                        f"TorchRec table {self.name!r}: this process holds column shards {cols}, which are not "
+                        f"one contiguous range; recckpt supports column-wise plans whose shards on one rank "
+                        f"are adjacent")
+                end = max(end, c1)
+            columns = None if (lo, hi) == (0, self.dim) else (lo, hi)
+        if self.replicated:
+            rows = [(0, self.num_rows_global)]
+        return RowRangeLayout(self.num_rows_global, tuple(rows), columns, self.replicated)
+
+    def row_layout(self) -> RowRangeLayout:
+        return self._layout
+
+    def local_rows(self) -> int:
+        return sum(b - a for a, b in self._layout.owned_rows)
+
+    # -------------------------------------------------------------------------------- protocol
+    def sparse_meta(self) -> SparseTableMeta:
+        return SparseTableMeta(self.name, self.slots, self.local_rows())
+
+    def __len__(self) -> int:
+        return self.local_rows()
+
+    def _check_slots(self, slots: Sequence[str]) -> None:
+        bad = [s for s in slots if s not in self.slots]
+        if bad:
+            raise InvalidArgumentError(f"TorchRec table {self.name!r} has no slots {bad}; it has {list(self.slots)}")
+
+    def export_chunks(self, slots: Sequence[str], max_rows: int
+                      ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
+        """Rows of every local shard in chunks of <= max_rows, ids = global row indices. Under a
+        column-wise plan the column-split slots carry this process's columns only (`row_layout().columns`);
+        each row range is exported once even when this rank holds several column shards of it."""
+        self._check_slots(slots)
+        if max_rows < 1:
+            raise InvalidArgumentError(f"export_chunks: max_rows must be >= 1, got {max_rows}")
+        for a, b in self._layout.owned_rows:
+            parts = sorted((s for s in self.shards if s.row0 == a and s.rows == b - a), key=lambda s: s.col0)
+            for i in range(0, b - a, max_rows):
+                j = min(b - a, i + max_rows)
+                ids = torch.arange(a + i, a + j, dtype=torch.int64)
+                yield ids, {slot: self._gather(parts, slot, i, j) for slot in slots}
+
+    def _gather(self, parts: List[Shard], slot: str, i: int, j: int) -> torch.Tensor:
+        """Rows [i, j) of `slot` across the column shards `parts` of one row range."""
+        spec = self.slots[slot]
+        if slot == EMBEDDING:
+            pieces = [p.weight[i:j] for p in parts]
+        elif len(spec.shape) == 1:
+            pieces = [p.states[slot][i:j] for p in parts]
+        else:
+            # A per-row value under a column-wise plan is kept per column shard; the checkpoint holds the
+            # row's value for the whole row: the width-weighted mean (exact for RowWiseAdagrad: each shard
+            # accumulates the mean square gradient over its own columns).
+            if len(parts) == 1:
+                return parts[0].states[slot][i:j].contiguous()
+            total = sum(p.cols for p in parts)
+            acc = sum(p.states[slot][i:j].to(torch.float64) * p.cols for p in parts) / total
+            return acc.to(spec.dtype)
+        return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)).contiguous()
+
+    def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
+        """Overwrite the rows `ids` (global row indices this process holds) in place. Column-split slots
+        carry columns `row_layout().columns` (all columns when None). Everything is checked before any
+        row is written."""
+        self._check_slots(list(columns))
+        if ids.dtype != torch.int64 or ids.dim() != 1:
+            raise InvalidArgumentError(f"TorchRec table {self.name!r}: ids must be int64 [n], got {ids.dtype} "
+                                       f"{tuple(ids.shape)}")
+        n = ids.shape[0]
+        c0, c1 = self._layout.columns or (0, self.dim)
+        for slot, col in columns.items():
+            spec = self.slots[slot]
+            shape = (n, c1 - c0) if len(spec.shape) == 1 else (n,)
+            if col.dtype != spec.dtype or tuple(col.shape) != shape:
+                raise InvalidArgumentError(
+                    f"TorchRec table {self.name!r}, slot {slot!r}: expected {spec.dtype} {shape}, got "
+                    f"{col.dtype} {tuple(col.shape)}")
+        if n == 0:
+            return
+        owned = torch.zeros(n, dtype=torch.bool)
+        for a, b in self._layout.owned_rows:
+            owned |= (ids >= a) & (ids < b)
+        if not bool(owned.all()):
+            bad = int(ids[~owned][0])
+            raise InvalidArgumentError(
+                f"TorchRec table {self.name!r}: row {bad} is not held by this process (it holds rows "
+                f"{list(self._layout.owned_rows)} of {self.num_rows_global}); nothing was written")
+        with torch.no_grad():
+            for s in self.shards:
+                sel = (ids >= s.row0) & (ids < s.row0 + s.rows)
+                if not bool(sel.any()):
+                    continue
+                local = ids[sel] - s.row0
+                lo, hi = s.col0 - c0, s.col0 - c0 + s.cols
+                for slot, col in columns.items():
+                    part = col[sel]
+                    if slot == EMBEDDING:
+                        s.weight[local] = part[:, lo:hi]
+                    elif len(self.slots[slot].shape) == 1:
+                        s.states[slot][local] = part[:, lo:hi]
+                    else:   # per-row value: each column shard starts from the row's value
+                        s.states[slot][local] = part
+
+    def clear_rows(self) -> None:
+        """A fixed-size table keeps its rows: a replacing load overwrites every row it holds (the loader
+        checks that the checkpoint has them all)."""

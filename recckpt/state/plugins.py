@@ -1,0 +1,75 @@
+"""Plugin registry: adapters that map other libraries' models onto the `SparseState` protocol.
+
+This is the one place where recckpt names an integration. An adapter is imported only when a model
+holds a module of its library AND that library is already imported (a model cannot hold a TorchRec
+module otherwise), so the rest of recckpt, and any model without such modules, pays nothing.
+
+An adapter module provides:
+- ``model_state_dict(model, state_dict) -> dict``: the model's state_dict with each table it manages
+  replaced by a `SparseState` object (its storage keys removed), so that
+  `split_sparse_dense_state_dict` sees the tables as sparse;
+- ``manifest_metadata(model) -> dict[str, str]``: what the manifest records about the library (versions,
+  sharding plan);
+- ``dense_load_dict(model, dense) -> dict``: what to give `model.load_state_dict(..., strict=False)` to
+  load the dense entries `dense` (some libraries' load hooks need their tables' entries present).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Dict, Iterator, List
+
+#: module-class prefix -> (the library's top-level module, the adapter's import path)
+PLUGINS: Dict[str, tuple] = {
+    "torchrec.": ("torchrec", "recckpt.integrations.torchrec"),
+}
+
+
+def _modules_of(model: Any) -> Iterator[Any]:
+    modules = getattr(model, "modules", None)
+    if callable(modules):
+        try:
+            yield from modules()
+        except TypeError:
+            return
+
+
+def adapters_for(model: Any) -> List[Any]:
+    """The adapter modules that apply to `model` (usually none), each imported on first use."""
+    wanted = {prefix: lib for prefix, (lib, _) in PLUGINS.items() if lib in sys.modules}
+    if not wanted:
+        return []
+    found = []
+    for m in _modules_of(model):
+        name = type(m).__module__ + "."
+        for prefix in wanted:
+            if name.startswith(prefix) and prefix not in found:
+                found.append(prefix)
+        if len(found) == len(wanted):
+            break
+    return [importlib.import_module(PLUGINS[p][1]) for p in found]
+
+
+def model_state_dict(model: Any) -> Dict[str, Any]:
+    """`model.state_dict()`, with the tables of every applicable adapter as `SparseState` values."""
+    sd = model.state_dict()
+    for adapter in adapters_for(model):
+        sd = adapter.model_state_dict(model, sd)
+    return sd
+
+
+def manifest_metadata(model: Any) -> Dict[str, str]:
+    """What the applicable adapters record in a checkpoint's manifest metadata (empty for most models)."""
+    out: Dict[str, str] = {}
+    for adapter in adapters_for(model):
+        out.update(adapter.manifest_metadata(model))
+    return out
+
+
+def load_dense(model: Any, dense: Dict[str, Any]) -> None:
+    """`model.load_state_dict(dense, strict=False)`, with what the applicable adapters add (a copy is
+    passed: some models' load_state_dict mutates the dict it is given)."""
+    sd = dict(dense)
+    for adapter in adapters_for(model):
+        sd = adapter.dense_load_dict(model, sd)
+    model.load_state_dict(sd, strict=False)

@@ -1,0 +1,76 @@
+"""Running TorchRec jobs in real processes and reading back what TorchRec holds (no torchrec import here:
+the test process stays free of it; the workers import it)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CHILD = os.path.join(ROOT, "tests", "helpers", "torchrec_child.py")
+
+needs_torchrec = pytest.mark.skipif(
+    importlib.util.find_spec("torchrec") is None or importlib.util.find_spec("fbgemm_gpu") is None,
+    reason="torchrec/fbgemm-gpu-cpu not installed: run `bash scripts/install_torchrec.sh` (scripts/test.sh does)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_jobs(tmp, world: int, jobs: list, timeout: int = 240) -> list:
+    """Run `jobs` on `world` processes; judged by the files each rank writes (a rank may abort at exit)."""
+    out = os.path.join(tmp, f"run_{world}_{free_port()}")
+    os.makedirs(out)
+    spec = os.path.join(out, "spec.json")
+    with open(spec, "w") as f:
+        json.dump({"world": world, "port": free_port(), "out": out, "jobs": jobs}, f)
+    proc = subprocess.run([sys.executable, CHILD, spec], capture_output=True, text=True, timeout=timeout)
+    errors = [open(os.path.join(out, f)).read() for f in sorted(os.listdir(out)) if f.startswith("error_")]
+    assert not errors, "a worker failed:\n" + "\n".join(errors)
+    done = [os.path.join(out, f"done_{r}.json") for r in range(world)]
+    missing = [d for d in done if not os.path.exists(d)]
+    assert not missing, f"workers did not finish ({missing}); rc {proc.returncode}\n{proc.stderr[-4000:]}"
+    return [json.load(open(d)) for d in done]
+
+
+def load_dump(path: str) -> dict:
+    """Merge every rank's dump into {table: {"weight": [N, D], "states": {name: [(offsets, tensor)]}}}."""
+    merged: dict = {}
+    for f in sorted(os.listdir(path)):
+        part = torch.load(os.path.join(path, f), weights_only=True)
+        for table, t in part.items():
+            m = merged.setdefault(table, {"shape": t["shape"], "weight": [], "states": {}})
+            m["weight"] += t["weight"]
+            for k, pieces in t["states"].items():
+                m["states"].setdefault(k, []).extend(pieces)
+    return merged
+
+
+def full(pieces, shape, dtype=None) -> torch.Tensor:
+    """Assemble local shards [(offsets, tensor)] into the whole tensor (every element covered once)."""
+    dtype = dtype or pieces[0][1].dtype
+    out = torch.full(shape, float("nan"), dtype=torch.float64)
+    seen = torch.zeros(shape, dtype=torch.int32)
+    for off, t in pieces:
+        idx = tuple(slice(o, o + s) for o, s in zip(off, t.shape))
+        out[idx] = t.to(torch.float64)
+        seen[idx] += 1
+    assert bool((seen == 1).all()), f"shards cover {int((seen == 0).sum())} elements 0 times, {int((seen > 1).sum())} twice"
+    return out.to(dtype)
+
+
+def same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    """Exactly equal, element by element (NaN equal to NaN: an fp16 table trained into NaN still round-trips)."""
+    assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"
+    diff = ~((a == b) | (torch.isnan(a) & torch.isnan(b)))
+    assert not bool(diff.any()), f"{what}: {int(diff.sum())} of {a.numel()} elements differ"

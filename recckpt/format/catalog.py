@@ -72,17 +72,21 @@ def read_version_file(storage: Storage) -> list[str] | None:
     return ids
 
 
-def committed(storage: Storage) -> list[tuple[str, CatalogEntry]]:
+def committed(storage: Storage, top: list[str] | None = None) -> list[tuple[str, CatalogEntry]]:
     """Committed checkpoints, oldest first: the version file's order, with any committed directory it
     does not list placed among them by creation time. Each comes with what the catalog records of its
-    manifest (read from the manifest where the catalog has no entry)."""
-    return _listing(storage)[0]
+    manifest (read from the manifest where the catalog has no entry). `top`: the names at the top of
+    `storage` when the caller has listed them already (one listing is a request per 1000 names on an
+    object store)."""
+    return _listing(storage, top=top)[0]
 
 
-def _listing(storage: Storage, trust_catalog: bool = True) -> tuple[list[tuple[str, CatalogEntry]], bool]:
+def _listing(storage: Storage, trust_catalog: bool = True, top: list[str] | None = None
+             ) -> tuple[list[tuple[str, CatalogEntry]], bool]:
     """(committed checkpoints as `committed` lists them, whether the catalog held exactly them)."""
     listed = read_version_file(storage) or []
-    candidates = [n for n in storage.listdir("") if not n.startswith(".") and n != names.VERSION_FILE]
+    top = storage.listdir("") if top is None else top
+    candidates = [n for n in top if not n.startswith(".") and n != names.VERSION_FILE]
     cached = (read_catalog(storage) if trust_catalog else None) or {}
     found: dict[str, CatalogEntry] = {n: cached[n] for n in candidates if n in cached}
     unknown = [n for n in candidates if n not in found]

@@ -51,11 +51,13 @@ def remove_target_if_unowned(storage: Storage, target: str, listing: list[str] |
     return storage.remove_if_unowned(_owners(listing, target), [target])
 
 
-def find_leftovers(storage: Storage, keep: Collection[str] = ()) -> list[tuple[str, str]]:
+def find_leftovers(storage: Storage, keep: Collection[str] = (), top: list[str] | None = None
+                   ) -> list[tuple[str, str]]:
     """(name, what left it) for each top-level entry of `storage` that `recover` would remove, were its
-    writer dead: a save target that a live process still claims is listed too (`recover` keeps it)."""
+    writer dead: a save target that a live process still claims is listed too (`recover` keeps it).
+    `top`: the top-level names, when the caller has listed them already."""
     found = []
-    for name in storage.listdir(""):
+    for name in storage.listdir("") if top is None else top:
         if name in keep:
             continue
         if name.startswith(names.STAGING_PREFIX) or _uncommitted_leftover(storage, name):

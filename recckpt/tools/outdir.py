@@ -33,12 +33,14 @@ class Listing:
     leftovers: list[tuple[str, str]] = field(default_factory=list)       # (name, what left it)
 
 
-def _require_dir(storage) -> None:
-    if not storage.isdir(""):
+def _require_dir(storage, top: list[str] | None = None) -> None:
+    """An output directory: not missing, not one checkpoint. `top`: its listing, when already made (then a
+    non-empty one answers the first question without another request)."""
+    if not top and not storage.isdir(""):
         raise CheckpointNotFoundError(f"{storage.describe()} is not a directory; pass an output directory "
                                       f"(the one given to Saver/CheckpointManager as output_dir)",
                                       path=storage.describe())
-    if storage.exists(names.MANIFEST):
+    if (names.MANIFEST in top) if top is not None else storage.exists(names.MANIFEST):
         raise InvalidArgumentError(f"{storage.describe()} is one checkpoint, not an output directory; pass "
                                    f"its parent directory")
 
@@ -61,15 +63,16 @@ def _size(storage, ckpt_id: str, entry) -> int:
 def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = None) -> Listing:
     """Committed checkpoints of `output_dir` (oldest first) and the leftovers of crashed saves in it."""
     storage = open_output_dir(output_dir, storage_options)
-    _require_dir(storage)
+    top = storage.listdir("")            # once: for the checkpoints, the leftovers and the checks
+    _require_dir(storage, top)
     out = Listing(storage.describe())
-    found = catalog.committed(storage)   # the catalog: no manifest read per checkpoint
+    found = catalog.committed(storage, top)   # the catalog: no manifest read per checkpoint
     for cid, e in found:
         parent = parent_of(e)
         out.checkpoints.append(CheckpointSummary(
             cid, storage.describe(cid), e.step, kind_of(e.metadata, parent), _size(storage, cid, e),
             _dt.datetime.fromtimestamp(e.created_ns / 1e9, tz=_dt.timezone.utc), parent, e.compacted_from))
-    out.leftovers = recovery.find_leftovers(storage, keep={cid for cid, _ in found})   # committed: not leftovers
+    out.leftovers = recovery.find_leftovers(storage, keep={cid for cid, _ in found}, top=top)  # committed: not leftovers
     return out
 
 

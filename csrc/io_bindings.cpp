@@ -1,9 +1,11 @@
 // Bindings of ShardWriter and read_ranges. Python objects (the caller's arrays) are held and
 // released here, on the calling thread with the GIL; the C++ core only sees raw pointers.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <cstring>
 #include <list>
 #include <memory>
 
@@ -11,6 +13,7 @@
 #include "pybuf.h"
 #include "mapped_region.h"
 #include "reader.h"
+#include "hash.h"
 #include "shard_writer.h"
 
 namespace py = pybind11;
@@ -42,7 +45,7 @@ class PyShardWriter {
     }
   }
 
-  int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns) {
+  int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows) {
     if (!w_) throw py::value_error("ShardWriter is closed");
     Held h;
     h.done = std::make_shared<std::atomic<bool>>(false);
@@ -51,6 +54,23 @@ class PyShardWriter {
     py::buffer_info ids = int64_vector(ids_obj, "ShardWriter.submit: ids");
     in.n = ids.shape[0];
     in.ids = static_cast<const int64_t*>(ids.ptr);
+    // Format version 4: 1 <= rows < 2^32 (the directory's row starts are uint32).
+    if (in.n < 1 || in.n > (int64_t)UINT32_MAX)
+      throw py::value_error("ShardWriter.submit: a segment holds 1 to 2**32-1 rows, got " + std::to_string(in.n));
+    if (num_rows < 0 || num_rows >= kMaxRowRangeRows)
+      throw py::value_error("ShardWriter.submit: num_rows must be in [0, 2**40), got " + std::to_string(num_rows));
+    in.num_rows = num_rows;
+    if (num_rows > 0) {
+      int64_t bad = -1;
+      {
+        py::gil_scoped_release nogil;
+        for (int64_t i = 0; i < in.n && bad < 0; i++)
+          if (in.ids[i] < 0 || in.ids[i] >= num_rows) bad = i;
+      }
+      if (bad >= 0)
+        throw py::value_error("ShardWriter.submit: id " + std::to_string(in.ids[bad]) +
+                              " is not a row of a fixed-size table of " + std::to_string(num_rows) + " rows");
+    }
     h.bufs.push_back(std::move(ids));
     const size_t ncols = py::len(columns);
     for (size_t c = 0; c < ncols; c++) {
@@ -114,7 +134,6 @@ class PyShardWriter {
       throw;
     }
     held_.clear();
-    const int64_t blen = 8 * (w_->num_buckets() + 1);
     py::list out;
     for (auto& file : recs) {
       py::list lst;
@@ -124,9 +143,13 @@ class PyShardWriter {
         d["table"] = r.table;
         d["rows"] = r.rows;
         d["offset"] = r.offset;
+        d["dir"] = r.dir_entries;
+        d["first"] = r.first_bucket;
+        d["last"] = r.last_bucket;
+        d["packed"] = r.packed;
         py::dict b;
         b["offset"] = r.buckets_offset;
-        b["length"] = blen;
+        b["length"] = r.buckets_length;
         b["crc32c"] = r.buckets_crc;
         d["buckets"] = b;
         py::list cols;
@@ -134,8 +157,9 @@ class PyShardWriter {
           py::dict cd;
           cd["offset"] = c.offset;
           cd["length"] = c.length;
-          py::list crcs(c.crcs.size());
-          for (size_t k = 0; k < c.crcs.size(); k++) crcs[k] = py::int_(c.crcs[k]);
+          cd["step"] = c.step;
+          py::array_t<uint32_t> crcs((py::ssize_t)c.crcs.size());
+          if (!c.crcs.empty()) std::memcpy(crcs.mutable_data(), c.crcs.data(), 4 * c.crcs.size());
           cd["crc32c"] = crcs;
           cols.append(cd);
         }
@@ -319,7 +343,9 @@ void bind_io(py::module_& m) {
            py::arg("paths"),
            py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"))
       .def("submit", &PyShardWriter::submit, py::arg("table"), py::arg("ids"), py::arg("columns"),
-           "queue a segment; blocks (GIL released) while too many bytes are in flight; returns its id")
+           py::arg("num_rows") = 0,
+           "queue a segment (1 to 2**32-1 rows); blocks (GIL released) while too many bytes are in flight; returns "
+           "its id. num_rows = N > 0: bucket the ids (rows 0..N-1) with format version 4's row_range function")
       .def("wait", &PyShardWriter::wait, py::arg("segment"),
            "block (GIL released) until segment `segment` (an id submit returned) is written, so the caller may "
            "reuse its buffers; raises the writer's first failure instead")
@@ -347,6 +373,9 @@ void bind_io(py::module_& m) {
 
   m.attr("DEFAULT_READAHEAD_BYTES") = kDefaultReadaheadBytes;
   m.attr("COLUMN_ALIGN") = kColumnAlign;
+  m.attr("PACK_BELOW") = kPackBelow;
+  m.def("column_step", &column_step, py::arg("length"), py::arg("chunk_bytes"),
+        "format version 4: bytes per checksum of a column of `length` bytes");
   m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
         py::arg("readahead_bytes") = kDefaultReadaheadBytes, py::arg("map_into") = nullptr,
         "verified parallel reads: returns (bytes_read, [(request_index, message), ...]); the kernel is told "

@@ -52,8 +52,10 @@ py::array_t<uint32_t> crc_chunks(const py::buffer& data, int64_t chunk_bytes) {
   return out;
 }
 
-py::array_t<int64_t> py_bucket_of(const py::object& ids, int64_t num_buckets) {
+py::array_t<int64_t> py_bucket_of(const py::object& ids, int64_t num_buckets, int64_t num_rows) {
   if (num_buckets <= 0) throw py::value_error("bucket_of: num_buckets must be > 0");
+  if (num_rows < 0 || num_rows >= kMaxRowRangeRows)
+    throw py::value_error("bucket_of: num_rows must be in [0, 2**40)");
   py::buffer_info b = int64_vector(ids, "bucket_of: ids");
   const int64_t n = b.shape[0];
   py::array_t<int64_t> out(n);
@@ -61,7 +63,10 @@ py::array_t<int64_t> py_bucket_of(const py::object& ids, int64_t num_buckets) {
   const int64_t* p = static_cast<const int64_t*>(b.ptr);
   {
     py::gil_scoped_release nogil;
-    bucket_of(p, n, (uint64_t)num_buckets, o);
+    if (num_rows > 0)
+      row_range_bucket_of(p, n, (uint64_t)num_buckets, (uint64_t)num_rows, o);
+    else
+      bucket_of(p, n, (uint64_t)num_buckets, o);
   }
   return out;
 }
@@ -131,6 +136,17 @@ void bind_idmap(py::module_& m) {
           py::arg("ids"),
           "insert ids expected to be absent (presized, no per-id output); returns the index of the first "
           "id already present or repeated (ids before it stay inserted), or len(ids) when all were new")
+      .def(
+          "probes",
+          [](const IdMap& s, const py::object& ids) {
+            py::buffer_info b = int64_vector(ids, "IdMap.probes: ids");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lk(s.mutex());
+            return s.probes(static_cast<const int64_t*>(b.ptr), b.shape[0]);
+          },
+          py::arg("ids"),
+          "slots visited to look up ids (len(ids) when no probe goes past its home slot): a measure of "
+          "clustering, for tests and benchmarks")
       .def("keys",
            [](const IdMap& s) {
              // The map's lock is only ever taken with the GIL released (and dropped before the GIL is
@@ -181,8 +197,9 @@ void bind_digest(py::module_& m);
 PYBIND11_MODULE(_C, m) {
   m.doc() = "recckpt C++ engine: bucketing, CRC32C, IdMap, parallel shard writes and verified reads";
 
-  m.def("bucket_of", &py_bucket_of, py::arg("ids"), py::arg("num_buckets"),
-        "bucket(id) = mix64(id) mod num_buckets for each id");
+  m.def("bucket_of", &py_bucket_of, py::arg("ids"), py::arg("num_buckets"), py::arg("num_rows") = 0,
+        "bucket(id) = mix64(id) mod num_buckets for each id; with num_rows = N > 0 the row_range function "
+        "floor(id * num_buckets / N), -1 for an id outside [0, N)");
   m.def(
       "crc32c",
       [](const py::buffer& data, int64_t value) {

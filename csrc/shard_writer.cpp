@@ -62,6 +62,14 @@ class ChunkCrc {
 
 }  // namespace
 
+int64_t column_step(int64_t length, int64_t chunk_bytes) {
+  const int64_t q = (length + 63) / 64;
+  if (q >= chunk_bytes) return chunk_bytes;
+  int64_t p = 512;
+  while (p < q) p <<= 1;
+  return std::min(p, chunk_bytes);
+}
+
 ShardWriter::ShardWriter(const std::vector<std::string>& paths, int64_t num_buckets,
                          int64_t chunk_bytes, int64_t max_inflight_bytes)
     : num_buckets_(num_buckets), chunk_bytes_(chunk_bytes), max_inflight_(max_inflight_bytes) {
@@ -119,7 +127,7 @@ ShardWriter::~ShardWriter() {
 }
 
 int64_t ShardWriter::segment_bytes(const SegmentInput& seg) const {
-  int64_t b = 8 * (num_buckets_ + 1) + 8 * seg.n;
+  int64_t b = 8 * std::min(num_buckets_, seg.n) + 8 * seg.n;
   for (int64_t rb : seg.row_bytes) b += rb * seg.n;
   return b;
 }
@@ -371,25 +379,49 @@ void ShardWriter::write_segment(File& f, const Job& job, WorkerCtx& ctx) {
 
 template <class Idx>
 void ShardWriter::write_sorted(const Job& job, WorkerCtx& ctx, SegmentRecord& rec) {
+  if (job.in.num_rows > 0) {
+    const RowRangeBucketer b((uint64_t)num_buckets_, (uint64_t)job.in.num_rows);
+    write_sorted_by<Idx>(job, ctx, rec, b);
+  } else {
+    const Bucketer b((uint64_t)num_buckets_);
+    write_sorted_by<Idx>(job, ctx, rec, b);
+  }
+}
+
+template <class Idx, class Bucket>
+void ShardWriter::write_sorted_by(const Job& job, WorkerCtx& ctx, SegmentRecord& rec, const Bucket& bucket) {
   const int64_t B = num_buckets_, n = job.in.n;
   const int64_t* ids = job.in.ids;
-  const Bucketer bucket((uint64_t)B);
 
   // Stable counting sort on bucket -> permutation (the bucket is recomputed rather than stored).
   std::vector<int64_t> offsets((size_t)B + 1, 0);
   for (int64_t i = 0; i < n; i++) offsets[bucket(ids[i]) + 1]++;
+  // Format version 4's directory: the non-empty buckets (uint32), then their first rows (uint32).
+  std::vector<uint32_t> dir;
+  for (int64_t b = 0; b < B; b++)
+    if (offsets[b + 1] > 0) dir.push_back((uint32_t)b);
+  const size_t k = dir.size();
   for (int64_t b = 1; b <= B; b++) offsets[b] += offsets[b - 1];
+  dir.resize(2 * k);
+  for (size_t j = 0; j < k; j++) dir[k + j] = (uint32_t)offsets[dir[j]];
+  rec.dir_entries = (int64_t)k;
+  rec.first_bucket = k ? dir[0] : 0;
+  rec.last_bucket = k ? dir[k - 1] : 0;
   std::unique_ptr<Idx[]> perm(new Idx[(size_t)std::max<int64_t>(n, 1)]);
   {
     std::vector<int64_t> pos(offsets.begin(), offsets.end() - 1);
     for (int64_t i = 0; i < n; i++) perm[pos[bucket(ids[i])]++] = (Idx)i;
   }
+  offsets = std::vector<int64_t>();
 
   rec.buckets_offset = ctx.pos();
-  rec.buckets_length = 8 * (B + 1);
-  rec.buckets_crc = crc32c(0, offsets.data(), (size_t)rec.buckets_length);
-  ctx.append(offsets.data(), (size_t)rec.buckets_length);
-  offsets = std::vector<int64_t>();
+  rec.buckets_length = (int64_t)(8 * k);
+  rec.buckets_crc = crc32c(0, dir.data(), (size_t)rec.buckets_length);
+  ctx.append(dir.data(), (size_t)rec.buckets_length);
+
+  int64_t seg_bytes = 8 * n;
+  for (int64_t rb : job.in.row_bytes) seg_bytes += rb * n;
+  rec.packed = seg_bytes < kPackBelow;
 
   const int64_t ncols = 1 + (int64_t)job.in.columns.size();
   rec.columns.resize((size_t)ncols);
@@ -399,11 +431,12 @@ void ShardWriter::write_sorted(const Job& job, WorkerCtx& ctx, SegmentRecord& re
     const int64_t rb = c == 0 ? 8 : job.in.row_bytes[c - 1];
     ColumnRecord& col = rec.columns[c];
     col.length = rb * n;
-    if (c > 0 && col.length > 0) ctx.pad_to(kColumnAlign);
+    col.step = column_step(col.length, chunk_bytes_);
+    if (c > 0 && col.length > 0 && !rec.packed) ctx.pad_to(kColumnAlign);
     col.offset = ctx.pos();
     if (col.length == 0) continue;
-    col.crcs.reserve((size_t)((col.length + chunk_bytes_ - 1) / chunk_bytes_));
-    ChunkCrc crc(chunk_bytes_, col.crcs);
+    col.crcs.reserve((size_t)((col.length + col.step - 1) / col.step));
+    ChunkCrc crc(col.step, col.crcs);
     if ((size_t)rb > staging_bytes_) {
       // Rows larger than the staging buffer are written straight from the source.
       for (int64_t i = 0; i < n; i++) {

@@ -19,17 +19,26 @@ namespace recckpt {
 // Format version 2: every non-empty slot column starts at a file offset that is a multiple of this,
 // preceded by zero padding (docs/FORMAT.md). 4096 is the page size of the machines we map on.
 constexpr int64_t kColumnAlign = 4096;
+// Format version 4: a segment smaller than this (n * (8 + slot row bytes)) is packed: no alignment
+// padding (layout.PACK_BELOW, which a test keeps equal).
+constexpr int64_t kPackBelow = int64_t(64) << 10;
+// Format version 4: the checksum step of a column of `length` bytes (layout.checksum_step):
+// min(C, max(512, the power of two at or above ceil(length / 64))).
+int64_t column_step(int64_t length, int64_t chunk_bytes);
 
 struct ColumnRecord {
   int64_t offset = 0;  // absolute file offset of the column's first byte
   int64_t length = 0;  // bytes
-  std::vector<uint32_t> crcs;  // crc32c of each chunk_bytes piece of the column
+  int64_t step = 0;    // bytes per checksum (column_step)
+  std::vector<uint32_t> crcs;  // crc32c of each `step` piece of the column
 };
 
 struct SegmentRecord {
   int64_t segment = 0, table = 0, rows = 0, offset = 0;
-  int64_t buckets_offset = 0, buckets_length = 0;
+  int64_t buckets_offset = 0, buckets_length = 0;  // the bucket directory: 8 * dir_entries bytes
   uint32_t buckets_crc = 0;
+  int64_t dir_entries = 0, first_bucket = 0, last_bucket = 0;
+  bool packed = false;
   std::vector<ColumnRecord> columns;  // column 0 = the ids
 };
 
@@ -39,6 +48,7 @@ struct SegmentInput {
   int64_t n = 0;
   std::vector<const uint8_t*> columns;  // each C-contiguous [n, row_bytes]
   std::vector<int64_t> row_bytes;
+  int64_t num_rows = 0;  // > 0: the table's "row_range" bucket function over N rows; 0: "hash"
   // Set (release) once the writer no longer reads the buffers: written, discarded or rejected.
   std::shared_ptr<std::atomic<bool>> done;
 };
@@ -89,6 +99,8 @@ class ShardWriter {
   void write_segment(File& f, const Job& job, WorkerCtx& ctx);  // throws OsError
   template <class Idx>
   void write_sorted(const Job& job, WorkerCtx& ctx, SegmentRecord& rec);
+  template <class Idx, class Bucket>
+  void write_sorted_by(const Job& job, WorkerCtx& ctx, SegmentRecord& rec, const Bucket& bucket);
   void fail(File& f, const OsError& e);  // requires mu_
   void stop_and_join(bool discard);
   void check_stopping() const;

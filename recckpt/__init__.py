@@ -25,6 +25,8 @@ _EXPORTS = {
     "IncrementPolicy": "recckpt.train.increments",
     "PreemptionHandler": "recckpt.train.preemption",
     "SaveHandle": "recckpt.train.async_save",
+    "SaveEvent": "recckpt.train.events",
+    "LoadEvent": "recckpt.train.events",
     "AsyncSaveError": "recckpt.errors",
     "AsyncCommitOutcomeUnknownError": "recckpt.errors",
     "RNGState": "recckpt.train.rng",

@@ -11,9 +11,13 @@ the commit happened). Implementations differ only in how the parts travel.
 """
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import uuid
 from typing import Any
+
+log = logging.getLogger("recckpt")
 
 
 class Coordinator:
@@ -52,25 +56,50 @@ class SingleCoordinator(Coordinator):
     def submit(self, key, part):
         return [part]
 
+    def active_nonces(self, root):
+        # parts of multi-shard saves this process parked in the same output directory stay protected
+        return InProcessCoordinator(0, 1).active_nonces(root)
+
 
 class InProcessCoordinator(Coordinator):
     """Shards saved one after another from one process. Shared state lives on the class, keyed by
-    (output_dir, ckpt_id), so separate Saver objects (one per simulated worker) cooperate."""
+    (output_dir, ckpt_id), so separate Saver objects (one per simulated worker) cooperate.
+
+    A part waits for the other shards of its checkpoint. If none of them arrives within `timeout_s` of
+    the last activity on that checkpoint (a shard's save beginning or handing over its part), the
+    parked parts are dropped with a warning the next time any in-process save runs: nothing was
+    committed, and the staging directory is no longer protected from start-up recovery."""
     _lock = threading.Lock()
     _saves: dict[tuple, dict[str, Any]] = {}
     defers_commit = True
 
-    def __init__(self, rank: int, world: int):
-        self.rank, self.world = rank, world
+    def __init__(self, rank: int, world: int, timeout_s: float = 1800.0):
+        self.rank, self.world, self.timeout_s = rank, world, timeout_s
+
+    def _expire(self) -> None:
+        """Drop saves idle for longer than their timeout (under the lock)."""
+        now = time.monotonic()
+        for key, s in list(self._saves.items()):
+            if now - s["touched"] > s["timeout_s"]:
+                del self._saves[key]
+                missing = sorted(set(range(s["world"])) - set(s["parts"]))
+                log.warning("recckpt: dropped the parts of checkpoint %r in %s that shard(s) %s saved: shard(s) %s "
+                            "of %d were not saved within %g s, so it was never committed; save every shard "
+                            "again (start-up recovery removes its staging directory)", key[1], key[0],
+                            sorted(s["parts"]), missing, s["world"], s["timeout_s"])
 
     def begin(self, key):
         with self._lock:
-            s = self._saves.setdefault(key, {"nonce": uuid.uuid4().hex[:12], "parts": {}})
+            self._expire()
+            s = self._saves.setdefault(key, {"nonce": uuid.uuid4().hex[:12], "parts": {}, "world": self.world,
+                                             "timeout_s": self.timeout_s})
+            s["touched"] = time.monotonic()
             return s["nonce"]
 
     def submit(self, key, part):
         with self._lock:
             s = self._saves[key]
+            s["touched"] = time.monotonic()
             if self.rank in s["parts"]:
                 raise RuntimeError(f"shard {self.rank} of {key[1]!r} was submitted twice")
             s["parts"][self.rank] = part
@@ -85,4 +114,5 @@ class InProcessCoordinator(Coordinator):
 
     def active_nonces(self, root):
         with self._lock:
+            self._expire()
             return {k[1]: s["nonce"] for k, s in self._saves.items() if k[0] == root}

@@ -19,4 +19,4 @@ def coordinator_for(shard_id: int, shard_num: int, timeout_s: float = 1800.0) ->
     if pg == (shard_id, shard_num):
         from .torch_coordinator import TorchCoordinator
         return TorchCoordinator(timeout_s)
-    return InProcessCoordinator(shard_id, shard_num)
+    return InProcessCoordinator(shard_id, shard_num, timeout_s)

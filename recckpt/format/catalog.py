@@ -172,8 +172,10 @@ def write_version_file(storage: Storage, ids: list[str], fsync: bool = True,
     """Replace the version file in one step (the store decides how: temp file + rename, or one PUT);
     with `entries` (id -> CatalogEntry, as `committed` gives them), then the catalog too, listing `ids`.
     A catalog that cannot be written is removed (a stale one must not outlive a retention)."""
-    storage.write_atomic(names.VERSION_FILE, "".join(f"{i}\n" for i in ids).encode(),
-                         tmp=f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}", fsync=fsync)
+    tmp = f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
+    # Claimed while it exists, so another process's recovery never removes it mid-way (issue 30).
+    storage.write_atomic(names.VERSION_FILE, "".join(f"{i}\n" for i in ids).encode(), tmp=tmp, fsync=fsync,
+                         owner=names.owner_file(tmp, 0))
     if entries is None:
         return
     try:

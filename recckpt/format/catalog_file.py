@@ -20,15 +20,15 @@ from .. import _C
 from ..errors import CorruptCheckpointError, InvalidCheckpointIdError
 from ..storage import Storage
 from . import names
-from .retention import META_STEP, parse_step
+from .retention import META_COMPACTED_FROM as _COMPACTED_FROM, META_STEP, parse_step
 from .schema import Manifest, ParentRef
 
 log = logging.getLogger("recckpt")
 
 CATALOG_VERSION = 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-#: Metadata keys that name the checkpoint a compaction folded (the first is written since format 4).
-META_COMPACTED_FROM = ("recckpt.compacted_from", "compacted_from")
+#: Metadata keys that name the checkpoint a compaction folded (the second is what compaction wrote before).
+META_COMPACTED_FROM = (_COMPACTED_FROM, "compacted_from")
 _I63 = 1 << 63
 
 
@@ -55,6 +55,12 @@ class CatalogEntry:
 
     def __post_init__(self):
         object.__setattr__(self, "global_step", parse_step(self.metadata.get(META_STEP)))
+
+    @property
+    def worker_steps(self) -> dict[int, int]:
+        """The newest step a worker saved at, as a one-entry mapping: what `retention.recorded_step` reads
+        of a manifest's `worker_steps` (the catalog keeps only the newest)."""
+        return {} if self.worker_step is None else {0: self.worker_step}
 
     @property
     def step(self) -> int | None:
@@ -158,8 +164,8 @@ def write_catalog(storage: Storage, entries: list[CatalogEntry]) -> None:
                       separators=(",", ":"), ensure_ascii=True).encode("ascii")
     head = json.dumps({"catalog_version": CATALOG_VERSION, "bytes": len(body), "crc32c": _C.crc32c(body)},
                       sort_keys=True, separators=(",", ":")).encode("ascii")
-    storage.write_atomic(names.CATALOG, head + b"\n" + body,
-                         tmp=f"{names.CATALOG_TMP_PREFIX}{uuid.uuid4().hex[:8]}", fsync=False)
+    tmp = f"{names.CATALOG_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
+    storage.write_atomic(names.CATALOG, head + b"\n" + body, tmp=tmp, fsync=False, owner=names.owner_file(tmp, 0))
 
 
 __all__ = ["CatalogEntry", "META_COMPACTED_FROM", "payload_bytes", "read_catalog", "write_catalog"]

@@ -81,6 +81,13 @@ def walk_chain(newest: CheckpointReader) -> list[CheckpointReader]:
             raise CorruptCheckpointError(
                 f"{where}: {parent.manifest.num_buckets} buckets, but {newest.describe()} has "
                 f"{newest.manifest.num_buckets}; the links of a chain share one bucket count", where)
+        for name, info in newest.manifest.tables.items():   # and, per table, one bucket function
+            had = parent.manifest.tables.get(name)
+            if had is not None and (had.bucket_fn, had.num_rows) != (info.bucket_fn, info.num_rows):
+                raise CorruptCheckpointError(
+                    f"{where}: table {name!r} is bucketed {had.bucket_fn!r} over {had.num_rows} rows, but "
+                    f"{newest.describe()} buckets it {info.bucket_fn!r} over {info.num_rows}; the links of a "
+                    f"chain bucket each table alike (docs/FORMAT.md)", where, table=name)
         links.append(parent)
         cur = parent
     links.reverse()

@@ -12,6 +12,7 @@ language serialises it to the same bytes). Any flipped byte either breaks parsin
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 
 from .. import _C
@@ -57,12 +58,20 @@ def parse(data, path: str, limits: JsonLimits):
                                      f"this kind of metadata; the file is corrupt or not a recckpt file", path)
     try:
         text = data if isinstance(data, str) else bytes(data).decode("utf-8")
-        obj = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_int,
+        # int() of a long digit string costs quadratic time. Python bounds it (int_max_str_digits, 4300
+        # digits by default: a longer number fails the parse), so integers are converted by json itself
+        # and their size is checked afterwards, in bulk (check_tree); a hook per integer would cost a
+        # Python call each and make a large index parse several times slower than json.loads. Where
+        # the interpreter's bound is off, the hook checks every number's length first.
+        hook = _int if _UNBOUNDED_INT_PARSE else None
+        obj = json.loads(text, object_pairs_hook=_unique_keys, parse_int=hook,
                          parse_float=_float if limits.floats else _no_float, parse_constant=_no_constant)
         check_tree(obj, limits.max_depth)
     except JsonRuleError as e:
         raise bad(str(e)) from None
     except (UnicodeError, ValueError, TypeError) as e:
+        if "digits" in str(e) and "integer" in str(e):   # Python's int_max_str_digits bound
+            raise bad(f"a number of more than {MAX_NUMBER_CHARS} digits") from None
         raise bad(f"{type(e).__name__}: {e}"[:300]) from None
     except RecursionError:  # the C scanner's own guard, far deeper than max_depth
         raise bad(f"nested more than {limits.max_depth} deep") from None
@@ -89,10 +98,10 @@ def dumps(obj: dict) -> bytes:
 
 def loads(data: bytes, path: str, max_bytes: int) -> dict:
     """Parse and verify a checked JSON file; CorruptCheckpointError names `path` on any defect."""
-    if isinstance(data, (bytes, bytearray)) and not data.isascii():
-        raise CorruptCheckpointError(f"{path}: not valid checkpoint metadata (non-ASCII bytes; checked "
-                                     f"files are ASCII)", path)
-    obj = parse(data, path, JsonLimits(max_bytes))
+    if len(data) > max_bytes:
+        raise CorruptCheckpointError(f"{path}: {len(data)} bytes exceeds the {max_bytes}-byte cap for this kind "
+                                     f"of metadata; the file is corrupt or not a recckpt file", path)
+    obj = parse(ascii_text(data, path), path, JsonLimits(max_bytes))
     if not isinstance(obj, dict) or type(obj.get(CRC_KEY)) is not int:
         raise CorruptCheckpointError(f"{path}: metadata has no integer {CRC_KEY!r} field", path)
     crc = obj.pop(CRC_KEY)
@@ -101,6 +110,40 @@ def loads(data: bytes, path: str, max_bytes: int) -> dict:
     if actual != crc:
         raise CorruptCheckpointError(f"{path}: checksum mismatch (recorded {crc:#x}, computed "
                                      f"{actual:#010x}); the file is corrupt", path)
+    return obj
+
+
+def dumps_unchecked(obj: dict) -> bytes:
+    """A metadata file without a self-checksum (format version 4's indexes: the manifest records the
+    size and CRC of their bytes). Compact: these files grow with the segments."""
+    if CRC_KEY in obj:
+        raise ValueError(f"metadata must not contain the key {CRC_KEY!r}")
+    check_tree(obj, MAX_DEPTH)
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def ascii_text(data, path: str) -> str:
+    """Metadata bytes as text, in one pass that also checks they are ASCII (checked files are)."""
+    if isinstance(data, str):
+        if not data.isascii():
+            raise CorruptCheckpointError(f"{path}: not valid checkpoint metadata (non-ASCII text)", path)
+        return data
+    try:
+        return bytes(data).decode("ascii")
+    except UnicodeDecodeError:
+        raise CorruptCheckpointError(f"{path}: not valid checkpoint metadata (non-ASCII bytes; checked "
+                                     f"files are ASCII)", path) from None
+
+
+def loads_unchecked(data: bytes, path: str, max_bytes: int) -> dict:
+    """Parse a metadata file that `dumps_unchecked` wrote (its bytes already checked against the
+    manifest): the rules of `parse`, an ASCII object, no self-checksum to recompute."""
+    if len(data) > max_bytes:
+        raise CorruptCheckpointError(f"{path}: {len(data)} bytes exceeds the {max_bytes}-byte cap for this kind "
+                                     f"of metadata; the file is corrupt or not a recckpt file", path)
+    obj = parse(ascii_text(data, path), path, JsonLimits(max_bytes))
+    if not isinstance(obj, dict):
+        raise CorruptCheckpointError(f"{path}: not valid checkpoint metadata (not a JSON object)", path)
     return obj
 
 
@@ -117,14 +160,23 @@ def check_tree(obj, max_depth: int = MAX_DEPTH) -> None:
                     raise JsonRuleError(f"object key {k!r:.40} is not a string")
                 _check_text(k)
         elif isinstance(node, list):
+            kinds = set(map(type, node))   # in C: an index's long lists of integers cost no Python loop
+            if kinds <= {int, bool}:
+                if node and kinds == {int} and not -_INT_BOUND < min(node) <= max(node) < _INT_BOUND:
+                    raise JsonRuleError(f"a number of more than {MAX_NUMBER_CHARS} digits")
+                if depth > max_depth:
+                    raise JsonRuleError(f"nested more than {max_depth} deep")
+                continue
             children = node
         else:
             if type(node) is str:
                 _check_text(node)
+            elif type(node) is int and not -_INT_BOUND < node < _INT_BOUND:
+                raise JsonRuleError(f"a number of more than {MAX_NUMBER_CHARS} digits")
             continue
         if depth > max_depth:
             raise JsonRuleError(f"nested more than {max_depth} deep")
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list, str)))
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list, str, int)))
 
 
 def _check_text(s: str) -> None:
@@ -144,6 +196,12 @@ def _unique_keys(pairs):
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))
         raise JsonRuleError(f"key {dup!r:.40} appears twice in one object")
     return d
+
+
+#: Python without a bound on int() of a digit string (int_max_str_digits 0, or before 3.11).
+_UNBOUNDED_INT_PARSE = not getattr(sys, "get_int_max_str_digits", lambda: 0)()
+#: Integers check_tree accepts: at most MAX_NUMBER_CHARS digits.
+_INT_BOUND = 10 ** MAX_NUMBER_CHARS
 
 
 def _int(text: str) -> int:

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import _C, __version__
-from ..errors import CheckpointSaveError, CorruptCheckpointError
+from ..errors import CheckpointSaveError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage
-from . import catalog, checked_json, names, safetensors_io, structure, tree_codec
+from . import catalog, checked_json, names, safetensors_io, structure, tree_codec, visibility
 from .digest import DenseDigest, Digest, Digests, TableDigest, dense_digest
-from .schema import FileInfo, IndexDoc, Manifest, ParentRef, SlotInfo, TableInfo, index_from_json, manifest_from_json
+from .schema import (
+    ColumnBlocks,
+    FileInfo,
+    IndexDoc,
+    Manifest,
+    ParentRef,
+    SlotInfo,
+    TableInfo,
+    index_from_json,
+    manifest_from_json,
+)
 from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
 
 if TYPE_CHECKING:
@@ -57,6 +67,21 @@ def _dense_digests_of(data, threads: int) -> dict:
     return {k: dense_digest(dt, shape, raw[s:e], threads).to_json() for k, (dt, shape, s, e) in entries.items()}
 
 
+def index_bytes(doc: IndexDoc) -> bytes:
+    """The bytes of an index file: checked JSON up to format version 3; from version 4 plain JSON, which
+    the manifest's `files` entry covers (docs/FORMAT.md, Checked JSON)."""
+    if doc.format_version >= names.SEGMENT_DIR_SINCE:
+        return checked_json.dumps_unchecked(doc.to_json())
+    return checked_json.dumps(doc.to_json())
+
+
+def parse_index_bytes(data: "bytes | str", where: str, format_version: int) -> dict:
+    """An index file's JSON object, by the rules of the manifest's `format_version`."""
+    if format_version >= names.SEGMENT_DIR_SINCE:
+        return checked_json.loads_unchecked(data, where, names.MAX_INDEX_BYTES)
+    return checked_json.loads(data, where, names.MAX_INDEX_BYTES)
+
+
 def write_worker_part(storage: Storage, stage: str, worker: int, *, tables: list[TableSource],
                       dense: dict[str, torch.Tensor] | None, extras: object | None,
                       io_state: object | None, opts: SparseWriteOptions,
@@ -83,18 +108,26 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
     changes = {t.name for t in removed}
     for t in tables:
         if t.digest is None and t.name not in changes:
-            t.digest = TableDigest.for_slots(t.slots)
+            cb = t.column_blocks
+            t.digest = (TableDigest.for_slots(t.slots) if cb is None
+                        else TableDigest.for_block(t.slots, cb.slots, cb.blocks, t.block))
     doc = write_tables(storage, stage, worker, tables, opts, removed)
     part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json())
-    part.digests = {t.name: t.digest.to_json() for t in tables if t.digest is not None and t.name not in changes}
+    sums: dict[str, TableDigest] = {}    # a column-split table comes as one source per block
+    for t in tables:
+        if t.digest is not None and t.name not in changes:
+            sums[t.name] = sums[t.name] + t.digest if t.name in sums else t.digest
+    part.digests = {name: d.to_json() for name, d in sums.items()}
     # Rows as exported, not as the table's metadata claimed: the index must agree with the manifest.
-    part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1]),
+    # A column-split table counts its rows in block 0 only: every block holds the same rows.
+    part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1] if s.block == 0),
                                      t.name in doc.removed,
-                                     sum(s.rows for s in doc.removed.get(t.name, []))).to_json()
+                                     sum(s.rows for s in doc.removed.get(t.name, [])),
+                                     t.bucket_fn, t.num_rows, t.column_blocks).to_json()
                    for t in tables}
     rel = names.worker_index(worker)
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
-    data = checked_json.dumps(doc.to_json())
+    data = index_bytes(doc)
     storage.write_bytes(f"{stage}/{rel}", data, fsync=opts.fsync)
     part.files[rel] = [len(data), _C.crc32c(data)]
     if io_state is not None:
@@ -143,14 +176,27 @@ def copy_whole_files(src: "CheckpointReader", storage: Storage, stage: str, part
             part.dense_digests = _dense_digests_of(data, 1)
 
 
+def expected_files(parts: list[WorkerPart]) -> list[visibility.ExpectedFile]:
+    """Every file the parts say their workers wrote (shard files, indexes, IO state, dense, extras)."""
+    out = []
+    for p in parts:
+        out += [visibility.ExpectedFile(p.worker, rel, int(size)) for rel, (size, _) in p.files.items()]
+        out += [visibility.ExpectedFile(p.worker, f["path"], int(f["size"])) for f in p.index.get("files", [])]
+    return out
+
+
 def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart], *,
-             opts: SparseWriteOptions, metadata: dict[str, str] | None = None) -> Manifest:
-    """Worker 0: merge the workers' indexes, write index.json and the manifest, and commit."""
+             opts: SparseWriteOptions, metadata: dict[str, str] | None = None,
+             visible_within_s: float | None = None) -> Manifest:
+    """Worker 0: merge the workers' indexes, write index.json and the manifest, and commit.
+    `visible_within_s`: first check that every file of every part is in `stage` with its size, waiting
+    up to that long for files another node wrote (None: the parts were written by this process)."""
     parts = sorted(parts, key=lambda p: p.worker)
     if [p.worker for p in parts] != list(range(len(parts))):
         raise ValueError(f"expected one part per worker 0..{len(parts) - 1}, got {[p.worker for p in parts]}")
-    docs = [index_from_json(p.index, f"worker {p.worker} index") for p in parts]
-    merged = IndexDoc.merge(docs)
+    if visible_within_s is not None:
+        visibility.check_visible(storage, stage, expected_files(parts), ckpt_id=ckpt_id,
+                                 timeout_s=visible_within_s)
     if any(p.parent != parts[0].parent for p in parts):
         raise ValueError(f"checkpoint {ckpt_id!r}: the workers disagree on its parent "
                          f"({sorted({str(p.parent) for p in parts})}); every worker must save an increment on "
@@ -161,8 +207,12 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
                  metadata=dict(metadata or {}), parent=parent)
     for p in parts:
         for name, tj in p.tables.items():
+            blocks = tj.get("column_blocks")
             info = TableInfo({k: SlotInfo(s["dtype"], tuple(s["shape"]), s["category"]) for k, s in tj["slots"]},
-                             tj["rows"], tj.get("changes", False), tj.get("removed", 0))
+                             tj["rows"], tj.get("changes", False), tj.get("removed", 0),
+                             tj.get("bucket_fn", "hash"), tj.get("num_rows", 0),
+                             None if blocks is None else ColumnBlocks(tuple(blocks["slots"]),
+                                                                      tuple(tuple(b) for b in blocks["blocks"])))
             have = m.tables.get(name)
             if have is not None and have.slots != info.slots:
                 raise ValueError(f"table {name!r}: worker {p.worker} wrote slots {info.slots}, "
@@ -171,8 +221,13 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
                 raise ValueError(f"table {name!r}: worker {p.worker} wrote "
                                  f"{'only its changes' if info.changes else 'all its rows'}, another worker the "
                                  f"opposite; an increment needs the same on every worker (save a full checkpoint)")
-            m.tables[name] = TableInfo(info.slots, info.rows + (have.rows if have else 0), info.changes,
-                                       info.removed + (have.removed if have else 0))
+            if have is not None and (have.bucket_fn, have.num_rows, have.column_blocks) != (
+                    info.bucket_fn, info.num_rows, info.column_blocks):
+                raise ValueError(f"table {name!r}: worker {p.worker} saved it bucketed {info.bucket_fn!r} over "
+                                 f"{info.num_rows} rows with column blocks {info.column_blocks}, another worker "
+                                 f"{have.bucket_fn!r} over {have.num_rows} rows with {have.column_blocks}")
+            m.tables[name] = replace(info, rows=info.rows + (have.rows if have else 0),
+                                     removed=info.removed + (have.removed if have else 0))
         for rel, (size, crc) in p.files.items():
             m.files[rel] = FileInfo(size, crc)
         if p.io_state:
@@ -181,10 +236,14 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
             m.worker_steps[p.worker] = p.step
         m.dense = m.dense or p.dense
         m.extras = m.extras or p.extras
+    # The workers' indexes, checked against the tables they describe (a version 4 index needs the slot
+    # specs to know its column lengths).
+    docs = [index_from_json(p.index, f"worker {p.worker} index", m, worker=True) for p in parts]
+    merged = IndexDoc.merge(docs)
     m.digests = _merged_digests(parts, m)
     m.shard_bytes = sum(size for _, size in merged.files)   # listings show sizes without reading the index
     if m.tables:
-        data = checked_json.dumps(merged.to_json())
+        data = index_bytes(merged)
         storage.write_bytes(f"{stage}/{names.INDEX}", data, fsync=opts.fsync)
         m.files[names.INDEX] = FileInfo(len(data), _C.crc32c(data))
         m.index = names.INDEX
@@ -236,6 +295,7 @@ class CheckpointReader:
         self.read_options = read_options or ReadOptions()
         self.manifest = catalog.read_manifest(storage, ckpt_dir)
         self._parsed: IndexDoc | None = None
+        self._index_error: Exception | None = None
         self._index: IndexDoc | None = None
         self._segments: SegmentReader | None = None
 
@@ -300,13 +360,23 @@ class CheckpointReader:
     def parsed_index(self) -> IndexDoc:
         """The index, checked field by field against the manifest, but not yet for how its blocks tile
         the shard files (`verify` wants every tiling finding; `index` stops at the first)."""
+        if self._index_error is not None:
+            raise self._index_error   # a large hostile index is read and refused once, not per caller
         if self._parsed is None:
             if self.manifest.index is None:
                 self._parsed = IndexDoc(self.manifest.num_buckets, self.manifest.chunk_bytes)
             else:
                 where = self.describe(self.manifest.index)
-                obj = checked_json.loads(self.read_file(self.manifest.index), where, names.MAX_INDEX_BYTES)
-                self._parsed = index_from_json(obj, where, self.manifest)
+                try:
+                    # The bytes are let go once decoded: a large index is held once as text, not twice.
+                    text = checked_json.ascii_text(self.read_file(self.manifest.index), where)
+                    obj = parse_index_bytes(text, where, self.manifest.format_version)
+                    del text
+                    self._parsed = index_from_json(obj, where, self.manifest)
+                except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
+                    # A copy without the traceback, whose frames hold the file's bytes and parse.
+                    self._index_error = e.retold(str(e))
+                    raise
         return self._parsed
 
     @property
@@ -323,7 +393,7 @@ class CheckpointReader:
         checkpoint; check them so that no byte of a checkpoint goes unverified by a full load."""
         for rel in self.manifest.files:
             if rel.startswith(f"{names.SPARSE_DIR}/") and rel.endswith(".index.json"):
-                checked_json.loads(self.read_file(rel), self.describe(rel), names.MAX_INDEX_BYTES)
+                parse_index_bytes(self.read_file(rel), self.describe(rel), self.manifest.format_version)
 
     @property
     def segments(self) -> SegmentReader:
@@ -376,5 +446,6 @@ class CheckpointReader:
         return {k: (dt, shape) for k, (dt, shape, _, _) in entries.items()}
 
 
-__all__ = ["WorkerPart", "write_worker_part", "copy_whole_files", "finalize", "CheckpointReader", "TableSource",
+__all__ = ["index_bytes", "parse_index_bytes", "WorkerPart", "write_worker_part", "copy_whole_files", "finalize",
+           "CheckpointReader", "TableSource",
            "SparseWriteOptions"]

@@ -85,6 +85,8 @@ class TableDigest:
     ids: Digest = Digest()
     slot_digests: dict[str, Digest] = field(default_factory=dict)
     geometry: list[SlotGeometry] | None = None   # how `update` reads each slot's rows
+    count_ids: bool = True        # False: `update` adds only the slots in `counted` (another block's rows)
+    counted: frozenset[str] | None = None   # the slots `update` adds (None: all)
 
     def __post_init__(self):
         for s in self.slots:
@@ -99,6 +101,23 @@ class TableDigest:
                else SlotGeometry.whole(i.dtype, i.shape) for s, i in slots.items()]
         return TableDigest(list(slots), geometry=geo)
 
+    @staticmethod
+    def for_block(slots: dict, split: tuple[str, ...], blocks: tuple[tuple[int, int], ...], block: int
+                  ) -> "TableDigest":
+        """An empty digest of the chunks of column block `block` of a table saved column-split
+        (docs/FORMAT.md "Column blocks"): the split slots' columns [c0, c1) of their last dimension D;
+        block 0 also counts the ids and the unsplit slots, which every block repeats."""
+        d_full = blocks[-1][1]
+        c0, c1 = blocks[block]
+        geo = []
+        for s, i in slots.items():
+            if s in split:
+                geo.append(SlotGeometry.columns(i.dtype, (*tuple(i.shape)[:-1], d_full), c0, c1))
+            else:
+                geo.append(SlotGeometry.whole(i.dtype, i.shape))
+        return TableDigest(list(slots), geometry=geo, count_ids=block == 0,
+                           counted=None if block == 0 else frozenset(split))
+
     def update(self, ids: np.ndarray, cols: list[np.ndarray], threads: int = 1) -> None:
         """Add rows: `ids` int64[n] and per slot (in `slots` order) its n rows as bytes."""
         if self.geometry is None or len(self.geometry) != len(self.slots):
@@ -106,12 +125,16 @@ class TableDigest:
         n = len(ids)
         if n == 0:
             return
-        out = _C.row_digests(np.ascontiguousarray(ids, dtype=np.int64), [np.ascontiguousarray(c) for c in cols],
-                             [g.spec() for g in self.geometry], threads)
-        self.rows += n
-        self.ids = self.ids + _of(out[0])
-        for k, s in enumerate(self.slots):
-            self.slot_digests[s] = self.slot_digests[s] + _of(out[1 + k])
+        use = [k for k, s in enumerate(self.slots) if self.counted is None or s in self.counted]
+        out = _C.row_digests(np.ascontiguousarray(ids, dtype=np.int64),
+                             [np.ascontiguousarray(cols[k]) for k in use], [self.geometry[k].spec() for k in use],
+                             threads)
+        if self.count_ids:
+            self.rows += n
+            self.ids = self.ids + _of(out[0])
+        for j, k in enumerate(use):
+            s = self.slots[k]
+            self.slot_digests[s] = self.slot_digests[s] + _of(out[1 + j])
 
     def __add__(self, other: "TableDigest") -> "TableDigest":
         if self.slots != other.slots:

@@ -21,11 +21,22 @@ from . import tree_codec
 PLAIN_KINDS = ("state_dict", "value")
 PICKLED_PREFIX = "pickled_"
 KINDS = PLAIN_KINDS + tuple(PICKLED_PREFIX + k for k in PLAIN_KINDS)
+#: Optional key of an entry: the model name of each parameter of an optimizer's numbered state.
+PARAM_NAMES = "param_names"
 
 
-def entry(name: str, kind: str, state, allow_pickle: bool) -> dict:
+def entry(name: str, kind: str, state, allow_pickle: bool, param_names: list | None = None) -> dict:
     """The tree entry of one registered object. With allow_pickle, state the tree codec refuses is stored
-    as torch.save bytes instead (state it can represent never is)."""
+    as torch.save bytes instead (state it can represent never is). `param_names`: for an optimizer that
+    numbers its parameters, each one's name in the model (None: not a model parameter), so that a load
+    maps its state by name (docs/FORMAT.md, "Optimizer state by parameter name")."""
+    out = _entry(name, kind, state, allow_pickle)
+    if param_names is not None:
+        out[PARAM_NAMES] = list(param_names)
+    return out
+
+
+def _entry(name: str, kind: str, state, allow_pickle: bool) -> dict:
     if allow_pickle:
         try:
             tree_codec.encode(state, f"extras[{name!r}]")
@@ -57,8 +68,12 @@ def validate(tree, where: str) -> dict:
     if not isinstance(objects, dict):
         bad("'objects' is not an object")
     for name, e in objects.items():
-        if not isinstance(name, str) or not isinstance(e, dict) or set(e) != {"kind", "state"}:
-            bad(f"entry {name!r:.80} is not {{'kind', 'state'}}")
+        if not isinstance(name, str) or not isinstance(e, dict) or not (
+                {"kind", "state"} <= set(e) <= {"kind", "state", PARAM_NAMES}):
+            bad(f"entry {name!r:.80} is not {{'kind', 'state'[, '{PARAM_NAMES}']}}")
+        names = e.get(PARAM_NAMES, [])
+        if not isinstance(names, list) or not all(n is None or isinstance(n, str) for n in names):
+            bad(f"entry {name!r:.80}: '{PARAM_NAMES}' is not a list of strings and nulls")
         if e["kind"] not in KINDS:
             bad(f"entry {name!r:.80} has unknown kind {e['kind']!r:.40}")
         if e["kind"].startswith(PICKLED_PREFIX) and not (
@@ -96,5 +111,5 @@ def unpickle_allowed(tree: dict, wanted: dict[str, bool], where: str) -> dict:
                 f"({type(exc).__name__}: {str(exc)[:300]}). The checkpoint is corrupt or untrusted; if the "
                 f"state holds your own classes, allow them with torch.serialization.add_safe_globals",
                 where) from None
-        objects[name] = {"kind": e["kind"][len(PICKLED_PREFIX):], "state": state}
+        objects[name] = dict(e, kind=e["kind"][len(PICKLED_PREFIX):], state=state)
     return {"objects": objects, "sparse_optimizer": tree["sparse_optimizer"]}

@@ -13,11 +13,45 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+import numpy as np
+
 #: Format version 2: non-empty slot columns start at multiples of this (the page size we map on).
 COLUMN_ALIGN = 4096
 
 #: The first format version whose slot columns are aligned.
 ALIGNED_FROM_VERSION = 2
+
+#: Format version 4: recckpt packs (writes without alignment padding) a segment of fewer bytes than this
+#: (`rows * (8 + sum of slot row bytes)`); the engine's kPackBelow, kept equal by a test. Readers follow
+#: each segment's `packed` flag, never this rule.
+PACK_BELOW = 64 << 10
+
+#: Format version 4 checksum steps: a column of L bytes has one CRC per
+#: min(C, max(MIN_STEP, next power of two >= ceil(L / STEPS_PER_COLUMN))) bytes.
+MIN_STEP = 512
+STEPS_PER_COLUMN = 64
+
+
+def checksum_step(length: int, chunk_bytes: int) -> int:
+    """Format version 4: bytes per CRC of a column of `length` bytes (the engine's column_step)."""
+    q = -(-length // STEPS_PER_COLUMN)
+    if q >= chunk_bytes:
+        return chunk_bytes
+    return min(chunk_bytes, max(MIN_STEP, 1 << max(0, (q - 1).bit_length())))
+
+
+def checksum_steps(lengths: np.ndarray, chunk_bytes: int) -> np.ndarray:
+    """`checksum_step` of every length of an int64 array (lengths >= 0)."""
+    q = -(-lengths // STEPS_PER_COLUMN)
+    small = np.minimum(q, chunk_bytes)          # below 2**31: exact in float64
+    bits = np.frexp(np.maximum(small - 1, 0).astype(np.float64))[1].astype(np.int64)
+    pow2 = np.left_shift(np.int64(1), bits)
+    return np.where(q >= chunk_bytes, chunk_bytes, np.minimum(chunk_bytes, np.maximum(MIN_STEP, pow2)))
+
+
+def crc_count(lengths, steps):
+    """CRCs of columns of `lengths` bytes checked in `steps`-byte pieces (ints or int64 arrays)."""
+    return -(-lengths // steps)
 
 
 def is_aligned(k: int, length: int, format_version: int) -> bool:
@@ -39,7 +73,7 @@ def column_start(prev_end: int, k: int, length: int, format_version: int) -> int
 def pad_before(prev_end: int, offset: int, k: int, format_version: int) -> int:
     """Zero bytes between the column before (ending at `prev_end`) and column `k` at `offset`: the
     alignment padding of format version 2 (< COLUMN_ALIGN once the index is validated); 0 for the ids
-    column and in version 1."""
+    column, in version 1 and in a packed segment of version 4 (its columns are contiguous)."""
     if k == 0 or format_version < ALIGNED_FROM_VERSION:
         return 0
     return max(0, offset - prev_end)

@@ -6,7 +6,10 @@ any offset in it is used.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes, layout
@@ -17,6 +20,7 @@ from .names import (
     FORMAT_VERSION,
     INCREMENTAL_SINCE,
     READABLE_FORMAT_VERSIONS,
+    SEGMENT_DIR_SINCE,
     validate_ckpt_id,
     validate_relpath,
 )
@@ -24,6 +28,11 @@ from .names import (
 CATEGORIES = ("sparse", "sparse_opt")
 _U32 = 1 << 32
 _I63 = 1 << 63
+
+#: Format version 4's per-table bucket functions (docs/FORMAT.md, Buckets and ownership).
+BUCKET_FNS = ("hash", "row_range")
+#: A row_range table has fewer rows than this, so that row * B fits an int64 (B < 2**24).
+MAX_ROW_RANGE_ROWS = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -39,8 +48,33 @@ class SlotInfo:
             n *= d
         return n
 
+    def row_bytes_for(self, width: int | None) -> int:
+        """Bytes of one row when only `width` entries of the last dim are stored (a split slot of a
+        column block); None: the whole row."""
+        if width is None:
+            return self.row_bytes
+        n = dtypes.itemsize(self.dtype)
+        for d in self.shape[:-1]:
+            n *= d
+        return n * width
+
     def to_json(self):
         return {"dtype": self.dtype, "shape": list(self.shape), "category": self.category}
+
+
+@dataclass(frozen=True)
+class ColumnBlocks:
+    """Format version 4: a table saved column-split. `slots` are the split slots (same last dim D);
+    `blocks` the [c0, c1) ranges of that dim, sorted, partitioning [0, D)."""
+    slots: tuple[str, ...]
+    blocks: tuple[tuple[int, int], ...]
+
+    def width(self, block: int) -> int:
+        c0, c1 = self.blocks[block]
+        return c1 - c0
+
+    def to_json(self):
+        return {"slots": list(self.slots), "blocks": [list(b) for b in self.blocks]}
 
 
 @dataclass(frozen=True)
@@ -49,12 +83,27 @@ class TableInfo:
     rows: int
     changes: bool = False       # incremental: only rows changed since the parent (+ removed ids)
     removed: int = 0            # ids removed since the parent (only with changes)
+    bucket_fn: str = "hash"     # format version 4: "hash" | "row_range"
+    num_rows: int = 0           # row_range: N, the logical rows (ids are 0..N-1)
+    column_blocks: ColumnBlocks | None = None  # format version 4: saved column-split
 
-    def to_json(self):
+    def to_json(self, format_version: int = FORMAT_VERSION):
         out = {"slots": [[k, v.to_json()] for k, v in self.slots.items()], "rows": self.rows}
         if self.changes:
             out.update(changes=True, removed=self.removed)
+        if format_version >= SEGMENT_DIR_SINCE:
+            out["bucket_fn"] = self.bucket_fn
+            if self.bucket_fn == "row_range":
+                out["num_rows"] = self.num_rows
+            if self.column_blocks is not None:
+                out["column_blocks"] = self.column_blocks.to_json()
         return out
+
+    def slot_row_bytes(self, slots: list[str], block: int = 0) -> list[int]:
+        """Bytes of one row of each of `slots` as a segment of column block `block` stores them."""
+        cb = self.column_blocks
+        return [self.slots[s].row_bytes_for(cb.width(block) if cb is not None and s in cb.slots else None)
+                for s in slots]
 
 
 @dataclass(frozen=True)
@@ -102,7 +151,7 @@ class Manifest:
             "created_ns": self.created_ns, "writer": self.writer, "num_buckets": self.num_buckets,
             "hash": HASH_NAME, "checksum": "crc32c", "chunk_bytes": self.chunk_bytes,
             "shard_num": self.shard_num,
-            "tables": {k: v.to_json() for k, v in self.tables.items()},
+            "tables": {k: v.to_json(self.format_version) for k, v in self.tables.items()},
             "files": {k: {"size": v.size, "crc32c": v.crc32c} for k, v in self.files.items()},
             "index": self.index, "dense": self.dense, "extras": self.extras,
             "io_state": {str(k): v for k, v in sorted(self.io_state.items())},
@@ -119,18 +168,29 @@ class Manifest:
 class Column:
     offset: int
     length: int
-    crc32c: tuple[int, ...]   # one per chunk
+    crc32c: tuple[int, ...]   # one per checksum step (a tuple, or in version 4 a uint32 array)
+    step: int = 0             # bytes per CRC; 0: the index's chunk_bytes (versions 1 to 3)
 
     def to_json(self):
-        return {"offset": self.offset, "length": self.length, "crc32c": list(self.crc32c)}
+        return {"offset": self.offset, "length": self.length, "crc32c": [int(c) for c in self.crc32c]}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Segment:
     file: int                 # index into IndexDoc.files
     rows: int
-    buckets: Column           # int64[B+1] row offsets, one CRC over the whole block
+    buckets: Column           # versions 1-3: int64[B+1] row offsets; 4: the bucket directory (one CRC)
     columns: tuple[Column, ...]  # [ids, slot 0, slot 1, ...]
+    dir_entries: int = 0      # version 4: entries of the bucket directory; 0: a version 1-3 offsets block
+    first: int = 0            # version 4: first and last bucket holding rows (versions 1-3: 0, B-1)
+    last: int = -1
+    packed: bool = False      # version 4: no alignment padding
+    block: int = 0            # version 4: column block (tables with column_blocks)
+
+    @property
+    def offset(self) -> int:
+        """Where the segment starts in its file (its first block)."""
+        return self.buckets.offset
 
     def pad_before(self, k: int, format_version: int) -> int:
         """Zero bytes before column k (the rule: `layout.pad_before`)."""
@@ -139,10 +199,16 @@ class Segment:
         prev = self.columns[k - 1]
         return layout.pad_before(prev.offset + prev.length, self.columns[k].offset, k, format_version)
 
+    def key(self) -> tuple:
+        """Everything the index records of the segment (equality of indexes)."""
+        return (self.file, self.rows, self.buckets.offset, self.buckets.length, tuple(self.buckets.crc32c),
+                self.dir_entries, self.first, self.last, self.packed, self.block,
+                tuple((c.offset, c.length, c.step, tuple(int(x) for x in c.crc32c)) for c in self.columns))
+
     def to_json(self):
         b = self.buckets
         return {"file": self.file, "rows": self.rows,
-                "buckets": {"offset": b.offset, "length": b.length, "crc32c": b.crc32c[0]},
+                "buckets": {"offset": b.offset, "length": b.length, "crc32c": int(b.crc32c[0])},
                 "columns": [c.to_json() for c in self.columns]}
 
 
@@ -155,8 +221,11 @@ class IndexDoc:
     tables: dict[str, tuple[list[str], list[Segment]]] = field(default_factory=dict)  # name -> (slots, segments)
     format_version: int = FORMAT_VERSION
     removed: dict[str, list[Segment]] = field(default_factory=dict)  # name -> segments of removed ids (no slots)
+    blocked: set[str] = field(default_factory=set)   # version 4: tables whose segments carry a column block
 
     def to_json(self) -> dict:
+        if self.format_version >= SEGMENT_DIR_SINCE:
+            return self._to_json_v4()
         return {
             "format_version": self.format_version, "num_buckets": self.num_buckets,
             "chunk_bytes": self.chunk_bytes,
@@ -166,6 +235,18 @@ class IndexDoc:
                        for k, (slots, segs) in self.tables.items()},
         }
 
+    def _to_json_v4(self) -> dict:
+        blocked = self.blocked
+        tables = {}
+        for name, (slots, segs) in self.tables.items():
+            t = {"slots": list(slots), "segments": _segs_to_json(segs, True, name in blocked)}
+            if name in self.removed:
+                t["removed"] = _segs_to_json(self.removed[name], False, False)
+            tables[name] = t
+        return {"format_version": self.format_version, "num_buckets": self.num_buckets,
+                "chunk_bytes": self.chunk_bytes, "files": [{"path": p, "size": s} for p, s in self.files],
+                "tables": tables}
+
     @staticmethod
     def merge(parts: list["IndexDoc"]) -> "IndexDoc":
         """One index for the checkpoint: files concatenated in worker order, segments re-pointed."""
@@ -173,19 +254,40 @@ class IndexDoc:
             raise ValueError("nothing to merge")
         out = IndexDoc(parts[0].num_buckets, parts[0].chunk_bytes, format_version=parts[0].format_version)
         for p in parts:
-            if (p.num_buckets, p.chunk_bytes) != (out.num_buckets, out.chunk_bytes):
-                raise ValueError("worker indexes disagree on num_buckets/chunk_bytes")
+            if (p.num_buckets, p.chunk_bytes, p.format_version) != (out.num_buckets, out.chunk_bytes,
+                                                                     out.format_version):
+                raise ValueError("worker indexes disagree on num_buckets/chunk_bytes/format_version")
             base = len(out.files)
             out.files.extend(p.files)
+            out.blocked |= p.blocked
             for name, (slots, segs) in p.tables.items():
                 have = out.tables.setdefault(name, (list(slots), []))
                 if have[0] != list(slots):
                     raise ValueError(f"table {name!r}: workers wrote different slots {have[0]} vs {slots}")
-                have[1].extend(Segment(s.file + base, s.rows, s.buckets, s.columns) for s in segs)
+                have[1].extend(replace(s, file=s.file + base) for s in segs)
             for name, segs in p.removed.items():
-                out.removed.setdefault(name, []).extend(Segment(s.file + base, s.rows, s.buckets, s.columns)
-                                                        for s in segs)
+                out.removed.setdefault(name, []).extend(replace(s, file=s.file + base) for s in segs)
         return out
+
+
+def _hex(crcs) -> str:
+    return np.asarray(crcs, dtype=">u4").tobytes().hex()
+
+
+def _segs_to_json(segs: list[Segment], with_packed: bool, with_block: bool) -> dict:
+    """Version 4's SEGS: the segments as parallel lists and one string of CRCs."""
+    out = {"file": [s.file for s in segs], "offset": [s.offset for s in segs], "rows": [s.rows for s in segs],
+           "dir": [s.dir_entries for s in segs], "first": [s.first for s in segs], "last": [s.last for s in segs]}
+    if with_packed:
+        out["packed"] = [int(s.packed) for s in segs]
+    if with_block:
+        out["block"] = [s.block for s in segs]
+    parts = []
+    for s in segs:
+        parts.append(_hex(s.buckets.crc32c))
+        parts.extend(_hex(c.crc32c) for c in s.columns)
+    out["crc32c"] = "".join(parts)
+    return out
 
 
 # ----------------------------------------------------------------------------------------- validation
@@ -279,8 +381,9 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         removed = v.int(t.get("removed", 0), f"{where}.removed")
         if removed and not changes:
             v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
+        bucket_fn, num_rows, blocks = _table_v4_fields(v, t, where, ver, slots)
         tables[v.str(name, "tables")] = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"),
-                                                  changes, removed)
+                                                  changes, removed, bucket_fn, num_rows, blocks)
     files = {}
     for rel, f in v.dict(v.get(obj, "files", ""), "files").items():
         v.relpath(rel, "files")
@@ -377,9 +480,63 @@ def _digests_from_json(v: _V, d: dict, tables: dict[str, TableInfo]) -> Digests 
     return out
 
 
-def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> IndexDoc:
-    """Validate an index; with a manifest, also check every column length against the slot specs."""
+def _check_shard_bytes(v: _V, doc: IndexDoc, manifest: Manifest) -> None:
+    """The merged index's shard files add up to the manifest's `shard_bytes`, where it records them."""
+    total = sum(n for _, n in doc.files)
+    if manifest.shard_bytes is not None and manifest.shard_bytes != total:
+        v.fail("files", f"shard files of {total} bytes, the manifest's shard_bytes says {manifest.shard_bytes}")
+
+
+def _table_v4_fields(v: _V, t: dict, where: str, ver: int, slots: dict[str, SlotInfo]):
+    """A manifest table's version 4 fields: (bucket_fn, num_rows, column_blocks)."""
+    if ver < SEGMENT_DIR_SINCE:
+        for key in ("bucket_fn", "num_rows", "column_blocks"):
+            if key in t:
+                v.fail(f"{where}.{key}", f"not a field of format version {ver}")
+        return "hash", 0, None
+    fn = v.get(t, "bucket_fn", where)
+    if fn not in BUCKET_FNS:
+        v.fail(f"{where}.bucket_fn", f"expected one of {BUCKET_FNS}, got {fn!r:.40}")
+    num_rows = 0
+    if fn == "row_range":
+        num_rows = v.int(v.get(t, "num_rows", where), f"{where}.num_rows", 1, MAX_ROW_RANGE_ROWS)
+    elif "num_rows" in t:
+        v.fail(f"{where}.num_rows", "only a row_range table has num_rows")
+    blocks = None
+    if "column_blocks" in t:
+        cw = f"{where}.column_blocks"
+        cb = v.dict(t["column_blocks"], cw)
+        names = [v.str(x, f"{cw}.slots") for x in v.list(v.get(cb, "slots", cw), f"{cw}.slots")]
+        if not names or len(set(names)) != len(names) or any(n not in slots for n in names):
+            v.fail(f"{cw}.slots", "expected distinct slots of the table, at least one")
+        dims = {slots[n].shape[-1] if slots[n].shape else None for n in names}
+        if len(dims) != 1 or None in dims:
+            v.fail(f"{cw}.slots", "split slots need a shape of at least one dim and the same last dim")
+        d = dims.pop()
+        out, pos = [], 0
+        for i, b in enumerate(v.list(v.get(cb, "blocks", cw), f"{cw}.blocks")):
+            if not (isinstance(b, list) and len(b) == 2):
+                v.fail(f"{cw}.blocks[{i}]", "expected [c0, c1]")
+            c0, c1 = v.int(b[0], f"{cw}.blocks[{i}]"), v.int(b[1], f"{cw}.blocks[{i}]")
+            if c0 != pos or c1 <= c0:
+                v.fail(f"{cw}.blocks[{i}]", f"[{c0}, {c1}): blocks must be sorted, non-empty and contiguous from 0")
+            out.append((c0, c1))
+            pos = c1
+        if pos != d or not out:
+            v.fail(f"{cw}.blocks", f"blocks must partition [0, {d}) of the split slots' last dim")
+        blocks = ColumnBlocks(tuple(names), tuple(out))
+    return fn, num_rows, blocks
+
+
+def index_from_json(obj: dict, path: str, manifest: Manifest | None = None, *, worker: bool = False) -> IndexDoc:
+    """Validate an index; with a manifest, also check every column length against the slot specs.
+    `worker`: a worker's own index (sparse/worker-W.index.json), whose tables hold that worker's rows
+    only: its row counts are not compared with the manifest's. A version 4 index needs the manifest
+    (its column lengths follow from the slot specs)."""
     v = _V(path)
+    if worker and obj.get("format_version") != FORMAT_VERSION and not (
+            isinstance(obj.get("format_version"), int) and obj["format_version"] >= SEGMENT_DIR_SINCE):
+        manifest = None   # versions 1-3: a worker index is checked on its own
     ver = v.int(v.get(obj, "format_version", ""), "format_version")
     if ver not in READABLE_FORMAT_VERSIONS:
         raise IncompatibleCheckpointError(f"{path}: index format version {ver} is not supported")
@@ -394,6 +551,8 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
         doc.files.append((v.relpath(v.get(f, "path", f"files[{i}]"), f"files[{i}].path"),
                           v.int(v.get(f, "size", f"files[{i}]"), f"files[{i}].size")))
     nfiles = len(doc.files)
+    if ver >= SEGMENT_DIR_SINCE:
+        return _index_v4(v, obj, doc, manifest, worker)
 
     def column(c, where, exact_len=None, one_crc=False):
         off = v.int(v.get(c, "offset", where), f"{where}.offset")
@@ -417,8 +576,8 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
         cols_raw = v.list(v.get(s, "columns", sw), f"{sw}.columns")
         if len(cols_raw) != len(slots) + 1:
             v.fail(f"{sw}.columns", f"{len(cols_raw)} columns for ids + {len(slots)} slots")
-        cols = tuple(column(c, f"{sw}.columns[{k}]",
-                            None if row_bytes is None else rows * row_bytes[k])
+        cols = tuple(replace(column(c, f"{sw}.columns[{k}]", None if row_bytes is None else rows * row_bytes[k]),
+                             step=cb)
                      for k, c in enumerate(cols_raw))
         if row_bytes is None and cols[0].length != 8 * rows:
             v.fail(f"{sw}.columns[0].length", "ids column length is not 8 * rows")
@@ -434,7 +593,7 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
                     v.fail(f"{sw}.columns[{k}].offset", f"{c.offset}, expected {want}: in format version {ver} "
                                                         f"a slot column follows the previous column, padded "
                                                         f"to a multiple of {layout.COLUMN_ALIGN} when not empty")
-        return Segment(fi, rows, buckets, cols)
+        return Segment(fi, rows, replace(buckets, step=max(buckets.length, 1)), cols, 0, 0, nb - 1)
 
     for name, t in v.dict(v.get(obj, "tables", ""), "tables").items():
         where = f"tables[{name!r}]"
@@ -455,9 +614,8 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
             doc.removed[name] = [segment(s, f"{where}.removed[{j}]", [], [8])
                                  for j, s in enumerate(v.list(t["removed"], f"{where}.removed"))]
         doc.tables[name] = (slots, segs)
-    if manifest is not None and manifest.shard_bytes is not None and manifest.shard_bytes != sum(n for _, n in doc.files):
-        v.fail("files", f"shard files of {sum(n for _, n in doc.files)} bytes, the manifest's shard_bytes says "
-                        f"{manifest.shard_bytes}")
+    if manifest is not None and not worker:
+        _check_shard_bytes(v, doc, manifest)
     if manifest is not None:
         for name, info in manifest.tables.items():
             if name not in doc.tables:
@@ -469,4 +627,222 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None) -> I
             if gone != info.removed:
                 v.fail(f"tables[{name!r}].removed", f"segments hold {gone} removed ids, the manifest says "
                                                     f"{info.removed}")
+    return doc
+
+
+# ------------------------------------------------------------------------------ version 4 index
+_HEX = re.compile(r"[0-9a-f]*")
+_SEG_KEYS = ("file", "offset", "rows", "dir", "first", "last")
+
+
+def _int_array(v: _V, raw, where: str, n: int | None) -> np.ndarray:
+    """A JSON list of integers as int64, checked in one vectorised step (no per-element Python)."""
+    lst = v.list(raw, where)
+    if n is not None and len(lst) != n:
+        v.fail(where, f"{len(lst)} entries, the other lists have {n}")
+    if not lst:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        a = np.asarray(lst)
+    except (OverflowError, ValueError, TypeError):
+        v.fail(where, "expected a list of integers")
+    if a.ndim != 1 or a.dtype.kind not in "iu" or a.dtype.itemsize > 8:
+        v.fail(where, "expected a list of integers")
+    if a.dtype.kind == "u" and a.size and a.max() >= _I63:
+        v.fail(where, "an integer beyond 2**63")
+    return a.astype(np.int64, copy=False)
+
+
+@dataclass
+class _SegArrays:
+    """One table's SEGS after the vectorised checks (phase 1), before its CRCs are decoded."""
+    where: str
+    raw: dict
+    a: dict[str, np.ndarray]
+    packed: np.ndarray
+    block: np.ndarray
+    starts: np.ndarray     # [s, ncols] column offsets
+    lengths: np.ndarray    # [s, ncols]
+    ends: np.ndarray       # [s] where each segment ends
+
+
+def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, row_bytes: list[list[int]],
+             with_packed: bool, with_block: bool, nblocks: int) -> _SegArrays:
+    """Phase 1 of one table's SEGS, vectorised (no per-segment Python): list lengths, ranges, column
+    positions by the layout rule, each segment inside its file. `row_bytes[block]`: bytes of a row of
+    each column (ids first) per column block."""
+    seg = v.dict(raw, where)
+    a = {k: _int_array(v, v.get(seg, k, where), f"{where}.{k}", None if k == "file" else len(seg["file"]))
+         for k in _SEG_KEYS}
+    s = len(a["file"])
+    packed = (_int_array(v, v.get(seg, "packed", where), f"{where}.packed", s) if with_packed
+              else np.zeros(s, dtype=np.int64))
+    block = (_int_array(v, v.get(seg, "block", where), f"{where}.block", s) if with_block
+             else np.zeros(s, dtype=np.int64))
+    for key in ("packed", "block"):
+        if key in seg and not (with_packed if key == "packed" else with_block):
+            v.fail(f"{where}.{key}", "not a field of these segments")
+    extra = set(seg) - set(_SEG_KEYS) - {"packed", "block", "crc32c"}
+    if extra:
+        v.fail(where, f"unknown fields {sorted(extra)!r:.80}")
+    nb, nfiles = doc.num_buckets, len(doc.files)
+
+    def check(ok: np.ndarray, key: str, rule: str) -> None:
+        if not ok.all():
+            i = int(np.argmin(ok))
+            v.fail(f"{where}.{key}[{i}]", f"{rule}")
+
+    check((a["file"] >= 0) & (a["file"] < nfiles), "file", f"not a file of the index ({nfiles} files)")
+    check(a["offset"] >= 0, "offset", "negative")
+    check((a["rows"] >= 1) & (a["rows"] < _U32), "rows", "expected 1 <= rows < 2**32")
+    check((a["dir"] >= 1) & (a["dir"] <= np.minimum(a["rows"], nb)), "dir", "expected 1 <= dir <= min(rows, B)")
+    check((a["first"] >= 0) & (a["first"] <= a["last"]) & (a["last"] < nb), "first",
+          "expected 0 <= first <= last < B")
+    check(a["last"] - a["first"] + 1 >= a["dir"], "dir", "more directory entries than buckets in [first, last]")
+    check((packed == 0) | (packed == 1), "packed", "expected 0 or 1")
+    check((block >= 0) & (block < max(nblocks, 1)), "block", "not a column block of the table")
+    ncols = len(row_bytes[0])
+    if any(x * (_U32 - 1) >= (1 << 62) for rbs in row_bytes for x in rbs):
+        v.fail(where, "a slot row is too large for any segment")
+    rb = np.asarray(row_bytes, dtype=np.int64)[block]          # [s, ncols]
+    lengths = a["rows"][:, None] * rb                          # < 2**62 (checked above)
+    starts = np.empty_like(lengths)
+    pos = a["offset"] + 8 * a["dir"]
+    check(pos < (1 << 62), "offset", "beyond any file")
+    unpadded = packed.astype(bool)
+    for k in range(ncols):
+        if k == 0:
+            starts[:, 0] = pos
+        else:
+            ln = lengths[:, k]
+            starts[:, k] = np.where(unpadded | (ln == 0), pos, layout.align_up(pos))
+        pos = starts[:, k] + lengths[:, k]
+        check(pos < (1 << 62), "offset", "beyond any file")
+    sizes = np.asarray([sz for _, sz in doc.files], dtype=np.int64)
+    if s:
+        check(pos <= sizes[a["file"]], "offset", "the segment ends beyond its file")
+    return _SegArrays(where, seg, a, packed, block, starts, lengths, pos)
+
+
+def _tiling_v4(v: _V, doc: IndexDoc, parts: list[_SegArrays]) -> None:
+    """The segments of every table tile each shard file exactly (docs/FORMAT.md, Tiling), checked on
+    the arrays before anything per segment is built: a segment listed twice, overlapping or leaving a
+    gap is refused in one vectorised pass, naming the file."""
+    nfiles = len(doc.files)
+    if not parts:
+        fi = off = end = np.zeros(0, dtype=np.int64)
+    else:
+        fi = np.concatenate([p.a["file"] for p in parts])
+        off = np.concatenate([p.a["offset"] for p in parts])
+        end = np.concatenate([p.ends for p in parts])
+    order = np.lexsort((end, off, fi))
+    fi, off, end = fi[order], off[order], end[order]
+    first = np.ones(len(fi), dtype=bool)
+    first[1:] = fi[1:] != fi[:-1]
+    want = np.zeros(len(fi), dtype=np.int64)
+    want[1:] = end[:-1]
+    want[first] = 0
+    last_end = np.zeros(nfiles, dtype=np.int64)
+    if len(fi):
+        last = np.ones(len(fi), dtype=bool)
+        last[:-1] = fi[:-1] != fi[1:]
+        last_end[fi[last]] = end[last]
+    sizes = np.asarray([sz for _, sz in doc.files], dtype=np.int64)
+    bad = np.nonzero(off != want)[0]
+    short = np.nonzero(last_end != sizes)[0]
+    if bad.size or short.size:
+        f = int(fi[bad[0]]) if bad.size and (not short.size or fi[bad[0]] <= short[0]) else int(short[0])
+        nbad = int(np.count_nonzero(fi[bad] == f)) if bad.size else 0
+        parts_msg = []
+        if nbad:
+            i = int(bad[np.argmax(fi[bad] == f)])
+            parts_msg.append(f"{nbad} segment(s) overlap, repeat or leave a gap (one at [{off[i]}, {end[i]}) "
+                             f"where byte {want[i]} was due)")
+        if last_end[f] != sizes[f]:
+            parts_msg.append(f"the segments end at byte {last_end[f]} of {sizes[f]}")
+        files_bad = len(set(fi[bad].tolist()) | set(short.tolist()))
+        more = f" (and {files_bad - 1} more shard files)" if files_bad > 1 else ""
+        v.fail("files", f"{doc.files[f][0]}: the index's segments do not tile the file: {'; '.join(parts_msg)}"
+                        f"{more}. Every byte of a shard file belongs to exactly one segment; the index is corrupt "
+                        f"or hostile")
+
+
+def _segments_from(v: _V, doc: IndexDoc, p: _SegArrays) -> list[Segment]:
+    """Phase 2: decode the table's CRC string and build its Segment records."""
+    steps = layout.checksum_steps(p.lengths, doc.chunk_bytes)
+    counts = 1 + layout.crc_count(p.lengths, steps).sum(axis=1)   # the directory's CRC, then the columns'
+    text = v.str(v.get(p.raw, "crc32c", p.where), f"{p.where}.crc32c")
+    total = int(counts.sum())
+    if len(text) != 8 * total or not _HEX.fullmatch(text):
+        v.fail(f"{p.where}.crc32c", f"expected {total} CRCs as {8 * total} lower-case hex digits, got "
+                                    f"{len(text)} characters")
+    crcs = np.frombuffer(bytes.fromhex(text), dtype=">u4").astype(np.uint32)
+    a = {k: x.tolist() for k, x in p.a.items()}
+    packed_l, block_l = p.packed.tolist(), p.block.tolist()
+    starts_l, lengths_l, steps_l = p.starts.tolist(), p.lengths.tolist(), steps.tolist()
+    ends_l = np.cumsum(counts).tolist()
+    out = []
+    lo = 0
+    for i in range(len(a["file"])):
+        c = lo + 1
+        cols = []
+        for k, (ln, st) in enumerate(zip(lengths_l[i], steps_l[i])):
+            m = -(-ln // st)
+            cols.append(Column(starts_l[i][k], ln, crcs[c:c + m], st))
+            c += m
+        off, k_dir = a["offset"][i], a["dir"][i]
+        out.append(Segment(a["file"][i], a["rows"][i], Column(off, 8 * k_dir, crcs[lo:lo + 1], 8 * k_dir),
+                           tuple(cols), k_dir, a["first"][i], a["last"][i], bool(packed_l[i]), block_l[i]))
+        lo = ends_l[i]
+    return out
+
+
+def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker: bool) -> IndexDoc:
+    tables = v.dict(v.get(obj, "tables", ""), "tables")
+    if manifest is None:
+        if tables:
+            v.fail("tables", "a version 4 index is validated against its manifest (its slot specs)")
+        return doc
+    # Phase 1, vectorised per table: fields, ranges, where every segment ends, row counts.
+    phase1 = []   # (name, slots, table segs, removed segs or None)
+    for name, t in tables.items():
+        where = f"tables[{name!r}]"
+        slots = [v.str(x, f"{where}.slots") for x in v.list(v.get(t, "slots", where), f"{where}.slots")]
+        info = manifest.tables.get(name)
+        if info is None:
+            v.fail(where, "table is not in the manifest")
+        if slots != list(info.slots):
+            v.fail(f"{where}.slots", f"{slots} disagree with the manifest's {list(info.slots)}")
+        cb = info.column_blocks
+        nblocks = len(cb.blocks) if cb is not None else 1
+        row_bytes = [[8] + info.slot_row_bytes(slots, j) for j in range(nblocks)]
+        segs = _segs_v4(v, v.get(t, "segments", where), f"{where}.segments", doc, row_bytes, True,
+                        cb is not None, nblocks)
+        removed = None
+        if "removed" in t:
+            if not info.changes:
+                v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
+            removed = _segs_v4(v, t["removed"], f"{where}.removed", doc, [[8]], False, False, 1)
+        if not worker:
+            per_block = np.bincount(segs.block, weights=segs.a["rows"], minlength=nblocks)
+            if np.any(per_block != info.rows):
+                v.fail(where, f"segments hold {per_block.astype(np.int64).tolist()[:8]} rows per column block, "
+                              f"the manifest says {info.rows}")
+            gone = int(removed.a["rows"].sum()) if removed is not None else 0
+            if gone != info.removed:
+                v.fail(f"{where}.removed", f"segments hold {gone} removed ids, the manifest says {info.removed}")
+        phase1.append((name, slots, segs, removed, cb is not None))
+    if not worker:
+        for name in manifest.tables:
+            if name not in tables:
+                v.fail("tables", f"table {name!r} of the manifest has no index entry")
+        _check_shard_bytes(v, doc, manifest)
+    _tiling_v4(v, doc, [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None])
+    # Phase 2: the CRCs, and the records the readers use.
+    for name, slots, segs, removed, blocked in phase1:
+        doc.tables[name] = (slots, _segments_from(v, doc, segs))
+        if removed is not None:
+            doc.removed[name] = _segments_from(v, doc, removed)
+        if blocked:
+            doc.blocked.add(name)
     return doc

@@ -25,7 +25,7 @@ from ..storage import Storage
 from . import layout, names
 from .catalog import check_inside
 from .digest import TableDigest
-from .schema import Column, IndexDoc, Segment, SlotInfo
+from .schema import Column, ColumnBlocks, IndexDoc, Segment, SlotInfo
 
 
 class WriteReceipts:
@@ -71,6 +71,13 @@ class TableSource:
     chunks: Iterable[tuple[np.ndarray, list[np.ndarray]]]
     receipts: WriteReceipts | None = None
     digest: TableDigest | None = None   # set: the writer adds every chunk it takes to it
+    num_rows: int = 0                    # > 0: a fixed-size table of N rows, bucketed "row_range"
+    column_blocks: ColumnBlocks | None = None   # saved column-split: the table's blocks ...
+    block: int = 0                       # ... and the one these chunks hold (split slots narrowed to it)
+
+    @property
+    def bucket_fn(self) -> str:
+        return "row_range" if self.num_rows > 0 else "hash"
 
     @property
     def nbytes(self) -> int:
@@ -94,6 +101,8 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     doc = IndexDoc(opts.num_buckets, opts.chunk_bytes)
     for t in tables:
         doc.tables[t.name] = (list(t.slots), [])
+        if t.column_blocks is not None:
+            doc.blocked.add(t.name)
     for t in removed:
         if t.slots or t.name not in doc.tables:
             raise ValueError(f"removed ids of table {t.name!r}: need no slots and a table of that name")
@@ -111,7 +120,9 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
         try:
             for ti, t in enumerate(sources):
                 for ids, cols in t.chunks:
-                    segment = writer.submit(ti, ids, cols)
+                    if len(ids) == 0:
+                        continue   # a segment holds at least one row
+                    segment = writer.submit(ti, ids, cols, t.num_rows)
                     if t.receipts is not None:
                         t.receipts.taken(writer, segment)
                     if t.digest is not None:   # while the writer threads write the chunk
@@ -124,9 +135,10 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
             doc.files.append((rel, os.path.getsize(path)))
             for r in recs:
                 b = r["buckets"]
-                seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], (b["crc32c"],)),
-                              tuple(Column(c["offset"], c["length"], tuple(c["crc32c"])) for c in r["columns"]))
                 ti = r["table"]
+                seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], (b["crc32c"],), b["length"]),
+                              tuple(Column(c["offset"], c["length"], c["crc32c"], c["step"]) for c in r["columns"]),
+                              r["dir"], r["first"], r["last"], bool(r["packed"]), sources[ti].block)
                 if ti < len(tables):
                     doc.tables[tables[ti].name][1].append(seg)
                 else:
@@ -377,17 +389,21 @@ class SegmentReader:
             dst[:] = arr[lo - start:hi - start]
         return out
 
-    def bucket_offsets(self, table: str, seg: Segment) -> np.ndarray:
+    def bucket_offsets(self, table: str, seg: Segment) -> "BucketDir":
         return self.all_bucket_offsets(table, [seg])[0]
 
     def iter_bucket_offsets(self, table: str, segs: list[Segment], group_bytes: int = 8 << 20
-                            ) -> Iterator[tuple[Segment, np.ndarray]]:
-        """(segment, verified bucket offsets) for each segment, about `group_bytes` of them per parallel
+                            ) -> Iterator[tuple[Segment, "BucketDir"]]:
+        """(segment, verified bucket directory) for each segment, about `group_bytes` of them per parallel
         call: on a cold disk one small synchronous read per segment would each wait out the device's
-        latency, and all at once would hold 8·(B+1) bytes per segment of a table of any size."""
-        group = max(1, group_bytes // (8 * (self.index.num_buckets + 1)))
-        for k in range(0, len(segs), group):
-            part = segs[k:k + group]
+        latency, and all at once would hold every segment's directory of a table of any size."""
+        k = 0
+        while k < len(segs):
+            part, nbytes = [], 0
+            while k < len(segs) and (not part or nbytes + segs[k].buckets.length <= group_bytes):
+                part.append(segs[k])
+                nbytes += segs[k].buckets.length
+                k += 1
             have = [self._offsets.get((table, seg.file, seg.buckets.offset)) for seg in part]
             missing = [seg for seg, off in zip(part, have) if off is None]
             read = iter(self.all_bucket_offsets(table, missing) if missing else [])
@@ -399,28 +415,62 @@ class SegmentReader:
                         self._offsets_bytes += off.nbytes
                 yield seg, off
 
-    def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list[np.ndarray]:
-        """The verified bucket offsets of each of `segs`, read in one parallel call."""
+    def iter_row_ranges(self, table: str, segs: list[Segment], bucket_lo: int, bucket_hi: int
+                        ) -> Iterator[tuple[Segment, int, int]]:
+        """(segment, r0, r1): the rows [r0, r1) of each segment that fall in buckets [lo, hi), for the
+        segments holding any (r1 > r0). A load of every bucket reads (and verifies) each directory too,
+        so that no byte goes unchecked; a partial load skips, by the buckets the index records for each
+        segment (format version 4), the segments outside its range and the directories of those wholly
+        inside it, and reads the directories of the others (docs/FORMAT.md, what a loading rank reads)."""
+        nb = self.index.num_buckets
+        full = bucket_lo == 0 and bucket_hi == nb
+        todo, whole = [], {}
+        for i, seg in enumerate(segs):
+            if full:
+                todo.append(seg)
+            elif seg.last < bucket_lo or seg.first >= bucket_hi:
+                continue
+            elif seg.dir_entries and bucket_lo <= seg.first and seg.last < bucket_hi:
+                whole[id(seg)] = True
+            else:
+                todo.append(seg)
+        dirs = {id(seg): off for seg, off in self.iter_bucket_offsets(table, todo)}
+        for seg in segs:
+            if id(seg) in whole:
+                yield seg, 0, seg.rows
+                continue
+            off = dirs.get(id(seg))
+            if off is None:
+                continue
+            r0, r1 = (0, seg.rows) if full else (off[bucket_lo], off[bucket_hi])
+            if r1 > r0:
+                yield seg, r0, r1
+
+    def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list["BucketDir"]:
+        """The verified bucket directory of each of `segs` (format version 4, or versions 1-3's offsets
+        block as a directory), read in one parallel call."""
         raws = self.read(table, [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
                                              max(seg.buckets.length, 1)) for seg in segs])
         nb = self.index.num_buckets
         out = []
         for seg, raw in zip(segs, raws):
-            off = raw.view("<i8")
-            if off[0] != 0 or off[nb] != seg.rows or np.any(np.diff(off) < 0):
+            d = BucketDir.from_bytes(raw, seg, nb)
+            if d is None:
                 raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
                                              f"bucket offsets are not a valid partition of {seg.rows} rows",
                                              self._path(seg.file), table=table)
-            out.append(off)
+            out.append(d)
         return out
 
     def _row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
                       row_bytes: list[int]) -> list[ReadRequest]:
         """`read` requests for rows [r0, r1) of a segment: its ids, then each slot in `slots` (column
         `col_of[k]`, `row_bytes[k]` bytes a row), slot columns with their alignment padding."""
-        cb, ver = self.index.chunk_bytes, self.index.format_version
-        return [ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "ids", cb)] + [
-            ReadRequest(seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", cb, seg.pad_before(c, ver))
+        ver = self.index.format_version
+        ids = seg.columns[0]
+        return [ReadRequest(seg.file, ids, 8 * r0, 8 * r1, "ids", ids.step)] + [
+            ReadRequest(seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", seg.columns[c].step,
+                        seg.pad_before(c, ver))
             for s, c, rb in zip(slots, col_of, row_bytes)]
 
     def batches(self, table: str, slots: list[str], row_bytes: list[int],
@@ -429,16 +479,9 @@ class SegmentReader:
         is one or more segments' row ranges, read together so the engine's threads share the work."""
         all_slots, segs = self.index.tables[table]
         col_of = [1 + all_slots.index(s) for s in slots]
-        nb = self.index.num_buckets
-        hi_b = nb if bucket_hi is None else bucket_hi
-        full = bucket_lo == 0 and hi_b == nb
+        hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
         batch = ReadBatch(table, row_bytes)
-        # A full load does not need them, but they are part of the file: verified so that no byte of a
-        # checkpoint goes unchecked by a full load (8·(B+1) bytes per segment).
-        for seg, off in self.iter_bucket_offsets(table, segs):
-            r0, r1 = (0, seg.rows) if full else (int(off[bucket_lo]), int(off[hi_b]))
-            if r1 == r0:
-                continue
+        for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
             batch.add(r1 - r0, self._row_requests(seg, r0, r1, slots, col_of, row_bytes))
             if batch.nbytes >= self.options.batch_bytes:
                 yield batch
@@ -454,10 +497,9 @@ class SegmentReader:
         nb = self.index.num_buckets
         hi_b = nb if bucket_hi is None else bucket_hi
         reqs, files = [], []
-        for seg, off in self.iter_bucket_offsets(table, segs):
-            r0, r1 = (0, seg.rows) if (bucket_lo, hi_b) == (0, nb) else (int(off[bucket_lo]), int(off[hi_b]))
+        for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
             if r1 > r0:
-                reqs.append(ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids", self.index.chunk_bytes))
+                reqs.append(ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids", seg.columns[0].step))
                 files.append(np.full(r1 - r0, seg.file, dtype=np.int64))
         ids = (np.concatenate([a.view("<i8") for a in self.read(table, reqs)]) if reqs
                else np.empty(0, dtype="<i8"))
@@ -477,11 +519,7 @@ class SegmentReader:
         all_slots, segs = self.index.tables[table]
         col_of = [1 + all_slots.index(s) for s in slots]
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
-        parts = []
-        for seg, off in self.iter_bucket_offsets(table, segs):  # verified even when all rows are wanted
-            r0, r1 = int(off[bucket_lo]), int(off[hi_b])
-            if r1 > r0:
-                parts.append((seg, r0, r1))
+        parts = list(self.iter_row_ranges(table, segs, bucket_lo, hi_b))
         # Whole segments of whole granules first: each then starts on the page offset of its file column.
         g = layout.row_granule(row_bytes)
         parts.sort(key=lambda p: not (p[1] == 0 and p[2] == p[0].rows and p[0].rows % g == 0))
@@ -577,3 +615,44 @@ class ReadBatch:
         self.parts.append((rows, reqs))
         self.rows += rows
         self.nbytes += sum(r.nbytes for r in reqs)
+
+
+class BucketDir:
+    """Where each bucket's rows lie in one segment: the non-empty buckets (sorted) and their first rows.
+    `d[b]` is the first row of bucket b or of the next non-empty one (`rows` past the last), so the rows
+    of buckets [lo, hi) are `[d[lo], d[hi])`, as with versions 1-3's dense offsets."""
+
+    __slots__ = ("buckets", "starts", "rows")
+
+    def __init__(self, buckets: np.ndarray, starts: np.ndarray, rows: int):
+        self.buckets, self.starts, self.rows = buckets, starts, rows
+
+    @property
+    def nbytes(self) -> int:
+        return self.buckets.nbytes + self.starts.nbytes
+
+    def __getitem__(self, b: int) -> int:
+        j = int(np.searchsorted(self.buckets, b, side="left"))
+        return int(self.starts[j]) if j < len(self.starts) else self.rows
+
+    def bucket_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The bucket each of `rows` (row positions in the segment) lies in."""
+        return self.buckets[np.searchsorted(self.starts, rows, side="right") - 1]
+
+    @staticmethod
+    def from_bytes(raw: np.ndarray, seg: Segment, num_buckets: int) -> "BucketDir | None":
+        """The directory of `seg` from its verified block, or None if it is not a valid partition."""
+        if seg.dir_entries:   # format version 4: uint32 bucket[k], uint32 start[k]
+            k = seg.dir_entries
+            if len(raw) != 8 * k:
+                return None
+            both = raw.view("<u4").astype(np.int64)
+            b, st = both[:k], both[k:]
+            ok = (b[0] == seg.first and b[-1] == seg.last and b[-1] < num_buckets and st[0] == 0
+                  and st[-1] < seg.rows and bool(np.all(np.diff(b) > 0)) and bool(np.all(np.diff(st) > 0)))
+            return BucketDir(b, st, seg.rows) if ok else None
+        off = raw.view("<i8")
+        if len(off) != num_buckets + 1 or off[0] != 0 or off[num_buckets] != seg.rows or np.any(np.diff(off) < 0):
+            return None
+        nonempty = np.nonzero(np.diff(off))[0]
+        return BucketDir(nonempty.astype(np.int64), off[nonempty].astype(np.int64), seg.rows)

@@ -40,7 +40,7 @@ def tiling_problems(index: IndexDoc, describe: Callable[[str], str]) -> dict[int
                 fis.append(s.file)
                 offs.append(c.offset)
                 lens.append(c.length)
-                aligned.append(layout.is_aligned(k, c.length, ver))
+                aligned.append(layout.is_aligned(k, c.length, ver) and not s.packed)
     fi = np.asarray(fis, dtype=np.int64)
     off = np.asarray(offs, dtype=np.int64)   # schema validation: 0 <= offset + length <= size < 2**63
     ln = np.asarray(lens, dtype=np.int64)

@@ -22,9 +22,9 @@ import numpy as np
 from .. import _C
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage, open_storage
-from . import checked_json, extras as extras_fmt, names, safetensors_io, structure
+from . import extras as extras_fmt, names, safetensors_io, structure
 from .chain import split_path, walk_chain
-from .checkpoint import CheckpointReader
+from .checkpoint import CheckpointReader, parse_index_bytes
 from .schema import IndexDoc, index_from_json
 from .sparse_io import ReadRequest, SegmentReader
 
@@ -136,6 +136,11 @@ class _Checker:
         worker_docs: dict[int, IndexDoc] = {}
         for rel, info in sorted(self.m.files.items()):
             try:
+                if rel == self.m.index:   # read, checked and parsed once, by the reader (kept for the rest)
+                    self.reader.parsed_index()   # fields, against the manifest
+                    self.report.files_checked += 1
+                    self.report.bytes_checked += info.size
+                    continue
                 data = self.reader.read_file(rel)
                 self.report.files_checked += 1
                 self.report.bytes_checked += len(data)
@@ -149,14 +154,13 @@ class _Checker:
 
     def check_file(self, rel: str, data: bytes, worker_docs: dict[int, IndexDoc]) -> None:
         where = self.reader.describe(rel)
-        if rel == self.m.index:
-            self.reader.parsed_index()  # fields, against the manifest; tiling is check_shards' job
-        elif rel.startswith(f"{names.SPARSE_DIR}/worker-") and rel.endswith(".index.json"):
+        if rel.startswith(f"{names.SPARSE_DIR}/worker-") and rel.endswith(".index.json"):
             worker = names.worker_index_worker(rel)
             if worker is None:
                 raise CorruptCheckpointError(f"{where}: not a worker index name (expected "
                                              f"{names.worker_index(0)} and so on)", where)
-            worker_docs[worker] = index_from_json(checked_json.loads(data, where, names.MAX_INDEX_BYTES), where)
+            worker_docs[worker] = index_from_json(parse_index_bytes(data, where, self.m.format_version), where,
+                                                  self.m, worker=True)
         elif rel == self.m.dense:
             safetensors_io.parse(data, where)   # the library's rules; tensors are not made (no torch)
         elif rel == self.m.extras:
@@ -219,7 +223,7 @@ class _Checker:
                     continue
                 try:
                     self.check_segment(seg_reader, index, table, seg, rbs)
-                    rows += seg.rows
+                    rows += seg.rows if seg.block == 0 else 0   # column blocks repeat the rows
                 except CorruptCheckpointError as e:
                     self.problem(e)
                     bad_files.add(seg.file)
@@ -235,22 +239,24 @@ class _Checker:
 
     def check_segment(self, seg_reader, index: IndexDoc, table: str, seg, rbs: list[int]) -> None:
         off = seg_reader.bucket_offsets(table, seg)  # CRC + partition check
-        cb = index.chunk_bytes
-        window = max(cb, _WINDOW // cb * cb)
         for k, (col, rb) in enumerate(zip(seg.columns, rbs)):
             what = "ids" if k == 0 else f"column {k}"
+            step = col.step or index.chunk_bytes
+            window = max(step, _WINDOW // step * step)
             for lo in range(0, col.length, window):
                 hi = min(col.length, lo + window)
                 pad = seg.pad_before(k, index.format_version)
-                (data,) = seg_reader.read(table, [ReadRequest(seg.file, col, lo, hi, what, cb, pad)])
+                (data,) = seg_reader.read(table, [ReadRequest(seg.file, col, lo, hi, what, step, pad)])
                 if k == 0:
                     self.check_ids(table, seg, data.view("<i8"), off, lo // 8, index)
 
-    def check_ids(self, table, seg, ids: np.ndarray, off: np.ndarray, first_row: int, index: IndexDoc) -> None:
-        """Rows [first_row, first_row + len(ids)) must sit in the buckets their ids hash to."""
-        buckets = _C.bucket_of(ids, index.num_buckets)
+    def check_ids(self, table, seg, ids: np.ndarray, off, first_row: int, index: IndexDoc) -> None:
+        """Rows [first_row, first_row + len(ids)) must sit in the buckets their ids map to (by the
+        table's bucket function; a row_range id must also be a row of the table)."""
+        info = self.m.tables[table]
+        buckets = _C.bucket_of(ids, index.num_buckets, info.num_rows if info.bucket_fn == "row_range" else 0)
         rows = np.arange(first_row, first_row + len(ids))
-        expected = np.searchsorted(off, rows, side="right") - 1
+        expected = off.bucket_of_rows(rows)
         if not np.array_equal(buckets, expected):
             where = self.storage.describe(index.files[seg.file][0])
             raise CorruptCheckpointError(f"{where}: table {table!r}: ids are not in the buckets the index "

@@ -9,12 +9,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, LoadApplyError, LoadConfigError
+from ..errors import (
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    LoadApplyError,
+    LoadConfigError,
+    RecckptError,
+)
 from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
-from ..state import plugins
+from ..state import optim_names, plugins
 from ..state.protocol import FixedSize, column_split_slots, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
@@ -39,6 +45,8 @@ class LoadResult:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    other_bytes_read: int = 0
+    """Bytes of the dense, extras and IO-state files read (`bytes_read` counts the sparse shard files)."""
     bytes_mapped: int = 0
     """Of `bytes_read`, the bytes mapped into tables copy-on-write instead of copied (`LoadConfig.mmap`)."""
     tables_mapped: list[str] = field(default_factory=list)
@@ -61,6 +69,7 @@ class LoadPlan:
         self.problems_missing: list[str] = []
         self.problems_unexpected: list[str] = []
         self.incompatible: list[str] = []
+        self.skipped_objects: set[str] = set()   # registered objects whose saved state must not be applied
 
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
@@ -156,6 +165,11 @@ class LoadPlan:
             for name in objs:
                 if name not in self.registry.object_names():
                     self.problems_unexpected.append(f"checkpoint object {name!r} is not registered")
+                elif not objs[name]["kind"].startswith(extras_fmt.PICKLED_PREFIX):
+                    why = self.registry.refusal(name, objs[name]["kind"], objs[name]["state"])
+                    if why is not None:
+                        self.incompatible.append(why + " (exclude 'extra', or register it as the same type)")
+            self._plan_optimizers(objs, ckpt_dense if conf.wants("dense") else None)
         self.io_tree = None
         resized = conf.wants("io_state") and self.registry.io_names() and self.m.io_state and world != self.m.shard_num
         if resized and conf.io_state_on_resize == "error":
@@ -193,6 +207,69 @@ class LoadPlan:
                     "names, 'rename'/'tables'/'dense_keys'; when only optimizer slots differ (another sparse "
                     "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
+
+    def _plan_optimizers(self, objs: dict, ckpt_dense) -> None:
+        """Registered optimizers get their saved state by parameter name (state layer, optim_names),
+        never by position: each entry's state is replaced by what the live optimizer's load_state_dict
+        is given, and mismatches join the load's report. A checkpoint that records no names (saved
+        before they were recorded) applies positionally only where its dense keys and shapes are the
+        model's exactly; otherwise the optimizer is left as it is, reported as missing."""
+        shapes = None
+
+        def dense_shapes() -> dict[str, tuple]:
+            nonlocal shapes
+            if shapes is None:
+                shapes = ({k: tuple(t.shape) for k, t in ckpt_dense.items()} if ckpt_dense is not None else
+                          {k: tuple(shape) for k, (_, shape) in self.reader.dense_header().items()})
+            return shapes
+
+        where = self.reader.describe(self.m.extras or "")
+        for name in self.registry.object_names():
+            entry = objs.get(name)
+            obj = self.registry.object(name)
+            if entry is None or entry["kind"] != "state_dict" or not optim_names.is_optimizer(obj):
+                continue
+            what = f"registered optimizer {name!r}"
+            saved = entry["state"]
+            names = entry.get(extras_fmt.PARAM_NAMES)
+            if names is not None and optim_names.is_positional(saved):
+                try:
+                    saved = optim_names.to_named(saved, names, f"{where}: object {name!r}")
+                except IncompatibleCheckpointError as e:
+                    raise CorruptCheckpointError(str(e), where) from None
+            elif optim_names.is_positional(saved):
+                self._positional_optimizer(name, what, dense_shapes())
+                continue
+            elif not optim_names.is_named(saved):
+                continue   # no parameters to map (an empty state): applied as it is
+            try:
+                m = optim_names.match_optimizer_state(
+                    obj, self.model, saved, rename=self.conf.renamed, selected=self.conf.dense_selected,
+                    saved_shapes=dense_shapes())
+            except RecckptError as e:
+                self.incompatible.append(f"{what}: {e}")
+                continue
+            self.incompatible += [f"{what}: {c}" for c in m.conflicts]
+            missing, unexpected = m.problems(what)
+            self.problems_missing += missing
+            self.problems_unexpected += unexpected
+            objs[name] = dict(entry, state=m.state_dict)
+
+    def _positional_optimizer(self, name: str, what: str, ckpt_shapes: dict[str, tuple]) -> None:
+        """An optimizer's numbered state without names (older checkpoints): safe only when the
+        parameters are the same, which the dense state shows: same keys (after renames), same shapes."""
+        model_shapes = {k: tuple(v.shape) for k, v in self.model_dense.items()}
+        renamed = {self.conf.renamed(k): v for k, v in ckpt_shapes.items()}
+        if renamed == model_shapes:
+            return
+        diff = sorted(set(renamed) ^ set(model_shapes)) or sorted(
+            k for k in renamed if renamed[k] != model_shapes.get(k))
+        self.skipped_objects.add(name)
+        self.problems_missing.append(
+            f"{what}: the checkpoint records no parameter names (written before they were recorded) and its "
+            f"dense keys or shapes differ from the model's ({', '.join(map(repr, diff[:5]))}"
+            f"{', ...' if len(diff) > 5 else ''}), so its state, numbered by position, could go to the wrong "
+            f"parameters: not applied (the optimizer keeps its own state)")
 
     def _plan_chains(self, shard_id: int, world: int) -> None:
         """For an incremental checkpoint: open and check every link of its chain, and decide which rows of
@@ -280,7 +357,7 @@ class LoadPlan:
                     self._opt_loaded = True
             if conf.wants("extra"):
                 for name, entry in self.extras_tree.get("objects", {}).items():
-                    if name in self.registry.object_names():
+                    if name in self.registry.object_names() and name not in self.skipped_objects:
                         what = f"registered object {name!r}"
                         self._apply_extra(name, entry)
                         done.append(what)
@@ -405,19 +482,45 @@ class LoadPlan:
 
     def _load_fixed(self, name: str, target: str, table, slots) -> int:
         """Rows of a fixed-size table (TorchRec's): this process keeps the row ids its layout owns (all
-        of them when replicated) and the columns it holds of column-split slots. Today's hash layout
-        spreads a row range over every bucket, so every bucket is read; a row outside [0, N) is refused
-        with the table's name."""
+        of them when replicated) and the columns it holds of column-split slots. A table saved with
+        format version 4's "row_range" buckets over the same N rows is read by the bucket ranges that
+        hold the owned rows only (docs/FORMAT.md: what a loading rank reads); one saved with "hash"
+        buckets spreads a row range over every bucket, so every bucket is read. A row outside [0, N) is
+        refused with the table's name."""
         layout = table.row_layout()
         if not layout.owned_rows:
             return 0   # this process holds no rows of the table (table-wise, another rank's)
+        rows = 0
+        for lo, hi in self._fixed_bucket_ranges(name, layout):
+            rows += self._load_fixed_range(name, target, table, slots, layout, lo, hi)
+        return rows
+
+    def _fixed_bucket_ranges(self, name: str, layout) -> list[tuple[int, int]]:
+        """The bucket ranges that hold a fixed-size table's owned rows: by row range when the checkpoint
+        bucketed the table "row_range" over the same N, else every bucket."""
+        info, nb = self.m.tables[name], self.m.num_buckets
+        if layout.replicated or info.bucket_fn != "row_range" or info.num_rows != layout.num_rows:
+            return [(0, nb)]
+        n = layout.num_rows
+        out: list[tuple[int, int]] = []
+        for a, b in layout.owned_rows:
+            lo, hi = a * nb // n, (b - 1) * nb // n + 1
+            if out and lo <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], hi))
+            else:
+                out.append((lo, hi))
+        return out
+
+    def _load_fixed_range(self, name: str, target: str, table, slots, layout, bucket_lo: int,
+                          bucket_hi: int) -> int:
+        """The owned rows of one bucket range of a fixed-size table (see `_load_fixed`)."""
         starts = np.array([a for a, _ in layout.owned_rows], dtype=np.int64)
         ends = np.array([b for _, b in layout.owned_rows], dtype=np.int64)
         split = set(column_split_slots(table.sparse_meta()))
         c0, c1 = layout.columns or (0, None)
         names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
         rows = 0
-        for ids, cols in self.reader.segments.iter_table(name, names, rbs, 0, self.m.num_buckets):
+        for ids, cols in self.reader.segments.iter_table(name, names, rbs, bucket_lo, bucket_hi):
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
                 raise IncompatibleCheckpointError(

@@ -2,6 +2,7 @@
 live objects and apply it (`LoadPlan`). `Saver.load` and the manager's restore delegate here."""
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -10,11 +11,14 @@ from ..errors import CheckpointDeletedError, CheckpointNotFoundError, RecckptErr
 from ..format import catalog
 from ..format.checkpoint import CheckpointReader
 from ..format.names import MANIFEST, validate_ckpt_id
+from ..format.retention import recorded_step, restore_order
 from ..format.sparse_io import ReadOptions
 from ..state.registry import Registry
 from ..storage import Storage
 from .load_apply import LoadPlan, LoadResult
 from .load_config import LoadConfig
+
+log = logging.getLogger("recckpt")
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,9 @@ def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
                 f"no committed checkpoint in {storage.describe()} (version file "
                 f"{'missing' if catalog.read_version_file(storage) is None else 'lists none that exist'}); "
                 f"save one first, or pass ckpt_path/ckpt_id of an existing checkpoint", path=storage.describe())
-        ckpt_id = found[-1][0]
+        # the highest global step, not merely the last committed (docs/SAFETY.md, "Which checkpoint is
+        # the newest")
+        ckpt_id = restore_order([(i, recorded_step(m.metadata, m.worker_steps)) for i, m in found])[0]
     else:
         validate_ckpt_id(ckpt_id)
         if not catalog.is_committed(storage, ckpt_id):
@@ -125,6 +131,17 @@ def load_checkpoint(target: LoadTarget, request: LoadRequest,
             reader.close()   # local copies of an object store's shard files, if any
     result.bytes_read = reader.segments.bytes_read if reader.manifest.index else 0
     result.seconds = time.perf_counter() - t0
+    m, conf = reader.manifest, request.conf
+    read = [(m.dense, conf.wants("dense")), (m.extras, conf.wants("extra") or conf.wants("sparse_opt")),
+            (m.io_state.get(request.shard_id), bool(result.io_state))]
+    result.other_bytes_read = sum(m.files[rel].size for rel, wanted in read if rel is not None and wanted
+                                  and rel in m.files)
+    step = recorded_step(m.metadata, m.worker_steps)
+    nbytes = result.bytes_read + result.other_bytes_read
+    rate = nbytes / result.seconds / 1e6 if result.seconds > 0 else 0.0
+    log.info("recckpt: loaded %s (step %s) on rank %d of %d: %.1f MB read, %d rows in %.3f s (%.1f MB/s)",
+             result.path, "-" if step is None else step, request.shard_id, request.world,
+             nbytes / 1e6, result.sparse_rows, result.seconds, rate)
     return LoadOutcome(result, plan.replaced_whole_state(), reader.manifest.content_sha256,
                        tuple(plan.model_sparse.values()))
 

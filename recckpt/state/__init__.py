@@ -7,6 +7,8 @@ engine (``recckpt._C``) and are imported on first use.
 from recckpt.state import initializers
 from recckpt.state.protocol import (
     SLOT_CATEGORIES,
+    FixedSize,
+    RowRangeLayout,
     SlotSpec,
     SparseState,
     SparseTableMeta,
@@ -38,6 +40,8 @@ def __dir__():
 
 __all__ = [
     "SLOT_CATEGORIES",
+    "FixedSize",
+    "RowRangeLayout",
     "SlotSpec",
     "SparseState",
     "SparseTableMeta",

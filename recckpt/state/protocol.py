@@ -285,15 +285,93 @@ class AdoptStorage(Protocol):
         ...
 
 
+def _as_int(value: Any, what: str) -> int:
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{what} must be an int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{what} must be an int, got {value!r}") from None
+
+
+def _as_range(value: Any, what: str) -> Tuple[int, int]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise InvalidArgumentError(f"{what} must be a (start, end) pair of ints, got {value!r}")
+    pair = tuple(value)
+    if len(pair) != 2:
+        raise InvalidArgumentError(f"{what} must be a (start, end) pair of ints, got {value!r}")
+    return _as_int(pair[0], what), _as_int(pair[1], what)
+
+
 @dataclass(frozen=True)
 class RowRangeLayout:
-    """Ownership of a fixed-size table (ids are row indices 0..num_rows-1), as its sharding plan says."""
-    num_rows: int                                   # global rows N of the logical table
-    owned_rows: Tuple[Tuple[int, int], ...]         # this process's [start, end) row ranges
-    columns: Tuple[int, int] | None = None          # [c0, c1) of the last dim of every "column-split" slot
-                                                    # this process holds; None = all columns
-    replicated: bool = False                        # every process holds the same rows (data-parallel):
-                                                    # written once, loaded by every process
+    """Ownership of a fixed-size table (ids are row indices 0..num_rows-1), as its sharding plan says.
+
+    Tables whose rows are a fixed range of indices (TorchRec's EmbeddingBagCollection and
+    EmbeddingCollection) are owned by contiguous row ranges and column blocks rather than by hash
+    buckets. A table that reports this layout (see :class:`FixedSize`) is saved with the
+    ``"row_range"`` bucket function (``bucket = row * B // num_rows``), so a rank that owns a row
+    range reads a contiguous bucket range, and with one column block per distinct ``columns``
+    range, so a column-wise rank reads its columns alone (docs/FORMAT.md, version 4).
+
+    Attributes:
+        num_rows: global rows N of the logical table (every process reports the same N).
+        owned_rows: this process's ``[start, end)`` row ranges, sorted, non-overlapping, non-empty,
+            inside ``[0, num_rows)``. Empty when this process holds no rows of the table.
+        columns: ``(c0, c1)``, the ``[c0, c1)`` range of the last dimension of every column-split
+            slot that this process holds, or ``None`` for all columns.
+        replicated: every process holds the same rows (a data-parallel table). Such a table is
+            written by one process only and loaded by every process.
+
+    Construction normalises ranges to tuples of Python ints and raises
+    :class:`~recckpt.errors.InvalidArgumentError` (a ``ValueError`` and ``TypeError``) for a
+    non-int, negative, empty, overlapping, unsorted or out-of-range row range, or a column range
+    with ``c0 < 0`` or ``c1 <= c0``.
+    """
+
+    num_rows: int
+    owned_rows: Tuple[Tuple[int, int], ...]
+    columns: "Tuple[int, int] | None" = None
+    replicated: bool = False
+
+    def __post_init__(self) -> None:
+        n = _as_int(self.num_rows, "RowRangeLayout.num_rows")
+        if n < 0:
+            raise InvalidArgumentError(f"RowRangeLayout.num_rows must be >= 0, got {n}")
+        object.__setattr__(self, "num_rows", n)
+        if isinstance(self.owned_rows, (str, bytes)) or not hasattr(self.owned_rows, "__iter__"):
+            raise InvalidArgumentError(
+                f"RowRangeLayout.owned_rows must be a sequence of (start, end) pairs, got {self.owned_rows!r}"
+            )
+        ranges = []
+        prev_end = 0
+        for r in self.owned_rows:
+            lo, hi = _as_range(r, "RowRangeLayout.owned_rows entry")
+            if not 0 <= lo < hi <= n:
+                raise InvalidArgumentError(
+                    f"RowRangeLayout.owned_rows: range [{lo}, {hi}) must be non-empty and inside [0, {n})"
+                )
+            if lo < prev_end:
+                raise InvalidArgumentError(
+                    f"RowRangeLayout.owned_rows must be sorted and non-overlapping, got {tuple(self.owned_rows)!r}"
+                )
+            prev_end = hi
+            ranges.append((lo, hi))
+        object.__setattr__(self, "owned_rows", tuple(ranges))
+        if self.columns is not None:
+            c0, c1 = _as_range(self.columns, "RowRangeLayout.columns")
+            if c0 < 0 or c1 <= c0:
+                raise InvalidArgumentError(
+                    f"RowRangeLayout.columns must be [c0, c1) with 0 <= c0 < c1, got {self.columns!r}"
+                )
+            object.__setattr__(self, "columns", (c0, c1))
+        if not isinstance(self.replicated, bool):
+            raise InvalidArgumentError(f"RowRangeLayout.replicated must be a bool, got {self.replicated!r}")
+
+    @property
+    def owned_count(self) -> int:
+        """Number of rows this process holds (the sum of its ranges' lengths)."""
+        return sum(hi - lo for lo, hi in self.owned_rows)
 
 
 @runtime_checkable

@@ -73,6 +73,23 @@ class Registry:
         return {name: obj.dump_io_state() for name, obj in self._io.items()} if self._io else None
 
     # ------------------------------------------------------------------------------- load side
+    def refusal(self, name: str, kind: str, state: Any) -> str | None:
+        """Why registered object `name` cannot take `state` saved as `kind` (None: it can). A dict or list
+        is updated in place, so a caller's reference to it stays the loaded value; state of another type
+        would have to replace it and leave that reference stale, and an object with load_state_dict
+        given a plain value would be replaced by it: both are refused, before anything is applied."""
+        obj = self._objects[name]
+        stateful = callable(getattr(obj, "load_state_dict", None))
+        if stateful and kind != "state_dict":
+            return (f"registered object {name!r} is a {type(obj).__name__} (it has load_state_dict), but the "
+                    f"checkpoint holds a plain {type(state).__name__} under that name")
+        if not stateful:
+            for container in (dict, list):
+                if isinstance(obj, container) and not isinstance(state, container):
+                    return (f"registered object {name!r} is a {container.__name__}, updated in place on load, but "
+                            f"the checkpoint holds a {type(state).__name__} under that name")
+        return None
+
     def apply_object(self, name: str, kind: str, state: Any) -> None:
         """Give registered object `name` its loaded state: `load_state_dict` for stateful objects,
         in place for dicts and lists, else the value replaces the registered one (see `object`)."""

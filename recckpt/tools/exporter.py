@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,11 +30,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..format import dtypes
 from .reader import DEFAULT_CHUNK_ROWS, CheckpointView, open as open_checkpoint
 
 FORMATS = ("parquet", "safetensors", "npy")
 DTYPES = ("fp32", "fp16", "bf16", "int8")
-#: Counter slots the --min-freq / --seen-since-step filters read (docs/SPARSE_STATE.md names them).
+#: Counter slots the min_freq / seen_since_step filters read (docs/SPARSE_STATE.md names them).
 FREQ_SLOT, LAST_STEP_SLOT = "freq", "last_step"
 #: Formats that buffer one output file in memory get at most this many bytes of rows per file by default.
 DEFAULT_BUFFERED_FILE_BYTES = 64 << 20
@@ -133,11 +133,14 @@ def _convert(name: str, a: np.ndarray, dtype: str, fmt: str) -> dict[str, Any]:
         return {name: a}
     if dtype == "fp32":
         return {name: a.astype(np.float32, copy=False)}
-    if dtype in ("fp16", "bf16"):   # torch only where it is needed: an fp32 export does not import it
+    # torch only for what numpy cannot do well: fp16 (torch converts with the CPU's F16C instructions;
+    # numpy's loop is several times slower) and bf16 (numpy has no bfloat16). fp32/int8 exports of
+    # Parquet and .npy never import it.
+    if dtype == "fp16":
         import torch
-    if dtype == "fp16":  # torch converts with the CPU's F16C instructions; numpy's loop is several times slower
         return {name: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.float16).numpy()}
     if dtype == "bf16":
+        import torch
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
         return {name: t if fmt == "safetensors" else t.float().numpy()}
     q, scale, offset = quantize_int8(a)
@@ -166,7 +169,7 @@ class _ParquetSink:
     def write(self, ids: np.ndarray, cols: dict[str, Any]) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
-        arrays, fields = [_arrow(ids.astype("<i8", copy=False))], [pa.field("id", pa.int64(), nullable=False)]
+        arrays, fields = [_arrow(ids.astype("<i8", copy=False))], [pa.field(ID_COLUMN, pa.int64(), nullable=False)]
         for name, a in cols.items():
             if a.ndim == 1:
                 arr = _arrow(a)
@@ -189,10 +192,9 @@ class _ParquetSink:
         return [self.path]
 
 
-def _is_tensor(a) -> bool:
-    """A torch tensor (one exists only once torch is imported: this check never imports it)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(a, torch.Tensor)
+def _torch_cat(parts):
+    import torch  # only bf16 columns for safetensors are tensors
+    return torch.cat(parts)
 
 
 class _BufferedSink:
@@ -206,25 +208,25 @@ class _BufferedSink:
         # Copies: the arrays may be views of the reader's reused chunk buffer.
         self._ids.append(np.array(ids))
         for k, a in cols.items():
-            self._cols.setdefault(k, []).append(a.clone() if _is_tensor(a) else np.array(a))
+            self._cols.setdefault(k, []).append(np.array(a) if isinstance(a, np.ndarray) else a.clone())
 
     def close(self) -> list[str]:
         if not self._ids:
             return []
         ids = np.concatenate(self._ids)
-        cols = {k: (sys.modules["torch"].cat(v) if _is_tensor(v[0]) else np.concatenate(v))
+        cols = {k: (np.concatenate(v) if isinstance(v[0], np.ndarray) else _torch_cat(v))
                 for k, v in self._cols.items()}
         self._ids, self._cols = [], {}
         if self.fmt == "safetensors":
-            import torch
+            import torch  # the safetensors writer takes tensors (bf16 has no numpy dtype)
             from safetensors.torch import save_file
-            tensors = {"id": torch.from_numpy(ids)}
-            tensors.update({k: v if _is_tensor(v) else torch.from_numpy(np.ascontiguousarray(v))
+            tensors = {ID_COLUMN: torch.from_numpy(ids)}
+            tensors.update({k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
                             for k, v in cols.items()})
             save_file(tensors, self.path + ".safetensors", metadata={"format": "recckpt-export"})
             return [self.path + ".safetensors"]
         written = []
-        for k, a in {"id": ids, **cols}.items():
+        for k, a in {ID_COLUMN: ids, **cols}.items():
             p = f"{self.path}.{k}.npy"
             np.save(p, a, allow_pickle=False)
             written.append(p)
@@ -274,26 +276,57 @@ def _safe_name(what: str, name: str) -> str:
     return name
 
 
+ID_COLUMN = "id"
+
+
+def output_columns(slots: list[tuple[str, str]], dtype: str) -> list[tuple[str, str]]:
+    """(column name, what it holds) of every output column, in order, for `slots` ((name, format dtype
+    name), as asked for): the ids, then each slot, with `<slot>.scale` and `<slot>.offset` after an int8 float slot. The
+    names are the Parquet fields, the safetensors keys and the .npy file names alike."""
+    cols = [(ID_COLUMN, "the ids")]
+    for s, dt in slots:
+        cols.append((s, f"slot {s!r}"))
+        if dtype == "int8" and dt in dtypes.FLOAT_NAMES:
+            cols += [(f"{s}.scale", f"the int8 scale of slot {s!r}"), (f"{s}.offset", f"the int8 offset of slot {s!r}")]
+    return cols
+
+
+def _check_columns(view: CheckpointView, table: str, opts: ExportOptions) -> None:
+    """Refuse, before any byte is written, two things that would share one column name (one would
+    silently overwrite the other, or a Parquet file would hold two fields of one name)."""
+    have = view.tables[table].slots
+    seen: dict[str, str] = {}
+    for name, what in output_columns([(s, have[s].dtype) for s in opts.slots], opts.dtype):
+        if name in seen:
+            raise InvalidArgumentError(
+                f"--slots: table {table!r} of {view.path}: {what} and {seen[name]} would both be written as "
+                f"column {name!r}; export them separately (e.g. --slots {name!r} alone, or without --dtype int8)"
+                f" or leave one out")
+        seen[name] = what
+
+
 def _plan(view: CheckpointView, opts: ExportOptions) -> dict[str, tuple[list[str], list[str]]]:
     """table -> (exported slots, slots read only for filtering)."""
     tables = list(view.tables) if opts.tables is None else list(opts.tables)
     plan = {}
     for t in tables:
         if t not in view.tables:
-            raise InvalidArgumentError(f"--tables: {view.path} has no table {t!r}; it has {sorted(view.tables)}")
+            raise InvalidArgumentError(f"ExportOptions.tables (--tables): {view.path} has no table {t!r}; it has {sorted(view.tables)}")
         have = view.tables[t].slots
         missing = [s for s in opts.slots if s not in have]
         if missing:
-            raise InvalidArgumentError(f"--slots: table {t!r} of {view.path} has no slot(s) {missing}; it has "
+            raise InvalidArgumentError(f"ExportOptions.slots (--slots): table {t!r} of {view.path} has no slot(s) {missing}; it has "
                                        f"{list(have)}")
-        for what, slot, v in (("--min-freq", FREQ_SLOT, opts.min_freq),
-                              ("--seen-since-step", LAST_STEP_SLOT, opts.seen_since_step)):
+        for what, slot, v in (("ExportOptions.min_freq (--min-freq)", FREQ_SLOT, opts.min_freq),
+                              ("ExportOptions.seen_since_step (--seen-since-step)", LAST_STEP_SLOT,
+                               opts.seen_since_step)):
             if v is not None and slot not in have:
                 raise InvalidArgumentError(f"{what}: table {t!r} of {view.path} has no {slot!r} counter slot; "
-                                           f"drop the option or export only tables that count ({what} needs it)")
+                                           f"drop the option or export only tables that count (it needs that slot)")
         _safe_name("table", t)
         for s in opts.slots:
             _safe_name("slot", s)
+        _check_columns(view, t, opts)
         extra = [s for s in (FREQ_SLOT, LAST_STEP_SLOT) if s in have and s not in opts.slots
                  and (opts.predicate is not None or (s == FREQ_SLOT and opts.min_freq is not None)
                       or (s == LAST_STEP_SLOT and opts.seen_since_step is not None))]
@@ -334,10 +367,10 @@ def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLik
     plan = _plan(view, opts)
     out_dir = os.fspath(out_dir)
     if "://" in out_dir:
-        raise InvalidArgumentError(f"--out {out_dir}: export writes to a local directory; export locally, "
+        raise InvalidArgumentError(f"out_dir (--out) {out_dir}: export writes to a local directory; export locally, "
                                    f"then copy the files to the store")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise InvalidArgumentError(f"--out {out_dir}: exists and is not an empty directory; choose a new "
+        raise InvalidArgumentError(f"out_dir (--out) {out_dir}: exists and is not an empty directory; choose a new "
                                    f"directory (an export never overwrites files)")
     t0 = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)

@@ -4,6 +4,7 @@ are these."""
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,8 @@ from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, names, recovery
 from ..format.retention import CkptEntry, KeepPolicy
 from .reader import kind_of, open_output_dir, parent_of
+
+log = logging.getLogger("recckpt")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,46 @@ class Listing:
     output_dir: str
     checkpoints: list[CheckpointSummary] = field(default_factory=list)   # oldest first
     leftovers: list[tuple[str, str]] = field(default_factory=list)       # (name, what left it)
+    strays: list[tuple[str, str]] = field(default_factory=list)          # (name, why recckpt leaves it alone)
+    output_dirs_below: list[str] = field(default_factory=list)
+    """When this directory holds no checkpoint: output directories found below it (a user who passed
+    the run's folder instead of its output_dir), as paths relative to it."""
+
+
+#: How far `ls` looks below a directory without checkpoints for output directories: levels, and
+#: directories listed in all (each a request on an object store).
+SEARCH_DEPTH, SEARCH_DIRS = 3, 200
+
+
+def _holds_checkpoints(storage, path: str, entries: list[str]) -> bool:
+    """Whether directory `path` (listing `entries`) looks like an output directory: a version file, or a
+    committed checkpoint directory (one with a manifest) in it."""
+    if names.VERSION_FILE in entries:
+        return True
+    return any(not e.startswith(".") and storage.exists(f"{path}/{e}/{names.MANIFEST}") for e in entries)
+
+
+def output_dirs_below(storage, depth: int = SEARCH_DEPTH, budget: int = SEARCH_DIRS) -> list[str]:
+    """Output directories below the root of `storage` (breadth first, at most `depth` levels and `budget`
+    directories listed); paths relative to the root."""
+    found, level, listed = [], [""], 0
+    for _ in range(depth):
+        nxt = []
+        for d in level:
+            for e in storage.listdir(d):
+                if e.startswith(".") or e == names.VERSION_FILE:
+                    continue
+                path = f"{d}/{e}" if d else e
+                if listed >= budget or not storage.isdir(path):
+                    continue
+                listed += 1
+                entries = storage.listdir(path)
+                if _holds_checkpoints(storage, path, entries):
+                    found.append(path)
+                else:
+                    nxt.append(path)
+        level = nxt
+    return sorted(found)
 
 
 def _require_dir(storage, top: list[str] | None = None) -> None:
@@ -72,7 +115,11 @@ def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = Non
         out.checkpoints.append(CheckpointSummary(
             cid, storage.describe(cid), e.step, kind_of(e.metadata, parent), _size(storage, cid, e),
             _dt.datetime.fromtimestamp(e.created_ns / 1e9, tz=_dt.timezone.utc), parent, e.compacted_from))
-    out.leftovers = recovery.find_leftovers(storage, keep={cid for cid, _ in found}, top=top)  # committed: not leftovers
+    committed_ids = {cid for cid, _ in found}   # committed: neither leftovers nor strays (no request per name)
+    out.leftovers = recovery.find_leftovers(storage, keep=committed_ids, top=top)
+    out.strays = recovery.find_strays(storage, keep=committed_ids, top=top)
+    if not out.checkpoints and catalog.read_version_file(storage) is None:
+        out.output_dirs_below = output_dirs_below(storage)
     return out
 
 
@@ -129,14 +176,18 @@ def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] 
        ) -> list[tuple[str, str]]:
     """Remove the leftovers of crashed saves and deletes (staging and half-deleted directories, temporary
     version files) and bring the version file in line, through the same recovery a save runs at start.
-    Returns (name, what left it) for each thing removed (or, with dry_run, found)."""
+    Returns (name, what left it) for each thing removed (or, with dry_run, found). Entries it must not
+    or cannot remove (named like leftovers but of another kind, links, a version file that is a
+    directory, a removal that fails) are skipped with a warning naming each (`recckpt` logger)."""
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
     found = recovery.find_leftovers(storage)
     if dry_run:
+        for name, why in recovery.find_strays(storage):
+            log.warning("recckpt: would leave %s alone: %s", storage.describe(name), why)
         return found
-    removed = set(recovery.recover(storage, rebuild_catalog=True))
+    removed = set(recovery.recover(storage, rebuild_catalog=True).removed)
     return [(n, w) for n, w in found if n in removed]
 
 
-__all__ = ["CheckpointSummary", "Listing", "gc", "list_checkpoints", "prune"]
+__all__ = ["CheckpointSummary", "Listing", "gc", "list_checkpoints", "prune", "output_dirs_below"]

@@ -30,7 +30,7 @@ from ..format.checkpoint import CheckpointReader
 from ..format.digest import DenseDigest, TableDigest
 from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
-from ..format.retention import META_EPHEMERAL, META_STEP, parse_step
+from ..format.retention import META_EPHEMERAL, recorded_step
 from ..storage import Storage, open_storage
 
 DEFAULT_CHUNK_ROWS = 65536
@@ -116,14 +116,6 @@ def _not_a_checkpoint(storage: Storage) -> str:
                 f"{storage.describe(found[-1])} (the newest of {len(found)})")
     return (f"{where} is not a committed checkpoint (no {names.MANIFEST}); pass a checkpoint directory, "
             f"<output_dir>/<ckpt_id>")
-
-
-def recorded_step(metadata: Mapping[str, str], worker_steps: Mapping[int, int]) -> int | None:
-    """The global step the CheckpointManager recorded, else the newest step a worker saved at."""
-    step = parse_step(metadata.get(META_STEP))
-    if step is not None:
-        return step
-    return max(worker_steps.values()) if worker_steps else None
 
 
 def kind_of(metadata: Mapping[str, str], parent: str | None) -> str:

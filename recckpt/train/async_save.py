@@ -76,9 +76,11 @@ class AsyncWriter:
         h = self._current
         return h if h is not None and not h.done() else None
 
-    def submit(self, handle: SaveHandle, write: Callable[[], tuple[str, int]]) -> None:
+    def submit(self, handle: SaveHandle, write: Callable[[], tuple[str, int]],
+               on_durable: Callable[[SaveHandle], None] | None = None) -> None:
         """Start `write()` (returning (path, bytes)) in the background. The caller has drained the
-        previous save (`drain()`) before taking the snapshot the write reads."""
+        previous save (`drain()`) before taking the snapshot the write reads. `on_durable(handle)` runs
+        on the writer thread once the save is durable; what it raises is logged, never the save's."""
         if self.in_flight is not None:
             raise RuntimeError("AsyncWriter.submit while a save is in flight; call drain() first")
 
@@ -107,6 +109,11 @@ class AsyncWriter:
             handle.write_seconds = time.perf_counter() - t0
             handle.bytes_written = nbytes
             handle.finish(path, None)
+            if on_durable is not None:
+                try:
+                    on_durable(handle)
+                except Exception:  # noqa: BLE001 - a user callback must not turn a durable save into a failure
+                    log.exception("recckpt: the on_save callback for checkpoint %r raised", handle.ckpt_id)
 
         self._current = handle
         # Not a daemon: an interpreter that exits normally finishes the write instead of cutting it.

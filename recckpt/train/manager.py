@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 import warnings
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..coordination import agreement_for, check_world, resolve_shard
 from ..errors import (
@@ -32,8 +32,10 @@ from ..errors import (
 from ..format import catalog
 from ..format.chain import chain_stats
 from ..format.names import validate_ckpt_id
+from ..format.retention import restore_order
 from ..load.load_config import LoadConfig
 from .async_save import FAILED, AsyncWriter, SaveHandle
+from .events import LoadEvent, SaveEvent
 from .increments import IncrementPolicy
 from .policies import (
     EPHEMERAL,
@@ -92,6 +94,13 @@ class CheckpointManager:
             checkpoints, a full one every k increments or once the chain's bytes pass a fraction of its
             base's (docs/INCREMENTAL.md). With async_save the changes are copied at the step that saves
             (a smaller stall than a full copy). Ephemeral saves are always full.
+        on_save: called with a `SaveEvent` (ckpt_id, step, bytes, seconds, stall_seconds, rows, kind,
+            throughput, ...) for every save of this worker once it is durable: on the training thread
+            for a sync save, on the background writer thread for an async one. For metrics
+            (TensorBoard, MLflow, W&B); what it raises is logged, never turned into a failed save.
+        on_load: called with a `LoadEvent` (ckpt_id, step, bytes, seconds, rows, source) after a
+            `restore()` and after each model-bank source is loaded, on the calling thread (what it
+            raises is logged).
 
     Every collective the manager issues runs on recckpt's own gloo groups (never the default group,
     which may be NCCL), and a step runs one only when an `EveryNSeconds`-like policy or preemption
@@ -102,7 +111,9 @@ class CheckpointManager:
                  policies: Iterable[SaveDecisionPolicy] = (), keep: KeepPolicy | int | None | object = _FROM_SAVER,
                  async_save: bool = False, preemption: bool | PreemptionHandler = False,
                  shard_id: int | None = None, shard_num: int | None = None, prefix: str = "ckpt_",
-                 save_rng: bool = True, resize_policy: str = "reseed", increments: IncrementPolicy | None = None):
+                 save_rng: bool = True, resize_policy: str = "reseed", increments: IncrementPolicy | None = None,
+                 on_save: Callable[[SaveEvent], Any] | None = None,
+                 on_load: Callable[[LoadEvent], Any] | None = None):
         if not isinstance(saver, Saver):
             raise InvalidArgumentError(f"CheckpointManager needs a recckpt.Saver, got {type(saver).__name__}")
         if isinstance(policies, (str, bytes, Mapping)) or not isinstance(policies, Iterable):
@@ -120,6 +131,10 @@ class CheckpointManager:
         if increments is not None and not isinstance(increments, IncrementPolicy):
             raise InvalidArgumentError(f"increments must be a recckpt.IncrementPolicy or None, got {increments!r}")
         self.increments = increments
+        for what, fn in (("on_save", on_save), ("on_load", on_load)):
+            if fn is not None and not callable(fn):
+                raise InvalidArgumentError(f"CheckpointManager {what} must be a function of one event, got {fn!r}")
+        self.on_save, self.on_load = on_save, on_load
         if not isinstance(prefix, str):
             raise InvalidArgumentError(f"CheckpointManager prefix must be a str, got {type(prefix).__name__}")
         try:  # the id rule has one home; the longest step an int64 counter can reach must fit too
@@ -254,14 +269,16 @@ class CheckpointManager:
             # ranks would then be saving different checkpoints and every later save would fail.
             # after the drain: the save in flight committed (or failed), so the chain's parent is known
             incremental = self._increment_next(ephemeral)
-            snap = self.saver.capture_copy(self._buffers, self.shard_id, incremental)
-            handle.stall_seconds = time.perf_counter() - t0
+            snap = self.saver.capture_copy(self._buffers, self.shard_id, incremental, step=step)
+            handle.stall_seconds = snap.stall_seconds = time.perf_counter() - t0
+            done = {}
 
             def write_async():
-                stats = write(snap, incremental)
+                done["stats"] = stats = write(snap, incremental)
                 return stats.path, stats.bytes_written
 
-            self._writer.submit(handle, write_async)
+            self._writer.submit(handle, write_async,
+                                None if self.on_save is None else lambda h: self._saved(h, done["stats"], True))
         else:
             try:
                 stats = write(incremental=self._increment_next(ephemeral))
@@ -273,10 +290,34 @@ class CheckpointManager:
             handle.write_seconds = handle.stall_seconds = time.perf_counter() - t0
             handle.bytes_written = stats.bytes_written
             handle.finish(stats.path, None)
+            if self.on_save is not None:
+                try:
+                    self._saved(handle, stats, False)
+                except Exception:  # noqa: BLE001 - the checkpoint is committed; a metrics hook must not undo that
+                    log.exception("recckpt: the on_save callback for checkpoint %r raised", handle.ckpt_id)
         self._last_save_time = time.monotonic()
         self._last = handle
         self.saves.append(handle)
         return handle
+
+    def _saved(self, handle: SaveHandle, stats, async_save: bool) -> None:
+        """Tell `on_save` about a durable save."""
+        kind = "incremental" if stats.parent is not None else "ephemeral" if handle.ephemeral else "full"
+        self.on_save(SaveEvent(handle.ckpt_id, handle.step, stats.bytes_written, handle.write_seconds,
+                               handle.stall_seconds, stats.sparse_rows, handle.path, kind, async_save,
+                               self.shard_id, time.time()))
+
+    def _loaded(self, result: LoadResult, source: str) -> None:
+        """Tell `on_load` about a load."""
+        if self.on_load is None:
+            return
+        event = LoadEvent(result.ckpt_id, self._step_of(result.ckpt_id or "", result.metadata),
+                          result.bytes_read + result.other_bytes_read, result.seconds, result.sparse_rows,
+                          result.path, source, self.shard_id)
+        try:
+            self.on_load(event)
+        except Exception:  # noqa: BLE001 - the model is loaded; a metrics hook must not leave that half-said
+            log.exception("recckpt: the on_load callback for %s raised", result.path)
 
     def _increment_next(self, ephemeral: bool) -> bool:
         """Whether the next save is an increment: the IncrementPolicy on the current chain, read from the
@@ -337,7 +378,8 @@ class CheckpointManager:
         checkpoint found corrupt by any rank is skipped by all for the next older one (each load
         replaces the whole state), with a warning. A checkpoint saved by another number of workers is
         resharded; per-worker state follows `resize_policy` (which sets `io_state_on_resize` of
-        `load_conf`). Only checkpoints that record a global step are restore points. Takes precedence
+        `load_conf`). Only checkpoints that record a global step are restore points, and the newest is
+        the one of the highest step (ties: the one committed last). Takes precedence
         over `load_model_bank`."""
         self.wait()
         storage = self.saver.storage
@@ -351,8 +393,12 @@ class CheckpointManager:
             candidates = match[-1:]
         else:
             # Checkpoints without a global step (a direct saver.save("final") in the same directory)
-            # are not restore points: restoring one would change the model and then have no step.
-            candidates = [tuple(f) for f in reversed(found) if f[1] is not None]
+            # are not restore points: restoring one would change the model and then have no step. The
+            # newest is the highest step, not the last committed: a compaction of an older link, listed
+            # last, must not rewind the run (retention.restore_order; ties: the one committed last).
+            stepped = [tuple(f) for f in found if f[1] is not None]
+            step_of = dict(stepped)
+            candidates = [(cid, step_of[cid]) for cid in restore_order(stepped)]
             if found and not candidates:
                 raise CheckpointNotFoundError(
                     f"{storage.describe()} holds committed checkpoints {[f[0] for f in found]}, but none records "
@@ -374,7 +420,9 @@ class CheckpointManager:
             code = 0 if error is None else 1 if isinstance(error, CorruptCheckpointError) else 2
             worst = self._agreement.worst(code)
             if worst == 0:
-                return self._restored(cid, step, result, found)
+                restored = self._restored(cid, step, result, found)
+                self._loaded(result, "restore")
+                return restored
             if worst == 1 and global_step is None and i + 1 < len(candidates):
                 warnings.warn(f"recckpt: checkpoint {storage.describe(cid)} is corrupt "
                               f"({error if error is not None else 'as another rank found'}); trying the next "
@@ -459,6 +507,7 @@ class CheckpointManager:
                 done = ", ".join(r.path for r in results) or "none"
                 raise e.retold(f"model bank source #{i} ({path}): {e} (sources already applied: {done})") from e
             results.append(res)
+            self._loaded(res, "model_bank")
             if resume:
                 step = self._step_of(res.ckpt_id or "", res.metadata)
                 if step is None:
@@ -472,4 +521,4 @@ class CheckpointManager:
         return results
 
 
-__all__ = ["CheckpointManager", "RNG_IO_NAME", "BANK_DEFAULT_LOAD"]
+__all__ = ["CheckpointManager", "RNG_IO_NAME", "BANK_DEFAULT_LOAD", "SaveEvent", "LoadEvent"]

@@ -45,6 +45,13 @@ class SaveOptions:
     batch of uploads or ranged reads) may take before the save or load fails with a StorageError. A frozen
     endpoint fails a save within about this time. Raise it for very large shard files on slow links."""
 
+    visibility_timeout_s: float = 30.0
+    """Before the commit, rank 0 opens every file every rank wrote, at the location it commits, and
+    checks its size: a checkpoint some rank's files are missing from could never be loaded (an
+    output_dir that is not shared between the nodes). Files another node wrote that a shared
+    filesystem shows late (NFS attribute caches) are waited for up to this long; after that the save
+    fails on every rank and nothing is committed."""
+
     def __post_init__(self):
         for name, lo in (("num_buckets", 1), ("chunk_bytes", 64), ("segment_bytes", 1), ("max_inflight_bytes", 1),
                          ("staging_bytes", 256)):
@@ -53,6 +60,9 @@ class SaveOptions:
                 raise InvalidArgumentError(f"SaveOptions.{name} must be an integer >= {lo}, got {v!r}")
         if not isinstance(self.fsync, bool):
             raise InvalidArgumentError(f"SaveOptions.fsync must be a bool, got {self.fsync!r}")
+        v = self.visibility_timeout_s
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise InvalidArgumentError(f"SaveOptions.visibility_timeout_s must be a number of seconds >= 0, got {v!r}")
         for name in ("coordination_timeout_s", "storage_timeout_s"):
             t = getattr(self, name)
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:

@@ -23,9 +23,11 @@ from ..errors import (
     RecckptError,
 )
 from ..format import catalog, dtypes, extras as extras_fmt, recovery
-from ..format.checkpoint import WorkerPart, finalize, write_worker_part
+from ..format.chain import walk_chain
+from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
+from ..format.retention import META_EPHEMERAL, recorded_step, restore_order
 from ..format.schema import ParentRef, SlotInfo
 from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
@@ -33,10 +35,12 @@ from ..load.load_config import LoadConfig
 from ..load.loader import LoadRequest, LoadTarget, load_checkpoint
 from ..state import plugins
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
+from ..state.optim_names import saved_param_names
 from ..state.protocol import ChangeTracking, FixedSize, SparseState, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from ..state.staging import StagingPool
 from ..storage import open_storage
+from .events import save_line
 from .options import SaveOptions
 from .policies import CkptEntry, KeepPolicy
 from .snapshot import HostBuffers, Snapshot, copy_snapshot
@@ -91,8 +95,8 @@ class Saver:
         storage_options: passed to fsspec for an fsspec URL (endpoint_url, key/secret, profile, ...),
             and used for every other path this Saver opens unless a load names its own.
         eviction: an `EvictionPolicy` applied to every table with counters when a save captures the
-            state (sync saves): the selected rows leave the live table (`evict`), and an incremental
-            save records them as removed.
+            state (a sync save, or the snapshot of an async one, `capture_copy`): the selected rows
+            leave the live table (`evict`), and an incremental save records them as removed.
         write_filter: an `EvictionPolicy` that only shapes what is written: rows it selects (in tables
             with `freq`/`last_step` slots) are left out of the checkpoint, the live table keeps them. In
             an increment, a row left out keeps the value earlier links hold for it.
@@ -176,8 +180,10 @@ class Saver:
         return self._chain.ckpt_id if self._chain is not None else None
 
     def latest_checkpoint(self) -> str | None:
-        ids = self.checkpoints()
-        return ids[-1] if ids else None
+        """The checkpoint `load()` without an id loads: the one of the highest global step (docs/SAFETY.md)."""
+        found = catalog.committed(self.storage)
+        order = restore_order([(i, recorded_step(m.metadata, m.worker_steps)) for i, m in found])
+        return order[0] if order else None
 
     # ------------------------------------------------------------------------------------- save
     def _write_options(self) -> SparseWriteOptions:
@@ -191,8 +197,10 @@ class Saver:
         rows changed since, then a second source of the removed ids (None: the table is written whole).
         A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only."""
         meta = table.sparse_meta()
+        num_rows = 0   # "hash" buckets; a fixed-size table's rows are bucketed "row_range" (docs/FORMAT.md)
         if isinstance(table, FixedSize):
             layout = table.row_layout()
+            num_rows = layout.num_rows
             if layout.columns is not None:
                 raise CheckpointSaveError(
                     f"table {meta.name!r} is split by columns on this process (columns {layout.columns} of "
@@ -202,7 +210,7 @@ class Saver:
             if layout.replicated and shard_id != 0:
                 slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category)
                          for k, s in meta.slots.items()}
-                return TableSource(meta.name, slots, 0, iter(())), None
+                return TableSource(meta.name, slots, 0, iter(()), num_rows=num_rows), None
         slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
         names = list(slots)
         # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
@@ -257,12 +265,12 @@ class Saver:
                     yield ids_np, out
 
         if changes is None:
-            return TableSource(meta.name, slots, meta.num_rows, chunks()), None
+            return TableSource(meta.name, slots, meta.num_rows, chunks(), num_rows=num_rows), None
         removed = changes.removed.detach().cpu().to(torch.int64).contiguous().numpy()
         per = max(1, self.options.segment_bytes // 8)   # removed ids per segment
-        return (TableSource(meta.name, slots, changes.rows, chunks()),
+        return (TableSource(meta.name, slots, changes.rows, chunks(), num_rows=num_rows),
                 TableSource(meta.name, {}, len(removed),
-                            ((removed[i:i + per], []) for i in range(0, len(removed), per))))
+                            ((removed[i:i + per], []) for i in range(0, len(removed), per)), num_rows=num_rows))
 
     def _state(self):
         sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model))
@@ -285,7 +293,9 @@ class Saver:
         that disagree with an initialised process group are an error. Without a process group, explicit
         values > 1 mean every shard is saved from this process: the checkpoint commits at the save of
         the last shard, and the earlier calls return the location it will have (with a warning;
-        `last_save` is not set, `write()` reports `committed=False`). `step` (the
+        `last_save` is not set, `write()` reports `committed=False`); parts whose other shards are not
+        saved within `SaveOptions.coordination_timeout_s` of the last one are dropped with a warning
+        (nothing is committed). `step` (the
         training step) is recorded per worker and decides duplicate ids under duplicates='newest'.
 
         incremental=True writes only the sparse rows changed since the newest checkpoint this Saver
@@ -305,21 +315,26 @@ class Saver:
         sparse, dense = self._state()
         first = shard_id == 0
         return Snapshot(tables=list(sparse.values()), dense=dense if first else None,
-                        extras=_extras_tree(self.registry, self.sparse_optim) if first else None,
+                        extras=_extras_tree(self.registry, self.sparse_optim, self.model) if first else None,
                         io_state=self.registry.io_tree())
 
-    def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False) -> Snapshot:
+    def capture_copy(self, bufs: HostBuffers, shard_id: int = 0, incremental: bool = False, *,
+                     step: int | None = None) -> Snapshot:
         """A frozen copy of what a save of this worker writes, in `bufs` (reused across saves), for a
         write in the background (`write(ckpt_id, snapshot)`). With `incremental`, change-tracking tables
         are copied as their changes since the parent (what `chain_parent()` names) and their marks are
         taken now, so the increment holds exactly the changes up to this capture; without a parent the
-        copy is whole and `full_reason` says why. Call it from the training thread, with no save of
-        this Saver in flight."""
+        copy is whole and `full_reason` says why. The Saver's `eviction` applies here, at `step`, as a
+        sync save applies it when it captures: the rows leave the live tables before the copy, and
+        the next increment records them as removed. Call it from the training thread, with no save
+        of this Saver in flight."""
         self._forget_written()
         chain, reason = (self._chain, None)
         if incremental:
             parent, reason = self._parent_for(True)
             chain = self._chain if parent is not None else None
+        if self.eviction is not None:
+            self._evict(step)
         live = self.capture(shard_id)
         live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if isinstance(t, ChangeTracking)}
         live.chain, live.full_reason = (chain, None) if incremental and chain is not None else (None, reason)
@@ -415,7 +430,8 @@ class Saver:
             if parts is not None:
                 manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
                                     opts=self._write_options(),
-                                    metadata={**plugins.manifest_metadata(self.model), **(metadata or {})})
+                                    metadata={**plugins.manifest_metadata(self.model), **(metadata or {})},
+                                    visible_within_s=self.options.visibility_timeout_s)
                 self._after_commit(ckpt_id, keep, protect)
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),
@@ -439,6 +455,12 @@ class Saver:
                             "torch.distributed process group, the checkpoint commits when this process has "
                             "saved every shard", shard_id, shard_num, self.storage.describe(ckpt_id))
             self._committed_chain(ckpt_id, manifest, marks, snap.tables if live else None)
+            if stats.committed:
+                kind = ("incremental" if parent is not None else
+                        "ephemeral" if (metadata or {}).get(META_EPHEMERAL) == "1" else "full")
+                log.info("%s", save_line(ckpt_id, step, stats.bytes_written, stats.seconds, stats.sparse_rows,
+                                         kind=kind, rank=shard_id, whole=manifest is not None,
+                                         stall_seconds=None if live else snap.stall_seconds))
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
             if handed_over:
@@ -508,9 +530,23 @@ class Saver:
             elif chain.manifest_sha256 is not None and have.content_sha256 != chain.manifest_sha256:
                 reason = f"checkpoint {chain.ckpt_id!r} was replaced since this Saver wrote or loaded it"
             else:
-                return ParentRef(chain.ckpt_id, have.content_sha256), None
+                reason = self._broken_chain(chain.ckpt_id, have)
+                if reason is None:
+                    return ParentRef(chain.ckpt_id, have.content_sha256), None
         log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
         return None, reason
+
+    def _broken_chain(self, parent_id: str, parent_manifest) -> str | None:
+        """Why the chain under `parent_id` cannot carry an increment (a link deleted or replaced by hand,
+        a loop), or None. Reads one manifest per link (walk_chain): an increment on a broken chain would
+        commit and then fail every load."""
+        if parent_manifest.parent is None:
+            return None   # a full checkpoint: a chain of one
+        try:
+            walk_chain(CheckpointReader(self.storage, parent_id))
+        except (OSError, RecckptError) as e:
+            return f"the chain under its parent {parent_id!r} is broken: {str(e).split('; ')[0]}"
+        return None
 
     def _committed_chain(self, ckpt_id: str, manifest, marks: dict | None, tables: list | None) -> None:
         """Remember the checkpoint just committed as the parent of the next increment. `marks` None: it
@@ -640,10 +676,14 @@ class Saver:
         self._pending_forget = None
 
 
-def _extras_tree(registry: Registry, sparse_optim) -> dict:
-    """The extras tree a save writes: every registered object's state plus the sparse optimizer's."""
-    objects = {name: extras_fmt.entry(name, kind, state, allow_pickle)
-               for name, kind, state, allow_pickle in registry.object_states()}
+def _extras_tree(registry: Registry, sparse_optim, model) -> dict:
+    """The extras tree a save writes: every registered object's state plus the sparse optimizer's. A
+    registered torch.optim optimizer also records its parameters' names in `model`, so that a load
+    maps its state by name."""
+    objects = {}
+    for name, kind, state, allow_pickle in registry.object_states():
+        names = saved_param_names(model, registry.object(name), state) if kind == "state_dict" else None
+        objects[name] = extras_fmt.entry(name, kind, state, allow_pickle, names)
     return {"objects": objects, "sparse_optimizer": sparse_optim.state_dict() if sparse_optim is not None else None}
 
 

@@ -38,6 +38,7 @@ class Snapshot:
     marks: dict | None = None        # table name -> its mark at capture (None: not captured with marks)
     chain: Any = None                # the parent state the tables' changes are relative to (incremental)
     full_reason: str | None = None   # why an incremental capture holds every row instead
+    stall_seconds: float | None = None  # async saves: how long taking it held the training step (for the log)
 
 
 _HEADROOM = 1.25  # a table that grows a little between saves does not reallocate every time

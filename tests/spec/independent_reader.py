@@ -35,7 +35,8 @@ __all__ = [
     "FormatError", "CorruptError", "IncompatibleError", "NotFoundError",
     "crc32c", "crc32c_chunks", "mix64", "bucket_of", "owner_range", "bf16_bits",
     "read_checked_json", "canonical_json", "list_committed", "read_manifest", "read_checkpoint",
-    "read_bucket_range", "read_safetensors", "decode_tree", "TensorValue", "DTypeName",
+    "read_bucket_range", "read_safetensors", "decode_tree", "TensorValue", "DTypeName", "read_index",
+    "segment_offsets", "table_bucket_of",
 ]
 
 
@@ -342,6 +343,8 @@ def read_checked_json(path: str, limit: int = INDEX_LIMIT, _counter: Optional[li
 
 # ------------------------------------------------------------------------------------ manifest
 
+READABLE = (1, 2, 3, 4)
+
 _MANIFEST_FIELDS = {
     "format": str, "format_version": int, "ckpt_id": str, "created_ns": int, "writer": str,
     "num_buckets": int, "hash": str, "checksum": str, "chunk_bytes": int, "shard_num": int,
@@ -365,7 +368,7 @@ def _validate_slot_spec(spec, where: str) -> dict:
 def validate_manifest(m: dict, where: str) -> dict:
     # format_version first, so a newer writer's different layout is reported as incompatible
     fv = _req(m, "format_version", int, where)
-    if fv not in (1, 2, 3):
+    if fv not in READABLE:
         _fail(where, f"unknown format_version {fv}", IncompatibleError)
     for k, t in _MANIFEST_FIELDS.items():
         _req(m, k, t, where)
@@ -405,7 +408,40 @@ def validate_manifest(m: dict, where: str) -> dict:
         removed = _nonneg(t["removed"], "removed", tw) if "removed" in t else 0
         if "removed" in t and (not _is_int(t["removed"]) or not changes):
             _fail(tw, "'removed' only in a table that holds changes")
-        tables[tname] = {"slots": specs, "rows": rows, "changes": changes, "removed": removed}
+        fn, nrows, blocks = "hash", 0, None
+        if fv >= 4:
+            fn = _req(t, "bucket_fn", str, tw)
+            if fn not in ("hash", "row_range"):
+                _fail(tw, f"unknown bucket_fn {fn!r}")
+            if fn == "row_range":
+                nrows = _req(t, "num_rows", int, tw)
+                if not 1 <= nrows < 1 << 40:
+                    _fail(tw, f"num_rows {nrows} outside [1, 2**40)")
+            elif "num_rows" in t:
+                _fail(tw, "num_rows without row_range")
+            if "column_blocks" in t:
+                cb = _req(t, "column_blocks", dict, tw)
+                split = _req(cb, "slots", list, tw)
+                bl = _req(cb, "blocks", list, tw)
+                spec_of = dict(specs)
+                if not split or len(set(split)) != len(split) or any(x not in spec_of for x in split):
+                    _fail(tw, f"column_blocks slots {split!r} are not distinct slots of the table")
+                dims = {spec_of[x]["shape"][-1] if spec_of[x]["shape"] else None for x in split}
+                if len(dims) != 1 or None in dims:
+                    _fail(tw, "split slots need the same last dim")
+                pos = 0
+                for b in bl:
+                    if not (isinstance(b, list) and len(b) == 2 and all(_is_int(x) for x in b)
+                            and b[0] == pos and b[1] > b[0]):
+                        _fail(tw, f"column blocks {bl!r} do not partition the last dim from 0")
+                    pos = b[1]
+                if not bl or pos != dims.pop():
+                    _fail(tw, f"column blocks {bl!r} do not partition the split slots' last dim")
+                blocks = (tuple(split), [tuple(b) for b in bl])
+        elif any(k in t for k in ("bucket_fn", "num_rows", "column_blocks")):
+            _fail(tw, "version 4 table fields in an older manifest")
+        tables[tname] = {"slots": specs, "rows": rows, "changes": changes, "removed": removed,
+                         "bucket_fn": fn, "num_rows": nrows, "blocks": blocks}
     files = {}
     for p, e in m["files"].items():
         _check_relpath(p, where)
@@ -535,7 +571,7 @@ def _validate_block(b, where: str, with_list: Optional[int], chunk: int) -> dict
 def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Optional[str]) -> dict:
     """Structure checks of an index (merged or per-worker). Returns a normalised form."""
     fv = _req(ix, "format_version", int, where)
-    if fv not in (1, 2, 3):
+    if fv not in READABLE:
         _fail(where, f"unknown format_version {fv}", IncompatibleError)
     if fv != manifest["format_version"]:
         _fail(where, f"format_version {fv} differs from the manifest's {manifest['format_version']}")
@@ -551,6 +587,29 @@ def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Opt
         files.append((p, size))
     tables = _req(ix, "tables", dict, where)
     out_tables, out_removed = {}, {}
+    if fv >= 4:
+        for tname, t in tables.items():
+            tw = f"{where} table {tname!r}"
+            if tname not in mv["tables"]:
+                _fail(tw, "table not in the manifest")
+            info = mv["tables"][tname]
+            if _req(t, "slots", list, tw) != [x for x, _ in info["slots"]]:
+                _fail(tw, "slots differ from the manifest's order")
+            out_tables[tname] = _v4_segments(_req(t, "segments", dict, tw), tw, files, info["slots"], B, C,
+                                             True, info["blocks"])
+            if "removed" in t:
+                if not info["changes"]:
+                    _fail(tw, "'removed' only in a table that holds changes")
+                out_removed[tname] = _v4_segments(_req(t, "removed", dict, tw), tw + " removed", files, [], B, C,
+                                                  False, None)
+            else:
+                out_removed[tname] = []
+            if sum(sg["rows"] for sg in out_removed[tname]) != info["removed"]:
+                _fail(tw, "removed segments disagree with the manifest's count")
+        missing = set(mv["tables"]) - set(out_tables)
+        if missing and ckpt_dir is not None:
+            _fail(where, f"tables {sorted(missing)} of the manifest are absent from the index")
+        return {"files": files, "tables": out_tables, "removed": out_removed, "raw": ix, "format_version": fv}
     for tname, t in tables.items():
         tw = f"{where} table {tname!r}"
         if tname not in mv["tables"]:
@@ -601,6 +660,79 @@ def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Opt
     return {"files": files, "tables": out_tables, "removed": out_removed, "raw": ix, "format_version": fv}
 
 
+def _step(length: int, C: int) -> int:
+    """FORMAT.md: step(L) = min(C, max(512, 2^ceil(log2(ceil(L / 64)))))."""
+    q = -(-length // 64)
+    p = 1
+    while p < q:
+        p *= 2
+    return min(C, max(512, p))
+
+
+def _v4_segments(sg: dict, tw: str, files, specs, B: int, C: int, with_packed: bool, blocks) -> list:
+    """FORMAT.md "Index, version 4": SEGS (parallel lists + one CRC string) -> one dict per segment
+    with every block's offset, length and CRCs, positions computed from the rules."""
+    keys = ["file", "offset", "rows", "dir", "first", "last"] + (["packed"] if with_packed else []) + (
+        ["block"] if blocks is not None else [])
+    extra = set(sg) - set(keys) - {"crc32c"}
+    if extra:
+        _fail(tw, f"unexpected SEGS fields {sorted(extra)}")
+    lists = {k: _req(sg, k, list, tw) for k in keys}
+    n = len(lists["file"])
+    for k, v in lists.items():
+        if len(v) != n or not all(_is_int(x) for x in v):
+            _fail(tw, f"SEGS list {k!r} is not {n} integers")
+    text = _req(sg, "crc32c", str, tw)
+    if len(text) % 8 or not re.fullmatch(r"[0-9a-f]*", text):
+        _fail(tw, "crc32c is not 8 lower-case hex digits per CRC")
+    crcs = [int(text[i:i + 8], 16) for i in range(0, len(text), 8)]
+    pos_crc = 0
+    out = []
+    for i in range(n):
+        sw = f"{tw} segment {i}"
+        fi, off, rows, k, first, last = (lists[x][i] for x in ("file", "offset", "rows", "dir", "first", "last"))
+        packed = lists["packed"][i] if with_packed else 0
+        block = lists["block"][i] if blocks is not None else 0
+        if not 0 <= fi < len(files):
+            _fail(sw, f"file index {fi} out of range")
+        if not (off >= 0 and 1 <= rows < 1 << 32 and 1 <= k <= min(rows, B) and 0 <= first <= last < B
+                and packed in (0, 1)):
+            _fail(sw, f"bad segment fields offset={off} rows={rows} dir={k} first={first} last={last} packed={packed}")
+        if blocks is not None and not 0 <= block < len(blocks[1]):
+            _fail(sw, f"block {block} out of range")
+        rowbytes = [8]
+        for sname, sp in specs:
+            shape = list(sp["shape"])
+            if blocks is not None and sname in blocks[0]:
+                c0, c1 = blocks[1][block]
+                shape[-1] = c1 - c0
+            rowbytes.append(_DTYPES[sp["dtype"]].itemsize * int(np.prod(shape, dtype=np.int64)))
+        if pos_crc >= len(crcs):
+            _fail(sw, "crc32c string too short")
+        bk = {"offset": off, "length": 8 * k, "crc32c": crcs[pos_crc]}
+        pos_crc += 1
+        pos = off + 8 * k
+        cols = []
+        for ci, rb in enumerate(rowbytes):
+            length = rows * rb
+            if ci > 0 and length > 0 and not packed:
+                pos += -pos % 4096
+            st = _step(length, C)
+            m = -(-length // st)
+            if pos_crc + m > len(crcs):
+                _fail(sw, "crc32c string too short")
+            cols.append({"offset": pos, "length": length, "crc32c": crcs[pos_crc:pos_crc + m], "step": st})
+            pos_crc += m
+            pos += length
+        if pos > files[fi][1]:
+            _fail(sw, f"segment ends at {pos}, beyond its file of {files[fi][1]} bytes")
+        out.append({"file": fi, "rows": rows, "buckets": bk, "columns": cols, "rowbytes": rowbytes,
+                    "dir": k, "first": first, "last": last, "packed": packed, "block": block})
+    if pos_crc != len(crcs):
+        _fail(tw, f"crc32c string has {len(crcs)} CRCs, the segments need {pos_crc}")
+    return out
+
+
 def _check_file_layout(ix: dict, where: str):
     """'A shard file is a concatenation of segments with no header': every segment is buckets, ids,
     slot 0.. contiguous, except that from version 2 on each non-empty slot column is preceded by the
@@ -612,7 +744,7 @@ def _check_file_layout(ix: dict, where: str):
         for si, s in enumerate(segs):
             pos = s["buckets"]["offset"] + s["buckets"]["length"]
             for ci, c in enumerate(s["columns"]):
-                if ci > 0 and c["length"] > 0:
+                if ci > 0 and c["length"] > 0 and not s.get("packed"):
                     pos += -pos % align
                 if c["offset"] != pos:
                     _fail(f"{where} table {tname!r} segment {si}",
@@ -644,7 +776,7 @@ def _check_worker_indexes(ckpt_dir: str, mv: dict, manifest: dict, merged: dict)
     removed: Dict[str, list] = {}
     for w, p in workers:
         full = os.path.join(ckpt_dir, p)
-        wix = validate_index(read_checked_json(full), full, mv, manifest, None)
+        wix = validate_index(_read_index_json(full, manifest["format_version"]), full, mv, manifest, None)
         base = len(files)
         files.extend(wix["files"])
         for t, segs in wix["tables"].items():
@@ -712,10 +844,21 @@ class _Reader:
 
 
 def _read_buckets(r: _Reader, seg: dict, B: int, where: str) -> np.ndarray:
+    """The segment's bucket offsets as B+1 row offsets (a version 4 directory expanded)."""
     bk = seg["buckets"]
     raw = r.read(seg["file"], bk["offset"], bk["length"])
     if crc32c(raw) != bk["crc32c"]:
         _fail(where, "buckets block CRC mismatch")
+    if "dir" in seg:
+        k, n = seg["dir"], seg["rows"]
+        d = raw.view("<u4").astype(np.int64)
+        buckets, starts = d[:k], d[k:]
+        if not (buckets[0] == seg["first"] and buckets[-1] == seg["last"] and starts[0] == 0
+                and starts[-1] < n and np.all(np.diff(buckets) > 0) and np.all(np.diff(starts) > 0)):
+            _fail(where, "bucket directory is not a partition of the rows")
+        off = np.full(B + 1, n, dtype=np.int64)
+        off[buckets] = starts
+        return np.minimum.accumulate(off[::-1])[::-1]
     b = raw.view("<i8").astype(np.int64)
     n = seg["rows"]
     if b[0] != 0 or b[B] != n or np.any(np.diff(b) < 0):
@@ -727,6 +870,7 @@ def _read_column_rows(r: _Reader, seg: dict, ci: int, r0: int, r1: int, C: int, 
     """Bytes of rows [r0, r1) of column ci, reading whole checksum chunks and verifying them."""
     col = seg["columns"][ci]
     rb = seg["rowbytes"][ci]
+    C = col.get("step", C)
     start, end = r0 * rb, r1 * rb
     if end <= start:
         return np.zeros(0, np.uint8)
@@ -741,11 +885,22 @@ def _read_column_rows(r: _Reader, seg: dict, ci: int, r0: int, r1: int, C: int, 
     return raw[start - lo:end - lo]
 
 
-def _decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, where, bf16):
+def table_bucket_of(ids, B: int, table: dict) -> np.ndarray:
+    """The table's bucket function (FORMAT.md, Buckets and ownership); -1 for a row_range id outside
+    [0, N)."""
+    if table.get("bucket_fn", "hash") == "row_range":
+        n = table["num_rows"]
+        ids = np.asarray(ids, dtype=np.int64)
+        ok = (ids >= 0) & (ids < n)
+        return np.where(ok, np.where(ok, ids, 0) * B // n, -1)
+    return bucket_of(ids, B)
+
+
+def _decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, where, bf16, table=None):
     ids_raw = _read_column_rows(r, seg, 0, r0, r1, C, where)
     ids = ids_raw.view("<i8").astype(np.int64)
     expect = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(b[lo:hi + 1]))
-    got = bucket_of(ids, B)
+    got = table_bucket_of(ids, B, table or {})
     if not np.array_equal(got, expect):
         k = int(np.nonzero(got != expect)[0][0])
         _fail(where, f"row {r0 + k} (id {ids[k]}) has bucket {got[k]} but lies in bucket {expect[k]}'s range")
@@ -754,7 +909,11 @@ def _decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, where, bf16):
     slots = {}
     for ci, (sname, sp) in enumerate(specs, start=1):
         raw = _read_column_rows(r, seg, ci, r0, r1, C, where)
-        slots[sname] = _decode_elements(raw, sp["dtype"], (r1 - r0,) + sp["shape"], f"{where} slot {sname!r}", bf16)
+        shape = sp["shape"]
+        if seg["rowbytes"][ci] != _DTYPES[sp["dtype"]].itemsize * int(np.prod(shape, dtype=np.int64)):
+            shape = shape[:-1] + (seg["rowbytes"][ci] // (_DTYPES[sp["dtype"]].itemsize
+                                                          * int(np.prod(shape[:-1], dtype=np.int64))),)
+        slots[sname] = _decode_elements(raw, sp["dtype"], (r1 - r0,) + shape, f"{where} slot {sname!r}", bf16)
     return ids, slots
 
 
@@ -916,14 +1075,56 @@ def _open_index(ckpt_dir: str, manifest: dict, mv: dict, verify_file_crc: bool, 
     rel = manifest["index"]
     full = os.path.join(ckpt_dir, rel)
     size, crc = mv["files"][rel]
-    ix_raw = read_checked_json(full, INDEX_LIMIT, counter)
+    ix_raw = _read_index_json(full, manifest["format_version"], counter)
     actual = os.stat(full).st_size
     if actual != size:
         _fail(full, f"{actual} bytes, manifest says {size}")
-    if verify_file_crc:
+    if verify_file_crc or manifest["format_version"] >= 4:   # version 4: the manifest's CRC is the only one
         _file_bytes(ckpt_dir, rel, size, crc, full)
     ix = validate_index(ix_raw, full, mv, manifest, ckpt_dir)
     return ix
+
+
+def _read_index_json(path: str, fv: int, counter=None) -> dict:
+    """An index file: checked JSON up to version 3; plain JSON (no self-checksum) from version 4."""
+    if fv < 4:
+        return read_checked_json(path, INDEX_LIMIT, counter)
+    if os.stat(path).st_size > INDEX_LIMIT:
+        _fail(path, "index exceeds the 1 GiB limit")
+    with open(path, "rb") as f:
+        raw = f.read()
+    if counter is not None:
+        counter[0] += len(raw)
+    try:
+        obj = json.loads(raw.decode("ascii"), parse_constant=_reject_constant, parse_float=_reject_float)
+    except (UnicodeDecodeError, ValueError) as e:
+        _fail(path, f"not valid JSON: {e}")
+    if not isinstance(obj, dict) or "crc32c" in obj:
+        _fail(path, "a version 4 index is an object without a crc32c field")
+    return obj
+
+
+def _merge_blocks(parts_by_block: Dict[int, list], specs, info, tname, where, bf16):
+    """A column-split table: every block holds the same rows; split slots are the blocks' columns side
+    by side, the other slots come from block 0."""
+    split = info["blocks"][0]
+    whole = {}
+    for j in sorted(parts_by_block):
+        t = _assemble(parts_by_block[j], specs, tname, where, bf16)
+        o = np.argsort(t["ids"], kind="stable")
+        whole[j] = (t["ids"][o], {k: v[o] for k, v in t["slots"].items()})
+    if sorted(whole) != list(range(len(info["blocks"][1]))):
+        _fail(f"{where} table {tname!r}", "a column block has no rows")
+    ids = whole[0][0]
+    if any(not np.array_equal(w[0], ids) for w in whole.values()):
+        _fail(f"{where} table {tname!r}", "column blocks hold different rows")
+    slots = {}
+    for sname, _ in specs:
+        if sname in split:
+            slots[sname] = np.concatenate([whole[j][1][sname] for j in sorted(whole)], axis=-1)
+        else:
+            slots[sname] = whole[0][1][sname]
+    return {"ids": ids, "slots": slots}
 
 
 def read_checkpoint(ckpt_dir: str, bf16: str = "float32") -> dict:
@@ -952,21 +1153,28 @@ def read_checkpoint(ckpt_dir: str, bf16: str = "float32") -> dict:
             for i in range(len(ix["files"])):
                 r._h(i)  # every listed shard file exists with its size
             for tname, segs in ix["tables"].items():
-                specs = mv["tables"][tname]["slots"]
-                parts = []
+                info = mv["tables"][tname]
+                specs = info["slots"]
+                parts: Dict[int, list] = {}
                 for si, seg in enumerate(segs):
                     w = f"{ix['files'][seg['file']][0]} (table {tname!r}, segment {si})"
                     b = _read_buckets(r, seg, B, w)
-                    parts.append(_decode_segment_rows(r, seg, specs, 0, seg["rows"], b, 0, B, B, C, w, bf16))
-                total = sum(s["rows"] for s in segs)
-                if total != mv["tables"][tname]["rows"]:
-                    _fail(f"{ckpt_dir} table {tname!r}", f"segments hold {total} rows, manifest says {mv['tables'][tname]['rows']}")
-                tables[tname] = _assemble(parts, specs, tname, ckpt_dir, bf16)
+                    parts.setdefault(seg.get("block", 0), []).append(
+                        _decode_segment_rows(r, seg, specs, 0, seg["rows"], b, 0, B, B, C, w, bf16, info))
+                for j in range(len(info["blocks"][1]) if info.get("blocks") else 1):
+                    total = sum(s["rows"] for s in segs if s.get("block", 0) == j)
+                    if total != info["rows"]:
+                        _fail(f"{ckpt_dir} table {tname!r}", f"segments of block {j} hold {total} rows, manifest "
+                                                             f"says {info['rows']}")
+                if info.get("blocks"):
+                    tables[tname] = _merge_blocks(parts, specs, info, tname, ckpt_dir, bf16)
+                else:
+                    tables[tname] = _assemble(parts.get(0, []), specs, tname, ckpt_dir, bf16)
                 gone = []
                 for si, seg in enumerate(ix["removed"].get(tname, [])):
                     w = f"{ix['files'][seg['file']][0]} (table {tname!r}, removed segment {si})"
                     b = _read_buckets(r, seg, B, w)
-                    gone.append(_decode_segment_rows(r, seg, [], 0, seg["rows"], b, 0, B, B, C, w, bf16)[0])
+                    gone.append(_decode_segment_rows(r, seg, [], 0, seg["rows"], b, 0, B, B, C, w, bf16, info)[0])
                 tables[tname]["removed"] = np.concatenate(gone) if gone else np.zeros(0, np.int64)
                 tables[tname]["changes"] = mv["tables"][tname]["changes"]
         finally:
@@ -1020,17 +1228,39 @@ def read_bucket_range(ckpt_dir: str, table: str, lo: int, hi: int, bf16: str = "
     specs = mv["tables"][table]["slots"]
     r = _Reader(ckpt_dir, ix["files"])
     parts = []
+    info = mv["tables"][table]
+    if info.get("blocks"):
+        raise ValueError("read_bucket_range reads tables without column blocks")
     try:
         for si, seg in enumerate(ix["tables"][table]):
+            if "dir" in seg and (seg["last"] < lo or seg["first"] >= hi):
+                continue   # FORMAT.md: nothing of a segment whose [first, last] is outside the range
             w = f"{ix['files'][seg['file']][0]} (table {table!r}, segment {si})"
             b = _read_buckets(r, seg, B, w)
             r0, r1 = int(b[lo]), int(b[hi])
-            parts.append(_decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, w, bf16))
+            parts.append(_decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, w, bf16, info))
     finally:
         r.close()
     out = _assemble(parts, specs, table, ckpt_dir, bf16)
     out.update(bytes_read=r.bytes_read, meta_bytes_read=counter[0], reads=r.reads)
     return out
+
+
+def read_index(ckpt_dir: str) -> dict:
+    """The validated index.json, one dict per segment with every block's offset, length and CRCs
+    (versions 1-3 as stored; version 4 computed from its rules): {"files", "tables", "removed",
+    "raw", "format_version"}."""
+    manifest, mv = read_manifest(ckpt_dir)
+    return _open_index(ckpt_dir, manifest, mv, True)
+
+
+def segment_offsets(ckpt_dir: str, ix: dict, seg: dict, B: int) -> np.ndarray:
+    """The B+1 bucket row offsets of one segment of `read_index`'s result (verified)."""
+    r = _Reader(ckpt_dir, ix["files"])
+    try:
+        return _read_buckets(r, seg, B, ckpt_dir)
+    finally:
+        r.close()
 
 
 def shard_bytes_total(ckpt_dir: str) -> int:
@@ -1075,6 +1305,11 @@ def read_chain(output_dir: str, ckpt_id: str, bf16: str = "float32") -> dict:
     B = chain[-1][1]["manifest"]["num_buckets"]
     if any(ck["manifest"]["num_buckets"] != B for _, ck, _ in chain):
         _fail(output_dir, f"the links of the chain of {ckpt_id!r} differ in num_buckets")
+    for tname in chain[-1][2]["tables"]:
+        fns = {(mv["tables"][tname]["bucket_fn"], mv["tables"][tname]["num_rows"]) for _, _, mv in chain
+               if tname in mv["tables"]}
+        if len(fns) > 1:
+            _fail(output_dir, f"table {tname!r}: the links of the chain differ in bucket function")
     newest = chain[-1][1]
     tables = {}
     for tname, spec in chain[-1][2]["tables"].items():

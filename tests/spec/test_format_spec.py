@@ -160,7 +160,7 @@ def test_full_read_matches_model(tmp_path):
     saver.save("ckpt_1")
     ck = R.read_checkpoint(str(tmp_path / "ckpt_1"))
     man = ck["manifest"]
-    assert man["format"] == "recckpt" and man["format_version"] == 3 and man["ckpt_id"] == "ckpt_1"
+    assert man["format"] == "recckpt" and man["format_version"] == 4 and man["ckpt_id"] == "ckpt_1"
     assert man["num_buckets"] == 64 and man["chunk_bytes"] == 256
     assert set(ck["tables"]) == {"user", "item"}
     assert man["tables"]["item"]["slots"][0][1]["dtype"] == "BF16"
@@ -187,22 +187,22 @@ def test_full_read_matches_model(tmp_path):
 
 
 def _range_read_bound(d, table, lo, hi):
-    """Bytes a bucket-range read needs at most: each segment's buckets block, plus per column the
-    exact rows widened by < 1 checksum chunk on each side."""
-    ix = R.read_checked_json(os.path.join(d, "index.json"))
-    B, C = ix["num_buckets"], ix["chunk_bytes"]
+    """Bytes a bucket-range read needs at most (docs/FORMAT.md, what a loading rank reads): nothing of a
+    segment outside the range; of the others, the bucket directory plus per column the exact rows
+    widened by < 1 checksum step on each side."""
+    ix = R.read_index(d)
+    B = ix["raw"]["num_buckets"]
     total = 0
-    for seg in ix["tables"][table]["segments"]:
-        path = os.path.join(d, ix["files"][seg["file"]]["path"])
-        with open(path, "rb") as f:
-            f.seek(seg["buckets"]["offset"])
-            b = np.frombuffer(f.read(8 * (B + 1)), "<i8")
-        total += 8 * (B + 1)
+    for seg in ix["tables"][table]:
+        if seg["last"] < lo or seg["first"] >= hi:
+            continue
+        b = R.segment_offsets(d, ix, seg, B)
+        total += seg["buckets"]["length"]
         n = int(b[hi] - b[lo])
         for col in seg["columns"]:
             if n:
                 rb = col["length"] // seg["rows"]
-                total += min(col["length"], n * rb + 2 * (C - 1))
+                total += min(col["length"], n * rb + 2 * (col["step"] - 1))
     return total
 
 
@@ -240,13 +240,13 @@ def test_many_segments_and_shard_files(tmp_path):
     saver.register_for_checkpointing("step", {"global_step": 7})
     saver.save("multi")
     d = str(tmp_path / "multi")
-    ix = R.read_checked_json(os.path.join(d, "index.json"))
+    ix = R.read_index(d)
     assert len(ix["files"]) >= 2, ix["files"]
     for t in ("user", "item"):
-        assert len(ix["tables"][t]["segments"]) > 1
+        assert len(ix["tables"][t]) > 1
     # Writer threads take segments from a shared queue, so which file holds which table's segments
     # depends on scheduling (one table in one file happened on a loaded machine); together they span files.
-    assert len({s["file"] for t in ("user", "item") for s in ix["tables"][t]["segments"]}) >= 2
+    assert len({s["file"] for t in ("user", "item") for s in ix["tables"][t]}) >= 2
     ck = R.read_checkpoint(d)
     _assert_table_equal(ck["tables"]["user"], m.user, ck["manifest"])
     _assert_table_equal(ck["tables"]["item"], m.item, ck["manifest"])
@@ -416,9 +416,9 @@ def _flip(path, offset):
 
 
 def _segment_offsets(d):
-    ix = R.read_checked_json(os.path.join(d, "index.json"))
-    seg = ix["tables"]["user"]["segments"][0]
-    path = os.path.join(d, ix["files"][seg["file"]]["path"])
+    ix = R.read_index(d)
+    seg = ix["tables"]["user"][0]
+    path = os.path.join(d, ix["files"][seg["file"]][0])
     return path, seg
 
 
@@ -430,7 +430,7 @@ def test_flipped_shard_byte_is_detected(tmp_path, where):
     R.read_checkpoint(d)  # clean first
     path, seg = _segment_offsets(d)
     if where == "buckets":
-        off = seg["buckets"]["offset"] + 8 * 5
+        off = seg["buckets"]["offset"] + seg["buckets"]["length"] // 2
     elif where == "ids":
         off = seg["columns"][0]["offset"] + 3
     elif where == "embedding":
@@ -474,7 +474,7 @@ def test_unknown_format_version_is_incompatible(tmp_path):
     import json
     obj = json.loads(mp.read_bytes())
     obj.pop("crc32c")
-    obj["format_version"] = 4
+    obj["format_version"] = 5
     obj["crc32c"] = R.crc32c(R.canonical_json(obj))
     mp.write_text(json.dumps(obj))
     with pytest.raises(R.IncompatibleError):
@@ -494,23 +494,47 @@ def _write_checked(path, body):
 
 
 def _resign(d, index_body, also_worker=True):
-    """Write a modified index.json (and the single worker index), fix the manifest's file entries."""
+    """Write a modified index.json (and the single worker index), fix the manifest's file entries. A
+    version 4 index has no self-checksum: the manifest's entry is its checksum."""
+    import json
     man = R.read_checked_json(os.path.join(d, "manifest.json"))
     rels = ["index.json"] + (["sparse/worker-00000.index.json"] if also_worker else [])
     for rel in rels:
-        data = _write_checked(os.path.join(d, rel), index_body)
+        if index_body["format_version"] >= 4:
+            data = json.dumps(index_body, sort_keys=True).encode("ascii")
+            with open(os.path.join(d, rel), "wb") as f:
+                f.write(data)
+        else:
+            data = _write_checked(os.path.join(d, rel), index_body)
         man["files"][rel] = {"size": len(data), "crc32c": R.crc32c(data)}
     _write_checked(os.path.join(d, "manifest.json"), man)
 
 
+def _recrc(d, raw_ix, table):
+    """Recompute every CRC of `table`'s segments from the shard bytes (as an attacker would), into the
+    version 4 index body `raw_ix`; positions come from the reader's normalised view of that body."""
+    man, mv = R.read_manifest(d)
+    norm = R.validate_index(raw_ix, "index.json", mv, man, None)
+    hexes = []
+    for seg in norm["tables"][table]:
+        data = open(os.path.join(d, norm["files"][seg["file"]][0]), "rb").read()
+        bk = seg["buckets"]
+        crcs = [R.crc32c(data[bk["offset"]:bk["offset"] + bk["length"]])]
+        for col in seg["columns"]:
+            crcs += R.crc32c_chunks(data[col["offset"]:col["offset"] + col["length"]], col["step"])
+        hexes.append("".join(f"{c:08x}" for c in crcs))
+    raw_ix["tables"][table]["segments"]["crc32c"] = "".join(hexes)
+
+
 def _saved(tmp_path, n_user=300):
+    import json
     m, opt, saver = _build(tmp_path, n_user=n_user)
     saver.save("c")
     d = str(tmp_path / "c")
     R.read_checkpoint(d)
-    ix = R.read_checked_json(os.path.join(d, "index.json"))
-    seg = ix["tables"]["user"]["segments"][0]
-    return d, ix, seg, os.path.join(d, ix["files"][seg["file"]]["path"])
+    raw = json.loads(open(os.path.join(d, "index.json"), "rb").read())
+    seg = R.read_index(d)["tables"]["user"][0]
+    return d, raw, seg, os.path.join(d, raw["files"][seg["file"]]["path"])
 
 
 def test_resigned_but_unsorted_ids_are_detected(tmp_path):
@@ -522,7 +546,7 @@ def test_resigned_but_unsorted_ids_are_detected(tmp_path):
     ids[[0, -1]] = ids[[-1, 0]]
     raw[col["offset"]:col["offset"] + col["length"]] = ids.tobytes()
     open(path, "wb").write(bytes(raw))
-    col["crc32c"] = R.crc32c_chunks(ids.tobytes(), ix["chunk_bytes"])
+    _recrc(d, ix, "user")
     _resign(d, ix)
     with pytest.raises(R.CorruptError, match="has bucket"):
         R.read_checkpoint(d)
@@ -530,16 +554,17 @@ def test_resigned_but_unsorted_ids_are_detected(tmp_path):
         R.read_bucket_range(d, "user", 0, 64)
 
 
-def test_resigned_bad_bucket_offsets_are_detected(tmp_path):
+def test_resigned_bad_bucket_directory_is_detected(tmp_path):
     d, ix, seg, path = _saved(tmp_path)
     bk = seg["buckets"]
     raw = bytearray(open(path, "rb").read())
-    b = np.frombuffer(bytes(raw[bk["offset"]:bk["offset"] + bk["length"]]), "<i8").copy()
-    k = int(np.nonzero(np.diff(b))[0][0]) + 1  # first bucket boundary after a non-empty bucket
-    b[k] = b[k + 1] + 1  # no longer non-decreasing
-    raw[bk["offset"]:bk["offset"] + bk["length"]] = b.tobytes()
+    k = seg["dir"]
+    dirs = np.frombuffer(bytes(raw[bk["offset"]:bk["offset"] + bk["length"]]), "<u4").copy()
+    assert k >= 3
+    dirs[k + 1], dirs[k + 2] = dirs[k + 2], dirs[k + 1]   # row starts no longer increasing
+    raw[bk["offset"]:bk["offset"] + bk["length"]] = dirs.tobytes()
     open(path, "wb").write(bytes(raw))
-    bk["crc32c"] = R.crc32c(b.tobytes())
+    _recrc(d, ix, "user")
     _resign(d, ix)
     with pytest.raises(R.CorruptError, match="not a partition"):
         R.read_checkpoint(d)
@@ -547,10 +572,9 @@ def test_resigned_bad_bucket_offsets_are_detected(tmp_path):
 
 def test_resigned_merged_index_must_match_worker_index(tmp_path):
     d, ix, seg, path = _saved(tmp_path, n_user=5)
-    ix["tables"]["item"]["segments"].reverse()  # still a valid index on its own...
     ix["files"].append({"path": "sparse/shard-00000-009.bin", "size": 0})
     open(os.path.join(d, "sparse/shard-00000-009.bin"), "wb").close()
-    _resign(d, ix, also_worker=False)  # ...but no longer the concatenation of the worker indexes
+    _resign(d, ix, also_worker=False)  # a valid index on its own, but not the concatenation of the workers'
     with pytest.raises(R.CorruptError, match="concatenation"):
         R.read_checkpoint(d)
 
@@ -562,6 +586,24 @@ def test_resigned_row_count_mismatch_is_detected(tmp_path):
     _write_checked(os.path.join(d, "manifest.json"), man)
     with pytest.raises(R.CorruptError, match="manifest says"):
         R.read_checkpoint(d)
+
+
+def test_old_format_fixtures_read_exactly(tmp_path):
+    """tests/fixtures (versions 1, 2, 3 and a version 3 chain) read by the independent reader."""
+    import shutil
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
+    shutil.copytree(src, tmp_path / "f")
+    ids = np.arange(40, dtype=np.int64) * 7919 - 100_000
+    emb = (ids[:, None] % 1000).astype(np.float32) / 8 + np.arange(4, dtype=np.float32)
+    for rel, version in (("v1/ckpt", 1), ("v2/ckpt", 2), ("v3/out/base", 3)):
+        ck = R.read_checkpoint(str(tmp_path / "f" / rel))
+        assert ck["manifest"]["format_version"] == version
+        t = ck["tables"]["user"]
+        o = np.argsort(t["ids"])
+        np.testing.assert_array_equal(t["ids"][o], ids)
+        np.testing.assert_array_equal(t["slots"]["embedding"][o], emb)
+    chain = R.read_chain(str(tmp_path / "f" / "v3" / "out"), "inc")
+    assert chain["links"] == ["base", "inc"] and len(chain["tables"]["user"]["ids"]) == 40
 
 
 def test_unlisted_file_in_checkpoint_is_rejected(tmp_path):

@@ -259,3 +259,18 @@ def test_compact_verb_folds_a_chain_into_one_full_checkpoint(capsys, tmp_path):
     assert_contents(fresh.emb, snaps["c3"])
     code, _, err = run(capsys, "compact", str(tmp_path / "run" / "c3"), str(tmp_path / "run" / "full3"))
     assert code != 0 and "full3" in err and "Traceback" not in err   # exists already: one line, no overwrite
+
+
+def test_ls_of_a_folder_above_output_dirs_names_them(capsys, root):
+    """Issue 29 item 5: `recckpt ls demo_output/uninterrupted` (a run folder holding `ckpts/`) said only
+    '0 committed checkpoint(s)'."""
+    rows = table_rows(50)
+    make_checkpoint(f"{root}/uninterrupted/ckpts", "ckpt_1", rows)
+    make_checkpoint(f"{root}/other/deep/out", "ckpt_2", rows)
+    code, out, _ = run(capsys, "ls", root)
+    assert code == 0 and "0 committed checkpoint(s)" in out
+    assert "uninterrupted/ckpts" in out and "other/deep/out" in out, out
+    code, doc, _ = run_json(capsys, "ls", f"{root}/uninterrupted")
+    assert code == 0 and doc["output_dirs_below"] == ["ckpts"]
+    code, doc, _ = run_json(capsys, "ls", f"{root}/uninterrupted/ckpts")   # an output dir: nothing searched
+    assert [c["ckpt_id"] for c in doc["checkpoints"]] == ["ckpt_1"] and doc["output_dirs_below"] == []

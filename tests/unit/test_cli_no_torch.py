@@ -125,3 +125,15 @@ def test_dtype_names_agree_with_torch():
             assert torch.empty(0, dtype=t).numpy().dtype == np.dtype(np_name), name
     with pytest.raises(TypeError, match="cannot be stored"):
         dtypes.name_of(torch.complex64)
+
+
+@pytest.mark.parametrize("argv,torch_expected", [
+    (["--format", "parquet"], False), (["--format", "npy", "--dtype", "int8"], False),
+    (["--format", "parquet", "--dtype", "fp16"], True),          # torch's F16C conversion
+    (["--format", "safetensors"], True),                         # the safetensors writer takes tensors
+])
+def test_export_imports_torch_only_where_it_needs_it(out_dir, tmp_path, argv, torch_expected):
+    """Issue 29 item 7: `recckpt export` imported torch for every format and dtype."""
+    res = _run("export", str(out_dir / "ckpt_1"), "--out", str(tmp_path / "o"), *argv)
+    assert res["code"] == 0, res["out"]
+    assert res["torch"] is torch_expected, f"export {' '.join(argv)}: torch imported = {res['torch']}"

@@ -164,9 +164,9 @@ def test_bucket_of_rejects_bad_input():
 
 
 # ------------------------------------------------------------------------------------- writer helpers
-def expected_segment(ids, cols, num_buckets):
+def expected_segment(ids, cols, num_buckets, num_rows=0):
     """(bucket offsets, [ids bytes, col bytes...]) in stable bucket order, computed with numpy."""
-    b = bucket_ref(ids, num_buckets)
+    b = ids * num_buckets // num_rows if num_rows else bucket_ref(ids, num_buckets)
     order = np.argsort(b, kind="stable")
     offsets = np.zeros(num_buckets + 1, np.int64)
     np.cumsum(np.bincount(b, minlength=num_buckets), out=offsets[1:])
@@ -182,8 +182,20 @@ def make_segment(rng, n, row_bytes):
     return ids, cols
 
 
-def check_file(path, records, segments, num_buckets, chunk_bytes):
-    """Parses a shard file with the records and checks every byte against the numpy expectation."""
+def step_ref(length, chunk_bytes):
+    """Format version 4's checksum step (docs/FORMAT.md), written out independently."""
+    q = -(-length // 64)
+    if q >= chunk_bytes:
+        return chunk_bytes
+    p = 512
+    while p < q:
+        p *= 2
+    return min(p, chunk_bytes)
+
+
+def check_file(path, records, segments, num_buckets, chunk_bytes, num_rows=0):
+    """Parses a shard file with the records and checks every byte against the numpy expectation
+    (format version 4: bucket directory, packing, checksum steps)."""
     data = open(path, "rb").read()
     pos = 0
     for r in records:
@@ -191,37 +203,52 @@ def check_file(path, records, segments, num_buckets, chunk_bytes):
         assert r["table"] == table
         assert r["rows"] == len(ids)
         assert r["offset"] == pos, "segments are contiguous, in file order"
-        offsets, expected_cols = expected_segment(ids, cols, num_buckets)
+        offsets, expected_cols = expected_segment(ids, cols, num_buckets, num_rows)
+        nonempty = np.nonzero(np.diff(offsets))[0]
+        k = len(nonempty)
+        assert r["dir"] == k and r["first"] == nonempty[0] and r["last"] == nonempty[-1]
         bk = r["buckets"]
-        assert bk["offset"] == r["offset"] and bk["length"] == 8 * (num_buckets + 1)
+        assert bk["offset"] == r["offset"] and bk["length"] == 8 * k
         block = data[bk["offset"] : bk["offset"] + bk["length"]]
-        np.testing.assert_array_equal(np.frombuffer(block, "<i8"), offsets)
+        got_dir = np.frombuffer(block, "<u4")
+        np.testing.assert_array_equal(got_dir[:k], nonempty)
+        np.testing.assert_array_equal(got_dir[k:], offsets[nonempty])
         assert _C.crc32c(block) == bk["crc32c"]
         if len(block) <= 256:
             assert crc32c_ref(block) == bk["crc32c"]
         pos = bk["offset"] + bk["length"]
         assert len(r["columns"]) == 1 + len(cols)
+        assert r["packed"] == (sum(len(e) for e in expected_cols) < _C.PACK_BELOW)
         for k, (c, exp) in enumerate(zip(r["columns"], expected_cols)):
-            if k > 0 and exp:  # format v2: a non-empty slot column starts on a 4096-byte boundary
+            if k > 0 and exp and not r["packed"]:  # a non-empty slot column starts on a 4096-byte boundary
                 pad = -pos % 4096
                 assert data[pos:pos + pad] == bytes(pad), "padding is zero bytes"
                 pos += pad
             assert c["offset"] == pos and c["length"] == len(exp)
             got = data[c["offset"] : c["offset"] + c["length"]]
             assert got == exp
-            assert c["crc32c"] == [_C.crc32c(exp[i : i + chunk_bytes]) for i in range(0, len(exp), chunk_bytes)]
+            step = step_ref(len(exp), chunk_bytes)
+            assert c["step"] == step == _C.column_step(len(exp), chunk_bytes)
+            assert list(c["crc32c"]) == [_C.crc32c(exp[i : i + step]) for i in range(0, len(exp), step)]
             pos += c["length"]
     assert pos == len(data), "no bytes besides the segments"
 
 
-def write_segments(paths, num_buckets, chunk_bytes, specs, max_inflight=1 << 30, seed=0):
-    """specs: list of (table, n, row_bytes tuple). Returns (records, {segment: (ids, cols, table)})."""
+def write_segments(paths, num_buckets, chunk_bytes, specs, max_inflight=1 << 30, seed=0, num_rows=0):
+    """specs: list of (table, n, row_bytes tuple). Returns (records, {segment: (ids, cols, table)}).
+    An empty segment is refused (format version 4: a segment holds at least one row) and left out."""
     rng = np.random.default_rng(seed)
     w = _C.ShardWriter(paths, num_buckets, chunk_bytes, max_inflight)
     segments = {}
     for table, n, rbs in specs:
         ids, cols = make_segment(rng, n, rbs)
-        sid = w.submit(table, ids, cols)
+        if num_rows:
+            ids = rng.integers(0, num_rows, size=n, dtype=np.int64)
+        if n == 0:
+            with pytest.raises(ValueError, match="1 to 2"):
+                w.submit(table, ids, cols)
+            continue
+        sid = w.submit(table, ids, cols, num_rows)
         assert sid not in segments
         segments[sid] = (ids, cols, table)
     return w.finish(), segments
@@ -238,7 +265,7 @@ def test_writer_round_trip_layout(tmp_path, nfiles):
     specs += [(7, n, (3,)) for n in range(0, 30, 3)]  # many tiny segments
     records, segments = write_segments(paths, 13, 100, specs)
     assert len(records) == nfiles
-    assert sorted(r["segment"] for f in records for r in f) == list(range(len(specs)))
+    assert sorted(r["segment"] for f in records for r in f) == list(range(sum(1 for sp in specs if sp[1])))
     for p, recs in zip(paths, records):
         check_file(p, recs, segments, 13, 100)
 
@@ -295,7 +322,7 @@ def test_writer_small_max_inflight_blocks_and_completes(tmp_path):
     paths = [str(tmp_path / "a"), str(tmp_path / "b")]
     specs = [(i % 3, n, (8, 3)) for i, n in enumerate([500, 0, 3000, 1, 10_000] * 4)]
     records, segments = write_segments(paths, 64, 256, specs, max_inflight=1)
-    assert sum(len(f) for f in records) == len(specs)
+    assert sum(len(f) for f in records) == sum(1 for sp in specs if sp[1])
     for p, recs in zip(paths, records):
         check_file(p, recs, segments, 64, 256)
 
@@ -462,12 +489,12 @@ def written(tmp_path_factory):
     return path, cols
 
 
-def req(path, col, lo, hi, chunk=100, dst=None, crcs=None):
+def req(path, col, lo, hi, chunk=None, dst=None, crcs=None):
     if dst is None:
         dst = np.empty(hi - lo, np.uint8)
     if crcs is None:
         crcs = np.array(col["crc32c"], np.uint32)
-    return (path, col["offset"], col["length"], chunk, crcs, lo, hi, dst)
+    return (path, col["offset"], col["length"], col["step"] if chunk is None else chunk, crcs, lo, hi, dst)
 
 
 def chunk_expanded(lo, hi, length, chunk):
@@ -612,3 +639,16 @@ def test_read_ranges_empty(written):
     col, _ = cols[1]
     assert _C.read_ranges([], 4) == (0, [])
     assert _C.read_ranges([req(path, col, 5, 5)], 4) == (0, [])
+
+
+def test_writer_row_range_buckets_follow_rows(tmp_path):
+    """num_rows = N: bucket = row * B // N (format version 4's row_range), ids outside [0, N) refused."""
+    p = str(tmp_path / "rr")
+    records, segments = write_segments([p], 16, 100, [(0, 500, (4,)), (1, 3, (8,))], num_rows=1000)
+    check_file(p, records[0], segments, 16, 100, num_rows=1000)
+    w = _C.ShardWriter([str(tmp_path / "bad")], 16, 100, 1 << 20)
+    for bad in (-1, 1000):
+        with pytest.raises(ValueError, match="not a row"):
+            w.submit(0, np.array([0, bad], np.int64), [], 1000)
+    w.abort()
+    np.testing.assert_array_equal(_C.bucket_of(np.array([0, 999, 1000, -1], np.int64), 16, 1000), [0, 15, -1, -1])

@@ -315,8 +315,11 @@ def test_compare_benchmark_smoke(tmp_path):
         assert r["save_s"] > 0 and r["load_s"] > 0 and r["load_warm_s"] > 0, m
         assert r["bytes_written"] >= res["state_bytes"] * 0.99, m
     assert set(saved["targets"]) == {"save_vs_best_peer", "load_cold_vs_best_peer", "load_warm_vs_best_peer",
-                                     "mmap_load_cold_vs_best_peer", "mmap_load_warm_vs_best_peer",
-                                     "save_vs_raw", "save_peak_extra_bytes"}
+                                     "mmap_load_warm_vs_best_peer", "save_vs_parallel_raw",
+                                     "load_cold_vs_parallel_pread", "load_warm_vs_fresh_memory_floor",
+                                     "save_peak_extra_bytes"}
+    assert saved["targets"]["load_warm_vs_fresh_memory_floor"]["value"] == pytest.approx(
+        saved["methods"]["recckpt"]["load_warm_s"] / saved["fresh_memory_floor_s"])
     best_warm = min(saved["methods"][p]["load_warm_s"] for p in ("torch", "torch-mmap", "safetensors", "dcp"))
     assert saved["targets"]["mmap_load_warm_vs_best_peer"]["value"] == pytest.approx(
         best_warm / saved["methods"]["recckpt-mmap"]["load_warm_s"])

@@ -213,7 +213,7 @@ def test_missing_counter_is_named(tmp_path):
     t.set_rows(torch.arange(10), {"embedding": torch.randn(10, 4)})
     recckpt.Saver(torch.nn.ModuleDict({"item": t}), output_dir=tmp_path / "run",
                   options=recckpt.SaveOptions(fsync=False)).save("c")
-    with pytest.raises(InvalidArgumentError, match="--min-freq: table 'item' .* no 'freq' counter"):
+    with pytest.raises(InvalidArgumentError, match=r"ExportOptions.min_freq \(--min-freq\): table 'item' .* no 'freq' counter"):
         recckpt.export(tmp_path / "run" / "c", tmp_path / "o", ExportOptions(min_freq=2))
 
 
@@ -235,3 +235,19 @@ def test_hostile_table_name_cannot_write_outside_out(tmp_path):
     with pytest.raises(InvalidArgumentError, match="cannot be used as a file name"):
         recckpt.export(ck, tmp_path / "out" / "a" / "b", ExportOptions())
     assert not (tmp_path / "out" / "escaped").exists() and not (tmp_path / "escaped").exists()
+
+
+def test_python_api_errors_name_the_python_options(tmp_path):
+    """Issue 29 item 7: a Python caller was told about `--out`/`--tables`, flags it never passed; the
+    message now names the argument first, the command-line flag after it."""
+    make_checkpoint(str(tmp_path / "run"), "c", table_rows(30))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(InvalidArgumentError, match=r"^out_dir \(--out\) .*full: exists and is not an empty"):
+        recckpt.export(tmp_path / "run" / "c", tmp_path / "full")
+    with pytest.raises(InvalidArgumentError, match=r"^ExportOptions\.tables \(--tables\): .* no table 'nope'"):
+        recckpt.export(tmp_path / "run" / "c", tmp_path / "o", ExportOptions(tables=["nope"]))
+    with pytest.raises(InvalidArgumentError, match=r"^ExportOptions\.slots \(--slots\): "):
+        recckpt.export(tmp_path / "run" / "c", tmp_path / "o", ExportOptions(slots=["nope"]))
+    with pytest.raises(InvalidArgumentError, match=r"^prune: keep=0"):
+        recckpt.prune(str(tmp_path / "run"), 0)

@@ -12,7 +12,7 @@ import torch
 from helpers.tables import DictTable, assert_tables_equal, table_contents
 from recckpt import HashTable, SaveOptions, Saver, SparseAdam
 from recckpt.errors import CorruptCheckpointError, InvalidArgumentError
-from recckpt.format import checked_json
+from recckpt.format import checked_json, names
 from recckpt.state.protocol import ChangeTracking, SlotSpec
 
 OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=4096, fsync=False)
@@ -149,7 +149,7 @@ def test_increments_hold_only_changes(tmp_path):
     model, saver, snaps = run_chain(tmp_path, n_incr=2)
     base = json.loads((tmp_path / "c0" / "manifest.json").read_text())
     inc = json.loads((tmp_path / "c2" / "manifest.json").read_text())
-    assert base["format_version"] == 3 and "parent" not in base
+    assert base["format_version"] == names.FORMAT_VERSION and "parent" not in base
     assert inc["parent"]["ckpt_id"] == "c1"
     t = inc["tables"]["emb"]
     assert t["changes"] is True and 0 < t["rows"] < len(model.emb) and t["removed"] > 0
@@ -282,11 +282,13 @@ def test_a_broken_link_is_named_and_the_model_is_unchanged(tmp_path, damage):
     elif damage == "altered":
         _rewrite_manifest(tmp_path / "c1" / "manifest.json", lambda o: o["metadata"].update(x="y"))
     else:  # flip a byte of the first ids column of the base
-        idx = json.loads((tmp_path / "c0" / "index.json").read_text())
-        seg = idx["tables"]["emb"]["segments"][0]
-        shard = tmp_path / "c0" / idx["files"][seg["file"]]["path"]
+        from recckpt.format.checkpoint import CheckpointReader
+        from recckpt.storage import open_storage
+        idx = CheckpointReader(open_storage(str(tmp_path / "c0")), "").index
+        seg = idx.tables["emb"][1][0]
+        shard = tmp_path / "c0" / idx.files[seg.file][0]
         data = bytearray(shard.read_bytes())
-        data[seg["columns"][0]["offset"]] ^= 0xFF
+        data[seg.columns[0].offset] ^= 0xFF
         shard.write_bytes(bytes(data))
     m2 = Model()
     opt2 = SparseAdam([m2.emb], lr=0.05)

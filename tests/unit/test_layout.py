@@ -43,12 +43,38 @@ def test_engine_writes_what_the_layout_says(tmp_path):
     granule = layout.row_granule([12, 4, 0])
     for s in segs[:-1]:
         assert s.rows % granule == 0 or s.rows < granule
-    for s in segs:
+    for s in segs:   # 4000-byte segments are packed (format version 4): contiguous columns
+        assert s.packed
+        assert s.columns[0].offset == s.offset + 8 * s.dir_entries
+        for k in range(1, len(s.columns)):
+            prev, col = s.columns[k - 1], s.columns[k]
+            assert col.offset == prev.offset + prev.length
+    # Bigger segments are aligned: each non-empty slot column starts on a page.
+    ids = torch.arange(4000, dtype=torch.int64) * 7919 - 5000
+    t.set_rows(ids, {"embedding": torch.randn(4000, 3), "cnt": torch.arange(4000, dtype=torch.int32),
+                     "none": torch.empty(4000, 0, dtype=torch.int8)})
+    Saver(torch.nn.ModuleDict({"t": t}), output_dir=str(tmp_path),
+          options=SaveOptions(num_buckets=8, segment_bytes=2 * layout.PACK_BELOW, fsync=False)).save("d")
+    index = CheckpointReader(open_storage(str(tmp_path / "d")), "").index
+    big = [s for s in index.tables["t"][1] if s.rows * 24 >= layout.PACK_BELOW]
+    assert big and all(not s.packed for s in big)
+    for s in big:
         for k in range(1, len(s.columns)):
             prev, col = s.columns[k - 1], s.columns[k]
             assert col.offset == layout.column_start(prev.offset + prev.length, k, col.length, index.format_version)
             if col.length:
                 assert col.offset % layout.COLUMN_ALIGN == 0
+
+
+def test_pack_threshold_and_checksum_steps_are_the_engines():
+    assert layout.PACK_BELOW == _C.PACK_BELOW
+    lengths = np.array([0, 1, 64 * 512, 64 * 512 + 1, 10**6, 64 << 18, 10**12], dtype=np.int64)
+    for chunk in (64, 1000, 256 << 10):
+        want = [_C.column_step(int(n), chunk) for n in lengths]
+        assert [layout.checksum_step(int(n), chunk) for n in lengths] == want
+        assert layout.checksum_steps(lengths, chunk).tolist() == want
+    assert layout.checksum_step(10**6, 256 << 10) == 16384      # ceil(10**6 / 64) -> 2**14
+    assert layout.checksum_step(100, 256 << 10) == layout.MIN_STEP
 
 
 def test_read_request_for_engine_reads_a_column(tmp_path):

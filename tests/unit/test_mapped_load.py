@@ -166,82 +166,94 @@ def test_row_granule():
     assert _C.COLUMN_ALIGN == layout.COLUMN_ALIGN   # the engine pads to the layout module's rule
 
 
+def _index(ckpt):
+    """The checkpoint's validated index (format version 4 records where columns are by rule, so tests
+    read positions from the parsed index, not from the JSON)."""
+    from recckpt.format.checkpoint import CheckpointReader
+    from recckpt.storage import open_storage
+    return CheckpointReader(open_storage(str(ckpt)), "").index
+
+
 def test_saved_segments_are_whole_granules_and_slot_columns_aligned(tmp_path):
     t = filled("t", 5000, dim=16, extra_slot=False)  # 64-byte rows: granule 64
     ckpt = save(tmp_path, t, opts=SaveOptions(num_buckets=8, segment_bytes=100_000, fsync=False))
-    idx = json.loads((ckpt / "index.json").read_text())
-    assert idx["format_version"] == 3
-    segs = idx["tables"]["t"]["segments"]
-    rows = [s["rows"] for s in segs]
+    idx = _index(ckpt)
+    assert idx.format_version == 4
+    segs = idx.tables["t"][1]
+    rows = [s.rows for s in segs]
     assert sum(rows) == 5000 and len(rows) > 3
     assert sum(r % 64 != 0 for r in rows) == 1, rows  # only the short tail is not whole granules
-    assert all(s["columns"][1]["offset"] % 4096 == 0 for s in segs)
+    # segments of at least layout.PACK_BELOW bytes are aligned; the short tail may be packed
+    for s in segs:
+        if s.rows * (8 + 64 + 8) >= layout.PACK_BELOW:
+            assert not s.packed and s.columns[1].offset % 4096 == 0
+        else:
+            assert s.packed and s.columns[1].offset == s.columns[0].offset + s.columns[0].length
 
 
-def _strip_to_v1(ckpt):
-    """Rewrite a version-2 checkpoint as version 1 (no padding), the layout older recckpt wrote. Only
-    index.json is rewritten (what a load reads); the per-worker indexes keep the old offsets."""
-    from helpers.hostile import read_json, write_json
-    idx = read_json(str(ckpt), "index.json")
-    blocks = {}
-    for t in idx["tables"].values():
-        for s in t["segments"]:
-            blocks.setdefault(s["file"], []).extend([s["buckets"], *s["columns"]])
-    for fi, bl in blocks.items():
-        path = ckpt / idx["files"][fi]["path"]
-        data = path.read_bytes()
-        out = bytearray()
-        for b in sorted(bl, key=lambda b: b["offset"]):
-            piece = data[b["offset"]:b["offset"] + b["length"]]
-            b["offset"] = len(out)
-            out += piece
-        path.write_bytes(bytes(out))
-        idx["files"][fi]["size"] = len(out)
-    idx["format_version"] = 1
-    write_json(str(ckpt), "index.json", idx)  # also re-signs it in the manifest
-    man = read_json(str(ckpt), "manifest.json")
-    man["format_version"] = 1
-    for later in ("digests", "shard_bytes"):   # fields of later versions
-        man.pop(later, None)
-    write_json(str(ckpt), "manifest.json", man)
-    return idx
+def _fixture(tmp_path, rel):
+    import os
+    import shutil
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", rel)
+    dst = tmp_path / "fixture"
+    shutil.copytree(src, dst)
+    return dst
 
 
 def test_version_1_checkpoints_still_load_with_and_without_mmap(tmp_path, monkeypatch):
-    t = filled("t", 3000, dim=16)
-    ckpt = save(tmp_path, t, concurrency=1)
-    _strip_to_v1(ckpt)
-    assert json.loads((ckpt / "index.json").read_text())["format_version"] == 1
-    a, _ = load(tmp_path, empty_like(t))
+    ckpt = _fixture(tmp_path, "v1/ckpt")   # tests/fixtures: no padding, nothing can be mapped
+    assert json.loads((ckpt / "manifest.json").read_text())["format_version"] == 1
+
+    def load_fixture(conf):
+        dst = Holder(HashTable("user", 4))
+        res = Saver(dst, output_dir=str(tmp_path / "o")).load(str(ckpt), direct_path=True,
+                                                               load_conf={"strict": False, **(conf or {})})
+        return dst.tables[0], res
+    a, _ = load_fixture(None)
     calls = []
     orig = SegmentReader.map_table
     monkeypatch.setattr(SegmentReader, "map_table", lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
-    b, res = load(tmp_path, empty_like(t), conf=MMAP)
-    assert_tables_equal(t, a.tables[0])
-    assert_tables_equal(t, b.tables[0])
+    b, res = load_fixture(MMAP)
+    assert len(a) == 40
+    assert_tables_equal(a, b)
     assert calls == [1]  # the mapped path ran; unaligned columns were read into its storage
-    assert res.bytes_mapped < 0.5 * _slot_bytes(t)
+    assert res.bytes_mapped == 0
 
 
 def test_misaligned_version_2_column_is_refused(tmp_path):
     from helpers.hostile import read_json, write_json
-    ckpt = save(tmp_path, filled("t", 500, dim=16))
+    ckpt = _fixture(tmp_path, "v2/ckpt")
     idx = read_json(str(ckpt), "index.json")
-    idx["tables"]["t"]["segments"][0]["columns"][1]["offset"] -= 8
+    idx["tables"]["user"]["segments"][0]["columns"][1]["offset"] -= 8
     write_json(str(ckpt), "index.json", idx)
     with pytest.raises(CorruptCheckpointError, match=r"columns\[1\]\.offset.*padded to a multiple of 4096"):
+        Saver(Holder(HashTable("user", 4)), output_dir=str(tmp_path / "o")).load(
+            str(ckpt), direct_path=True, load_conf={"strict": False})
+
+
+def test_packed_flag_of_an_aligned_segment_is_refused(tmp_path):
+    """Format version 4 derives column offsets from the packed flag: flipping it moves every column,
+    and the segments no longer tile the file."""
+    from helpers.hostile import read_json, write_json
+    ckpt = save(tmp_path, filled("t", 3000, dim=16), concurrency=1)
+    idx = read_json(str(ckpt), "index.json")
+    packed = idx["tables"]["t"]["segments"]["packed"]
+    i = packed.index(0)
+    packed[i] = 1
+    write_json(str(ckpt), "index.json", idx)
+    with pytest.raises(CorruptCheckpointError, match="do not tile the file"):
         load(tmp_path, empty_like(filled("t", 0, dim=16)))
 
 
 @pytest.mark.parametrize("mmap", [False, True])
 def test_flipped_padding_byte_fails_the_load_and_verify(tmp_path, mmap):
-    t = filled("t", 500, dim=16)
+    t = filled("t", 3000, dim=16)
     ckpt = save(tmp_path, t, concurrency=1)
-    idx = json.loads((ckpt / "index.json").read_text())
-    seg = idx["tables"]["t"]["segments"][0]
-    ids_end = seg["columns"][0]["offset"] + seg["columns"][0]["length"]
-    assert seg["columns"][1]["offset"] > ids_end, "this layout has padding before slot 0"
-    shard = ckpt / idx["files"][seg["file"]]["path"]
+    idx = _index(ckpt)
+    seg = next(s for s in idx.tables["t"][1] if not s.packed)
+    ids_end = seg.columns[0].offset + seg.columns[0].length
+    assert seg.columns[1].offset > ids_end, "this layout has padding before slot 0"
+    shard = ckpt / idx.files[seg.file][0]
     data = bytearray(shard.read_bytes())
     data[ids_end] = 0xAA
     shard.write_bytes(bytes(data))
@@ -314,7 +326,7 @@ def test_mapped_load_equals_a_copying_load(tmp_path, concurrency):
 
 def test_mapped_load_of_an_empty_table_and_a_one_row_table(tmp_path):
     empty = filled("empty", 0, dim=8)
-    wide = filled("wide", 1, dim=3000, seed=3)  # one row spanning whole pages in every slot
+    wide = filled("wide", 1, dim=9000, seed=3)  # one row spanning whole pages in every slot, not packed
     save(tmp_path, empty, wide)
     m, res = load(tmp_path, empty_like(empty), empty_like(wide), conf=MMAP)
     assert_tables_equal(empty, m.tables[0])
@@ -415,12 +427,12 @@ def test_corrupt_mapped_column_fails_the_load_naming_the_file(tmp_path):
     ckpt = save(tmp_path, t, concurrency=1)
     _, res = load(tmp_path, empty_like(t), conf=MMAP)
     assert res.bytes_mapped > 0
-    idx = json.loads((ckpt / "index.json").read_text())
-    seg = next(s for s in idx["tables"]["t"]["segments"] if s["rows"] % 1024 == 0)  # a mapped segment
-    col = seg["columns"][1]
-    shard = ckpt / idx["files"][seg["file"]]["path"]
+    idx = _index(ckpt)
+    seg = next(s for s in idx.tables["t"][1] if s.rows % 1024 == 0 and not s.packed)  # a mapped segment
+    col = seg.columns[1]
+    shard = ckpt / idx.files[seg.file][0]
     data = bytearray(shard.read_bytes())
-    data[col["offset"] + 2 * PAGE + 7] ^= 0x01  # a whole page inside the mapped embedding column
+    data[col.offset + 2 * PAGE + 7] ^= 0x01  # a whole page inside the mapped embedding column
     shard.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=r"shard-00000-000\.bin.*table 't'.*CRC mismatch.*left empty"):
         load(tmp_path, empty_like(t), conf=MMAP)

@@ -241,3 +241,57 @@ def test_parameter_backed_table_round_trips_through_saver(tmp_path):
         assert torch.equal(got[i], row)
     assert torch.equal(fresh["mlp"].weight, model["mlp"].weight)
     assert sorted(result.dense_keys) == ["mlp.bias", "mlp.weight"]
+
+
+# ---------------------------------------------------------------- RowRangeLayout / FixedSize
+def test_row_range_layout_normalises_and_counts():
+    from recckpt.state.protocol import RowRangeLayout
+
+    lay = RowRangeLayout(np.int64(100), [[0, 10], (np.int32(50), 60)], columns=[2, 6])
+    assert lay.num_rows == 100 and type(lay.num_rows) is int
+    assert lay.owned_rows == ((0, 10), (50, 60)) and lay.owned_count == 20
+    assert lay.columns == (2, 6) and lay.replicated is False
+    assert RowRangeLayout(5, ()).owned_count == 0
+    full = RowRangeLayout(5, ((0, 5),), replicated=True)
+    assert full.columns is None and full.replicated
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_rows=-1, owned_rows=()),
+        dict(num_rows=True, owned_rows=()),
+        dict(num_rows=10, owned_rows=((0, 11),)),
+        dict(num_rows=10, owned_rows=((3, 3),)),
+        dict(num_rows=10, owned_rows=((-1, 3),)),
+        dict(num_rows=10, owned_rows=((5, 8), (0, 2))),
+        dict(num_rows=10, owned_rows=((0, 5), (4, 8))),
+        dict(num_rows=10, owned_rows=((0, 5, 6),)),
+        dict(num_rows=10, owned_rows=((0.0, 5),)),
+        dict(num_rows=10, owned_rows="0-5"),
+        dict(num_rows=10, owned_rows=(), columns=(4, 4)),
+        dict(num_rows=10, owned_rows=(), columns=(-1, 4)),
+        dict(num_rows=10, owned_rows=(), columns=(0,)),
+        dict(num_rows=10, owned_rows=(), replicated=1),
+    ],
+)
+def test_row_range_layout_rejects_bad_values(kwargs):
+    from recckpt.errors import InvalidArgumentError
+    from recckpt.state.protocol import RowRangeLayout
+
+    with pytest.raises(InvalidArgumentError):
+        RowRangeLayout(**kwargs)
+
+
+def test_fixed_size_protocol_is_runtime_checkable():
+    from recckpt.state.protocol import FixedSize, RowRangeLayout
+
+    class Fixed(DictTable):
+        def row_layout(self):
+            return RowRangeLayout(8, ((0, 4),))
+
+    assert isinstance(Fixed("t", {"embedding": EMB}), FixedSize)
+    assert not isinstance(DictTable("t", {"embedding": EMB}), FixedSize)
+    # RowRangeLayout is frozen: a plan cannot be changed behind the saver's back.
+    with pytest.raises(Exception):
+        Fixed("t", {"embedding": EMB}).row_layout().num_rows = 9

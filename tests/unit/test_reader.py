@@ -15,6 +15,7 @@ from recckpt.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
 )
+from recckpt.format import names
 from recckpt.format.hashing import bucket_of, bucket_range
 
 
@@ -35,7 +36,7 @@ def test_metadata_and_all_rows(out, workers):
     rows = table_rows(1500)
     make_checkpoint(out, "ckpt_7", rows, workers=workers, extras={"note": "hi", "step": 7})
     v = recckpt.open(f"{out}/ckpt_7")
-    assert (v.ckpt_id, v.workers, v.num_buckets, v.format_version, v.kind) == ("ckpt_7", workers, 4096, 3, "full")
+    assert (v.ckpt_id, v.workers, v.num_buckets, v.format_version, v.kind) == ("ckpt_7", workers, 4096, names.FORMAT_VERSION, "full")
     assert v.parent is None and v.created.year >= 2024
     t = v.tables["user"]
     assert t.rows == len(rows["ids"])

@@ -170,10 +170,9 @@ def test_manifest_paths_cannot_leave_the_checkpoint(tmp_path, field):
 def test_offsets_beyond_the_file_are_refused_before_reading(tmp_path):
     ckpt = _ckpt(tmp_path)
     idx = hostile.read_json(ckpt, "index.json")
-    col = idx["tables"]["user"]["segments"][0]["columns"][1]
-    col["offset"] = 1 << 60
+    idx["tables"]["user"]["segments"]["offset"][0] = 1 << 60
     hostile.write_json(ckpt, "index.json", idx)
-    with pytest.raises(CorruptCheckpointError, match="beyond the end of"):
+    with pytest.raises(CorruptCheckpointError, match="ends beyond its file"):
         _load(tmp_path)
 
 
@@ -182,25 +181,18 @@ def test_huge_claimed_sizes_and_rows_allocate_nothing(tmp_path):
     checked against the file on disk before any buffer or table reservation is sized from them."""
     ckpt = _ckpt(tmp_path)
     idx = hostile.read_json(ckpt, "index.json")
-    seg = idx["tables"]["user"]["segments"][0]
-    extra = 1 << 40
-    seg["rows"] += extra
-    nb = idx["num_buckets"]
-    row_bytes = [8, 8 * 4]   # ids, embedding F32[8]
-    off = 0
-    seg["buckets"]["offset"] = 0
-    off = 8 * (nb + 1)
-    for c, rb in zip(seg["columns"], row_bytes):
-        c["offset"], c["length"] = off, rb * seg["rows"]
-        c["crc32c"] = [0]   # a matching list would itself be gigabytes; the count check fires first
-        off += c["length"]
-    idx["files"][seg["file"]]["size"] = off
+    segs = idx["tables"]["user"]["segments"]
+    extra = (1 << 32) - 1 - segs["rows"][0]   # the most rows a version 4 segment may hold
+    segs["rows"][0] += extra
+    idx["files"][segs["file"][0]]["size"] = 1 << 50   # room for them, so that no size check fires first
     hostile.write_json(ckpt, "index.json", idx)
     m = hostile.read_json(ckpt, "manifest.json")
     m["tables"]["user"]["rows"] += extra
     m["digests"]["tables"]["user"]["rows"] += extra   # consistent, so the index's own checks are what fire
     hostile.write_json(ckpt, "manifest.json", m)
-    with pytest.raises(CorruptCheckpointError, match="checksums for"):
+    # refused by the tiling rule (the claimed rows do not reach the claimed size) or, if they did, by the
+    # CRC count (a matching CRC string would itself be gigabytes): before any allocation
+    with pytest.raises(CorruptCheckpointError, match="do not tile the file|CRCs as"):
         _load(tmp_path)
 
 
@@ -215,7 +207,7 @@ def test_claimed_file_size_is_checked_before_any_reservation(tmp_path):
     # Refused before any reservation: by the tiling rule (the blocks cannot reach the claimed size) or,
     # for an index whose blocks did, by the size on disk.
     with pytest.raises(CorruptCheckpointError, match=r"the index recorded 1125899906842624|"
-                                                     r"blocks end at byte \d+ of 1125899906842624|"
+                                                     r"(blocks|segments) end at byte \d+ of 1125899906842624|"
                                                      r"shard files of 1125899906\d+ bytes, the manifest's shard_bytes"):
         _load(tmp_path)
 

@@ -205,3 +205,41 @@ def test_a_home_relative_output_dir_means_the_home_directory(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     Saver(torch.nn.Linear(2, 2), output_dir="~/ckpts").save("a")
     assert (tmp_path / "ckpts" / "a" / "manifest.json").exists() and not (tmp_path / "~").exists()
+
+
+def test_a_registered_list_is_never_replaced_by_a_dict(tmp_path):
+    """Issue 29 item 7: a registered list whose checkpoint entry is a dict was replaced (the caller's list
+    went stale, silently); now refused before anything is applied, naming the object. Same-typed
+    containers are updated in place, so the caller's reference sees the loaded value."""
+    import recckpt
+    from recckpt.errors import IncompatibleCheckpointError
+    src = torch.nn.Linear(2, 2)
+    s = recckpt.Saver(src, output_dir=tmp_path)
+    s.register_for_checkpointing("history", {"loss": [1.0]})
+    s.register_for_checkpointing("seen", [1, 2])
+    s.register_for_checkpointing("opt", torch.optim.SGD(src.parameters(), lr=0.1))
+    s.save("c")
+    dst = torch.nn.Linear(2, 2)
+    before = dst.weight.detach().clone()
+    history, seen = [], [9]
+    s2 = recckpt.Saver(dst, output_dir=tmp_path)
+    s2.register_for_checkpointing("history", history)      # was a dict when saved
+    s2.register_for_checkpointing("seen", seen)
+    s2.register_for_checkpointing("opt", 0.1)               # was an optimizer when saved: fine, a value
+    with pytest.raises(IncompatibleCheckpointError, match=r"registered object 'history' is a list.*holds a dict"):
+        s2.load(load_conf={"strict": False})
+    assert history == [] and seen == [9] and torch.equal(dst.weight, before), "nothing was applied"
+    s3 = recckpt.Saver(dst, output_dir=tmp_path)
+    history, seen = {}, []
+    s3.register_for_checkpointing("history", history)
+    s3.register_for_checkpointing("seen", seen)
+    s3.register_for_checkpointing("opt", torch.optim.SGD(dst.parameters(), lr=0.5))
+    s3.load()
+    assert history == {"loss": [1.0]} and seen == [1, 2] and s3.extra("seen") is seen
+    s4 = recckpt.Saver(torch.nn.Linear(2, 2), output_dir=tmp_path / "v")
+    s4.register_for_checkpointing("opt", 0.1)
+    s4.save("c")
+    s5 = recckpt.Saver(torch.nn.Linear(2, 2), output_dir=tmp_path / "v")
+    s5.register_for_checkpointing("opt", torch.optim.SGD(dst.parameters(), lr=0.5))
+    with pytest.raises(IncompatibleCheckpointError, match=r"'opt' is a SGD \(it has load_state_dict\).*plain float"):
+        s5.load()

@@ -1,0 +1,94 @@
+"""A long chain (issue 26 item 5): a base and 100 increments of 1% of the rows each, loaded against a full
+checkpoint of the same state, in this process, best of rounds.
+
+    python benchmarks/bench_long_chain.py [--rows 1000000] [--dim 16] [--links 100] [--frac 0.01] [--rounds 3]
+
+Target: the chain loads in <= 2x the full load. Every link must be read (and every byte of it checked),
+so the chain holds 1 + links x frac times the bytes of the full checkpoint (2x at the defaults); the fold
+keeps only each id's newest row.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+import torch
+
+from recckpt import HashTable, SaveOptions, Saver
+
+
+class Model(torch.nn.Module):
+    def __init__(self, dim, capacity=0):
+        super().__init__()
+        self.emb = HashTable("emb", dim, capacity=capacity)
+
+
+def dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def rows_of(table, n):
+    """The embedding rows of ids 0..n-1, in id order."""
+    return table.read_rows("embedding", table.lookup(torch.arange(n)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--links", type=int, default=100)
+    ap.add_argument("--frac", type=float, default=0.01)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None)
+    a = ap.parse_args()
+    root = a.dir or tempfile.mkdtemp(prefix="bench-chain-")
+    opts = SaveOptions(fsync=False)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        m = Model(a.dim, capacity=a.rows)
+        with torch.no_grad():
+            m.emb(torch.arange(a.rows))
+        out = os.path.join(root, "run")
+        s = Saver(m, output_dir=out, max_keep=None, options=opts)
+        s.save("base")
+        t0 = time.perf_counter()
+        k = max(1, int(a.rows * a.frac))
+        for i in range(1, a.links + 1):
+            rows = torch.randperm(a.rows, generator=gen)[:k]
+            m.emb.write_rows("embedding", rows, torch.randn(k, a.dim, generator=gen))
+            s.save(f"i{i:03d}", incremental=True)
+        save_s = time.perf_counter() - t0
+        s.save("full")
+        head = f"i{a.links:03d}"
+        chain_bytes = sum(dir_bytes(os.path.join(out, c)) for c in os.listdir(out) if c not in ("full", "checkpoint"))
+
+        def load(ckpt):
+            m2 = Model(a.dim)
+            os.sync()
+            t = time.perf_counter()
+            Saver(m2, output_dir=out, options=opts).load(ckpt_id=ckpt)
+            dt = time.perf_counter() - t
+            assert torch.equal(rows_of(m2.emb, a.rows), rows_of(m.emb, a.rows)), f"{ckpt} loaded other rows"
+            return dt
+
+        best = {"full": float("inf"), head: float("inf")}
+        for _ in range(a.rounds):
+            for ck in best:
+                best[ck] = min(best[ck], load(ck))
+        ratio = best[head] / best["full"]
+        print(f"rows={a.rows} dim={a.dim} links={a.links} x {a.frac:.0%}: {a.links} increments saved in {save_s:.1f} s")
+        print(f"| load | seconds (best of {a.rounds}) | bytes | vs full |")
+        print("|---|---|---|---|")
+        print(f"| full checkpoint | {best['full']:.3f} | {dir_bytes(os.path.join(out, 'full')) / 1e6:.1f} MB | 1.00 |")
+        print(f"| base + {a.links} increments | {best[head]:.3f} | {chain_bytes / 1e6:.1f} MB | {ratio:.2f} |")
+        print(f"target <= 2.0: {'met' if ratio <= 2.0 else 'NOT met'}")
+    finally:
+        if a.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

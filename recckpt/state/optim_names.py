@@ -1,0 +1,289 @@
+"""Dense optimizer state keyed by parameter name.
+
+A `torch.optim` optimizer numbers its parameters (state_dict "state" and "param_groups[*].params" use
+0, 1, 2, ... in group order), so its state applied to a model whose parameters changed goes to
+whichever parameter now has that number: one tower's moments become another's, or the optimizer
+refuses the whole state. This module names each parameter by its name in the model, and maps state
+between two optimizers by those names (with the load's renames), never by position.
+
+The name-keyed form is the one `torch.distributed.checkpoint`'s `get_optimizer_state_dict` and
+TorchRec's `KeyedOptimizer.state_dict()` use: `{"state": {name: {...}}, "param_groups": [{..., "params":
+[name, ...]}]}`. `named_optimizer_state` gives it for any optimizer, `apply_named_optimizer_state` loads
+it into one; both accept a `KeyedOptimizer` (or anything whose state_dict is already keyed by name).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from ..errors import IncompatibleCheckpointError, InvalidArgumentError
+
+#: Prefix of the key of an optimizer parameter that is not a parameter of the model (no name): such
+#: parameters are matched by their order among the unnamed ones only.
+UNNAMED = "<unnamed>#"
+
+
+def is_positional(state_dict) -> bool:
+    """Whether an optimizer state_dict numbers its parameters (torch.optim) rather than naming them."""
+    groups = state_dict.get("param_groups") if isinstance(state_dict, Mapping) else None
+    if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+        return False
+    params = [p for g in groups for p in (g.get("params") or [])]
+    return all(isinstance(p, int) and not isinstance(p, bool) for p in params)
+
+
+def is_named(state_dict) -> bool:
+    """Whether an optimizer state_dict keys its parameters by name (KeyedOptimizer, DCP): "state" keyed
+    by strings and, if it has "param_groups" (a KeyedOptimizer saves them only when asked to), groups
+    listing names."""
+    if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("state"), Mapping):
+        return False
+    groups = state_dict.get("param_groups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+        return False
+    params = [p for g in groups for p in (g.get("params") or [])] + list(state_dict["state"])
+    return bool(params) and all(isinstance(p, str) for p in params)
+
+
+def _names_in(named: Mapping, more=()) -> list[str]:
+    """Every parameter name a name-keyed state_dict knows (its groups', then its state's, then `more`)."""
+    out = dict.fromkeys(p for g in named.get("param_groups", []) for p in g["params"])
+    out.update(dict.fromkeys(named["state"]))
+    out.update(dict.fromkeys(more))
+    return list(out)
+
+
+def is_optimizer(obj) -> bool:
+    """A torch optimizer-like object: `param_groups` of dicts with "params", and state_dict/load_state_dict."""
+    groups = getattr(obj, "param_groups", None)
+    return (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+            and isinstance(groups, list) and all(isinstance(g, Mapping) and "params" in g for g in groups))
+
+
+def _names_by_id(model) -> dict[int, str]:
+    named = getattr(model, "named_parameters", None)
+    out: dict[int, str] = {}
+    if callable(named):
+        for n, p in named():
+            out.setdefault(id(p), n)   # a shared (tied) parameter goes by its first name
+    return out
+
+
+def param_names(model, optimizer) -> list[str | None]:
+    """The model name of each parameter of `optimizer`, in the numbering of its state_dict (None: not a
+    parameter of `model`)."""
+    by_id = _names_by_id(model)
+    return [by_id.get(id(p)) for g in optimizer.param_groups for p in g["params"]]
+
+
+def saved_param_names(model, obj, state) -> list[str | None] | None:
+    """What a save records next to registered object `obj`'s state (`state`, its state_dict): its
+    parameters' model names, when it is an optimizer whose state numbers them; else None (nothing to
+    record: not an optimizer, or one that names its parameters itself)."""
+    if not is_optimizer(obj) or not is_positional(state):
+        return None
+    try:
+        return param_names(model, obj)
+    except (TypeError, AttributeError, KeyError):
+        return None
+
+
+def _keys(names: Sequence[str | None]) -> list[str]:
+    """Names, with each unnamed parameter keyed by its order among the unnamed ones."""
+    out, k = [], 0
+    for n in names:
+        if n is None:
+            out.append(f"{UNNAMED}{k}")
+            k += 1
+        else:
+            out.append(n)
+    return out
+
+
+def to_named(state_dict: Mapping, names: Sequence[str | None], where: str = "optimizer state") -> dict:
+    """A positional (torch.optim) state_dict keyed by `names` (index i → names[i]) instead."""
+    if not is_positional(state_dict):
+        raise InvalidArgumentError(f"{where}: not a torch.optim state_dict (param_groups of numbered params)")
+    keys = _keys(names)
+    groups = state_dict["param_groups"]
+    n = sum(len(g["params"]) for g in groups)
+    if len(keys) != n or sorted(p for g in groups for p in g["params"]) != list(range(n)):
+        raise IncompatibleCheckpointError(
+            f"{where}: {len(keys)} parameter names recorded for an optimizer state of {n} parameters; the "
+            f"names do not describe this state")
+    state = state_dict.get("state") or {}
+    return {"state": {keys[i]: s for i, s in state.items() if isinstance(i, int) and 0 <= i < n},
+            "param_groups": [dict(g, params=[keys[i] for i in g["params"]]) for g in groups]}
+
+
+def _positional(named: Mapping, template: Mapping) -> dict:
+    """`named` in the numbering of positional state_dict `template` (same parameters, named by
+    `to_named(template, ...)`)."""
+    index = {}
+    for g_named, g in zip(named["param_groups"], template["param_groups"]):
+        index.update(zip(g_named["params"], g["params"]))
+    return {"state": {index[k]: v for k, v in named["state"].items()},
+            "param_groups": [dict(gn, params=list(g["params"]))
+                             for gn, g in zip(named["param_groups"], template["param_groups"])]}
+
+
+@dataclass(frozen=True)
+class OptimizerStateMatch:
+    """How saved optimizer state maps onto a live optimizer, by parameter name."""
+    state_dict: dict
+    """What to pass to the live optimizer's `load_state_dict` (in its own form: numbered or named)."""
+    matched: tuple[str, ...]
+    """Model parameters that take the saved state of the parameter of the same (renamed) name."""
+    new: tuple[str, ...]
+    """Model parameters the saved state does not know: they keep the live optimizer's state (none for a
+    fresh optimizer: they start fresh)."""
+    gone: tuple[str, ...]
+    """Saved parameters with no parameter of that (renamed) name in the live optimizer: not applied."""
+    conflicts: tuple[str, ...]
+    """Why the state cannot be applied at all: a saved parameter whose shape differs from the model's,
+    two saved parameters renamed onto one. Empty when it can."""
+
+    def problems(self, what: str) -> tuple[list[str], list[str]]:
+        """(missing, unexpected) lines for a load report, naming the parameters."""
+        missing = [f"{what}: model parameter {n!r} has no state in the checkpoint (it starts fresh)"
+                   for n in self.new]
+        unexpected = [f"{what}: checkpoint parameter {n!r} is not a parameter of the model's optimizer "
+                      f"(its state is not applied)" for n in self.gone]
+        return missing, unexpected
+
+
+def match_named(saved: Mapping, live: Mapping, shapes: Mapping[str, tuple], *,
+                rename: Callable[[str], str] = lambda n: n,
+                selected: Callable[[str], bool] = lambda n: True,
+                saved_shapes: Mapping[str, tuple] | None = None) -> OptimizerStateMatch:
+    """Map name-keyed optimizer state `saved` onto name-keyed `live` (the live optimizer's own state).
+
+    Each saved parameter name goes through `rename` (checkpoint name → model name); saved names that
+    `selected` refuses are left out (the live parameter keeps its state). `shapes`: the live
+    parameters' shapes by name; `saved_shapes`: the saved parameters' shapes where known (e.g. the
+    checkpoint's dense tensors), checked against them. Group hyper-parameters (lr, betas, ...) of a
+    live group come from the saved group holding the first of its parameters that is matched."""
+    live_names = _names_in(live, shapes)
+    live_set = set(live_names)
+    saved_group_of: dict[str, int] = {}
+    for gi, g in enumerate(saved.get("param_groups", [])):
+        for p in g["params"]:
+            saved_group_of.setdefault(p, gi)
+    saved_names = _names_in(saved)
+    target_of: dict[str, str] = {}     # live name → saved name
+    gone, conflicts = [], []
+    for s in saved_names:
+        unnamed = s.startswith(UNNAMED)
+        if not unnamed and not selected(s):
+            continue
+        t = s if unnamed else rename(s)
+        if t not in live_set:
+            gone.append(s)
+            continue
+        if t in target_of:
+            conflicts.append(f"checkpoint parameters {target_of[t]!r} and {s!r} both map to model parameter "
+                             f"{t!r} (check load_conf 'rename')")
+            continue
+        target_of[t] = s
+        want, have = (saved_shapes or {}).get(s), shapes.get(t)
+        if want is not None and have is not None and tuple(want) != tuple(have):
+            conflicts.append(f"parameter {s!r}: checkpoint shape {tuple(want)} vs model shape {tuple(have)}")
+    state = dict(live.get("state") or {})
+    for t, s in target_of.items():
+        if s in saved["state"]:
+            state[t] = saved["state"][s]
+        else:
+            state.pop(t, None)   # never stepped at save time: no state, as then
+    groups = []
+    for g in live.get("param_groups", []):
+        src = next((saved_group_of[target_of[p]] for p in g["params"]
+                    if p in target_of and target_of[p] in saved_group_of), None)
+        base = g if src is None else {k: v for k, v in saved["param_groups"][src].items()
+                                      if k not in ("params", "param_names")}
+        groups.append(dict(base, params=list(g["params"]),
+                           **({"param_names": g["param_names"]} if "param_names" in g else {})))
+    # a live parameter whose saved counterpart the load leaves out (`selected`) is not new
+    left_out = {rename(s) for s in saved_names if not s.startswith(UNNAMED) and not selected(s)}
+    new = [n for n in live_names if n not in target_of and n not in left_out]
+    out = {"state": state, "param_groups": groups} if "param_groups" in live else {"state": state}
+    return OptimizerStateMatch(out, tuple(target_of), tuple(new), tuple(gone), tuple(conflicts))
+
+
+def _live_named(optimizer, model) -> tuple[dict, dict | None, dict[str, tuple]]:
+    """(the live optimizer's state keyed by name, its positional state_dict or None when it names its
+    parameters itself, the live parameters' shapes by name)."""
+    sd = optimizer.state_dict()
+    if is_positional(sd):
+        names = param_names(model, optimizer)
+        keys = _keys(names)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        return to_named(sd, names), sd, {k: tuple(p.shape) for k, p in zip(keys, params)}
+    if is_named(sd):
+        shapes = {}
+        params = getattr(optimizer, "params", None)   # KeyedOptimizer: {name: parameter}
+        if isinstance(params, Mapping):
+            shapes = {k: tuple(getattr(p, "shape", ())) for k, p in params.items()}
+        return sd, None, shapes
+    raise InvalidArgumentError(f"{type(optimizer).__name__}.state_dict() is neither a torch.optim state_dict "
+                               f"(numbered parameters) nor one keyed by parameter name")
+
+
+def named_optimizer_state(optimizer, model=None) -> dict:
+    """`optimizer`'s state keyed by each parameter's name in `model` (`{"state": {name: {...}},
+    "param_groups": [{..., "params": [name, ...]}]}`), as torch.distributed.checkpoint's
+    `get_optimizer_state_dict` keys it. An optimizer that names its parameters itself (TorchRec's
+    KeyedOptimizer) is returned as it is, and needs no model. Raises InvalidArgumentError when a
+    parameter of the optimizer is not a parameter of `model`."""
+    sd = optimizer.state_dict()
+    if is_named(sd):
+        return sd
+    if model is None:
+        raise InvalidArgumentError("named_optimizer_state: this optimizer numbers its parameters; pass the model "
+                                   "whose named_parameters() name them")
+    names = param_names(model, optimizer)
+    if None in names:
+        raise InvalidArgumentError(f"named_optimizer_state: {names.count(None)} parameter(s) of the optimizer "
+                                   f"are not parameters of the model given, so they have no name")
+    return to_named(sd, names)
+
+
+def match_optimizer_state(optimizer, model, saved: Mapping, *, rename: Callable[[str], str] = lambda n: n,
+                          selected: Callable[[str], bool] = lambda n: True,
+                          saved_shapes: Mapping[str, tuple] | None = None) -> OptimizerStateMatch:
+    """How name-keyed `saved` state maps onto live `optimizer` (of `model`); its `state_dict` is in the
+    optimizer's own form, ready for `optimizer.load_state_dict`. Nothing is changed."""
+    if not is_named(saved) and (saved.get("param_groups") or saved.get("state")):
+        raise InvalidArgumentError("match_optimizer_state: the saved state is not keyed by parameter name")
+    live, positional, shapes = _live_named(optimizer, model)
+    m = match_named(saved, live, shapes, rename=rename, selected=selected, saved_shapes=saved_shapes)
+    if positional is not None:
+        m = OptimizerStateMatch(_positional(m.state_dict, positional), m.matched, m.new, m.gone, m.conflicts)
+    return m
+
+
+def apply_named_optimizer_state(optimizer, model, saved: Mapping, *, strict: bool = True,
+                                rename: Mapping[str, str] | Callable[[str], str] | None = None
+                                ) -> OptimizerStateMatch:
+    """Load name-keyed optimizer state `saved` (from `named_optimizer_state`, a KeyedOptimizer or DCP)
+    into `optimizer`, matching parameters by name in `model` (after `rename`: a dict of checkpoint
+    name → model name, or a function). Parameters present in both get the saved state; parameters the
+    saved state does not know keep their own (none for a fresh optimizer); saved parameters that are
+    gone are reported. strict=True refuses any difference with IncompatibleCheckpointError naming the
+    parameters; a shape conflict is always refused. Nothing changes when it raises."""
+    if isinstance(rename, Mapping):
+        table = dict(rename)
+        rename_fn = lambda n: table.get(n, n)  # noqa: E731
+    else:
+        rename_fn = rename or (lambda n: n)
+    m = match_optimizer_state(optimizer, model, saved, rename=rename_fn)
+    missing, unexpected = m.problems("optimizer")
+    if m.conflicts or (strict and (missing or unexpected)):
+        raise IncompatibleCheckpointError("optimizer state does not match the optimizer: "
+                                          + "; ".join(list(m.conflicts) + missing + unexpected)
+                                          + ". Nothing was loaded.")
+    optimizer.load_state_dict(m.state_dict)
+    return m
+
+
+__all__ = ["OptimizerStateMatch", "named_optimizer_state", "apply_named_optimizer_state", "match_optimizer_state",
+           "param_names", "saved_param_names", "is_positional", "is_named", "is_optimizer", "to_named", "UNNAMED"]

@@ -1,0 +1,74 @@
+"""Eviction applies to async saves as to sync ones (issue 29 item 4): the manager loop with
+`async_save=True` ends with the same live table and the same checkpoints (rows and removed ids of
+every increment) as with `async_save=False`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers.tables import table_contents
+from recckpt import CheckpointManager, EvictionPolicy, HashTable, IncrementPolicy, SaveOptions, Saver, SparseAdam
+
+OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=4096, fsync=False)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = HashTable("emb", 4, track_changes=True, counters=True)
+        self.lin = torch.nn.Linear(4, 1)
+
+
+def run(out, async_save, increments):
+    m = Model()
+    opt = SparseAdam([m.emb], lr=0.05)
+    s = Saver(m, opt, output_dir=out, max_keep=None, options=OPTS, eviction=EvictionPolicy(max_idle_steps=5))
+    mgr = CheckpointManager(s, save_interval=10, async_save=async_save, keep=None, save_rng=False,
+                            increments=IncrementPolicy(full_every=5) if increments else None)
+    for step in range(1, 31):
+        m.emb.step = step
+        m.emb.train()
+        ids = torch.arange(step * 100, step * 100 + 100)      # 100 new ids each step
+        m.lin(m.emb(ids)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        m.lin.zero_grad()
+        mgr.step()
+    mgr.close()
+    return m, s
+
+
+def manifests(out):
+    found = {}
+    for d in sorted(out.iterdir()):
+        if (d / "manifest.json").exists():
+            man = json.loads((d / "manifest.json").read_text())
+            found[d.name] = {k: (t["rows"], t.get("removed", 0)) for k, t in man["tables"].items()}
+    return found
+
+
+@pytest.mark.parametrize("increments", [False, True])
+def test_async_saves_evict_as_sync_saves_do(tmp_path, increments):
+    ms, ss = run(tmp_path / "sync", False, increments)
+    ma, sa = run(tmp_path / "async", True, increments)
+    # the save at step 30 keeps rows updated at steps 25..30 (last_step >= 30 - 5); 3000 without eviction
+    assert len(ms.emb) == 600
+    assert len(ma.emb) == len(ms.emb), f"async: {len(ma.emb)} live rows, sync: {len(ms.emb)}"
+    want, got = table_contents(ms.emb), table_contents(ma.emb)
+    assert set(got) == set(want)
+    for k in want:
+        assert set(got[k]) == set(want[k]), f"slot {k}: live ids differ"
+    assert manifests(tmp_path / "async") == manifests(tmp_path / "sync")
+    if increments:   # the increments record the evicted ids as removed
+        assert manifests(tmp_path / "sync")["ckpt_20"]["emb"][1] > 0
+    for cid in ss.checkpoints():
+        a, b = Model(), Model()
+        Saver(a, SparseAdam([a.emb], lr=0.05), output_dir=tmp_path / "sync", options=OPTS).load(ckpt_id=cid)
+        Saver(b, SparseAdam([b.emb], lr=0.05), output_dir=tmp_path / "async", options=OPTS).load(ckpt_id=cid)
+        ca, cb = table_contents(a.emb), table_contents(b.emb)
+        for k in ca:
+            assert set(ca[k]) == set(cb[k]), f"{cid} slot {k}"
+            assert all(torch.equal(ca[k][i], cb[k][i]) for i in ca[k]), f"{cid} slot {k}"

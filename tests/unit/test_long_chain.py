@@ -1,0 +1,55 @@
+"""A chain of 100 increments (issue 26 item 5, at test size): it loads exactly, and verify names the one
+broken link among them."""
+import os
+
+import torch
+
+import recckpt
+from recckpt import HashTable, SaveOptions, Saver
+
+ROWS, LINKS, K = 2000, 100, 20
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = HashTable("emb", 4, capacity=ROWS)
+
+
+def rows_of(table):
+    return table.read_rows("embedding", table.lookup(torch.arange(ROWS)))
+
+
+def build(out):
+    gen = torch.Generator().manual_seed(3)
+    m = Model()
+    with torch.no_grad():
+        m.emb(torch.arange(ROWS))
+    s = Saver(m, output_dir=out, max_keep=None, options=SaveOptions(fsync=False, num_buckets=64))
+    s.save("base")
+    for i in range(1, LINKS + 1):
+        rows = torch.randperm(ROWS, generator=gen)[:K]
+        m.emb.write_rows("embedding", rows, torch.randn(K, 4, generator=gen))
+        s.save(f"i{i:03d}", incremental=True)
+    return m
+
+
+def test_a_100_link_chain_loads_exactly_and_verify_names_the_broken_link(tmp_path):
+    out = str(tmp_path / "run")
+    m = build(out)
+    m2 = Model()
+    Saver(m2, output_dir=out).load()
+    assert torch.equal(rows_of(m2.emb), rows_of(m.emb))
+    assert recckpt.verify(os.path.join(out, f"i{LINKS:03d}")).ok
+    # flip one byte of a shard file in the middle of the chain
+    shard_dir = os.path.join(out, "i057", "sparse")
+    shard = sorted(f for f in os.listdir(shard_dir) if f.endswith(".bin"))[0]
+    with open(os.path.join(shard_dir, shard), "r+b") as f:
+        f.seek(os.path.getsize(f.name) - 1)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+    report = recckpt.verify(os.path.join(out, f"i{LINKS:03d}"))
+    assert not report.ok
+    text = "\n".join(report.problems)
+    assert "i057" in text and "i056" not in text and "i058" not in text, text

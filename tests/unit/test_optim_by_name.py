@@ -1,0 +1,326 @@
+"""Dense optimizer state travels by parameter name (issue 29 item 2): a warm start into a model that
+gained, lost, swapped or renamed a tower gives every shared parameter its own moments, new parameters
+none, and never one parameter's state to another. Older checkpoints (no names) apply positionally only
+where the dense keys and shapes match exactly."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from recckpt import CheckpointManager, Saver
+from recckpt.errors import IncompatibleCheckpointError, InvalidArgumentError
+from recckpt.state import optim_names
+from recckpt.state.optim_names import apply_named_optimizer_state, named_optimizer_state
+
+OPTIMIZERS = {
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.05),
+}
+MOMENTS = {"adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"), "adagrad": ("sum",)}
+
+
+class Towers(torch.nn.Module):
+    """One Linear(4, 4) tower per name, plus an embedding bag shared by every tower (`trunk`)."""
+
+    def __init__(self, towers, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.trunk = torch.nn.Linear(3, 4)
+        for t in towers:
+            setattr(self, t, torch.nn.Linear(4, 4))
+        self.towers = list(towers)
+
+    def forward(self, x):
+        h = self.trunk(x)
+        return sum(getattr(self, t)(h).sum() for t in self.towers)
+
+
+def trained(kind, towers, steps=3, seed=0):
+    m = Towers(towers, seed)
+    opt = OPTIMIZERS[kind](m.parameters())
+    g = torch.Generator().manual_seed(seed + 1)
+    for _ in range(steps):
+        opt.zero_grad()
+        m(torch.randn(5, 3, generator=g)).backward()
+        opt.step()
+    return m, opt
+
+
+def state_of(model, opt, name):
+    """The optimizer state of model parameter `name` ({} when it has none)."""
+    p = dict(model.named_parameters())[name]
+    return opt.state.get(p, {})
+
+
+def save_a(tmp_path, kind, towers=("a", "b")):
+    m, opt = trained(kind, towers)
+    s = Saver(m, output_dir=tmp_path / "a")
+    s.register_for_checkpointing("opt", opt)
+    s.save("c")
+    return m, opt
+
+
+def load_b(tmp_path, kind, towers, **conf):
+    m = Towers(towers, seed=7)
+    opt = OPTIMIZERS[kind](m.parameters())
+    s = Saver(m, output_dir=tmp_path / "b")
+    s.register_for_checkpointing("opt", opt)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        res = s.load(ckpt_path=str(tmp_path / "a"), ckpt_id="c",
+                     load_conf={"load": ["sparse", "dense", "extra"], **conf})
+    return m, opt, res, [str(x.message) for x in w]
+
+
+def fresh(model, opt, name):
+    """No state, or the one a fresh optimizer starts with (Adagrad fills its state at construction)."""
+    st = state_of(model, opt, name)
+    return not st or (float(st["step"]) == 0.0 and all(not bool(v.any()) for k, v in st.items() if k != "step"))
+
+
+def assert_same_state(kind, src_m, src_opt, src_name, dst_m, dst_opt, dst_name, values=True):
+    a, b = state_of(src_m, src_opt, src_name), state_of(dst_m, dst_opt, dst_name)
+    assert b, f"{dst_name} got no state"
+    for k in MOMENTS[kind]:
+        assert torch.equal(a[k], b[k]), f"{dst_name}.{k} differs from the source's {src_name}.{k}"
+    assert float(a["step"]) == float(b["step"])
+    if values:   # the dense load gave the parameter its value too
+        assert torch.equal(dict(src_m.named_parameters())[src_name], dict(dst_m.named_parameters())[dst_name])
+
+
+SHARED = ("trunk.weight", "trunk.bias", "a.weight", "a.bias")
+
+
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_model_gaining_a_tower(tmp_path, kind):
+    am, aopt = save_a(tmp_path, kind)
+    m, opt, res, warned = load_b(tmp_path, kind, ("a", "b", "c"), strict=False)
+    for n in SHARED + ("b.weight", "b.bias"):
+        assert_same_state(kind, am, aopt, n, m, opt, n)
+    assert fresh(m, opt, "c.weight") and fresh(m, opt, "c.bias")
+    assert any("'c.weight'" in x and "starts fresh" in x for x in res.missing), res.missing
+    assert any("c.weight" in x for x in warned)
+    # the new tower trains from there with a fresh state, the others continue
+    opt.zero_grad()
+    m(torch.randn(2, 3)).backward()
+    opt.step()
+    assert float(state_of(m, opt, "c.weight")["step"]) == 1.0
+    assert float(state_of(m, opt, "a.weight")["step"]) == 4.0
+
+
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_model_losing_a_tower(tmp_path, kind):
+    am, aopt = save_a(tmp_path, kind)
+    m, opt, res, warned = load_b(tmp_path, kind, ("a",), strict=False)
+    for n in SHARED:
+        assert_same_state(kind, am, aopt, n, m, opt, n)
+    assert any("'b.weight'" in x and "not a parameter" in x for x in res.unexpected), res.unexpected
+    assert any("b.weight" in x for x in warned)
+
+
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_swapped_same_shaped_tower_gets_no_other_towers_state(tmp_path, kind):
+    """Issue 29 item 2: by position, tower c would get tower b's moments (same shapes, same index)."""
+    am, aopt = save_a(tmp_path, kind)
+    m, opt, res, _ = load_b(tmp_path, kind, ("a", "c"), strict=False)
+    for n in SHARED:
+        assert_same_state(kind, am, aopt, n, m, opt, n)
+    assert fresh(m, opt, "c.weight") and fresh(m, opt, "c.bias")
+    assert any("'c.bias'" in x for x in res.missing) and any("'b.bias'" in x for x in res.unexpected)
+
+
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_renamed_tower_takes_its_state(tmp_path, kind):
+    am, aopt = save_a(tmp_path, kind)
+    m, opt, res, warned = load_b(tmp_path, kind, ("a", "c"), rename={"b.": "c."})   # strict
+    for n in SHARED:
+        assert_same_state(kind, am, aopt, n, m, opt, n)
+    assert_same_state(kind, am, aopt, "b.weight", m, opt, "c.weight")
+    assert_same_state(kind, am, aopt, "b.bias", m, opt, "c.bias")
+    assert not res.missing and not res.unexpected and not warned
+
+
+@pytest.mark.parametrize("towers", [("a", "b", "c"), ("a",), ("a", "c")])
+def test_strict_refuses_naming_the_parameters_and_changes_nothing(tmp_path, towers):
+    save_a(tmp_path, "adamw")
+    m = Towers(towers, seed=7)
+    opt = OPTIMIZERS["adamw"](m.parameters())
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    s = Saver(m, output_dir=tmp_path / "b")
+    s.register_for_checkpointing("opt", opt)
+    with pytest.raises(IncompatibleCheckpointError) as e:
+        s.load(ckpt_path=str(tmp_path / "a"), ckpt_id="c", load_conf={"load": ["dense", "extra"],
+                                                                      "exclude": []})
+    text = str(e.value)
+    if "c" in towers:
+        assert "'c.weight'" in text
+    if "b" not in towers:
+        assert "'b.weight'" in text
+    assert "Nothing was loaded" in text
+    assert all(fresh(m, opt, n) for n, _ in m.named_parameters())
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
+def test_group_hyper_parameters_come_from_the_saved_groups(tmp_path):
+    am, aopt = trained("adamw", ("a", "b"))
+    aopt.param_groups[0]["lr"] = 0.123
+    s = Saver(am, output_dir=tmp_path / "a")
+    s.register_for_checkpointing("opt", aopt)
+    s.save("c")
+    m, opt, _, _ = load_b(tmp_path, "adamw", ("a", "c"), strict=False)
+    assert opt.param_groups[0]["lr"] == 0.123
+
+
+def test_a_shape_change_is_refused_even_when_not_strict(tmp_path):
+    save_a(tmp_path, "adam")
+    m = Towers(("a",), seed=7)
+    m.a = torch.nn.Linear(4, 2)      # same name, another shape
+    opt = OPTIMIZERS["adam"](m.parameters())
+    s = Saver(m, output_dir=tmp_path / "b")
+    s.register_for_checkpointing("opt", opt)
+    with pytest.raises(IncompatibleCheckpointError, match=r"a\.weight.*\(4, 4\).*\(2, 4\)"):
+        s.load(ckpt_path=str(tmp_path / "a"), ckpt_id="c",
+               load_conf={"load": ["extra"], "strict": False})
+    assert not opt.state
+
+
+def test_model_bank_source_maps_by_name(tmp_path):
+    am, aopt = save_a(tmp_path, "adamw")
+    m = Towers(("a", "c"), seed=7)
+    opt = OPTIMIZERS["adamw"](m.parameters())
+    s = Saver(m, output_dir=tmp_path / "b")
+    mgr = CheckpointManager(s, save_rng=False)
+    mgr.register_for_checkpointing("opt", opt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mgr.load_model_bank([{"path": str(tmp_path / "a"), "load": ["dense", "extra"], "strict": False}])
+    for n in SHARED:
+        assert_same_state("adamw", am, aopt, n, m, opt, n)
+    assert fresh(m, opt, "c.weight")
+
+
+def test_restore_of_the_same_model_gives_everything_back(tmp_path):
+    am, aopt = trained("adam", ("a", "b"))
+    s = Saver(am, output_dir=tmp_path / "a")
+    s.register_for_checkpointing("opt", aopt)
+    s.save("c")
+    m = Towers(("a", "b"), seed=7)
+    opt = OPTIMIZERS["adam"](m.parameters())
+    s2 = Saver(m, output_dir=tmp_path / "a")
+    s2.register_for_checkpointing("opt", opt)
+    res = s2.load()
+    assert not res.missing and not res.unexpected and res.extras == ["opt"]
+    for n, _ in am.named_parameters():
+        assert_same_state("adam", am, aopt, n, m, opt, n)
+
+
+# ------------------------------------------------------------------------- older checkpoints (no names)
+@pytest.fixture
+def without_names(monkeypatch):
+    """Saves as a writer from before parameter names were recorded."""
+    import recckpt.train.saver as saver_mod
+    monkeypatch.setattr(saver_mod, "saved_param_names", lambda *a: None)
+
+
+def test_old_checkpoint_applies_positionally_when_the_model_is_the_same(tmp_path, without_names):
+    am, aopt = save_a(tmp_path, "adam")
+    m, opt, res, warned = load_b(tmp_path, "adam", ("a", "b"))
+    assert res.extras == ["opt"] and not warned
+    for n, _ in am.named_parameters():
+        assert_same_state("adam", am, aopt, n, m, opt, n)
+
+
+def test_old_checkpoint_into_a_changed_model_is_refused_or_skipped(tmp_path, without_names):
+    save_a(tmp_path, "adamw")
+    with pytest.raises(IncompatibleCheckpointError, match="registered optimizer 'opt'.*no parameter names"):
+        load_b(tmp_path, "adamw", ("a", "c"))
+    m, opt, res, warned = load_b(tmp_path, "adamw", ("a", "c"), strict=False)
+    assert all(fresh(m, opt, n) for n, _ in m.named_parameters()), "a positional state must not be applied"
+    assert "opt" not in res.extras
+    assert any("registered optimizer 'opt'" in x and "not applied" in x for x in warned)
+
+
+# ------------------------------------------------------------------------- the public helpers
+def test_named_state_round_trip_and_keyed_optimizer(tmp_path):
+    am, aopt = trained("adagrad", ("a", "b"))
+    named = named_optimizer_state(aopt, am)
+    assert set(named["state"]) == {n for n, _ in am.named_parameters()}
+    assert [p for g in named["param_groups"] for p in g["params"]] == [n for n, _ in am.named_parameters()]
+    m = Towers(("c", "a"), seed=3)          # another order, another tower
+    opt = OPTIMIZERS["adagrad"](m.parameters())
+    with pytest.raises(IncompatibleCheckpointError, match="'c.weight'"):
+        apply_named_optimizer_state(opt, m, named)
+    match = apply_named_optimizer_state(opt, m, named, strict=False)
+    assert set(match.gone) == {"b.weight", "b.bias"} and set(match.new) == {"c.weight", "c.bias"}
+    for n in SHARED:
+        assert_same_state("adagrad", am, aopt, n, m, opt, n, values=False)
+    match = apply_named_optimizer_state(opt, m, named, rename={"b.weight": "c.weight", "b.bias": "c.bias"})
+    assert_same_state("adagrad", am, aopt, "b.weight", m, opt, "c.weight", values=False)
+    with pytest.raises(InvalidArgumentError, match="not parameters of the model"):
+        named_optimizer_state(aopt, Towers(("a",)))
+
+
+KEYED_SCRIPT = """
+import sys, warnings
+import torch
+from torchrec.optim.keyed import KeyedOptimizerWrapper
+from test_optim_by_name import SHARED, Towers, trained
+from recckpt import Saver
+out = sys.argv[1]
+am, _ = trained("adam", ("a", "b"))
+src = KeyedOptimizerWrapper(dict(am.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.01))
+src.init_state()
+g = torch.Generator().manual_seed(5)
+for _ in range(2):
+    src.zero_grad()
+    am(torch.randn(4, 3, generator=g)).backward()
+    src.step()
+s = Saver(am, output_dir=out + "/a")
+s.register_for_checkpointing("opt", src)
+s.save("c")
+m = Towers(("a", "c"), seed=9)
+dst = KeyedOptimizerWrapper(dict(m.named_parameters()), lambda ps: torch.optim.Adam(ps, lr=0.01))
+dst.init_state()
+fresh = {k: v["exp_avg"].clone() for k, v in dst.state_dict()["state"].items()}
+s2 = Saver(m, output_dir=out + "/b")
+s2.register_for_checkpointing("opt", dst)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    s2.load(ckpt_path=out + "/a", ckpt_id="c", load_conf={"load": ["extra"], "strict": False})
+got, want = dst.state_dict()["state"], src.state_dict()["state"]
+for n in SHARED:
+    assert torch.equal(got[n]["exp_avg"], want[n]["exp_avg"]), n
+assert torch.equal(got["c.weight"]["exp_avg"], fresh["c.weight"])   # fresh, not b's
+assert not torch.equal(got["c.weight"]["exp_avg"], want["b.weight"]["exp_avg"])
+print("ok")
+"""
+
+
+def test_torchrec_keyed_optimizer_state_maps_by_name(tmp_path):
+    """A registered KeyedOptimizer (state keyed by parameter name already) maps by name the same way.
+    In a worker process: the test process never imports TorchRec (tests/conftest.py)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    if importlib.util.find_spec("torchrec") is None:
+        pytest.skip("TorchRec is not installed")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.join(root, "tests"), root])}
+    p = subprocess.run([sys.executable, "-c", KEYED_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                       env=env, timeout=300, check=False)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
+def test_saved_names_are_a_plain_list_in_the_extras_tree(tmp_path):
+    """docs/FORMAT.md: 'param_names' next to the numbered state, one entry per parameter index."""
+    import recckpt
+    am, aopt = save_a(tmp_path, "adam")
+    view = recckpt.open(str(tmp_path / "a" / "c"))
+    entry = view.objects()["objects"]["opt"]
+    assert entry["param_names"] == [n for n, _ in am.named_parameters()]
+    assert optim_names.is_positional(entry["state"])

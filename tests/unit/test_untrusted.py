@@ -188,7 +188,9 @@ def test_huge_claimed_sizes_and_rows_allocate_nothing(tmp_path):
     hostile.write_json(ckpt, "index.json", idx)
     m = hostile.read_json(ckpt, "manifest.json")
     m["tables"]["user"]["rows"] += extra
-    m["digests"]["tables"]["user"]["rows"] += extra   # consistent, so the index's own checks are what fire
+    # consistent, so that the index's own checks are what fire
+    m["digests"]["tables"]["user"]["rows"] += extra
+    m["shard_bytes"] = sum(f["size"] for f in idx["files"])
     hostile.write_json(ckpt, "manifest.json", m)
     # refused by the tiling rule (the claimed rows do not reach the claimed size) or, if they did, by the
     # CRC count (a matching CRC string would itself be gigabytes): before any allocation

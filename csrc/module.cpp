@@ -192,6 +192,7 @@ void bind_idmap(py::module_& m) {
 void bind_io(py::module_& m);
 void bind_fault(py::module_& m);
 void bind_fold(py::module_& m);
+void bind_digest(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "recckpt C++ engine: bucketing, CRC32C, IdMap, parallel shard writes and verified reads";
@@ -227,4 +228,5 @@ PYBIND11_MODULE(_C, m) {
   bind_io(m);
   bind_fault(m);
   bind_fold(m);
+  bind_digest(m);
 }

@@ -146,11 +146,14 @@ def cmd_verify(a) -> int:
 def cmd_diff(a) -> int:
     r = recckpt.diff(a.a, a.b, values=a.values)
     if a.json:
-        print(render.dumps({"same": r.same, **render.to_jsonable(r)}))
+        print(render.dumps({"same": r.same, "differs": r.differs, **render.to_jsonable(r)}))
         return EXIT_OK if r.same else EXIT_PROBLEM
     print(f"--- {r.a}\n+++ {r.b}")
     for f, (x, y) in r.metadata.items():
         print(f"~ {f}: {x} -> {y}")
+    if r.layout:
+        print("  layout (not a difference of contents): "
+              + ", ".join(f"{f} {x} -> {y}" for f, (x, y) in r.layout.items()))
     for what, d in (("table", r.tables), ("dense key", r.dense), ("object", r.objects)):
         for sign, key in (("+", "added"), ("-", "removed"), ("~", "changed")):
             for n in d[key]:
@@ -159,12 +162,23 @@ def cmd_diff(a) -> int:
         for sign, key in (("+", "added"), ("-", "removed"), ("~", "changed")):
             for n in d[key]:
                 print(f"{sign} slot {t}.{n}")
+    for t, what in r.contents.items():
+        if "ids" in what:
+            ra, rb = r.rows[t]
+            print(f"~ rows of {t}: the ids differ ({ra} -> {rb} rows)")
+        for n in what:
+            if n != "ids":
+                print(f"~ slot {t}.{n}: rows differ")
+    for t, why in r.not_compared.items():
+        print(f"? rows of {t}: not comparable without --values ({why})"
+              + ("; compared by value below" if r.values is not None else ""))
     for t, v in (r.values or {}).items():
         print(f"rows of {t}: {v.common} in both, {v.only_b} added, {v.only_a} removed, {v.changed_rows} changed")
         for s, sv in v.slots.items():
             if sv.changed_rows:
                 print(f"  {s}: {sv.changed_rows} rows changed, largest absolute difference {sv.max_abs_diff:g}")
-    print("no differences" if r.same else "checkpoints differ")
+    print("no differences" if r.same else "checkpoints differ" if r.differs else
+          "no differences found, but the rows marked ? could not be compared without --values")
     return EXIT_OK if r.same else EXIT_PROBLEM
 
 
@@ -243,8 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-objects", action="store_true", help="skip registered objects and IO state")
     sp = verb("verify", cmd_verify, "check every byte of one or more checkpoints (exit 1 naming the file on failure)")
     sp.add_argument("ckpts", metavar="CKPT", nargs="+")
-    sp = verb("diff", cmd_diff, "tables, slots, dense keys and objects added, removed or changed between A and B "
-                                "(exit 1 when they differ)")
+    sp = verb("diff", cmd_diff, "tables, slots, dense keys and objects added, removed or changed between A and B, "
+                                "rows compared by the content digests the checkpoints record (exit 1 when they "
+                                "differ or could not be compared)")
     sp.add_argument("a", metavar="A")
     sp.add_argument("b", metavar="B")
     sp.add_argument("--values", action="store_true",

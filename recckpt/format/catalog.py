@@ -2,7 +2,9 @@
 
 A checkpoint is committed when `<output_dir>/<ckpt_id>/manifest.json` exists and verifies. The version
 file lists committed ids oldest first; it is a convenience for people and tools and is rebuilt from the
-directories when it is missing, stale or garbled, so losing it never loses a checkpoint.
+directories when it is missing, stale or garbled, so losing it never loses a checkpoint. The catalog
+(catalog_file.py) keeps what listings need of each manifest, so that a listing reads one file, not one
+manifest per checkpoint; it is checked and rebuilt the same way.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import uuid
 from ..errors import CorruptCheckpointError, InvalidCheckpointIdError
 from ..storage import Storage
 from . import checked_json, names
+from .catalog_file import CatalogEntry, read_catalog, write_catalog
 from .schema import Manifest, manifest_from_json
 
 log = logging.getLogger("recckpt")
@@ -69,15 +72,40 @@ def read_version_file(storage: Storage) -> list[str] | None:
     return ids
 
 
-def committed(storage: Storage) -> list[tuple[str, Manifest]]:
+def committed(storage: Storage, top: list[str] | None = None) -> list[tuple[str, CatalogEntry]]:
     """Committed checkpoints, oldest first: the version file's order, with any committed directory it
-    does not list placed among them by creation time."""
+    does not list placed among them by creation time. Each comes with what the catalog records of its
+    manifest (read from the manifest where the catalog has no entry). `top`: the names at the top of
+    `storage` when the caller has listed them already (one listing is a request per 1000 names on an
+    object store)."""
+    return _listing(storage, top=top)[0]
+
+
+def _listing(storage: Storage, trust_catalog: bool = True, top: list[str] | None = None
+             ) -> tuple[list[tuple[str, CatalogEntry]], bool]:
+    """(committed checkpoints as `committed` lists them, whether the catalog held exactly them)."""
     listed = read_version_file(storage) or []
-    candidates = [n for n in storage.listdir("") if not n.startswith(".") and n != names.VERSION_FILE]
-    found: dict[str, Manifest] = {}
-    for name, m in zip(candidates, _read_manifests(storage, candidates)):
+    top = storage.listdir("") if top is None else top
+    candidates = [n for n in top if not n.startswith(".") and n != names.VERSION_FILE]
+    cached = (read_catalog(storage) if trust_catalog else None) or {}
+    found: dict[str, CatalogEntry] = {n: cached[n] for n in candidates if n in cached}
+    unknown = [n for n in candidates if n not in found]
+    for name, m in zip(unknown, _read_manifests(storage, unknown)):
         if m is not None:
-            found[name] = m
+            found[name] = CatalogEntry.from_manifest(m)
+    order = _order(listed, found)
+    # The newest checkpoint is what a restart loads and what an increment builds on: its entry is checked
+    # against its manifest (one read), and a mismatch means the catalog is stale.
+    if order and order[-1] in cached:
+        m = _manifest_or_none(storage, order[-1])
+        if m is None or m.content_sha256 != cached[order[-1]].manifest_sha256:
+            log.warning("recckpt: catalog %s does not match checkpoint %s; rebuilding it from the manifests",
+                        storage.describe(names.CATALOG), storage.describe(order[-1]))
+            return _listing(storage, trust_catalog=False)[0], False
+    return [(i, found[i]) for i in order], set(cached) == set(found)
+
+
+def _order(listed: list[str], found: dict[str, CatalogEntry]) -> list[str]:
     order = [i for i in listed if i in found]
     # A committed checkpoint the version file does not list is either a commit whose version-file
     # update was lost (newer than everything listed) or one retention had dropped from the version file
@@ -88,7 +116,7 @@ def committed(storage: Storage) -> list[tuple[str, Manifest]]:
         created = found[i].created_ns
         at = next((k for k, j in enumerate(order) if found[j].created_ns > created), len(order))
         order.insert(at, i)
-    return [(i, found[i]) for i in order]
+    return order
 
 
 #: Manifests read at once when listing an output directory whose store charges a round trip per
@@ -119,7 +147,7 @@ def _read_manifests(storage: Storage, dirs: list[str]) -> list[Manifest | None]:
         return list(pool.map(lambda d: _manifest_or_none(storage, d), dirs))
 
 
-def with_parents(found: list[tuple[str, Manifest]], keep: "set[str] | list[str]") -> set[str]:
+def with_parents(found: list[tuple[str, CatalogEntry]], keep: "set[str] | list[str]") -> set[str]:
     """`keep` plus every checkpoint a kept incremental checkpoint depends on (its parent, the parent's
     parent, ... down to the full base), among the committed ones in `found`. Retention deletes only
     what is outside this set, so it never breaks a kept chain."""
@@ -132,25 +160,42 @@ def with_parents(found: list[tuple[str, Manifest]], keep: "set[str] | list[str]"
     return out
 
 
-def without_needed_links(found: list[tuple[str, Manifest]], doomed: list[str]) -> list[str]:
+def without_needed_links(found: list[tuple[str, CatalogEntry]], doomed: list[str]) -> list[str]:
     """`doomed` minus every checkpoint that a checkpoint outside it depends on (see `with_parents`): what
     retention may really delete. Every deleter (Saver retention, the CLI's prune) filters through it."""
     needed = with_parents(found, {i for i, _ in found} - set(doomed))
     return [d for d in doomed if d not in needed]
 
 
-def write_version_file(storage: Storage, ids: list[str], fsync: bool = True) -> None:
-    """Replace the version file in one step (the store decides how: temp file + rename, or one PUT)."""
+def write_version_file(storage: Storage, ids: list[str], fsync: bool = True,
+                       entries: "dict[str, CatalogEntry] | None" = None) -> None:
+    """Replace the version file in one step (the store decides how: temp file + rename, or one PUT);
+    with `entries` (id -> CatalogEntry, as `committed` gives them), then the catalog too, listing `ids`.
+    A catalog that cannot be written is removed (a stale one must not outlive a retention)."""
     tmp = f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
     # Claimed while it exists, so another process's recovery never removes it mid-way (issue 30).
     storage.write_atomic(names.VERSION_FILE, "".join(f"{i}\n" for i in ids).encode(), tmp=tmp, fsync=fsync,
                          owner=names.owner_file(tmp, 0))
+    if entries is None:
+        return
+    try:
+        write_catalog(storage, [entries[i] for i in ids if i in entries])
+    except OSError as e:
+        log.warning("recckpt: could not write the catalog %s (%s); listings read the manifests until it is "
+                    "rebuilt", storage.describe(names.CATALOG), e)
+        try:
+            storage.remove_file(names.CATALOG)
+        except OSError:
+            pass
 
 
-def sync_version_file(storage: Storage, fsync: bool = True) -> list[str]:
-    ids = [i for i, _ in committed(storage)]
-    if read_version_file(storage) != ids:
-        write_version_file(storage, ids, fsync)
+def sync_version_file(storage: Storage, fsync: bool = True, rebuild: bool = False) -> list[str]:
+    """Bring the version file and the catalog in line with the committed checkpoints; `rebuild` reads
+    every manifest instead of trusting the catalog (`recckpt gc`)."""
+    found, fresh = _listing(storage, trust_catalog=not rebuild)
+    ids = [i for i, _ in found]
+    if read_version_file(storage) != ids or not fresh or rebuild:
+        write_version_file(storage, ids, fsync, dict(found))
     return ids
 
 
@@ -174,7 +219,8 @@ def delete(storage: Storage, ckpt_id: str) -> None:
     storage.delete_checkpoint(ckpt_id, names.MANIFEST, f"{names.TRASH_PREFIX}{ckpt_id}-{uuid.uuid4().hex[:8]}")
 
 
-def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = True) -> list[str]:
+def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = True,
+           entries: "dict[str, CatalogEntry] | None" = None) -> list[str]:
     """Retention: rewrite the version file to list only `kept`, then delete each of `doomed` (a crash
     in between leaves a version file that never names a deleted checkpoint). `doomed` is in committed
     order (oldest first) and is deleted newest first: an increment goes before the links it depends on,
@@ -183,7 +229,7 @@ def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = T
     space, not correctness) and start-up recovery or the next retention finishes it."""
     if not doomed:
         return []
-    write_version_file(storage, kept, fsync)   # if this fails nothing is deleted: the next save retries
+    write_version_file(storage, kept, fsync, entries)   # if this fails nothing is deleted: the next save retries
     deleted = []
     for cid in reversed(doomed):
         log.info("recckpt: deleting %s", storage.describe(cid))

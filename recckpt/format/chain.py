@@ -120,15 +120,9 @@ def table_links(links: list[CheckpointReader], table: str) -> list[CheckpointRea
     return out
 
 
-def payload_bytes(m) -> int:
-    """Bytes of sparse rows a manifest records (ids + every slot; removed ids count 8 each): what a link
-    adds to a chain, comparable across links without reading their indexes."""
-    return sum(t.rows * (8 + sum(s.row_bytes for s in t.slots.values())) + 8 * t.removed for t in m.tables.values())
-
-
 def chain_stats(found, ckpt_id: str) -> tuple[int, int, int] | None:
     """(increments, their payload bytes, the base's payload bytes) of the chain ending at `ckpt_id`, from
-    the committed checkpoints `found` ((id, Manifest), as catalog.committed lists them); None if a link
+    the committed checkpoints `found` ((id, CatalogEntry), as catalog.committed lists them); None if a link
     is not among them."""
     by_id = dict(found)
     incs = inc_bytes = 0
@@ -139,8 +133,8 @@ def chain_stats(found, ckpt_id: str) -> tuple[int, int, int] | None:
             return None
         seen.add(cur.ckpt_id)
         incs += 1
-        inc_bytes += payload_bytes(cur)
+        inc_bytes += cur.payload_bytes
         cur = by_id.get(cur.parent.ckpt_id)
     if cur is None:
         return None
-    return incs, inc_bytes, payload_bytes(cur)
+    return incs, inc_bytes, cur.payload_bytes

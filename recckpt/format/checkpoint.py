@@ -13,6 +13,7 @@ from .. import _C, __version__
 from ..errors import CheckpointSaveError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage
 from . import catalog, checked_json, names, safetensors_io, structure, tree_codec, visibility
+from .digest import DenseDigest, Digest, Digests, TableDigest, dense_digest
 from .schema import (
     ColumnBlocks,
     FileInfo,
@@ -42,6 +43,8 @@ class WorkerPart:
     extras: str | None = None
     step: int | None = None       # the training step the worker saved at (duplicate-id resolution)
     parent: dict | None = None    # incremental: ParentRef json of the checkpoint the changes are since
+    digests: dict | None = None   # table -> TableDigest json of this worker's rows (tables written whole)
+    dense_digests: dict | None = None   # key -> DenseDigest json (the worker that wrote the dense state)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -51,10 +54,17 @@ class WorkerPart:
         return WorkerPart(**d)
 
 
-def _write_safetensors(storage: Storage, rel_path: str, tensors, metadata, fsync) -> list[int]:
+def _write_safetensors(storage: Storage, rel_path: str, tensors, metadata, fsync, each=None) -> list[int]:
     with storage.open_write(rel_path, fsync=fsync) as f:
-        size, crc = safetensors_io.write(f, tensors, metadata)
+        size, crc = safetensors_io.write(f, tensors, metadata, each)
     return [size, crc]
+
+
+def _dense_digests_of(data, threads: int) -> dict:
+    """DenseDigest json of every tensor of a whole dense.safetensors file held in `data` (no torch)."""
+    entries, _ = safetensors_io.parse(data, names.DENSE)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    return {k: dense_digest(dt, shape, raw[s:e], threads).to_json() for k, (dt, shape, s, e) in entries.items()}
 
 
 def index_bytes(doc: IndexDoc) -> bytes:
@@ -93,8 +103,21 @@ def write_worker_part(storage: Storage, stage: str, worker: int, *, tables: list
 
 def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state, opts, step, parent,
                         removed) -> WorkerPart:
+    # Tables written whole get content digests, computed as the rows are written; tables holding only
+    # their changes since the parent do not (their content is the fold of a chain: docs/FORMAT.md).
+    changes = {t.name for t in removed}
+    for t in tables:
+        if t.digest is None and t.name not in changes:
+            cb = t.column_blocks
+            t.digest = (TableDigest.for_slots(t.slots) if cb is None
+                        else TableDigest.for_block(t.slots, cb.slots, cb.blocks, t.block))
     doc = write_tables(storage, stage, worker, tables, opts, removed)
     part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json())
+    sums: dict[str, TableDigest] = {}    # a column-split table comes as one source per block
+    for t in tables:
+        if t.digest is not None and t.name not in changes:
+            sums[t.name] = sums[t.name] + t.digest if t.name in sums else t.digest
+    part.digests = {name: d.to_json() for name, d in sums.items()}
     # Rows as exported, not as the table's metadata claimed: the index must agree with the manifest.
     # A column-split table counts its rows in block 0 only: every block holds the same rows.
     part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1] if s.block == 0),
@@ -115,7 +138,13 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
                                              {tree_codec.TREE_KEY: text}, opts.fsync)
         part.io_state = rel
     if dense is not None:
-        part.files[names.DENSE] = _write_safetensors(storage, f"{stage}/{names.DENSE}", dense, None, opts.fsync)
+        part.dense_digests = {}
+
+        def digest(name, dtype, shape, data):   # each tensor as it is written, while its bytes are at hand
+            part.dense_digests[name] = dense_digest(dtype, shape, data, opts.concurrency).to_json()
+
+        part.files[names.DENSE] = _write_safetensors(storage, f"{stage}/{names.DENSE}", dense, None, opts.fsync,
+                                                     digest)
         part.dense = names.DENSE
     if extras is not None:
         text, tensors = tree_codec.encode(extras, "extras")
@@ -143,6 +172,8 @@ def copy_whole_files(src: "CheckpointReader", storage: Storage, stage: str, part
         storage.write_bytes(f"{stage}/{rel}", data, fsync=fsync)
         part.files[rel] = [m.files[rel].size, m.files[rel].crc32c]
         setattr(part, attr, rel)
+        if attr == "dense":   # from the bytes copied (the source may predate digests)
+            part.dense_digests = _dense_digests_of(data, 1)
 
 
 def expected_files(parts: list[WorkerPart]) -> list[visibility.ExpectedFile]:
@@ -209,6 +240,8 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
     # specs to know its column lengths).
     docs = [index_from_json(p.index, f"worker {p.worker} index", m, worker=True) for p in parts]
     merged = IndexDoc.merge(docs)
+    m.digests = _merged_digests(parts, m)
+    m.shard_bytes = sum(size for _, size in merged.files)   # listings show sizes without reading the index
     if m.tables:
         data = index_bytes(merged)
         storage.write_bytes(f"{stage}/{names.INDEX}", data, fsync=opts.fsync)
@@ -228,6 +261,30 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
     catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
     m.content_sha256 = hashlib.sha256(data).hexdigest()
     return m
+
+
+def _merged_digests(parts: list[WorkerPart], m: Manifest) -> Digests:
+    """The checkpoint's digests: per table the sum of every worker's part (a table some worker wrote
+    without a digest has none), and the dense state's from the worker that wrote it."""
+    out = Digests()
+    for name, info in m.tables.items():
+        slots = list(info.slots)
+        total = TableDigest(slots)
+        for p in parts:
+            d = (p.digests or {}).get(name)
+            if d is None and name not in p.tables:
+                continue          # this worker wrote nothing of the table
+            if d is None:
+                total = None      # a worker's share is unknown: so is the table's content
+                break
+            total = total + TableDigest.from_json(d, slots)
+        if total is not None:
+            out.tables[name] = total
+    writer = next((p for p in parts if p.dense is not None), None)
+    if writer is not None and writer.dense_digests is not None:
+        out.dense = {k: DenseDigest(d["dtype"], tuple(d["shape"]), Digest.from_hex(d["digest"]))
+                     for k, d in writer.dense_digests.items()}
+    return out
 
 
 class CheckpointReader:

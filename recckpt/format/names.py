@@ -20,6 +20,8 @@ STAGING_PREFIX = ".staging-"         # <output_dir>/.staging-<ckpt_id>-<nonce>/ 
 TRASH_PREFIX = ".deleting-"          # a checkpoint being deleted is renamed here first
 VERSION_TMP_PREFIX = f".{VERSION_FILE}.tmp-"   # the version file being replaced
 OWNER_PREFIX = ".owner-"             # <output_dir>/.owner-<target>.w<worker>: a live writer's claim
+CATALOG = ".catalog.json"            # <output_dir>/.catalog.json: what listings need of each manifest
+CATALOG_TMP_PREFIX = f"{CATALOG}.tmp-"   # the catalog being replaced
 
 MANIFEST = "manifest.json"
 INDEX = "index.json"
@@ -32,6 +34,7 @@ IO_STATE_DIR = "io_state"
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_INDEX_BYTES = 1 << 30
 MAX_VERSION_FILE_BYTES = 16 << 20   # ~80k ids of 200 characters
+MAX_CATALOG_BYTES = 256 << 20       # ~500k checkpoints
 
 _CKPT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
 

@@ -62,12 +62,13 @@ def remove_target_if_unowned(storage: Storage, target: str, listing: list[str] |
 
 
 #: What each kind of leftover is (the kind of entry its writer creates), by name.
-_TARGET, _TRASH, _VERSION_TMP, _OWNER = "target", "trash", "version_tmp", "owner"
-_EXPECTED_KIND = {_TARGET: "dir", _TRASH: "dir", _VERSION_TMP: "file", _OWNER: "file"}
+_TARGET, _TRASH, _VERSION_TMP, _CATALOG_TMP, _OWNER = "target", "trash", "version_tmp", "catalog_tmp", "owner"
+_EXPECTED_KIND = {_TARGET: "dir", _TRASH: "dir", _VERSION_TMP: "file", _CATALOG_TMP: "file", _OWNER: "file"}
 _LEFT_BY = {
     _TARGET: "an interrupted save (or one still running: removed only when no live process claims it)",
     _TRASH: "an interrupted delete",
     _VERSION_TMP: "an interrupted version-file update (or one still running: removed only when abandoned)",
+    _CATALOG_TMP: "an interrupted catalog update (or one still running: removed only when abandoned)",
     _OWNER: "a writer's claim (removed only when its writer is gone)",
 }
 
@@ -79,6 +80,8 @@ def _classify(storage: Storage, name: str) -> str | None:
         return _TRASH
     if name.startswith(names.VERSION_TMP_PREFIX):
         return _VERSION_TMP
+    if name.startswith(names.CATALOG_TMP_PREFIX):
+        return _CATALOG_TMP
     if name.startswith(names.OWNER_PREFIX):
         return _OWNER
     if _uncommitted_leftover(storage, name):
@@ -103,23 +106,27 @@ class Recovered:
     skipped: list[tuple[str, str]] = field(default_factory=list)     # (name, why) left alone
 
 
-def find_leftovers(storage: Storage, keep: Collection[str] = ()) -> list[tuple[str, str]]:
+def find_leftovers(storage: Storage, keep: Collection[str] = (), top: list[str] | None = None
+                   ) -> list[tuple[str, str]]:
     """(name, what left it) for each top-level entry of `storage` that `recover` would remove, were its
-    writer dead: a save target that a live process still claims is listed too (`recover` keeps it)."""
+    writer dead: a save target that a live process still claims is listed too (`recover` keeps it).
+    `top`: the top-level names, when the caller has listed them already."""
     found = []
-    for name in storage.listdir(""):
+    for name in storage.listdir("") if top is None else top:
         what = None if name in keep else _classify(storage, name)
         if what is not None and _stray(storage, name, what) is None:
             found.append((name, _LEFT_BY[what]))
     return found
 
 
-def find_strays(storage: Storage) -> list[tuple[str, str]]:
+def find_strays(storage: Storage, keep: Collection[str] = (), top: list[str] | None = None
+                ) -> list[tuple[str, str]]:
     """(name, why) for entries named like recckpt's own that recckpt must not touch, and a version file
-    that is not a regular file."""
+    that is not a regular file. `keep`: names known not to be (committed checkpoints); `top`: the
+    top-level names, when the caller has listed them already."""
     out = []
-    for name in storage.listdir(""):
-        what = _classify(storage, name)
+    for name in storage.listdir("") if top is None else top:
+        what = None if name in keep else _classify(storage, name)
         why = None if what is None else _stray(storage, name, what)
         if why is not None:
             out.append((name, why))
@@ -135,10 +142,12 @@ def _skip(out: Recovered, storage: Storage, name: str, why: str) -> None:
     out.skipped.append((name, why))
 
 
-def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) -> Recovered:
+def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True, rebuild_catalog: bool = False
+            ) -> Recovered:
     """Remove what interrupted saves and deletes left in `storage` (except the targets in `keep` and
-    those a live writer holds) and rewrite the version file if it is missing, garbled or stale. Entries
-    that are not ours or cannot be removed are skipped and reported; nothing here raises for one entry."""
+    those a live writer holds) and rewrite the version file and the catalog if they are missing, garbled
+    or stale (`rebuild_catalog`: the catalog from every manifest, trusting none of it). Entries that are
+    not ours or cannot be removed are skipped and reported; nothing here raises for one entry."""
     out = Recovered()
     listing = storage.listdir("")
     found = [(n, w) for n, w in ((n, None if n in keep else _classify(storage, n)) for n in listing)
@@ -150,7 +159,7 @@ def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) ->
             _skip(out, storage, name, why)
             continue
         try:
-            if what in (_TARGET, _VERSION_TMP):
+            if what in (_TARGET, _VERSION_TMP, _CATALOG_TMP):
                 if not remove_target_if_unowned(storage, name, owners_listing):
                     log.info("recckpt: leaving %s alone: a live process is writing it", storage.describe(name))
                     continue
@@ -173,7 +182,7 @@ def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) ->
         log.warning("recckpt: removed %s, left by %s", storage.describe(name), _LEFT_BY[what].split(" (")[0])
         out.removed.append(name)
     try:
-        catalog.sync_version_file(storage, fsync)
+        catalog.sync_version_file(storage, fsync, rebuild=rebuild_catalog)
     except OSError as e:
         # The version file is advisory (listings rebuild it): a save goes on without it.
         _skip(out, storage, names.VERSION_FILE, f"could not rewrite the version file: {e}")

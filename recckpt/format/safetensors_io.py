@@ -38,8 +38,10 @@ def tensor_bytes(t: torch.Tensor):
     return t.view(torch.uint8).numpy()
 
 
-def write(fileobj, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> tuple[int, int]:
-    """Write a safetensors file to `fileobj`; returns (bytes written, CRC-32C of the file)."""
+def write(fileobj, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None,
+          each=None) -> tuple[int, int]:
+    """Write a safetensors file to `fileobj`; returns (bytes written, CRC-32C of the file). `each`, if
+    given, is called as each(name, dtype name, shape, uint8 bytes) for every tensor as it is written."""
     header: dict = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -63,6 +65,8 @@ def write(fileobj, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | 
     crc = _C.crc32c(prefix)
     for name in order:
         data = tensor_bytes(tensors[name])
+        if each is not None:
+            each(name, header[name]["dtype"], tuple(header[name]["shape"]), data)
         if data.size:
             fileobj.write(memoryview(data))
             crc = _C.crc32c(data, crc)

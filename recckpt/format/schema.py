@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes, layout
+from .digest import DIGEST_NAME, DenseDigest, Digest, Digests, TableDigest
 from .hashing import HASH_NAME, NUM_BUCKETS_LIMIT
 from .names import (
     FORMAT_NAME,
@@ -140,6 +141,8 @@ class Manifest:
     worker_steps: dict[int, int] = field(default_factory=dict)  # worker → training step it saved at
     format_version: int = FORMAT_VERSION
     parent: ParentRef | None = None   # set: an incremental checkpoint (format version 3)
+    digests: Digests | None = None    # content digests (format version 4); None: not recorded
+    shard_bytes: int | None = None    # bytes of all .bin shard files (version 4); None: not recorded
     content_sha256: str | None = None  # SHA-256 of manifest.json as read or written (not a field of it)
 
     def to_json(self) -> dict:
@@ -156,6 +159,8 @@ class Manifest:
             **({"worker_steps": {str(k): v for k, v in sorted(self.worker_steps.items())}}
                if self.worker_steps else {}),
             **({"parent": self.parent.to_json()} if self.parent is not None else {}),
+            **({"digests": self.digests.to_json()} if self.digests is not None else {}),
+            **({"shard_bytes": self.shard_bytes} if self.shard_bytes is not None else {}),
         }
 
 
@@ -429,7 +434,57 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
             v.fail("files", f"{rel!r} is referenced but has no size/checksum entry")
     if tables and m.index is None:
         v.fail("index", "the checkpoint has sparse tables but no index")
+    if obj.get("digests") is not None:
+        m.digests = _digests_from_json(v, v.dict(obj["digests"], "digests"), tables)
+    if obj.get("shard_bytes") is not None:
+        m.shard_bytes = v.int(obj["shard_bytes"], "shard_bytes")
     return m
+
+
+def _digests_from_json(v: _V, d: dict, tables: dict[str, TableInfo]) -> Digests | None:
+    """The manifest's `digests`; None when they use an algorithm this recckpt does not know (a newer
+    writer's: the checkpoint stays readable, its contents are just not comparable by digest)."""
+    if v.str(v.get(d, "hash", "digests"), "digests.hash") != DIGEST_NAME:
+        return None
+
+    def hex_(x, where):
+        try:
+            return Digest.from_hex(x)
+        except ValueError as e:
+            v.fail(where, str(e))
+
+    out = Digests()
+    for name, t in v.dict(v.get(d, "tables", "digests"), "digests.tables").items():
+        where = f"digests.tables[{name!r}]"
+        info = tables.get(name)
+        if info is None:
+            v.fail(where, "no such table in the manifest")
+        rows = v.int(v.get(t, "rows", where), f"{where}.rows")
+        if not info.changes and rows != info.rows:
+            v.fail(f"{where}.rows", f"{rows}, but the table holds {info.rows} rows")
+        slots = v.dict(v.get(t, "slots", where), f"{where}.slots")
+        if set(slots) != set(info.slots):   # an object: its keys are stored sorted, not in column order
+            v.fail(f"{where}.slots", f"{sorted(slots)} differ from the table's slots {sorted(info.slots)}")
+        out.tables[name] = TableDigest(list(info.slots), rows, hex_(v.get(t, "ids", where), f"{where}.ids"),
+                                       {s: hex_(slots[s], f"{where}.slots[{s!r}]") for s in info.slots})
+    if "dense" in d:
+        out.dense = {}
+        for key, e in v.dict(d["dense"], "digests.dense").items():
+            where = f"digests.dense[{key!r}]"
+            dt = v.get(e, "dtype", where)
+            if dt not in dtypes.names():
+                v.fail(f"{where}.dtype", f"unknown dtype {dt!r:.40}")
+            shape = tuple(v.int(x, f"{where}.shape", 0, _I63) for x in v.list(v.get(e, "shape", where), f"{where}.shape"))
+            out.dense[v.str(key, "digests.dense")] = DenseDigest(dt, shape, hex_(v.get(e, "digest", where),
+                                                                                f"{where}.digest"))
+    return out
+
+
+def _check_shard_bytes(v: _V, doc: IndexDoc, manifest: Manifest) -> None:
+    """The merged index's shard files add up to the manifest's `shard_bytes`, where it records them."""
+    total = sum(n for _, n in doc.files)
+    if manifest.shard_bytes is not None and manifest.shard_bytes != total:
+        v.fail("files", f"shard files of {total} bytes, the manifest's shard_bytes says {manifest.shard_bytes}")
 
 
 def _table_v4_fields(v: _V, t: dict, where: str, ver: int, slots: dict[str, SlotInfo]):
@@ -559,6 +614,8 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None, *, w
             doc.removed[name] = [segment(s, f"{where}.removed[{j}]", [], [8])
                                  for j, s in enumerate(v.list(t["removed"], f"{where}.removed"))]
         doc.tables[name] = (slots, segs)
+    if manifest is not None and not worker:
+        _check_shard_bytes(v, doc, manifest)
     if manifest is not None:
         for name, info in manifest.tables.items():
             if name not in doc.tables:
@@ -779,6 +836,7 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
         for name in manifest.tables:
             if name not in tables:
                 v.fail("tables", f"table {name!r} of the manifest has no index entry")
+        _check_shard_bytes(v, doc, manifest)
     _tiling_v4(v, doc, [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None])
     # Phase 2: the CRCs, and the records the readers use.
     for name, slots, segs, removed, blocked in phase1:

@@ -24,6 +24,7 @@ from ..errors import CorruptCheckpointError, InvalidArgumentError
 from ..storage import Storage
 from . import layout, names
 from .catalog import check_inside
+from .digest import TableDigest
 from .schema import Column, ColumnBlocks, IndexDoc, Segment, SlotInfo
 
 
@@ -69,6 +70,7 @@ class TableSource:
     rows: int
     chunks: Iterable[tuple[np.ndarray, list[np.ndarray]]]
     receipts: WriteReceipts | None = None
+    digest: TableDigest | None = None   # set: the writer adds every chunk it takes to it
     num_rows: int = 0                    # > 0: a fixed-size table of N rows, bucketed "row_range"
     column_blocks: ColumnBlocks | None = None   # saved column-split: the table's blocks ...
     block: int = 0                       # ... and the one these chunks hold (split slots narrowed to it)
@@ -123,6 +125,8 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
                     segment = writer.submit(ti, ids, cols, t.num_rows)
                     if t.receipts is not None:
                         t.receipts.taken(writer, segment)
+                    if t.digest is not None:   # while the writer threads write the chunk
+                        t.digest.update(ids, cols, opts.concurrency)
             records = writer.finish(opts.fsync)
         except BaseException:
             writer.abort()

@@ -200,7 +200,8 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
         if claim is not None:
             claim.release()   # after the commit (or the discard): a rival sees it committed, or nothing
     try:
-        catalog.write_version_file(store, [i for i, _ in catalog.committed(store)], fsync)
+        found = catalog.committed(store)
+        catalog.write_version_file(store, [i for i, _ in found], fsync, dict(found))
     except (OSError, RecckptError) as e:  # committed already; the next save or recovery redoes the list
         log.warning("recckpt: compacted %s, but updating the version file failed: %s", store.describe(dst_id), e)
     out = CompactStats(newest.describe(), store.describe(dst_id), len(links), rows, time.perf_counter() - t0)

@@ -1,6 +1,13 @@
 """`recckpt.diff(a, b)`: what differs between two checkpoints: tables, slots, dense keys and registered
-objects added, removed or changed; with values=True also the rows (ids only in one, rows changed, and the
-largest absolute difference per slot), compared bucket range by bucket range so memory stays bounded."""
+objects added, removed or changed.
+
+Without values, row contents are compared by the content digests the manifests record (docs/FORMAT.md
+"Content digests"): no row is read, and the answer does not depend on either checkpoint's world size,
+bucket count or packing. A table whose digest one side lacks (a checkpoint older than digests, or an
+incremental checkpoint holding only the table's changes) is reported as not compared, and the
+checkpoints are then not called the same. With values=True the rows are read and compared too (ids only
+in one, rows changed, and the largest absolute difference per slot), bucket range by bucket range so
+memory stays bounded. Neither imports torch."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -8,12 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from .reader import CheckpointView, open as open_checkpoint
 
 #: Rows of both checkpoints held at once by a value diff are about this many bytes.
 GROUP_BYTES = 64 << 20
+
+#: Fields that say how a checkpoint was written, not what it holds: shown, never a difference.
+LAYOUT_FIELDS = ("workers", "num_buckets", "format_version", "kind", "parent")
 
 
 @dataclass
@@ -36,18 +45,31 @@ class DiffReport:
     a: str
     b: str
     metadata: dict[str, tuple[Any, Any]] = field(default_factory=dict)      # field -> (a, b), differing only
+    layout: dict[str, tuple[Any, Any]] = field(default_factory=dict)        # LAYOUT_FIELDS that differ: not content
     tables: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
     slots: dict[str, dict[str, list[str]]] = field(default_factory=dict)     # table -> added/removed/changed
+    contents: dict[str, list[str]] = field(default_factory=dict)
+    """Table -> what its digests say differs: "ids" (the set of ids) and the slots whose rows differ."""
+    rows: dict[str, tuple[int, int]] = field(default_factory=dict)           # table -> rows (a, b), by digest
+    not_compared: dict[str, str] = field(default_factory=dict)
+    """Table -> why its rows could not be compared without values (no digest on a side)."""
     dense: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
     objects: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
     values: dict[str, TableValues] | None = None
 
     @property
-    def same(self) -> bool:
+    def differs(self) -> bool:
+        """True when a difference was found."""
         structural = (any(self.tables.values()) or any(any(v.values()) for v in self.slots.values())
                       or any(self.dense.values()) or any(self.objects.values()))
         rows = self.values is not None and any(v.only_a or v.only_b or v.changed_rows for v in self.values.values())
-        return not (self.metadata or structural or rows)
+        return bool(self.metadata or structural or self.contents or rows)
+
+    @property
+    def same(self) -> bool:
+        """True only when the checkpoints are known to hold the same state: nothing differs, and every
+        table's rows were compared (by digest, or by value with values=True)."""
+        return not self.differs and not (self.not_compared and self.values is None)
 
 
 def _added_removed_changed(a: Mapping, b: Mapping, same) -> dict[str, list[str]]:
@@ -55,16 +77,14 @@ def _added_removed_changed(a: Mapping, b: Mapping, same) -> dict[str, list[str]]
             "changed": sorted(k for k in set(a) & set(b) if not same(a[k], b[k]))}
 
 
-def _tensor_equal(x, y) -> bool:
-    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-        return (x.dtype == y.dtype and x.shape == y.shape
-                and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)))
-    if isinstance(x, dict) and isinstance(y, dict):
-        return x.keys() == y.keys() and all(_tensor_equal(x[k], y[k]) for k in x)
-    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
-        return type(x) is type(y) and len(x) == len(y) and all(_tensor_equal(p, q) for p, q in zip(x, y))
+def _tree_equal(x, y) -> bool:
+    """State trees (numpy arrays for tensors) equal bit for bit."""
     if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
         return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_tree_equal(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        return type(x) is type(y) and len(x) == len(y) and all(_tree_equal(p, q) for p, q in zip(x, y))
     if type(x) is not type(y):
         return False
     return bool(x == y)
@@ -75,18 +95,49 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
     va = a if isinstance(a, CheckpointView) else open_checkpoint(a, storage_options)
     vb = b if isinstance(b, CheckpointView) else open_checkpoint(b, storage_options)
     r = DiffReport(va.path, vb.path)
-    for f in ("step", "workers", "num_buckets", "format_version", "kind", "parent"):
+    for f in ("step", *LAYOUT_FIELDS):
         if getattr(va, f) != getattr(vb, f):
-            r.metadata[f] = (getattr(va, f), getattr(vb, f))
-    r.tables = _added_removed_changed(va.tables, vb.tables, lambda x, y: x.slots == y.slots)
+            (r.layout if f in LAYOUT_FIELDS else r.metadata)[f] = (getattr(va, f), getattr(vb, f))
+    r.tables = _added_removed_changed(va.schema, vb.schema, lambda x, y: x == y)
     for t in r.tables["changed"]:
         r.slots[t] = _added_removed_changed(
-            va.tables[t].slots, vb.tables[t].slots, lambda x, y: (x.dtype, x.shape) == (y.dtype, y.shape))
-    r.dense = _added_removed_changed(va.dense_tensors(), vb.dense_tensors(), _tensor_equal)
-    r.objects = _added_removed_changed(va.objects()["objects"], vb.objects()["objects"], _tensor_equal)
+            va.schema[t], vb.schema[t], lambda x, y: (x.dtype, x.shape) == (y.dtype, y.shape))
+    # Identical manifests describe identical files: known equal without any digest (e.g. `diff a a`).
+    identical = va.manifest_sha256 is not None and va.manifest_sha256 == vb.manifest_sha256
+    if not identical:
+        for t in sorted(set(va.schema) & set(vb.schema)):
+            _compare_table(va, vb, t, r)
+    r.dense = _compare_dense(va, vb)
+    r.objects = _added_removed_changed(va.objects(arrays=True)["objects"], vb.objects(arrays=True)["objects"],
+                                       _tree_equal)
     if values:
-        r.values = {t: _table_values(va, vb, t) for t in sorted(set(va.tables) & set(vb.tables))}
+        r.values = {t: _table_values(va, vb, t) for t in sorted(set(va.schema) & set(vb.schema))}
     return r
+
+
+def _compare_table(va: CheckpointView, vb: CheckpointView, table: str, r: DiffReport) -> None:
+    """Contents of `table` by digest: the slots both sides have with one dtype and shape, and the ids."""
+    da, why_a = va.table_digest(table)
+    db, why_b = vb.table_digest(table)
+    if da is None or db is None:
+        r.not_compared[table] = why_a or why_b
+        return
+    r.rows[table] = (da.rows, db.rows)
+    sa, sb = va.schema[table], vb.schema[table]
+    common = [s for s in sa if s in sb and (sa[s].dtype, sa[s].shape) == (sb[s].dtype, sb[s].shape)]
+    differ = (["ids"] if (da.rows, da.ids) != (db.rows, db.ids) else []) + \
+        [s for s in common if da.slot_digests[s] != db.slot_digests[s]]
+    if differ:
+        r.contents[table] = differ
+
+
+def _compare_dense(va: CheckpointView, vb: CheckpointView) -> dict[str, list[str]]:
+    """Dense keys added, removed or changed: by the manifests' digests where both record them, else by
+    reading both dense files (dense state is small beside the tables)."""
+    da, db = va.dense_digests, vb.dense_digests
+    if da is not None and db is not None:
+        return _added_removed_changed(da, db, lambda x, y: x == y)
+    return _added_removed_changed(va.dense_arrays(), vb.dense_arrays(), _tree_equal)
 
 
 def _read_range(view: CheckpointView, table: str, slots: list[str], lo: int, hi: int):

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, names, recovery
 from ..format.retention import CkptEntry, KeepPolicy
-from .reader import kind_of, open_output_dir, parent_of, recorded_step
+from .reader import kind_of, open_output_dir, parent_of
 
 log = logging.getLogger("recckpt")
 
@@ -26,6 +26,7 @@ class CheckpointSummary:
     size_bytes: int
     created: _dt.datetime
     parent: str | None = None
+    compacted_from: str | None = None   # the checkpoint a compaction folded into this one
 
 
 @dataclass
@@ -75,19 +76,25 @@ def output_dirs_below(storage, depth: int = SEARCH_DEPTH, budget: int = SEARCH_D
     return sorted(found)
 
 
-def _require_dir(storage) -> None:
-    if not storage.isdir(""):
+def _require_dir(storage, top: list[str] | None = None) -> None:
+    """An output directory: not missing, not one checkpoint. `top`: its listing, when already made (then a
+    non-empty one answers the first question without another request)."""
+    if not top and not storage.isdir(""):
         raise CheckpointNotFoundError(f"{storage.describe()} is not a directory; pass an output directory "
                                       f"(the one given to Saver/CheckpointManager as output_dir)",
                                       path=storage.describe())
-    if storage.exists(names.MANIFEST):
+    if (names.MANIFEST in top) if top is not None else storage.exists(names.MANIFEST):
         raise InvalidArgumentError(f"{storage.describe()} is one checkpoint, not an output directory; pass "
                                    f"its parent directory")
 
 
-def _size(storage, ckpt_id: str, m) -> int:
-    """Bytes the manifest records plus the shard files on disk (the index holds their sizes, but reading
-    a large index only to list checkpoints would make `ls` slow)."""
+def _size(storage, ckpt_id: str, entry) -> int:
+    """Bytes the catalog records (from the manifest); for a checkpoint written before manifests recorded
+    their shard bytes, the manifest's files plus the shard files on disk (the index holds their sizes,
+    but reading a large index only to list checkpoints would make `ls` slow)."""
+    if entry.size_bytes is not None:
+        return entry.size_bytes
+    m = catalog.read_manifest(storage, ckpt_id)
     total = sum(f.size for f in m.files.values())
     sparse = f"{ckpt_id}/{names.SPARSE_DIR}"
     if m.index is not None and storage.isdir(sparse):
@@ -99,15 +106,18 @@ def _size(storage, ckpt_id: str, m) -> int:
 def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = None) -> Listing:
     """Committed checkpoints of `output_dir` (oldest first) and the leftovers of crashed saves in it."""
     storage = open_output_dir(output_dir, storage_options)
-    _require_dir(storage)
+    top = storage.listdir("")            # once: for the checkpoints, the leftovers and the checks
+    _require_dir(storage, top)
     out = Listing(storage.describe())
-    for cid, m in catalog.committed(storage):
-        parent = parent_of(m)
+    found = catalog.committed(storage, top)   # the catalog: no manifest read per checkpoint
+    for cid, e in found:
+        parent = parent_of(e)
         out.checkpoints.append(CheckpointSummary(
-            cid, storage.describe(cid), recorded_step(m.metadata, m.worker_steps), kind_of(m.metadata, parent),
-            _size(storage, cid, m), _dt.datetime.fromtimestamp(m.created_ns / 1e9, tz=_dt.timezone.utc), parent))
-    out.leftovers = recovery.find_leftovers(storage)
-    out.strays = recovery.find_strays(storage)
+            cid, storage.describe(cid), e.step, kind_of(e.metadata, parent), _size(storage, cid, e),
+            _dt.datetime.fromtimestamp(e.created_ns / 1e9, tz=_dt.timezone.utc), parent, e.compacted_from))
+    committed_ids = {cid for cid, _ in found}   # committed: neither leftovers nor strays (no request per name)
+    out.leftovers = recovery.find_leftovers(storage, keep=committed_ids, top=top)
+    out.strays = recovery.find_strays(storage, keep=committed_ids, top=top)
     if not out.checkpoints and catalog.read_version_file(storage) is None:
         out.output_dirs_below = output_dirs_below(storage)
     return out
@@ -129,7 +139,7 @@ def prune(output_dir, keep: int, *, dry_run: bool = False,
     doomed = catalog.without_needed_links(found, KeepPolicy(max_keep=keep).doomed(entries))
     if dry_run:
         return doomed
-    catalog.retire(storage, [cid for cid, _ in found if cid not in doomed], doomed)
+    catalog.retire(storage, [cid for cid, _ in found if cid not in doomed], doomed, entries=dict(found))
     return doomed
 
 
@@ -159,7 +169,7 @@ def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[st
                                    f"not being deleted; delete those too, or compact them first "
                                    f"(recckpt.compact)", path=storage.describe(needed[0]))
     return catalog.retire(storage, [cid for cid in committed if cid not in ids],
-                          [cid for cid in committed if cid in ids])   # committed order: see retire
+                          [cid for cid in committed if cid in ids], entries=dict(found))   # committed order: see retire
 
 
 def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] | None = None
@@ -176,7 +186,7 @@ def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] 
         for name, why in recovery.find_strays(storage):
             log.warning("recckpt: would leave %s alone: %s", storage.describe(name), why)
         return found
-    removed = set(recovery.recover(storage).removed)
+    removed = set(recovery.recover(storage, rebuild_catalog=True).removed)
     return [(n, w) for n, w in found if n in removed]
 
 

@@ -27,6 +27,7 @@ from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, dtypes, names
 from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
+from ..format.digest import DenseDigest, TableDigest
 from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
 from ..format.retention import META_EPHEMERAL, recorded_step
@@ -200,6 +201,36 @@ class CheckpointView:
         return sum(plan_fold(links, table, lo, hi).rows
                    for lo, hi in bucket_groups(links, table, 0, self.num_buckets, WINDOW_BYTES))
 
+    @property
+    def schema(self) -> Mapping[str, Mapping[str, SlotDesc]]:
+        """Each table's slots (column order), from the manifest alone: unlike `tables`, never reads ids."""
+        return self._slots
+
+    # ------------------------------------------------------------------------------------- digests
+    @property
+    def manifest_sha256(self) -> str | None:
+        """SHA-256 of this checkpoint's manifest.json bytes: equal manifests mean equal checkpoints (the
+        manifest covers every file through sizes and checksums, and an increment's chain by hash)."""
+        return self._r.manifest.content_sha256
+
+    def table_digest(self, table: str) -> tuple[TableDigest | None, str | None]:
+        """(the content digest of `table` as this view shows it, None) or (None, why it is not known)."""
+        self._table_slots(table)
+        m = self._r.manifest
+        if m.tables[table].changes:
+            return None, (f"{self.ckpt_id} holds only the changes of table {table!r} since {self.parent}: its "
+                          f"content is the fold of a chain of {len(self.links)} links, which records no digest")
+        if m.digests is None:
+            return None, f"{self.ckpt_id} records no content digests (format version {m.format_version})"
+        d = m.digests.tables.get(table)
+        return (d, None) if d is not None else (None, f"{self.ckpt_id} records no digest of table {table!r}")
+
+    @property
+    def dense_digests(self) -> Mapping[str, DenseDigest] | None:
+        """Dense key -> dtype, shape and content digest, from the manifest; None when not recorded."""
+        d = self._r.manifest.digests
+        return None if d is None or d.dense is None else dict(d.dense)
+
     # ---------------------------------------------------------------------------------- dense & objects
     @property
     def dense(self) -> Mapping[str, DenseDesc]:
@@ -217,6 +248,15 @@ class CheckpointView:
                 raise InvalidArgumentError(f"{self.path}: no dense keys {unknown}; it has {sorted(tensors)}")
             tensors = {k: tensors[k] for k in keys}
         return {k: t.clone() for k, t in tensors.items()}
+
+    def dense_arrays(self) -> dict[str, np.ndarray]:
+        """Copies of the dense tensors as numpy arrays (BF16 as uint16 bits), without importing torch."""
+        from ..format import safetensors_io
+        m = self._r.manifest
+        if m.dense is None:
+            return {}
+        arrays, _ = safetensors_io.read_arrays(self._r.read_file(m.dense), self._r.describe(m.dense))
+        return arrays
 
     def objects(self, arrays: bool = False) -> dict:
         """The registered-objects tree {'objects': {name: {'kind', 'state'}}, 'sparse_optimizer': ...}.

@@ -619,9 +619,10 @@ class Saver:
             if doomed:
                 log.info("recckpt: retention (%s) deletes %s", keep, doomed)
             deleted = catalog.retire(self.storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone], doomed,
-                                     self.options.fsync)
+                                     self.options.fsync, dict(found))
             if not doomed:
-                catalog.write_version_file(self.storage, [e.ckpt_id for e in entries], self.options.fsync)
+                catalog.write_version_file(self.storage, [e.ckpt_id for e in entries], self.options.fsync,
+                                           dict(found))
             if len(deleted) < len(doomed):   # a leftover checkpoint costs disk, not correctness
                 raise OSError(f"could not delete {sorted(gone - set(deleted))} (see the log); the next save retries")
         except OSError as e:

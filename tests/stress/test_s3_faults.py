@@ -64,7 +64,7 @@ def test_sigkill_during_saves_to_s3(tmp_path, s3_server, s3_bucket, slow_mode):
     left = [p for p in fs.find(f"{s3_bucket}/killed") if "/.owner-" in p]
     assert not left, left
     top = {p.split("/")[2] for p in fs.find(f"{s3_bucket}/killed")}
-    assert top <= set(Saver(Model(), output_dir=url, storage_options=opts).checkpoints()) | {"checkpoint"}, top
+    assert top <= set(Saver(Model(), output_dir=url, storage_options=opts).checkpoints()) | {"checkpoint", ".catalog.json"}, top
 
 
 def test_flipped_byte_on_s3_is_caught_by_load_and_verify(s3_server, s3_bucket):

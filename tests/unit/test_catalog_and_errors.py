@@ -55,7 +55,7 @@ def test_max_keep_counts_checkpoints_from_before_a_restart(tmp_path):
     assert s2.checkpoints() == ["a0", "a1", "a2"], "nothing pruned before the first new commit"
     s2.save("b0")
     assert s2.checkpoints() == ["a2", "b0"] and version_ids(tmp_path) == ["a2", "b0"]
-    assert sorted(os.listdir(tmp_path)) == ["a2", "b0", "checkpoint"]
+    assert sorted(os.listdir(tmp_path)) == [".catalog.json", "a2", "b0", "checkpoint"]
 
 
 def test_max_keep_never_deletes_before_commit(tmp_path):

@@ -68,6 +68,32 @@ def test_inspect_shows_dense_objects_and_io_state_without_torch(out_dir):
     assert doc["tables"]["user"]["rows"] == 200
 
 
+def _run_any(*argv) -> dict:
+    """As _run, for a verb whose exit code the caller checks (diff exits 1 on differences)."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    p = subprocess.run([sys.executable, "-c", SCRIPT, *argv], capture_output=True, text=True, env=env, check=False,
+                       timeout=300)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("values", [False, True])
+def test_diff_leaves_torch_out(out_dir, values):
+    """Digests, dense state and registered objects compared as numpy; with --values, rows too."""
+    argv = ["diff", "--json", str(out_dir / "ckpt_1"), str(out_dir / "ckpt_2")] + (["--values"] if values else [])
+    res = _run_any(*argv)
+    doc = json.loads(res["out"])
+    assert res["code"] == 1 and doc["objects"]["changed"] == ["lr"] and doc["layout"]["workers"] == [1, 2]
+    assert doc["contents"] == {} and doc["not_compared"] == {}   # same rows, by digest, on 1 and 2 workers
+    assert res["torch"] is False
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npy"])
+def test_fp32_export_leaves_torch_out(out_dir, tmp_path, fmt):
+    res = _run("export", str(out_dir / "ckpt_2"), "--out", str(tmp_path / fmt), "--format", fmt)
+    assert res["code"] == 0 and "exported 200 rows" in res["out"] or "exported" in res["out"]
+    assert res["torch"] is False
+
+
 def test_an_incremental_checkpoint_too(tmp_path):
     """Its chain is opened and folded (format.fold) to count its rows and check its links: no torch."""
     from unit.test_incremental import run_chain

@@ -41,7 +41,7 @@ def test_first_save_removes_leftovers_with_a_log_line_and_rebuilds_the_version_f
     for d in (".staging-s000001-abc", ".deleting-s000000-def", ".checkpoint.tmp-1234"):
         assert not (tmp_path / d).exists()
         assert any(d in m and "interrupted" in m for m in msgs), msgs
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "notes", "s000000", "s000001"]
+    assert sorted(os.listdir(tmp_path)) == [".catalog.json", "checkpoint", "notes", "s000000", "s000001"]
     assert open(tmp_path / "checkpoint").read() == "s000000\ns000001\n"
 
 
@@ -120,7 +120,7 @@ def test_failed_commit_on_non_atomic_store_leaves_no_checkpoint_directory(tmp_pa
     probe.storage = pf = FaultyStorage(probe.storage)
     probe.save("b")
     n_writes = pf.counts()["write"]
-    fs.arm("write", n_writes - 1, errno.ENOSPC)   # the last write is the version file's temp
+    fs.arm("write", n_writes - 2, errno.ENOSPC)   # the last two writes are the version file's and the catalog's
     with pytest.raises(CheckpointSaveError, match="Nothing was committed"):
         s.save("s000002")
     assert fs.fired[0][2].endswith("s000002/manifest.json"), fs.fired

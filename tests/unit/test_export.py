@@ -229,6 +229,7 @@ def test_hostile_table_name_cannot_write_outside_out(tmp_path):
     write_json(str(ck), "index.json", idx)
     man = read_json(str(ck), "manifest.json")
     man["tables"] = {evil: man["tables"]["user"]}
+    man["digests"]["tables"] = {evil: man["digests"]["tables"]["user"]}
     write_json(str(ck), "manifest.json", man)
     assert recckpt.open(ck).tables[evil].rows == 30
     with pytest.raises(InvalidArgumentError, match="cannot be used as a file name"):

@@ -188,6 +188,9 @@ def test_huge_claimed_sizes_and_rows_allocate_nothing(tmp_path):
     hostile.write_json(ckpt, "index.json", idx)
     m = hostile.read_json(ckpt, "manifest.json")
     m["tables"]["user"]["rows"] += extra
+    # consistent, so that the index's own checks are what fire
+    m["digests"]["tables"]["user"]["rows"] += extra
+    m["shard_bytes"] = sum(f["size"] for f in idx["files"])
     hostile.write_json(ckpt, "manifest.json", m)
     # refused by the tiling rule (the claimed rows do not reach the claimed size) or, if they did, by the
     # CRC count (a matching CRC string would itself be gigabytes): before any allocation
@@ -206,7 +209,8 @@ def test_claimed_file_size_is_checked_before_any_reservation(tmp_path):
     # Refused before any reservation: by the tiling rule (the blocks cannot reach the claimed size) or,
     # for an index whose blocks did, by the size on disk.
     with pytest.raises(CorruptCheckpointError, match=r"the index recorded 1125899906842624|"
-                                                     r"(blocks|segments) end at byte \d+ of 1125899906842624"):
+                                                     r"(blocks|segments) end at byte \d+ of 1125899906842624|"
+                                                     r"shard files of 1125899906\d+ bytes, the manifest's shard_bytes"):
         _load(tmp_path)
 
 

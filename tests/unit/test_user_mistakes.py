@@ -139,7 +139,7 @@ def test_the_writer_refuses_a_manifest_the_reader_would_refuse(tmp_path):
     with pytest.raises(CheckpointSaveError, match="not committed.*expected a string"):
         Saver(Tables("a\x00"), output_dir=str(tmp_path)).save("bad")
     assert good.checkpoints() == ["good"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "good"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".catalog.json", "checkpoint", "good"]
 
 
 @pytest.mark.parametrize("conf, what", [({"tables": ["usr"]}, "tables pattern 'usr'"),

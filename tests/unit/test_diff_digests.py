@@ -1,0 +1,148 @@
+"""`recckpt diff` without --values compares the content digests the manifests record (issue 29 item 1):
+it names the table, slot and dense key that differ without reading a row, whatever the world sizes;
+it never calls checkpoints the same when it could not compare their rows (an increment's changes, a
+checkpoint without digests), and says why."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import recckpt
+from helpers.checkpoints import FAST, SPEC, Model, table_rows
+from helpers.hostile import read_json, write_json
+from helpers.tables import DictTable
+from recckpt import Saver
+from recckpt.cli import main as cli_main
+
+
+def _save(out, ckpt_id, rows, workers=1, weight=None, options=FAST):
+    """Save `rows` (helpers.checkpoints layout) over `workers` shards; `weight` sets lin.weight."""
+    for w in range(workers):
+        sel = np.arange(len(rows["ids"]))[w::workers]
+        t = DictTable("user", SPEC)
+        t.set_rows(torch.from_numpy(rows["ids"][sel]), {k: torch.from_numpy(rows[k][sel]) for k in SPEC})
+        m = Model(t)
+        with torch.no_grad():
+            m.lin.weight.copy_(torch.arange(12, dtype=torch.float32).reshape(3, 4) if weight is None else weight)
+            m.lin.bias.fill_(0.5)
+        s = Saver(m, output_dir=str(out), options=options, max_keep=None)
+        if workers == 1:
+            s.save(ckpt_id)
+        else:
+            s.save(ckpt_id, shard_id=w, shard_num=workers)
+
+
+def _cli(capsys, *argv):
+    code = cli_main(list(argv))
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture()
+def pair(tmp_path):
+    """a: 1 worker; b: 3 workers and 64 buckets, one element of one row of adagrad.acc changed and one
+    element of lin.weight changed."""
+    rows = table_rows(800)
+    _save(tmp_path, "a", rows)
+    rows_b = {k: v.copy() for k, v in rows.items()}
+    rows_b["adagrad.acc"][321, 5] += np.float32(0.25)
+    weight = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    weight[2, 1] = -1.0
+    _save(tmp_path, "b", rows_b, workers=3, weight=weight,
+          options=recckpt.SaveOptions(num_buckets=64, segment_bytes=8192, fsync=False))
+    return tmp_path
+
+
+def _no_row_reads(monkeypatch):
+    """Make any read of shard rows fail: a digest diff must not need one."""
+    from recckpt.format.sparse_io import SegmentReader
+
+    def refuse(*a, **k):
+        raise AssertionError("diff read rows")
+    monkeypatch.setattr(SegmentReader, "read", refuse)
+
+
+def test_one_row_and_one_dense_element_named_by_text_and_json(pair, capsys, monkeypatch):
+    _no_row_reads(monkeypatch)
+    code, out = _cli(capsys, "diff", str(pair / "a"), str(pair / "b"))
+    assert code == 1
+    lines = out.splitlines()
+    assert "~ slot user.adagrad.acc: rows differ" in lines
+    assert "~ dense key lin.weight" in lines
+    assert not any(x.startswith("~ slot user.") and "adagrad.acc" not in x for x in lines)   # only that slot
+    assert not any("rows of user" in x for x in lines)    # same ids
+    assert "lin.bias" not in out
+    assert "layout (not a difference of contents): workers 1 -> 3, num_buckets 4096 -> 64" in out
+    assert lines[-1] == "checkpoints differ"
+    code, out = _cli(capsys, "diff", "--json", str(pair / "a"), str(pair / "b"))
+    doc = json.loads(out)
+    assert code == 1 and doc["same"] is False and doc["differs"] is True
+    assert doc["contents"] == {"user": ["adagrad.acc"]}
+    assert doc["dense"] == {"added": [], "removed": [], "changed": ["lin.weight"]}
+    assert doc["not_compared"] == {} and doc["values"] is None
+    assert doc["rows"]["user"] == [len(np.unique(table_rows(800)["ids"]))] * 2
+
+
+def test_values_confirm_what_the_digests_found(pair, capsys):
+    code, out = _cli(capsys, "diff", "--json", "--values", str(pair / "a"), str(pair / "b"))
+    doc = json.loads(out)
+    assert code == 1
+    v = doc["values"]["user"]
+    assert v["changed_rows"] == 1 and v["slots"]["adagrad.acc"]["changed_rows"] == 1
+    assert [s for s, x in v["slots"].items() if x["changed_rows"]] == ["adagrad.acc"]
+
+
+def test_same_rows_on_other_layouts_are_the_same(tmp_path, capsys, monkeypatch):
+    rows = table_rows(500)
+    _save(tmp_path, "a", rows)
+    _save(tmp_path, "b", rows, workers=2, options=recckpt.SaveOptions(num_buckets=7, fsync=False))
+    _no_row_reads(monkeypatch)
+    code, out = _cli(capsys, "diff", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert code == 0, out
+    assert out.splitlines()[-1] == "no differences" and "workers 1 -> 2" in out
+    assert recckpt.diff(str(tmp_path / "a"), str(tmp_path / "b")).same
+
+
+def _strip_digests(ckpt):
+    m = read_json(str(ckpt), "manifest.json")
+    del m["digests"]
+    write_json(str(ckpt), "manifest.json", m)
+
+
+def test_checkpoints_without_digests_are_not_called_the_same(tmp_path, capsys):
+    rows = table_rows(300)
+    _save(tmp_path, "a", rows)
+    _save(tmp_path, "b", rows)
+    _strip_digests(tmp_path / "b")          # as a checkpoint written before digests
+    code, out = _cli(capsys, "diff", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert code == 1
+    assert "? rows of user: not comparable without --values (b records no content digests" in out
+    assert out.splitlines()[-1].startswith("no differences found, but the rows marked ? could not be compared")
+    doc = json.loads(_cli(capsys, "diff", "--json", str(tmp_path / "a"), str(tmp_path / "b"))[1])
+    assert doc["same"] is False and doc["differs"] is False and "user" in doc["not_compared"]
+    # dense state is compared by value when a side has no digests of it
+    assert doc["dense"]["changed"] == []
+    # known equal: the same checkpoint, or the rows compared by value
+    assert _cli(capsys, "diff", str(tmp_path / "b"), str(tmp_path / "b"))[0] == 0
+    code, out = _cli(capsys, "diff", "--values", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert code == 0 and "compared by value below" in out and out.splitlines()[-1] == "no differences"
+
+
+def test_an_increment_against_a_full_checkpoint(tmp_path, capsys):
+    from unit.test_incremental import run_chain
+    out = tmp_path / "run"
+    _, saver, _ = run_chain(out, n_incr=2)
+    saver.save("again")                  # a full save of the same state
+    recckpt.compact(str(out / "c2"), str(out / "full2"))
+    code, text = _cli(capsys, "diff", str(out / "c2"), str(out / "full2"))
+    assert code == 1 and "? rows of emb: not comparable without --values (c2 holds only the changes of table 'emb'" in text
+    assert "~ slot" not in text
+    code, text = _cli(capsys, "diff", "--values", str(out / "c2"), str(out / "full2"))
+    assert code == 0 and text.splitlines()[-1] == "no differences"
+    # the compacted checkpoint and a full save of the same state have digests: compared without values
+    code, text = _cli(capsys, "diff", str(out / "full2"), str(out / "again"))
+    assert code == 0 and text.splitlines()[-1] == "no differences"
+    code, text = _cli(capsys, "diff", str(out / "c1"), str(out / "again"))
+    assert code == 1 and "? rows of emb" in text

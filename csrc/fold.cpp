@@ -53,9 +53,10 @@ class Table {
   }
 
  private:
-  size_t home(int64_t id) const { return home_slot(mix64((uint64_t)id), bits_); }
+  size_t home(int64_t id) const { return home_slot(id, key_, bits_); }
   size_t mask_ = 0;
   int bits_ = 0;
+  HomeKey key_ = new_home_key();  // random per table: ids cannot be chosen to share homes (hash.h)
   std::vector<Entry> slots_;
 };
 

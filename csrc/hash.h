@@ -12,11 +12,31 @@ inline uint64_t mix64(uint64_t x) {
   return z ^ (z >> 31);
 }
 
-// Home slot of an id in a hash table of 2^bits slots: the TOP bits of mix64(id). The bucket is
-// mix64(id) mod B, which for a power-of-two B is the low bits; the ids of one bucket range (a rank's
-// share of a table, a group of a chain fold) share those, and homes taken from them would crowd a
-// fraction of the table into long probe runs (30-60x slower lookups on 8 ranks).
-inline size_t home_slot(uint64_t mixed, int bits) { return bits ? (size_t)(mixed >> (64 - bits)) : 0; }
+// Key of one in-memory hash table (IdMap, the chain fold's table): where its ids' home slots lie.
+// mix64 is invertible, so with homes taken from mix64(id) alone anyone can pick ids that share one
+// home (mix64^-1(k * 4096) for k = 0, 1, ...: every insert probes past all earlier ones, quadratic).
+// Each table therefore draws a random key (from a per-process random seed, see new_home_key), and
+// its homes are the top bits of multiply-shift over a keyed mix: (mix64(id + add) * mul) >> (64 - bits)
+// with mul odd. For any two distinct ids, random mul makes them share a home with probability about
+// 2 / 2^bits (Dietzfelbinger et al., multiply-shift is universal), whatever ids an attacker chose
+// without knowing the key; the add defeats precomputed structure for the same cost. The on-disk bucket
+// (mix64(id) mod B) stays unkeyed: it is the format.
+// Homes come from the TOP bits of the product. The ids of one bucket range (a rank's share of a
+// table, a group of a chain fold) share the low bits of mix64(id); homes taken from low bits would
+// crowd a fraction of the table into long probe runs (30-60x slower lookups on 8 ranks).
+struct HomeKey {
+  uint64_t add = 0;
+  uint64_t mul = 1;  // odd
+};
+
+// A fresh key: a per-process seed drawn once from the OS, stepped for every call (each table its own).
+HomeKey new_home_key();
+
+// The keyed 64-bit hash of an id; its home in a table of 2^bits slots is home_of(hash, bits). Loops
+// keep the hash (it does not change when a table grows) so that each id is hashed once.
+inline uint64_t keyed_hash(int64_t id, const HomeKey& key) { return mix64((uint64_t)id + key.add) * key.mul; }
+inline size_t home_of(uint64_t hash, int bits) { return bits ? (size_t)(hash >> (64 - bits)) : 0; }
+inline size_t home_slot(int64_t id, const HomeKey& key, int bits) { return home_of(keyed_hash(id, key), bits); }
 
 // n mod d for a fixed divisor d >= 1 without a hardware divide per call (Granlund & Montgomery,
 // "Division by invariant integers using multiplication", fig. 4.1, N = 64). Exact for all uint64 n.

@@ -6,6 +6,8 @@
 #include <mutex>
 #include <vector>
 
+#include "hash.h"
+
 namespace recckpt {
 
 class IdMap {
@@ -23,6 +25,8 @@ class IdMap {
   // already present (or repeated) and returns its index; returns n when every id was new. Ids
   // before the returned index stay inserted.
   int64_t insert_new(const int64_t* ids, int64_t n);
+  // Slots visited to look up ids (n when every probe ends at once): how clustered the table is.
+  int64_t probes(const int64_t* ids, int64_t n) const;
   const std::vector<int64_t>& keys() const { return keys_; }
   void reserve(int64_t n);
   void clear();
@@ -39,6 +43,7 @@ class IdMap {
   size_t mask_ = 0;
   int bits_ = 0;        // slots_.size() == 1 << bits_ (home slots are the top bits of the hash)
   size_t grow_at_ = 0;  // grow when size would exceed this
+  HomeKey key_;         // random per map: ids cannot be chosen to share homes (hash.h)
   mutable std::mutex mu_;
 };
 

@@ -136,6 +136,17 @@ void bind_idmap(py::module_& m) {
           py::arg("ids"),
           "insert ids expected to be absent (presized, no per-id output); returns the index of the first "
           "id already present or repeated (ids before it stay inserted), or len(ids) when all were new")
+      .def(
+          "probes",
+          [](const IdMap& s, const py::object& ids) {
+            py::buffer_info b = int64_vector(ids, "IdMap.probes: ids");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lk(s.mutex());
+            return s.probes(static_cast<const int64_t*>(b.ptr), b.shape[0]);
+          },
+          py::arg("ids"),
+          "slots visited to look up ids (len(ids) when no probe goes past its home slot): a measure of "
+          "clustering, for tests and benchmarks")
       .def("keys",
            [](const IdMap& s) {
              // The map's lock is only ever taken with the GIL released (and dropped before the GIL is

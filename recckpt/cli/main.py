@@ -63,6 +63,8 @@ def cmd_ls(a) -> int:
         print(render.table(rows, ["ID", "STEP", "KIND", "SIZE", "CREATED"]))
     for name, what in listing.leftovers:
         print(f"leftover: {name} (left by {what}; `recckpt gc` removes it)")
+    for name, why in listing.strays:
+        print(f"stray: {name} ({why})")
     if listing.output_dirs_below:
         print("output directories below it (pass one of these):")
         for d in listing.output_dirs_below:
@@ -275,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _os_error_line(e: OSError) -> str:
+    where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else f"{e.filename}"
+    why = e.strerror or str(e)
+    return f"{where}: {why}; check that the path exists and each part of it is what it should be (a directory " \
+           f"you can write, for an output)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
@@ -289,7 +298,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         code = EXIT_USAGE if isinstance(e, InvalidArgumentError) else EXIT_PROBLEM
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if not isinstance(e, RecckptError):  # unexpected: say its kind, since the message may not
+        if isinstance(e, OSError) and not isinstance(e, RecckptError) and e.filename is not None:
+            # the system refused a path the user gave (a link loop, a missing parent, a file where a
+            # directory should be): name it and the reason, as recckpt's own errors do
+            text = _os_error_line(e)
+        elif not isinstance(e, RecckptError):  # unexpected: say its kind, since the message may not
             text = f"{type(e).__name__}: {text} (run with --debug for the traceback)"
         print(f"recckpt {args.verb}: error: {text}", file=sys.stderr)
         return code

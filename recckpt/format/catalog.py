@@ -141,8 +141,10 @@ def without_needed_links(found: list[tuple[str, Manifest]], doomed: list[str]) -
 
 def write_version_file(storage: Storage, ids: list[str], fsync: bool = True) -> None:
     """Replace the version file in one step (the store decides how: temp file + rename, or one PUT)."""
-    storage.write_atomic(names.VERSION_FILE, "".join(f"{i}\n" for i in ids).encode(),
-                         tmp=f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}", fsync=fsync)
+    tmp = f"{names.VERSION_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
+    # Claimed while it exists, so another process's recovery never removes it mid-way (issue 30).
+    storage.write_atomic(names.VERSION_FILE, "".join(f"{i}\n" for i in ids).encode(), tmp=tmp, fsync=fsync,
+                         owner=names.owner_file(tmp, 0))
 
 
 def sync_version_file(storage: Storage, fsync: bool = True) -> list[str]:

@@ -29,6 +29,31 @@ def mix64(ids: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _inverse_odd(m: int) -> np.uint64:
+    x = m
+    for _ in range(6):  # Newton's iteration doubles the correct low bits each round: 6 rounds >= 64
+        x = (x * (2 - m * x)) % (1 << 64)
+    return np.uint64(x)
+
+
+def _undo_xorshift(y: np.ndarray, shift: int) -> np.ndarray:
+    x = y.copy()
+    for _ in range(64 // shift + 1):
+        x = y ^ (x >> np.uint64(shift))
+    return x
+
+
+def unmix64(mixed: np.ndarray) -> np.ndarray:
+    """The inverse of `mix64` (int64 ids with those hashes). mix64 is a bijection, so anyone can choose ids
+    with given hashes, e.g. all in one bucket: that is why in-memory hash tables key their slots
+    (csrc/hash.h) and why the bucket function cannot balance chosen ids (docs/DISTRIBUTED.md)."""
+    z = np.asarray(mixed, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = _undo_xorshift(z, 31) * _inverse_odd(int(_M2))
+        z = _undo_xorshift(z, 27) * _inverse_odd(int(_M1))
+        return (_undo_xorshift(z, 30) - GOLDEN).view(np.int64)
+
+
 def bucket_of(ids: np.ndarray, num_buckets: int) -> np.ndarray:
     return (mix64(ids) % np.uint64(num_buckets)).astype(np.int64)
 

@@ -6,15 +6,23 @@ commit by rename; a manifest-less `<ckpt_id>/` on stores that write in place), t
 (`.owner-*`), a `.deleting-*` directory (during retention), a `.checkpoint.tmp-*` file (while the version
 file was being replaced), and a stale version file. None of these is ever read as a checkpoint.
 
-Another process may be saving into the same directory right now (a job restarted while its old instance
-still writes). Its save target is covered by its writers' live claims, and `recover` leaves a target
-alone while any claim on it is alive (storage.Storage.remove_if_unowned decides, per kind of store).
-`keep` names targets of the save that is starting (its other workers may not have claimed yet).
+Other processes may be saving, compacting or rewriting the version file in the same directory right now
+(a job restarted while its old instance still writes, two jobs sharing a directory). Every save target
+and temporary version file is covered by its writer's claim, and `recover` removes one only when every
+claim on it is provably abandoned (storage.Storage.remove_if_unowned, storage/claims.py). A `.deleting-*`
+directory is a checkpoint already invalidated: any process may finish removing it. `keep` names targets
+of the save that is starting (its other workers may not have claimed yet).
+
+One bad entry never stops a directory: an entry named like ours but of another kind (a file or a link
+named `.deleting-x`, a directory named `.checkpoint.tmp-x`) is not ours and is left alone, links are
+never followed, and an entry that cannot be removed is skipped; each is reported (`Recovered.skipped`,
+and a warning) and the rest goes on.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from dataclasses import dataclass, field
 
 from ..errors import InvalidCheckpointIdError
 from ..storage import Storage
@@ -46,9 +54,53 @@ def _owners(listing: list[str], target: str) -> list[str]:
 
 
 def remove_target_if_unowned(storage: Storage, target: str, listing: list[str] | None = None) -> bool:
-    """Remove a save target (and its claims) unless a live writer holds it; True if removed."""
+    """Remove a save target (and its claims) unless a live writer holds it; True if removed. `listing`
+    must be taken after `target` was seen (a writer claims before it creates its target, so the claim is
+    in any listing taken later, until released)."""
     listing = storage.listdir("") if listing is None else listing
     return storage.remove_if_unowned(_owners(listing, target), [target])
+
+
+#: What each kind of leftover is (the kind of entry its writer creates), by name.
+_TARGET, _TRASH, _VERSION_TMP, _OWNER = "target", "trash", "version_tmp", "owner"
+_EXPECTED_KIND = {_TARGET: "dir", _TRASH: "dir", _VERSION_TMP: "file", _OWNER: "file"}
+_LEFT_BY = {
+    _TARGET: "an interrupted save (or one still running: removed only when no live process claims it)",
+    _TRASH: "an interrupted delete",
+    _VERSION_TMP: "an interrupted version-file update (or one still running: removed only when abandoned)",
+    _OWNER: "a writer's claim (removed only when its writer is gone)",
+}
+
+
+def _classify(storage: Storage, name: str) -> str | None:
+    if name.startswith(names.STAGING_PREFIX):
+        return _TARGET
+    if name.startswith(names.TRASH_PREFIX):
+        return _TRASH
+    if name.startswith(names.VERSION_TMP_PREFIX):
+        return _VERSION_TMP
+    if name.startswith(names.OWNER_PREFIX):
+        return _OWNER
+    if _uncommitted_leftover(storage, name):
+        return _TARGET
+    return None
+
+
+def _stray(storage: Storage, name: str, what: str) -> str | None:
+    """Why an entry named like a leftover is not one of ours (None when it is of the kind we create)."""
+    kind = storage.entry_kind(name)
+    want = _EXPECTED_KIND[what]
+    if kind is None or kind == want:
+        return None
+    shown = {"link": "a symbolic link", "dir": "a directory", "file": "a file"}.get(kind, "a special file")
+    return (f"is {shown}, where recckpt leaves {'a directory' if want == 'dir' else 'a file'}: not recckpt's, "
+            f"left alone (remove it yourself if it is not needed)")
+
+
+@dataclass
+class Recovered:
+    removed: list[str] = field(default_factory=list)                 # names removed
+    skipped: list[tuple[str, str]] = field(default_factory=list)     # (name, why) left alone
 
 
 def find_leftovers(storage: Storage, keep: Collection[str] = ()) -> list[tuple[str, str]]:
@@ -56,56 +108,73 @@ def find_leftovers(storage: Storage, keep: Collection[str] = ()) -> list[tuple[s
     writer dead: a save target that a live process still claims is listed too (`recover` keeps it)."""
     found = []
     for name in storage.listdir(""):
-        if name in keep:
-            continue
-        if name.startswith(names.STAGING_PREFIX) or _uncommitted_leftover(storage, name):
-            what = "an interrupted save (or one still running: removed only when no live process claims it)"
-        elif name.startswith(names.TRASH_PREFIX):
-            what = "an interrupted delete"
-        elif name.startswith(names.VERSION_TMP_PREFIX):
-            what = "an interrupted version-file update"
-        elif name.startswith(names.OWNER_PREFIX):
-            what = "a writer's claim (removed only when its writer is gone)"
-        else:
-            continue
-        found.append((name, what))
+        what = None if name in keep else _classify(storage, name)
+        if what is not None and _stray(storage, name, what) is None:
+            found.append((name, _LEFT_BY[what]))
     return found
 
 
-def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) -> list[str]:
+def find_strays(storage: Storage) -> list[tuple[str, str]]:
+    """(name, why) for entries named like recckpt's own that recckpt must not touch, and a version file
+    that is not a regular file."""
+    out = []
+    for name in storage.listdir(""):
+        what = _classify(storage, name)
+        why = None if what is None else _stray(storage, name, what)
+        if why is not None:
+            out.append((name, why))
+    kind = storage.entry_kind(names.VERSION_FILE)
+    if kind not in (None, "file"):
+        out.append((names.VERSION_FILE, f"the version file is a {kind}, not a regular file: recckpt cannot "
+                                        f"replace it; move it away and the next save writes it"))
+    return out
+
+
+def _skip(out: Recovered, storage: Storage, name: str, why: str) -> None:
+    log.warning("recckpt: left %s alone: %s", storage.describe(name), why)
+    out.skipped.append((name, why))
+
+
+def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True) -> Recovered:
     """Remove what interrupted saves and deletes left in `storage` (except the targets in `keep` and
-    those a live writer holds) and rewrite the version file if it is missing, garbled or stale.
-    Returns the names removed."""
-    removed = []
+    those a live writer holds) and rewrite the version file if it is missing, garbled or stale. Entries
+    that are not ours or cannot be removed are skipped and reported; nothing here raises for one entry."""
+    out = Recovered()
     listing = storage.listdir("")
-    for name in listing:
-        if name in keep:
+    found = [(n, w) for n, w in ((n, None if n in keep else _classify(storage, n)) for n in listing)
+             if w is not None]
+    owners_listing = storage.listdir("")   # after the targets were seen: see remove_target_if_unowned
+    for name, what in found:
+        why = _stray(storage, name, what)
+        if why is not None:
+            _skip(out, storage, name, why)
             continue
-        if name.startswith(names.STAGING_PREFIX) or _uncommitted_leftover(storage, name):
-            what = "an interrupted save"
-            if not remove_target_if_unowned(storage, name, listing):
-                log.info("recckpt: leaving %s alone: a live process is writing it", storage.describe(name))
-                continue
-        elif name.startswith(names.TRASH_PREFIX):
-            what = "an interrupted delete"
-            try:
+        try:
+            if what in (_TARGET, _VERSION_TMP):
+                if not remove_target_if_unowned(storage, name, owners_listing):
+                    log.info("recckpt: leaving %s alone: a live process is writing it", storage.describe(name))
+                    continue
+            elif what == _TRASH:
                 storage.remove_tree(name)
-            except FileNotFoundError:
-                continue   # another process's delete or recovery finished it
-        elif name.startswith(names.VERSION_TMP_PREFIX):
-            what = "an interrupted version-file update"
-            storage.remove_file(name)
-        else:
+            else:
+                # Claims no live writer holds (their writer died before creating its target, or after
+                # committing it but before releasing): removing one is never harmful, a writer racing to
+                # claim re-creates it.
+                if any(name.startswith(names.owner_target_prefix(t)) for t in keep):
+                    continue
+                if storage.exists(name) and storage.remove_if_unowned([name], []):
+                    out.removed.append(name)
+                continue
+        except FileNotFoundError:
+            continue   # another process's delete or recovery finished it
+        except OSError as e:
+            _skip(out, storage, name, f"could not remove it: {e}")
             continue
-        log.warning("recckpt: removed %s, left by %s", storage.describe(name), what)
-        removed.append(name)
-    # Claims no live writer holds (their writer died before creating its target, or after committing it
-    # but before releasing): removing one is never harmful, a writer racing to claim re-creates it.
-    for name in listing:
-        if not name.startswith(names.OWNER_PREFIX) or any(name.startswith(names.owner_target_prefix(t))
-                                                          for t in keep):
-            continue
-        if storage.exists(name) and storage.remove_if_unowned([name], []):
-            removed.append(name)
-    catalog.sync_version_file(storage, fsync)
-    return removed
+        log.warning("recckpt: removed %s, left by %s", storage.describe(name), _LEFT_BY[what].split(" (")[0])
+        out.removed.append(name)
+    try:
+        catalog.sync_version_file(storage, fsync)
+    except OSError as e:
+        # The version file is advisory (listings rebuild it): a save goes on without it.
+        _skip(out, storage, names.VERSION_FILE, f"could not rewrite the version file: {e}")
+    return out

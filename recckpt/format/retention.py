@@ -16,6 +16,8 @@ from ..errors import InvalidArgumentError
 #: whether it is ephemeral ("1") or regular ("0").
 META_STEP = "recckpt.global_step"
 META_EPHEMERAL = "recckpt.ephemeral"
+#: The checkpoint a compaction folded (`recckpt.compact` copies the source's global step as well).
+META_COMPACTED_FROM = "recckpt.compacted_from"
 
 
 def parse_step(text) -> int | None:
@@ -32,6 +34,21 @@ def recorded_step(metadata: Mapping[str, str], worker_steps: Mapping[int, int]) 
     if step is not None:
         return step
     return max(worker_steps.values()) if worker_steps else None
+
+
+def restore_order(entries: Sequence[tuple[str, int | None]]) -> list[str]:
+    """The ids of `entries` ((ckpt_id, step), committed order, oldest first) newest first, as a restart
+    picks them: the highest global step first, so that a checkpoint committed late but holding an older
+    step (a compaction of an older link, a copy from elsewhere) never rewinds a run. Ties go to the one
+    committed last. A checkpoint without a step (`saver.save("final")`) counts as holding the highest
+    step committed before it: it is newer than everything before it, and anything committed after it
+    with at least that step is newer still."""
+    keyed, high = [], -1
+    for pos, (cid, step) in enumerate(entries):
+        eff = step if step is not None else high
+        high = max(high, eff)
+        keyed.append(((eff, pos), cid))
+    return [cid for _, cid in sorted(keyed, reverse=True)]
 
 
 def positive_int(owner: str, field: str, v) -> None:

@@ -11,7 +11,7 @@ from ..errors import CheckpointDeletedError, CheckpointNotFoundError, RecckptErr
 from ..format import catalog
 from ..format.checkpoint import CheckpointReader
 from ..format.names import MANIFEST, validate_ckpt_id
-from ..format.retention import recorded_step
+from ..format.retention import recorded_step, restore_order
 from ..format.sparse_io import ReadOptions
 from ..state.registry import Registry
 from ..storage import Storage
@@ -89,7 +89,9 @@ def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
                 f"no committed checkpoint in {storage.describe()} (version file "
                 f"{'missing' if catalog.read_version_file(storage) is None else 'lists none that exist'}); "
                 f"save one first, or pass ckpt_path/ckpt_id of an existing checkpoint", path=storage.describe())
-        ckpt_id = found[-1][0]
+        # the highest global step, not merely the last committed (docs/SAFETY.md, "Which checkpoint is
+        # the newest")
+        ckpt_id = restore_order([(i, recorded_step(m.metadata, m.worker_steps)) for i, m in found])[0]
     else:
         validate_ckpt_id(ckpt_id)
         if not catalog.is_committed(storage, ckpt_id):

@@ -101,9 +101,11 @@ class Storage(abc.ABC):
             f.write(data)
 
     @abc.abstractmethod
-    def write_atomic(self, path: str, data: bytes, tmp: str, fsync: bool = True) -> None:
+    def write_atomic(self, path: str, data: bytes, tmp: str, fsync: bool = True, owner: str | None = None) -> None:
         """Replace the file `path` with `data` so that a reader sees the old or the new bytes, never a
-        mix; `tmp` is a free name the store may use on the way (start-up recovery removes leftovers)."""
+        mix; `tmp` is a free name the store may use on the way. A store that uses it claims it through
+        the claim file `owner` while it exists (see `claim`), so that start-up recovery in another process
+        removes it only once abandoned. A directory at `path` is a StorageError naming it (never removed)."""
 
     @abc.abstractmethod
     def remove_file(self, path: str) -> None:
@@ -111,6 +113,13 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def remove_tree(self, path: str) -> None: ...
+
+    def entry_kind(self, path: str) -> str | None:
+        """What `path` is, links not followed: 'dir', 'file', 'link', 'other' (a FIFO, device, socket) or
+        None when absent. Stores without links or special files answer 'dir' or 'file'."""
+        if self.isdir(path):
+            return "dir"
+        return "file" if self.exists(path) else None
 
     def is_link(self, path: str) -> bool:
         """True when `path` is a symbolic link (stores without links: never)."""
@@ -186,11 +195,12 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def claim(self, target: str, owner: str) -> Claim:
         """Mark `target` as being written by this live process (one worker of a save), through the file
-        `owner` (a name the format layer reserved for this worker). Raises CheckpointExistsError where
-        another live writer holds it."""
+        `owner` (a name the format layer reserved for this worker). The claim records its holder (host,
+        boot id, pid namespace, process), a heartbeat and an expiry (claims.py), renewed until released.
+        Raises CheckpointExistsError where another live writer holds it."""
 
     @abc.abstractmethod
     def remove_if_unowned(self, owners: list[str], paths: list[str]) -> bool:
-        """If no live process holds any of the claims `owners` (one per worker writing the target):
-        remove `paths` (trees or files), then the claim files, and return True; otherwise leave
-        everything and return False."""
+        """If every claim of `owners` (one per worker writing the target) is provably abandoned
+        (claims.abandoned, plus what the store can prove besides): remove `paths` (trees or files, links
+        not followed), then the claim files, and return True; otherwise leave everything and return False."""

@@ -20,16 +20,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
-import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
-import time
 import warnings
 
 from ..errors import CheckpointExistsError, ConcurrentCommitError, StorageError
+from . import claims
 from .base import Claim, Storage
 
 #: Defaults for s3fs that bound every request (botocore's own retries stay few: s3fs retries transient
@@ -53,35 +51,16 @@ def _merged_options(protocol: str, options: dict | None) -> dict:
     return out
 
 
-def _pid_alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class _Lease(Claim):
-    """A lease object rewritten by a daemon thread until released."""
+    """A lease object rewritten by a heartbeat until released."""
 
     def __init__(self, store: "FsspecStorage", owner: str, body: dict):
-        self.store, self.owner, self.body = store, owner, body
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"recckpt-lease-{owner}")
-        self._thread.start()
-
-    def _beat(self):
-        while not self._stop.wait(self.store.lease_s / 3):
-            with contextlib.suppress(Exception):  # a missed beat only shortens the lease; the next one renews
-                self.store.put_bytes(self.owner, json.dumps({**self.body, "beat": time.time()}).encode())
+        self.store, self.owner = store, owner
+        self._beat = claims.Heartbeat(lambda b: store.put_bytes(owner, claims.encode(b)), body, store.lease_s,
+                                      owner)
 
     def release(self):
-        self._stop.set()
-        self._thread.join()
+        self._beat.stop()
         with contextlib.suppress(OSError):
             self.store.remove_file(self.owner)
 
@@ -110,7 +89,7 @@ class _BackgroundUpload:
 
 class FsspecStorage(Storage):
     def __init__(self, url: str, storage_options: dict | None = None, *, timeout_s: float = 300.0,
-                 lease_s: float = 60.0):
+                 lease_s: float = claims.LEASE_S):
         import fsspec
         protocol = url.split("://", 1)[0]
         self.fs, root = fsspec.core.url_to_fs(url, **_merged_options(protocol, storage_options))
@@ -312,8 +291,8 @@ class FsspecStorage(Storage):
         yield buf
         self.put_bytes(path, buf.getvalue())
 
-    def write_atomic(self, path, data, tmp, fsync=True):
-        self.put_bytes(path, data)   # one PUT replaces an object atomically
+    def write_atomic(self, path, data, tmp, fsync=True, owner=None):
+        self.put_bytes(path, data)   # one PUT replaces an object atomically: no temporary object to claim
 
     def remove_file(self, path):
         with contextlib.suppress(FileNotFoundError):
@@ -445,22 +424,19 @@ class FsspecStorage(Storage):
         self.remove_tree(ckpt_id)
 
     def _lease_state(self, owner) -> dict | None:
-        """The lease's body when it is fresh (its writer is alive), else None."""
+        """The lease's body while its holder may be alive (claims.abandoned), else None."""
         try:
-            body = json.loads(self.read_bytes(owner))
-            fresh = time.time() - float(body.get("beat", 0)) < self.lease_s
+            body = claims.decode(self.read_bytes(owner, 0, 1 << 16))
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError, AttributeError):
-            return None   # garbled: no live writer wrote it
-        if fresh and body.get("host") == socket.gethostname() and not _pid_alive(body.get("pid")):
-            return None   # its writer ran on this host and is gone: no need to wait for the lease to lapse
-        return body if fresh else None
+        if claims.abandoned(body, self.lease_s) is not None:   # one PUT writes a lease: no torn body
+            return None
+        return body
 
     def claim(self, target, owner):
-        body = {"pid": os.getpid(), "host": socket.gethostname(), "target": target}
         for _ in range(2):
-            data = json.dumps({**body, "beat": time.time()}).encode()
+            body = claims.body(target, self.lease_s)
+            data = claims.encode(body)
             try:
                 self.put_bytes(owner, data, exclusive=True)
                 return _Lease(self, owner, body)

@@ -2,34 +2,45 @@
 
 Commit protocol: a save writes into a staging directory, fsyncs it, and renames it to the checkpoint's
 name (one atomic step); a delete renames the checkpoint away first. A writer holds an flock on its
-owner file for as long as its staging directory exists, so recovery in another process can tell a live
-writer's staging directory from a crashed one's (flock is per host: a directory shared by several
-hosts over NFS needs one writer per directory).
+owner file for as long as its staging directory (or temporary version file) exists, and the file holds
+its claim (claims.py: host, boot id, heartbeat, expiry), rewritten every lease / 3. Recovery in another
+process removes a target only when it can take every owner's lock AND the claim is provably abandoned
+(its process exited on this machine, or its lease expired): a lock alone proves nothing where locks are
+not shared between hosts (some NFS mounts), a dead pid proves nothing about another host's process.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import shutil
-import socket
 import stat
-import time
 
 from ..errors import ConcurrentCommitError, StorageError
+from . import claims
 from .base import Claim, Storage, fill_from
 from .regular import open_regular, read_regular, regular_size
 
+_BODY_BYTES = 1024          # claim bodies are padded to this: a rewrite never leaves a shorter file
+_MAX_BODY_BYTES = 1 << 16   # what recovery reads of an owner file
+
+
+def _write_body(fd: int, body: dict) -> None:
+    data = claims.encode(body).ljust(_BODY_BYTES)
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+
 
 class _FlockClaim(Claim):
-    def __init__(self, fd: int, path: str):
+    def __init__(self, fd: int, path: str, body: dict, lease_s: float):
         self.fd, self.path = fd, path
+        self._beat = claims.Heartbeat(lambda b: _write_body(fd, b), body, lease_s, os.path.basename(path))
 
     def release(self) -> None:
         if self.fd < 0:
             return
+        self._beat.stop()
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)   # removed while still locked: recovery never sees it free and present
         os.close(self.fd)
@@ -37,8 +48,9 @@ class _FlockClaim(Claim):
 
 
 class LocalStorage(Storage):
-    def __init__(self, root: str):
+    def __init__(self, root: str, lease_s: float = claims.LEASE_S):
         super().__init__(os.path.abspath(os.fspath(root)))
+        self.lease_s = lease_s
 
     def local_path(self, path: str) -> str:
         return os.path.join(self.root, path) if path else self.root
@@ -60,7 +72,22 @@ class LocalStorage(Storage):
             return []
 
     def makedirs(self, path):
-        os.makedirs(self.local_path(path), exist_ok=True)
+        p = self.local_path(path)
+        try:
+            os.makedirs(p, exist_ok=True)
+        except OSError as e:
+            # e.g. a link loop or a file on the way: name the path, not a raw OSError
+            at = "" if e.filename in (None, p) else f" (at {e.filename})"
+            raise StorageError(e.errno, f"cannot create directory {p}: {e.strerror}{at}; check that every part "
+                                        f"of the path is a directory you can write", path=p) from e
+
+    def entry_kind(self, path):
+        try:
+            mode = os.lstat(self.local_path(path)).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return ("link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else
+                "file" if stat.S_ISREG(mode) else "other")
 
     # Reads open regular files only, checked on the opened file (regular.py): a FIFO, a device or a
     # link where a checkpoint file should be is refused, never read.
@@ -94,13 +121,23 @@ class LocalStorage(Storage):
         """Move a file over an existing one in one atomic step."""
         os.replace(self.local_path(src), self.local_path(dst))
 
-    def write_atomic(self, path, data, tmp, fsync=True):
+    def write_atomic(self, path, data, tmp, fsync=True, owner=None):
+        if os.path.isdir(self.local_path(path)) and not os.path.islink(self.local_path(path)):
+            # os.replace cannot put a file over a directory, and a directory here is not ours to remove
+            raise StorageError(errno.EISDIR, f"{self.local_path(path)} is a directory, where recckpt keeps a "
+                                             f"file; nothing removes it for you: move it away (mv or rm -r), and "
+                                             f"the next save writes the file", path=self.local_path(path))
+        claim = self.claim(tmp, owner) if owner is not None else None
         try:
-            self.write_bytes(tmp, data, fsync=fsync)
-            self.replace_file(tmp, path)
-        except BaseException:
-            self.remove_file(tmp)
-            raise
+            try:
+                self.write_bytes(tmp, data, fsync=fsync)
+                self.replace_file(tmp, path)
+            except BaseException:
+                self.remove_file(tmp)
+                raise
+        finally:
+            if claim is not None:
+                claim.release()
         if fsync:
             self.fsync_dir(os.path.dirname(path))
 
@@ -109,7 +146,12 @@ class LocalStorage(Storage):
             os.remove(self.local_path(path))
 
     def remove_tree(self, path):
-        shutil.rmtree(self.local_path(path), ignore_errors=False)
+        def gone_meanwhile(func, p, exc_info):
+            # Another process removing the same tree (a delete's trash, finished by recovery elsewhere)
+            # is no error: both want it gone.
+            if not isinstance(exc_info[1], FileNotFoundError):
+                raise exc_info[1]
+        shutil.rmtree(self.local_path(path), onerror=gone_meanwhile)
 
     def why_not_inside(self, path, root):
         # A checkpoint from a stranger must not make us read other local files through links: the file
@@ -189,43 +231,69 @@ class LocalStorage(Storage):
     def claim(self, target, owner):
         path = self.local_path(owner)
         while True:
-            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+            fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 # Recovery may have removed the file between our open and flock (it only removes files
                 # it holds the lock of); then the lock is on a dead inode: start again.
-                if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                    break
+                locked = os.fstat(fd).st_ino == os.stat(path).st_ino
             except FileNotFoundError:
-                pass
+                locked = False
             except BaseException:
                 os.close(fd)
                 raise
+            if not locked:
+                os.close(fd)
+                continue
+            body = claims.body(target, self.lease_s)
+            try:
+                _write_body(fd, body)
+                # Recovery on a host that does not share our locks may have taken an empty claim for a
+                # dead writer's and removed it before the body was written: then claim again.
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    return _FlockClaim(fd, path, body, self.lease_s)
+            except FileNotFoundError:
+                pass
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                os.close(fd)
+                raise
             os.close(fd)
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                           "target": target}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info, 0)
-        return _FlockClaim(fd, path)
+
+    def _why_abandoned(self, fd: int) -> str | None:
+        """With the owner file's lock held: why its claim is abandoned, or None if it may be alive."""
+        body = claims.decode(os.pread(fd, _MAX_BODY_BYTES, 0))
+        if body is None:
+            # A writer writes its claim right after locking it, before it creates anything: with the lock
+            # free and no claim written, it stopped while claiming.
+            return "its claim was never written (its writer stopped while claiming)"
+        return claims.abandoned(body, self.lease_s, written_at=os.fstat(fd).st_mtime)
 
     def remove_if_unowned(self, owners, paths):
         fds = []
         try:
             for owner in owners:
                 try:
-                    fd = os.open(self.local_path(owner), os.O_RDWR)
+                    fd = os.open(self.local_path(owner), os.O_RDWR | os.O_NOFOLLOW)
                 except FileNotFoundError:
                     continue  # released meanwhile
+                except OSError:
+                    return False   # a link or something unreadable where a claim should be: keep
                 fds.append(fd)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     return False
+                # Lock taken: its holder is gone if it shared our locks, but a process on another host
+                # whose locks we do not see may still be writing; its claim decides.
+                if self._why_abandoned(fd) is None:
+                    return False
             # No owner file at all: its writer released it or crashed before claiming (a writer claims
             # before it creates anything), so nobody is writing.
             for p in paths:
                 with contextlib.suppress(FileNotFoundError):
-                    if os.path.isdir(self.local_path(p)) and not os.path.islink(self.local_path(p)):
+                    if self.entry_kind(p) == "dir":
                         self.remove_tree(p)
                     else:
                         self.remove_file(p)

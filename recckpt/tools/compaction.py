@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CheckpointExistsError, CheckpointNotFoundError, RecckptError
+from ..errors import CheckpointExistsError, CheckpointNotFoundError, InvalidArgumentError, RecckptError
 from ..format import catalog
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
 from ..format.fold import Scratch, bucket_groups, fill_live, plan_fold
 from ..format.layout import row_granule, segment_rows
-from ..format.names import MANIFEST, validate_ckpt_id
+from ..format.names import MANIFEST, owner_file, validate_ckpt_id
+from ..format.retention import META_COMPACTED_FROM, recorded_step
 from ..format.sparse_io import SparseWriteOptions, TableSource, WriteReceipts
 from ..storage import open_storage
 
@@ -44,8 +45,32 @@ def _split(path: str) -> tuple[str, str]:
     path = os.fspath(path).rstrip("/")
     head, _, name = path.rpartition("/")
     if not head or not name:
-        raise ValueError(f"compact: {path!r} must be <output_dir>/<ckpt_id>")
+        raise InvalidArgumentError(f"compact: {path!r} must be <output_dir>/<ckpt_id>, e.g. out/ckpt_1000",
+                                   path=path)
     return head, name
+
+
+def _same_dir(a, b) -> bool:
+    pa, pb = a.engine_path(""), b.engine_path("")
+    if pa is not None and pb is not None:
+        return os.path.realpath(pa) == os.path.realpath(pb)
+    return a.describe() == b.describe()
+
+
+def _warn_live_dir(store, src_id: str, dst_id: str, step: int | None) -> None:
+    """Compacting into the source's own output directory (a training job's, perhaps live): the result is
+    one of its checkpoints from now on. Say what that means; nothing needs a flag, since a restart picks
+    the highest step, not the checkpoint committed last."""
+    found = catalog.committed(store)
+    steps = [(recorded_step(e.metadata, e.worker_steps), cid) for cid, e in found]
+    top = max(((s, cid) for s, cid in steps if s is not None), default=None)
+    newer = "" if top is None or step is None or top[0] <= step else (
+        f"; it holds step {step}, older than {top[1]!r} (step {top[0]}), which restore() and load() still "
+        f"resume from")
+    log.warning("recckpt: compact: writing %s into the output directory of its source %s, where a training job "
+                "lists it among its checkpoints%s; that job's retention may delete it like any other, and its "
+                "id must not be one the job will save. To keep it apart, compact into another directory",
+                store.describe(dst_id), src_id, newer)
 
 
 class _GroupBuffers:
@@ -124,13 +149,22 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
     store = open_storage(dst_root)
     if store.exists(dst_id):
         raise CheckpointExistsError(f"compact: {store.describe(dst_id)} already exists; choose another id")
+    if _same_dir(src_store, store):
+        _warn_live_dir(store, src_id, dst_id, recorded_step(m.metadata, m.worker_steps))
     opts = SparseWriteOptions(m.num_buckets, m.chunk_bytes, concurrency, SEGMENT_BYTES, 256 << 20, fsync)
     # The store decides where a save's files go (a staging directory, or the final keys of an object
     # store, where the manifest written last is the commit).
     stage = store.save_target(dst_id, catalog.new_staging_dir(dst_id, uuid.uuid4().hex))
     rows = 0
+    claim = None
     try:
-        store.makedirs("")
+        store.prepare_for_save()
+        # Claimed before anything is written, as a save claims its target: start-up recovery and `gc` in
+        # another process leave a claimed target alone (docs/SAFETY.md, "Claims").
+        claim = store.claim(stage, owner_file(stage, 0))
+        if catalog.is_committed(store, dst_id):   # committed by another writer meanwhile: never overwrite
+            raise CheckpointExistsError(f"compact: {store.describe(dst_id)} was committed by another writer; "
+                                        f"choose another id", path=store.describe(dst_id))
         sources = []
         for name, info in m.tables.items():
             tl = table_links(links, name)
@@ -149,14 +183,22 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
             copy_whole_files(newest, store, stage, part, fsync)
             parts.append(part)
         rows = sum(t["rows"] for t in parts[0].tables.values())
-        meta = dict(m.metadata, compacted_from=src_id)
+        # Its step (the source's `recckpt.global_step`, copied with the rest of its metadata; worker steps
+        # are copied above) and its source: a restart picks the highest step, never this copy of an older
+        # link just because it was committed last (retention.restore_order).
+        meta = {k: v for k, v in m.metadata.items() if k != "compacted_from"}
+        meta[META_COMPACTED_FROM] = src_id
         finalize(store, stage, dst_id, parts, opts=opts, metadata=meta)
     except BaseException:
-        try:
-            store.discard(stage, dst_id, MANIFEST)
-        except OSError:
-            pass
+        if claim is not None:   # only what this compaction claimed: in place, unclaimed files are a rival's
+            try:
+                store.discard(stage, dst_id, MANIFEST)   # never a committed checkpoint
+            except OSError:
+                pass
         raise
+    finally:
+        if claim is not None:
+            claim.release()   # after the commit (or the discard): a rival sees it committed, or nothing
     try:
         catalog.write_version_file(store, [i for i, _ in catalog.committed(store)], fsync)
     except (OSError, RecckptError) as e:  # committed already; the next save or recovery redoes the list

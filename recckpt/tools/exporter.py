@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..format import dtypes
 from .reader import DEFAULT_CHUNK_ROWS, CheckpointView, open as open_checkpoint
 
 FORMATS = ("parquet", "safetensors", "npy")
@@ -168,7 +169,7 @@ class _ParquetSink:
     def write(self, ids: np.ndarray, cols: dict[str, Any]) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
-        arrays, fields = [_arrow(ids.astype("<i8", copy=False))], [pa.field("id", pa.int64(), nullable=False)]
+        arrays, fields = [_arrow(ids.astype("<i8", copy=False))], [pa.field(ID_COLUMN, pa.int64(), nullable=False)]
         for name, a in cols.items():
             if a.ndim == 1:
                 arr = _arrow(a)
@@ -219,13 +220,13 @@ class _BufferedSink:
         if self.fmt == "safetensors":
             import torch  # the safetensors writer takes tensors (bf16 has no numpy dtype)
             from safetensors.torch import save_file
-            tensors = {"id": torch.from_numpy(ids)}
+            tensors = {ID_COLUMN: torch.from_numpy(ids)}
             tensors.update({k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
                             for k, v in cols.items()})
             save_file(tensors, self.path + ".safetensors", metadata={"format": "recckpt-export"})
             return [self.path + ".safetensors"]
         written = []
-        for k, a in {"id": ids, **cols}.items():
+        for k, a in {ID_COLUMN: ids, **cols}.items():
             p = f"{self.path}.{k}.npy"
             np.save(p, a, allow_pickle=False)
             written.append(p)
@@ -275,6 +276,35 @@ def _safe_name(what: str, name: str) -> str:
     return name
 
 
+ID_COLUMN = "id"
+
+
+def output_columns(slots: list[tuple[str, str]], dtype: str) -> list[tuple[str, str]]:
+    """(column name, what it holds) of every output column, in order, for `slots` ((name, format dtype
+    name), as asked for): the ids, then each slot, with `<slot>.scale` and `<slot>.offset` after an int8 float slot. The
+    names are the Parquet fields, the safetensors keys and the .npy file names alike."""
+    cols = [(ID_COLUMN, "the ids")]
+    for s, dt in slots:
+        cols.append((s, f"slot {s!r}"))
+        if dtype == "int8" and dt in dtypes.FLOAT_NAMES:
+            cols += [(f"{s}.scale", f"the int8 scale of slot {s!r}"), (f"{s}.offset", f"the int8 offset of slot {s!r}")]
+    return cols
+
+
+def _check_columns(view: CheckpointView, table: str, opts: ExportOptions) -> None:
+    """Refuse, before any byte is written, two things that would share one column name (one would
+    silently overwrite the other, or a Parquet file would hold two fields of one name)."""
+    have = view.tables[table].slots
+    seen: dict[str, str] = {}
+    for name, what in output_columns([(s, have[s].dtype) for s in opts.slots], opts.dtype):
+        if name in seen:
+            raise InvalidArgumentError(
+                f"--slots: table {table!r} of {view.path}: {what} and {seen[name]} would both be written as "
+                f"column {name!r}; export them separately (e.g. --slots {name!r} alone, or without --dtype int8)"
+                f" or leave one out")
+        seen[name] = what
+
+
 def _plan(view: CheckpointView, opts: ExportOptions) -> dict[str, tuple[list[str], list[str]]]:
     """table -> (exported slots, slots read only for filtering)."""
     tables = list(view.tables) if opts.tables is None else list(opts.tables)
@@ -296,6 +326,7 @@ def _plan(view: CheckpointView, opts: ExportOptions) -> dict[str, tuple[list[str
         _safe_name("table", t)
         for s in opts.slots:
             _safe_name("slot", s)
+        _check_columns(view, t, opts)
         extra = [s for s in (FREQ_SLOT, LAST_STEP_SLOT) if s in have and s not in opts.slots
                  and (opts.predicate is not None or (s == FREQ_SLOT and opts.min_freq is not None)
                       or (s == LAST_STEP_SLOT and opts.seen_since_step is not None))]

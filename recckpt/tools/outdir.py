@@ -4,6 +4,7 @@ are these."""
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,8 @@ from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, names, recovery
 from ..format.retention import CkptEntry, KeepPolicy
 from .reader import kind_of, open_output_dir, parent_of, recorded_step
+
+log = logging.getLogger("recckpt")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Listing:
     output_dir: str
     checkpoints: list[CheckpointSummary] = field(default_factory=list)   # oldest first
     leftovers: list[tuple[str, str]] = field(default_factory=list)       # (name, what left it)
+    strays: list[tuple[str, str]] = field(default_factory=list)          # (name, why recckpt leaves it alone)
     output_dirs_below: list[str] = field(default_factory=list)
     """When this directory holds no checkpoint: output directories found below it (a user who passed
     the run's folder instead of its output_dir), as paths relative to it."""
@@ -103,6 +107,7 @@ def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = Non
             cid, storage.describe(cid), recorded_step(m.metadata, m.worker_steps), kind_of(m.metadata, parent),
             _size(storage, cid, m), _dt.datetime.fromtimestamp(m.created_ns / 1e9, tz=_dt.timezone.utc), parent))
     out.leftovers = recovery.find_leftovers(storage)
+    out.strays = recovery.find_strays(storage)
     if not out.checkpoints and catalog.read_version_file(storage) is None:
         out.output_dirs_below = output_dirs_below(storage)
     return out
@@ -161,13 +166,17 @@ def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] 
        ) -> list[tuple[str, str]]:
     """Remove the leftovers of crashed saves and deletes (staging and half-deleted directories, temporary
     version files) and bring the version file in line, through the same recovery a save runs at start.
-    Returns (name, what left it) for each thing removed (or, with dry_run, found)."""
+    Returns (name, what left it) for each thing removed (or, with dry_run, found). Entries it must not
+    or cannot remove (named like leftovers but of another kind, links, a version file that is a
+    directory, a removal that fails) are skipped with a warning naming each (`recckpt` logger)."""
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
     found = recovery.find_leftovers(storage)
     if dry_run:
+        for name, why in recovery.find_strays(storage):
+            log.warning("recckpt: would leave %s alone: %s", storage.describe(name), why)
         return found
-    removed = set(recovery.recover(storage))
+    removed = set(recovery.recover(storage).removed)
     return [(n, w) for n, w in found if n in removed]
 
 

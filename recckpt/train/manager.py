@@ -32,6 +32,7 @@ from ..errors import (
 from ..format import catalog
 from ..format.chain import chain_stats
 from ..format.names import validate_ckpt_id
+from ..format.retention import restore_order
 from ..load.load_config import LoadConfig
 from .async_save import FAILED, AsyncWriter, SaveHandle
 from .events import LoadEvent, SaveEvent
@@ -377,7 +378,8 @@ class CheckpointManager:
         checkpoint found corrupt by any rank is skipped by all for the next older one (each load
         replaces the whole state), with a warning. A checkpoint saved by another number of workers is
         resharded; per-worker state follows `resize_policy` (which sets `io_state_on_resize` of
-        `load_conf`). Only checkpoints that record a global step are restore points. Takes precedence
+        `load_conf`). Only checkpoints that record a global step are restore points, and the newest is
+        the one of the highest step (ties: the one committed last). Takes precedence
         over `load_model_bank`."""
         self.wait()
         storage = self.saver.storage
@@ -391,8 +393,12 @@ class CheckpointManager:
             candidates = match[-1:]
         else:
             # Checkpoints without a global step (a direct saver.save("final") in the same directory)
-            # are not restore points: restoring one would change the model and then have no step.
-            candidates = [tuple(f) for f in reversed(found) if f[1] is not None]
+            # are not restore points: restoring one would change the model and then have no step. The
+            # newest is the highest step, not the last committed: a compaction of an older link, listed
+            # last, must not rewind the run (retention.restore_order; ties: the one committed last).
+            stepped = [tuple(f) for f in found if f[1] is not None]
+            step_of = dict(stepped)
+            candidates = [(cid, step_of[cid]) for cid in restore_order(stepped)]
             if found and not candidates:
                 raise CheckpointNotFoundError(
                     f"{storage.describe()} holds committed checkpoints {[f[0] for f in found]}, but none records "

@@ -23,10 +23,11 @@ from ..errors import (
     RecckptError,
 )
 from ..format import catalog, dtypes, extras as extras_fmt, recovery
-from ..format.checkpoint import WorkerPart, finalize, write_worker_part
+from ..format.chain import walk_chain
+from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
-from ..format.retention import META_EPHEMERAL
+from ..format.retention import META_EPHEMERAL, recorded_step, restore_order
 from ..format.schema import ParentRef, SlotInfo
 from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
@@ -179,8 +180,10 @@ class Saver:
         return self._chain.ckpt_id if self._chain is not None else None
 
     def latest_checkpoint(self) -> str | None:
-        ids = self.checkpoints()
-        return ids[-1] if ids else None
+        """The checkpoint `load()` without an id loads: the one of the highest global step (docs/SAFETY.md)."""
+        found = catalog.committed(self.storage)
+        order = restore_order([(i, recorded_step(m.metadata, m.worker_steps)) for i, m in found])
+        return order[0] if order else None
 
     # ------------------------------------------------------------------------------------- save
     def _write_options(self) -> SparseWriteOptions:
@@ -527,9 +530,23 @@ class Saver:
             elif chain.manifest_sha256 is not None and have.content_sha256 != chain.manifest_sha256:
                 reason = f"checkpoint {chain.ckpt_id!r} was replaced since this Saver wrote or loaded it"
             else:
-                return ParentRef(chain.ckpt_id, have.content_sha256), None
+                reason = self._broken_chain(chain.ckpt_id, have)
+                if reason is None:
+                    return ParentRef(chain.ckpt_id, have.content_sha256), None
         log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
         return None, reason
+
+    def _broken_chain(self, parent_id: str, parent_manifest) -> str | None:
+        """Why the chain under `parent_id` cannot carry an increment (a link deleted or replaced by hand,
+        a loop), or None. Reads one manifest per link (walk_chain): an increment on a broken chain would
+        commit and then fail every load."""
+        if parent_manifest.parent is None:
+            return None   # a full checkpoint: a chain of one
+        try:
+            walk_chain(CheckpointReader(self.storage, parent_id))
+        except (OSError, RecckptError) as e:
+            return f"the chain under its parent {parent_id!r} is broken: {str(e).split('; ')[0]}"
+        return None
 
     def _committed_chain(self, ckpt_id: str, manifest, marks: dict | None, tables: list | None) -> None:
         """Remember the checkpoint just committed as the parent of the next increment. `marks` None: it

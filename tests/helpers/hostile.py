@@ -574,4 +574,45 @@ def gen_listing_checkpoint_dir_link_loop(work):
     os.symlink("c", os.path.join(out, "c"))
     return Case("listing_checkpoint_dir_link_loop", out, "listing", expect_step=4)
 
+
+# ---- hash flooding: ids chosen so that mix64(id) = k * 4096 (all in bucket 0, and before the id map's
+# keyed homes, all in one home slot: every insert probed past all earlier ones, quadratic)
+def _flooded(work, n, chain=False):
+    """<work>/out with "a" (step 3) and "b" (step 4) whose table 'user' holds n chosen ids; with chain,
+    also "c" (step 5), an increment on "b" rewriting every other row (its load folds the chain)."""
+    import numpy as np
+    import torch
+
+    from helpers import stress_harness as h
+    from recckpt import SaveOptions
+    from recckpt.format.hashing import unmix64
+    out, _ = _two_checkpoints(work, ids=("a", "b0"))
+    m, e, r = h.Model(), {}, h.Reader()
+    h.set_step_state(m, e, r, 4)
+    ids = torch.from_numpy(unmix64(np.arange(n, dtype=np.uint64) * np.uint64(4096)))
+    m.user.clear_rows()
+    m.user.import_rows(ids, {"embedding": torch.zeros(n, 8)})
+    s = h.make_saver(out, m, e, r, max_keep=None, opts=SaveOptions(fsync=False))
+    s.save("b")
+    if chain:
+        m.user.import_rows(ids[::2], {"embedding": torch.ones(len(ids[::2]), 8)})
+        e["step"] = 5
+        s.save("c", incremental=True)
+        assert s.last_save.parent == "b", s.last_save
+    return out
+
+
+def gen_id_flood_200k(work):
+    return Case("id_flood_200k", _flooded(work, 200_000), "load_id", "b", seconds=10, expect_step=4)
+
+
+def gen_id_flood_1m(work):
+    return Case("id_flood_1m", _flooded(work, 1_000_000), "load_id", "b", seconds=20, expect_step=4)
+
+
+def gen_id_flood_chain_200k(work):
+    return Case("id_flood_chain_200k", _flooded(work, 200_000, chain=True), "load_id", "c", seconds=10,
+                expect_step=5)
+
+
 GENERATORS = [v for k, v in sorted(globals().items()) if k.startswith("gen_")]

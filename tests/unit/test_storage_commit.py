@@ -19,6 +19,16 @@ from recckpt.storage import FsspecStorage, LocalStorage, open_storage
 OPTS = SaveOptions(num_buckets=16, chunk_bytes=1024, segment_bytes=1 << 14, fsync=False)
 
 
+def dead_process_claim(target: str) -> bytes:
+    """The claim body a process on this machine wrote for `target` before it exited."""
+    import subprocess
+    import sys
+    code = f"from recckpt.storage import claims; print(claims.encode(claims.body({target!r})).decode())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).parents[2]))).stdout
+    return out.strip().encode()
+
+
 def _model(k):
     m = Model()
     ids = torch.arange(10 * k, 10 * k + 30)
@@ -33,13 +43,14 @@ def test_recovery_leaves_a_claimed_staging_dir_and_removes_an_unclaimed_one(tmp_
     for d in (live, dead):
         st.makedirs(f"{d}/sparse")
         st.write_bytes(f"{d}/sparse/shard-00000-000.bin", b"x")
-    st.write_bytes(names.owner_file(dead, 0), b"{}")   # a crashed writer's claim: nobody holds its lock
-    removed = recovery.recover(st)
+    # a crashed writer's claim: nobody holds its lock, and its process (on this machine) has exited
+    st.write_bytes(names.owner_file(dead, 0), dead_process_claim(dead))
+    removed = recovery.recover(st).removed
     assert dead in removed and live not in removed
     assert st.isdir(live) and not st.isdir(dead) and not st.exists(names.owner_file(dead, 0))
     claim.release()
     assert not st.exists(names.owner_file(live, 0))
-    assert live in recovery.recover(st)
+    assert live in recovery.recover(st).removed
 
 
 def test_a_claim_removed_by_recovery_between_open_and_lock_is_taken_again(tmp_path):

@@ -41,7 +41,9 @@ def build(segments: int, nb: int = 16, cb: int = 1 << 16) -> dict:
             pos += n
         segs.append({"file": len(files) - 1, "rows": rows, "buckets": b, "columns": cols})
     files[-1]["size"] = pos
-    return {"format_version": names.FORMAT_VERSION, "num_buckets": nb, "chunk_bytes": cb, "files": files,
+    # A version 3 index (versions 1-3 are still read); version 4's big-index case is in the hostile
+    # corpus (tests/helpers/hostile.py, index_200k_duplicated_segments), bounded against json.loads.
+    return {"format_version": 3, "num_buckets": nb, "chunk_bytes": cb, "files": files,
             "tables": {"t": {"slots": ["a", "b"], "segments": segs}}}
 
 

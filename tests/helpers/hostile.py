@@ -316,6 +316,28 @@ def _seg_hex(seg) -> str:
     return "".join(np.asarray(p, dtype=">u4").tobytes().hex() for p in parts)
 
 
+def resign_segment_crcs(ckpt: str, table: str) -> None:
+    """Recompute, from the shard bytes, every CRC of `table`'s segments in a format version 4 checkpoint
+    (index.json and the single worker's index), as an attacker who edited rows would."""
+    import numpy as np
+
+    from recckpt import _C
+    doc = _parsed_index(ckpt)
+    hexes = []
+    for seg in doc.tables[table][1]:
+        data = open(os.path.join(ckpt, doc.files[seg.file][0]), "rb").read()
+        crcs = [_C.crc32c(data[seg.buckets.offset:seg.buckets.offset + seg.buckets.length])]
+        for c in seg.columns:
+            if c.length:
+                crcs += [int(x) for x in _C.crc32c_chunks(np.frombuffer(data[c.offset:c.offset + c.length], np.uint8),
+                                                          c.step)]
+        hexes.append("".join(f"{x:08x}" for x in crcs))
+    for rel in ("index.json", "sparse/worker-00000.index.json"):
+        idx = read_json(ckpt, rel)
+        idx["tables"][table]["segments"]["crc32c"] = "".join(hexes)
+        write_json(ckpt, rel, idx)
+
+
 _SEG_LISTS = ("file", "offset", "rows", "dir", "first", "last", "packed", "block")
 
 

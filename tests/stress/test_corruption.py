@@ -72,26 +72,20 @@ def test_verify_catches_ids_in_the_wrong_bucket(tmp_path):
     import numpy as np
 
     from recckpt import _C
-    from recckpt.format import checked_json
     ckpt = h.build_template(str(tmp_path))
-    idx = checked_json.loads(open(os.path.join(ckpt, "index.json"), "rb").read(), "index", 1 << 30)
-    seg = idx["tables"]["user"]["segments"][0]
-    path = os.path.join(ckpt, idx["files"][seg["file"]]["path"])
-    col = seg["columns"][0]
+    idx = hostile._parsed_index(ckpt)
+    seg = idx.tables["user"][1][0]
+    path = os.path.join(ckpt, idx.files[seg.file][0])
+    col = seg.columns[0]
     data = bytearray(open(path, "rb").read())
-    ids = np.frombuffer(bytes(data[col["offset"]:col["offset"] + col["length"]]), "<i8").copy()
-    assert seg["file"] == 0 and len(ids) >= 2
+    ids = np.frombuffer(bytes(data[col.offset:col.offset + col.length]), "<i8").copy()
+    assert seg.file == 0 and len(ids) >= 2
     assert _C.bucket_of(ids[:1], 16)[0] != _C.bucket_of(ids[-1:], 16)[0]
     ids[[0, -1]] = ids[[-1, 0]]
-    data[col["offset"]:col["offset"] + col["length"]] = ids.tobytes()
+    data[col.offset:col.offset + col.length] = ids.tobytes()
     open(path, "wb").write(bytes(data))
     # re-sign everything so that only the bucket check can notice
-    crcs = [int(c) for c in _C.crc32c_chunks(ids.view(np.uint8), idx["chunk_bytes"])]
-    col["crc32c"] = crcs
-    hostile.write_json(ckpt, "index.json", idx)
-    w = hostile.read_json(ckpt, "sparse/worker-00000.index.json")
-    w["tables"]["user"]["segments"][0]["columns"][0]["crc32c"] = crcs
-    hostile.write_json(ckpt, "sparse/worker-00000.index.json", w)
+    hostile.resign_segment_crcs(ckpt, "user")
     rep = recckpt.verify(ckpt)
     assert any("not in the buckets" in p for p in rep.problems), rep.problems
 

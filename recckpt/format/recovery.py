@@ -160,6 +160,11 @@ def recover(storage: Storage, keep: Collection[str] = (), fsync: bool = True, re
             continue
         try:
             if what in (_TARGET, _VERSION_TMP, _CATALOG_TMP):
+                if what == _TARGET and not name.startswith(names.STAGING_PREFIX) and \
+                        not _uncommitted_leftover(storage, name):
+                    # Committed in place since it was classified: its writer released the claim only after
+                    # the commit, so the owners listing above cannot show it. Look again before removing.
+                    continue
                 if not remove_target_if_unowned(storage, name, owners_listing):
                     log.info("recckpt: leaving %s alone: a live process is writing it", storage.describe(name))
                     continue

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from ...errors import IncompatibleCheckpointError, InvalidArgumentError
-from ...state.protocol import SlotSpec, SparseTableMeta
-from .table import TorchRecTable
+from ...state.protocol import SlotSpec
+from .table import SlotsTable, TorchRecTable
 
 EMPTY = torch.iinfo(torch.int64).max
 MCH_PREFIX = "mch."
@@ -59,9 +59,10 @@ def route(ids: torch.Tensor, input_size: int, buckets: int) -> torch.Tensor:
     return torch.where(inside, ids // block, wrapped)
 
 
-class MCHTable:
+class MCHTable(SlotsTable):
     """One MCH table (its TorchRec table `inner`, keyed by row, and this process's MCH module for it),
     keyed by raw id. Implements `SparseState` and `RoutedRows`."""
+    kind = "TorchRec MCH table"
 
     def __init__(self, inner: TorchRecTable, module, writes: bool):
         self.inner, self.module, self.writes = inner, module, writes
@@ -86,22 +87,11 @@ class MCHTable:
     def local_rows(self) -> int:
         return int(self._admitted().shape[0]) if self.writes else 0
 
-    def sparse_meta(self) -> SparseTableMeta:
-        return SparseTableMeta(self.name, self.slots, self.local_rows())
-
-    def __len__(self) -> int:
-        return self.local_rows()
-
-    def _check_slots(self, slots: Sequence[str]) -> None:
-        bad = [s for s in slots if s not in self.slots]
-        if bad:
-            raise InvalidArgumentError(f"TorchRec MCH table {self.name!r} has no slots {bad}; it has {list(self.slots)}")
-
     def export_chunks(self, slots: Sequence[str], max_rows: int
                       ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
         """The admitted raw ids of this process's shard with their rows (an unsharded module in a job of
         several processes is written by rank 0 only)."""
-        self._check_slots(slots)
+        self.check_slots(slots)
         if max_rows < 1:
             raise InvalidArgumentError(f"export_chunks: max_rows must be >= 1, got {max_rows}")
         if not self.writes:
@@ -190,7 +180,7 @@ class MCHTable:
 
     def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
         """Rows of planned ids (after `clear_rows`): each id's rows go to its slot."""
-        self._check_slots(list(columns))
+        self.check_slots(list(columns))
         if self._planned is None:
             raise InvalidArgumentError(f"TorchRec MCH table {self.name!r}: rows loaded without a plan (plan_rows)")
         if ids.shape[0] == 0:

@@ -41,7 +41,27 @@ class Shard:
         return v() if callable(v) else v
 
 
-class TorchRecTable:
+class SlotsTable:
+    """What every TorchRec table adapter answers the same way: its schema, its local row count and the
+    check of requested slot names. Subclasses set `name`, `slots` and `kind` and define `local_rows()`."""
+    kind = "TorchRec table"
+
+    def local_rows(self) -> int:
+        raise NotImplementedError
+
+    def sparse_meta(self) -> SparseTableMeta:
+        return SparseTableMeta(self.name, self.slots, self.local_rows())
+
+    def __len__(self) -> int:
+        return self.local_rows()
+
+    def check_slots(self, slots: Sequence[str]) -> None:
+        bad = [s for s in slots if s not in self.slots]
+        if bad:
+            raise InvalidArgumentError(f"{self.kind} {self.name!r} has no slots {bad}; it has {list(self.slots)}")
+
+
+class TorchRecTable(SlotsTable):
     """A TorchRec table (one `EmbeddingBagConfig`/`EmbeddingConfig`) as seen from this process."""
 
     def __init__(self, name: str, num_rows: int, dim: int, dtype: torch.dtype, shards: List[Shard],
@@ -84,23 +104,12 @@ class TorchRecTable:
         return sum(b - a for a, b in self._layout.owned_rows)
 
     # -------------------------------------------------------------------------------- protocol
-    def sparse_meta(self) -> SparseTableMeta:
-        return SparseTableMeta(self.name, self.slots, self.local_rows())
-
-    def __len__(self) -> int:
-        return self.local_rows()
-
-    def _check_slots(self, slots: Sequence[str]) -> None:
-        bad = [s for s in slots if s not in self.slots]
-        if bad:
-            raise InvalidArgumentError(f"TorchRec table {self.name!r} has no slots {bad}; it has {list(self.slots)}")
-
     def export_chunks(self, slots: Sequence[str], max_rows: int
                       ) -> Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
         """Rows of every local shard in chunks of <= max_rows, ids = global row indices. Under a
         column-wise plan the column-split slots carry this process's columns only (`row_layout().columns`);
         each row range is exported once even when this rank holds several column shards of it."""
-        self._check_slots(slots)
+        self.check_slots(slots)
         if max_rows < 1:
             raise InvalidArgumentError(f"export_chunks: max_rows must be >= 1, got {max_rows}")
         for a, b in self._layout.owned_rows:
@@ -134,7 +143,7 @@ class TorchRecTable:
         """Rows `ids` (global row indices this process holds, any order) of `slots`, as new tensors.
         Column-split slots carry this process's columns (`row_layout().columns`), per-row slots the
         row's value (as `export_chunks`). Used by managed-collision tables, whose rows are not ranges."""
-        self._check_slots(slots)
+        self.check_slots(slots)
         owned = self._owned_mask(ids)
         if not bool(owned.all()):
             raise InvalidArgumentError(f"TorchRec table {self.name!r}: row {int(ids[~owned][0])} is not held by this "
@@ -172,7 +181,7 @@ class TorchRecTable:
         """Overwrite the rows `ids` (global row indices this process holds) in place. Column-split slots
         carry columns `row_layout().columns` (all columns when None). Everything is checked before any
         row is written."""
-        self._check_slots(list(columns))
+        self.check_slots(list(columns))
         if ids.dtype != torch.int64 or ids.dim() != 1:
             raise InvalidArgumentError(f"TorchRec table {self.name!r}: ids must be int64 [n], got {ids.dtype} "
                                        f"{tuple(ids.shape)}")
@@ -227,7 +236,7 @@ class TorchRecTable:
     def export_changes(self, since: int, slots: Sequence[str], max_rows: int) -> Changes | None:
         """The rows this process holds that were looked up (so possibly updated by the fused optimizer) or
         loaded since mark `since`, in chunks of <= max_rows; None when the tracker cannot tell."""
-        self._check_slots(slots)
+        self.check_slots(slots)
         if self.tracker is None:
             return None
         found = []

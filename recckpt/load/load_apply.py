@@ -24,7 +24,7 @@ from ..state import optim_names, plugins
 from ..state.protocol import FixedSize, RoutedRows, column_split_slots, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
-from .fixed_rows import OwnedRows
+from .fixed_rows import DirectRows, OwnedRows
 from .load_config import LoadConfig
 from .row_filter import RowFilter, owners_of
 from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
@@ -564,35 +564,55 @@ class LoadPlan:
 
     def _load_fixed_range(self, name: str, target: str, table, slots, layout, bucket_lo: int,
                           bucket_hi: int) -> int:
-        """The owned rows of one bucket range of a fixed-size table (see `_load_fixed`)."""
+        """The owned rows of one bucket range of a fixed-size table (see `_load_fixed`): read straight into
+        the storage the table lends (`DirectRows`) where it can, else read and imported row by row range."""
         starts = np.array([a for a, _ in layout.owned_rows], dtype=np.int64)
         ends = np.array([b for _, b in layout.owned_rows], dtype=np.int64)
         split = set(column_split_slots(table.sparse_meta()))
         c0, c1 = layout.columns or (0, None)
         names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
+        segments, where = self.reader.segments, self.reader.describe()
+        direct = DirectRows.of(table, slots, lambda si: dtypes.torch_dtype(si.dtype))
         rows = 0
-        for ids, cols in self.reader.segments.iter_table(name, names, rbs, bucket_lo, bucket_hi):
-            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
-                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-                raise IncompatibleCheckpointError(
-                    f"checkpoint {self.reader.describe()}: table {name!r} holds row id {bad}, outside model "
-                    f"table {target!r}'s {layout.num_rows} rows", table=target)
-            if not layout.replicated:
-                k = np.searchsorted(starts, ids, side="right") - 1
-                keep = np.nonzero((k >= 0) & (ids < ends[np.maximum(k, 0)]))[0]
-                ids, cols = ids[keep], [c[keep] for c in cols]
-            n = len(ids)
-            if n == 0:
-                continue
-            tensors = {}
-            for (slot, si, spec), raw in zip(slots, cols):
-                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-                if slot in split and layout.columns is not None:
-                    t = t[:, c0:c1]
-                tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
-            table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
-            rows += n
+        for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi):
+            if direct is not None:
+                n = direct.load_batch(segments, batch, name, target, where)
+                if n is not None:
+                    rows += n
+                    continue
+            cols_all = segments.read_batch(batch)
+            pos = 0
+            for n, _ in batch.parts:
+                ids = cols_all[0][8 * pos:8 * (pos + n)].view("<i8")
+                cols = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols_all[1:], rbs)]
+                pos += n
+                rows += self._import_owned(name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1)
         return rows
+
+    def _import_owned(self, name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1) -> int:
+        """One segment's rows (`ids`, raw slot columns) into a fixed-size table: the owned rows only."""
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise IncompatibleCheckpointError(
+                f"checkpoint {self.reader.describe()}: table {name!r} holds row id {bad}, outside model "
+                f"table {target!r}'s {layout.num_rows} rows", table=target)
+        if not layout.replicated:
+            k = np.searchsorted(starts, ids, side="right") - 1
+            mask = (k >= 0) & (ids < ends[np.maximum(k, 0)])
+            if not mask.all():   # (a fancy-indexed copy of every column only where rows are dropped)
+                keep = np.nonzero(mask)[0]
+                ids, cols = ids[keep], [c[keep] for c in cols]
+        n = len(ids)
+        if n == 0:
+            return 0
+        tensors = {}
+        for (slot, si, spec), raw in zip(slots, cols):
+            t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
+            if slot in split and layout.columns is not None:
+                t = t[:, c0:c1]
+            tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+        table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
+        return n
 
     def _load_routed(self, name: str, table, slots) -> int:
         """Rows of a `RoutedRows` table: every bucket is read (its routing is not recckpt's) and the table

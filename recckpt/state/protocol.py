@@ -26,6 +26,7 @@ __all__ = [
     "ChangeTracking",
     "Changes",
     "FixedSize",
+    "LendsRows",
     "RoutedRows",
     "RowRangeLayout",
     "column_split_slots",
@@ -387,6 +388,24 @@ class FixedSize(Protocol):
     ``replicated``); ``clear_rows`` cannot remove rows of such a table (a load overwrites them)."""
 
     def row_layout(self) -> RowRangeLayout: ...
+
+
+@runtime_checkable
+class LendsRows(Protocol):
+    """Optional extension of :class:`FixedSize`: the table lends its live storage, so a load reads rows
+    from the shard files straight into it (no staging buffer, no second copy, no per-table Python over
+    rows). A load uses it only when the checkpoint's slot dtypes and shapes are the table's.
+
+    :meth:`row_views` gives, for every range of ``row_layout().owned_rows`` in order, ``(first row,
+    {slot: view})``: each view a C-contiguous CPU tensor ``[rows, *slot shape]`` (logical shapes: the
+    process holds every column of these rows) aliasing the storage training reads. It returns None when
+    it cannot lend every owned range whole (column-split slots, storage that is not contiguous, another
+    device); the loader then imports rows through ``import_rows``. After writing rows ``[row0, row0 +
+    rows)`` into the views the loader calls :meth:`rows_loaded`, so that change tracking counts them."""
+
+    def row_views(self, slots: Sequence[str]) -> "list[tuple[int, Dict[str, torch.Tensor]]] | None": ...
+
+    def rows_loaded(self, row0: int, rows: int) -> None: ...
 
 
 @runtime_checkable

@@ -225,6 +225,38 @@ class TorchRecTable(SlotsTable):
                 if self.tracker is not None:   # loaded rows are changes since any earlier mark
                     self.tracker.touch(s.row0, s.rows, local)
 
+    # ------------------------------------------------------------------------- lent storage
+    def row_views(self, slots: Sequence[str]) -> "List[Tuple[int, Dict[str, torch.Tensor]]] | None":
+        """`LendsRows`: per owned row range, the live storage of `slots` when this process holds every
+        column of it in one contiguous CPU tensor per slot (not under a column-wise plan); else None."""
+        self.check_slots(slots)
+        if self._layout.columns is not None:
+            return None
+        out = []
+        for a, b in self._layout.owned_rows:
+            parts = [s for s in self.shards if s.row0 == a and s.rows == b - a]
+            if len(parts) != 1 or parts[0].col0 != 0 or parts[0].cols != self.dim:
+                return None
+            views = {}
+            for slot in slots:
+                t = parts[0].weight if slot == EMBEDDING else parts[0].state(slot)
+                spec = self.slots[slot]
+                if (t.device.type != "cpu" or t.dtype != spec.dtype or not t.is_contiguous()
+                        or tuple(t.shape) != (b - a, *spec.shape)):
+                    return None
+                views[slot] = t
+            out.append((a, views))
+        return out
+
+    def rows_loaded(self, row0: int, rows: int) -> None:
+        """`LendsRows`: rows [row0, row0 + rows) were written into the lent storage: changes since any mark."""
+        if self.tracker is None:
+            return
+        for s in self.shards:
+            lo, hi = max(row0, s.row0), min(row0 + rows, s.row0 + s.rows)
+            if hi > lo:
+                self.tracker.touch_range(s.row0, s.rows, lo - s.row0, hi - s.row0)
+
     # ------------------------------------------------------------------------ change tracking
     #: the table's `tracking.TableTracker` (rows looked up since a mark), set when the table is found in a
     #: sharded collection; None: the table cannot tell what changed and increments hold it whole

@@ -21,7 +21,7 @@ from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
 from ..state import optim_names, plugins
-from ..state.protocol import FixedSize, RoutedRows, column_split_slots, split_sparse_dense_state_dict
+from ..state.protocol import Admission, FixedSize, RoutedRows, column_split_slots, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
 from .fixed_rows import DirectRows, OwnedRows
@@ -55,6 +55,10 @@ class LoadResult:
     seconds: float = 0.0
     metadata: dict[str, str] = field(default_factory=dict)
     """The checkpoint's manifest metadata (e.g. the CheckpointManager's global step)."""
+    admission: dict[str, dict] = field(default_factory=dict)
+    """Per table that admits a bounded number of ids (`RoutedRows`: TorchRec's managed-collision tables,
+    by model name): the ids `admitted` and `left_out` for want of room over the whole table, per reason
+    the ids `refused` because the table cannot hold them (with strict=False), and the ids kept `here`."""
 
 
 
@@ -116,7 +120,7 @@ class LoadPlan:
                             f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads the rows "
                             f"that fit)")
                 if isinstance(table, RoutedRows) and slots and not self.incompatible:
-                    self._plan_routed(name, table, info, slots)
+                    self._plan_routed(name, target, table, info, slots)
                 for slot, spec in meta.slots.items():
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
                         self.problems_missing.append(f"slot {slot!r} of model table {target!r} is not in the checkpoint")
@@ -212,7 +216,7 @@ class LoadPlan:
                     "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
 
-    def _plan_routed(self, name: str, table, info, slots) -> None:
+    def _plan_routed(self, name: str, target: str, table, info, slots) -> None:
         """A table that routes ids itself and holds a bounded number of them (`RoutedRows`): let it see
         every id of the checkpoint's table (and the slots it ranks them by) and decide which it keeps,
         before anything is applied; a refusal (the ids do not fit) is one of the load's incompatibilities."""
@@ -220,7 +224,13 @@ class LoadPlan:
             self.incompatible.append(f"table {name!r} routes its ids itself and is replaced whole: load_conf "
                                      f"'merge' does not apply to it")
             return
-        want = [s for s in table.plan_slots() if s in info.slots]
+        rank_by = self.conf.admit_by
+        if rank_by is not None and (rank_by not in info.slots or info.slots[rank_by].shape != ()):
+            self.incompatible.append(
+                f"table {name!r}: load_conf admit_by {rank_by!r} names no slot of the checkpoint's table with one "
+                f"value per row (it has {sorted(info.slots)})")
+            return
+        want = [rank_by] if rank_by is not None else [s for s in table.plan_slots() if s in info.slots]
         rbs = [info.slots[s].row_bytes for s in want]
         sis = [info.slots[s] for s in want]
 
@@ -229,10 +239,16 @@ class LoadPlan:
                 n = len(ids)
                 yield torch.from_numpy(ids), {s: torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
                                               for s, si, raw in zip(want, sis, cols)}
+        admission = Admission(self.conf.overflow, rank_by, self.conf.strict)
         try:
-            table.plan_rows(chunks(), [s for s, _, _ in slots], self.conf.overflow)
+            got = table.plan_rows(chunks(), [s for s, _, _ in slots], admission)
         except IncompatibleCheckpointError as e:
             self.incompatible.append(str(e))
+            return
+        self.result.admission[target] = got.as_dict()
+        if got.refused:
+            warnings.warn(f"checkpoint {self.reader.describe()}: table {name!r} -> {target!r}: ids the table cannot "
+                          f"hold were left out: {dict(got.refused)}", stacklevel=4)
 
     def _plan_optimizers(self, objs: dict, ckpt_dense) -> None:
         """Registered optimizers get their saved state by parameter name (state layer, optim_names),

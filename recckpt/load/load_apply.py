@@ -650,4 +650,8 @@ class LoadPlan:
         return rows
 
     def _apply_extra(self, name, entry):
+        obj = self.registry.object(name)
+        if entry["kind"] == "state_dict" and optim_names.is_optimizer(obj):
+            # a load at start-up, before the first step: TorchRec's KeyedOptimizer needs its state first
+            optim_names.init_state_for_load(obj, entry["state"])
         self.registry.apply_object(name, entry["kind"], entry["state"])

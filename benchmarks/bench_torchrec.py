@@ -437,7 +437,7 @@ def report(a, res: dict) -> dict:
              f"rounds [min-max] (slowest rank; ratio and targets on the medians); memory = peak RSS growth of the "
              f"worse rank during the operation (median); DCP FileSystemWriter thread_count={a.dcp_threads}, "
              f"recckpt concurrency {a.concurrency}"]
-    head = f"{'':34}{'recckpt':>22}{'DCP':>22}{'DCP/recckpt':>13}"
+    head = f"{'':34}{'recckpt':>26}{'DCP':>26}{'DCP/recckpt':>13}"
     tr = res.get("tracking")
     if tr:
         med = {k: sorted(v)[len(v) // 2] for k, v in tr.items() if k.startswith("step_")}
@@ -464,13 +464,13 @@ def report(a, res: dict) -> dict:
             err = r.get(f"{key}_dcp_error")
 
             def cell(v, m):
-                return f"{m / scale:.3f}{unit}" + (f" [{min(v) / scale:.2f}-{max(v) / scale:.2f}]" if len(v) > 1 else "")
+                return f"{m / scale:.3f}{unit.strip()}" + (f" [{min(v) / scale:.2f}-{max(v) / scale:.2f}]" if len(v) > 1 else "")
             ytxt = "fails" if err else cell(ys, y)
             ratio = "-" if err else f"{y / x:.2f}x"
-            lines.append(f"{label:34}{cell(xs, x):>22}{ytxt:>22}{ratio:>13}")
+            lines.append(f"{label:34}{cell(xs, x):>26}{ytxt:>26}{ratio:>13}")
             return (y / x) if not err else None
         mb = 1 << 20
-        lines.append(f"{'bytes (MB)':34}{r['bytes_recckpt'] / mb:>12.1f}{r['bytes_dcp'] / mb:>12.1f}"
+        lines.append(f"{'bytes (MB)':34}{r['bytes_recckpt'] / mb:>26.1f}{r['bytes_dcp'] / mb:>26.1f}"
                      f"{r['bytes_dcp'] / r['bytes_recckpt']:>12.2f}x")
         targets[f"{opt}.bytes_vs_dcp"] = (r["bytes_recckpt"] / r["bytes_dcp"], "<=", 1.05)
         targets[f"{opt}.save_speedup"] = (row("save", "save"), ">=", 1.5)

@@ -195,6 +195,7 @@ class LoadPlan:
                 for name in self.registry.io_names():
                     if name not in self.io_tree:
                         self.problems_missing.append(f"IO state {name!r} is not in the checkpoint")
+        self._check_renames()
         if conf.ownership is not None and not self.incompatible:
             self._check_ownership(world)
         if self.incompatible:
@@ -211,6 +212,20 @@ class LoadPlan:
                     "names, 'rename'/'tables'/'dense_keys'; when only optimizer slots differ (another sparse "
                     "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
+
+    def _check_renames(self) -> None:
+        """Every `rename` key must name a table or dense key of the checkpoint, under any `strict`: strict is
+        about the model, a rename names the checkpoint, and a typo there would load nothing for that name
+        (docs/LOADING.md). The dense file's header is read only when a key names no table."""
+        if not self.conf.rename:
+            return
+        unknown = self.conf.unknown_renames(self.m.tables)
+        if unknown:
+            unknown = self.conf.unknown_renames(list(self.m.tables) + list(self.reader.dense_header()))
+        for k in unknown:
+            self.incompatible.append(
+                f"load_conf rename key {k!r} names no table or dense key of the checkpoint (tables: "
+                f"{sorted(self.m.tables)[:20]}); a rename maps checkpoint names to model names")
 
     def _plan_routed(self, name: str, table, info, slots) -> None:
         """A table that routes ids itself and holds a bounded number of them (`RoutedRows`): let it see

@@ -178,3 +178,27 @@ def test_a_hash_table_reader_refuses_a_column_split_table_naming_it(saved):
     src = DictTable("cw", FakeCW(()).slots)
     with pytest.raises(IncompatibleCheckpointError, match="'cw'.*column-split"):
         Saver(Holder(src), output_dir=str(saved)).load(ckpt_id="c")
+
+
+def test_export_writes_whole_rows_and_compaction_refuses_naming_the_table(saved, tmp_path_factory):
+    out = tmp_path_factory.mktemp("exp") / "x"
+    res = recckpt.export(str(saved / "c"), str(out))
+    assert res is not None and any(out.iterdir())
+    from recckpt.tools.compaction import compact
+    with pytest.raises(IncompatibleCheckpointError, match="'cw'.*column-split"):
+        compact(str(saved / "c"), str(saved / "d"), fsync=False)
+    assert not (saved / "d").exists()
+
+
+def test_compaction_keeps_a_fixed_size_tables_row_range_buckets(tmp_path):
+    """A compacted TorchRec-style table stays bucketed by row range, so loads of it stay bounded by the
+    shard (it was re-bucketed by hash before)."""
+    from recckpt.tools.compaction import compact
+    Saver(Holder(FakeCW(((0, N),))), output_dir=str(tmp_path), options=OPTS).save("c")
+    compact(str(tmp_path / "c"), str(tmp_path / "d"), fsync=False)
+    t = json.load(open(tmp_path / "d" / "manifest.json"))["tables"]["cw"]
+    assert t["bucket_fn"] == "row_range" and t["num_rows"] == N and "column_blocks" not in t
+    dst = FakeCW(((0, 5_000),))
+    res = Saver(Holder(dst), output_dir=str(tmp_path)).load(ckpt_id="d")
+    assert sorted(dst.rows) == list(range(5_000))
+    assert res.bytes_read <= 1.2 * 5_000 * (8 * D + 8) + (64 << 10)

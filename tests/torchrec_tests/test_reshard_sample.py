@@ -86,7 +86,7 @@ def runs(tmp_path_factory):
         # column-wise saves: each rank writes its column block (format version 4)
         _job("cw2", CW, "adagrad", tmp, save=True, steps=3),
         _job("rowwise_cw2", CW, "rowwise", tmp, save=True, steps=3),
-        _job("tw2_from_cw2", TW, "adagrad", tmp, load="cw2"),
+        _job("tw2_from_cw2", TW, "adagrad", tmp, load="cw2", save=True),   # saved again: whole rows
     ])
     bad = [("rows", [["a", 14, 24, "fp32"], *TABLES[1:]]), ("dim", [["a", 13, 28, "fp32"], *TABLES[1:]]),
            ("missing", TABLES[:2]), ("optimizer", TABLES)]
@@ -338,6 +338,48 @@ def test_model_free_tools_read_a_torchrec_checkpoint_without_torchrec(runs):
     cli = subprocess.run([sys.executable, "-m", "recckpt", "inspect", ck], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert cli.returncode == 0 and "coll.embedding_bags.a" in cli.stdout and "adagrad.acc" in cli.stdout
+
+
+def test_model_free_tools_read_a_column_wise_checkpoint_as_whole_rows(runs):
+    """verify / recckpt.open / export / diff on a column-wise save (column blocks), in a process without
+    torchrec: whole rows equal what TorchRec held, and its digests (and values) equal those of the same state
+    saved table-wise (whole rows) after a CW@2 -> TW@2 load."""
+    tmp, *_ = runs
+    ck, again = os.path.join(tmp, "ck_cw2", "ckpt_1"), os.path.join(tmp, "ck_tw2_from_cw2", "ckpt_1")
+    out = os.path.join(tmp, "export_cw2")
+    code = textwrap.dedent(f"""
+        import json, sys, numpy as np, recckpt
+        rep = recckpt.verify({ck!r})
+        view = recckpt.open({ck!r})
+        rows = {{}}
+        for name in view.tables:
+            ids, emb, acc = [], [], []
+            for i, cols in view.iter_rows(name, ["embedding", "adagrad.acc"]):
+                ids.append(i); emb.append(cols["embedding"]); acc.append(cols["adagrad.acc"])
+            o = np.argsort(np.concatenate(ids))
+            rows[name] = [np.concatenate(emb)[o].astype(np.float64).tolist(),
+                          np.concatenate(acc)[o].astype(np.float64).tolist()]
+        res = recckpt.export({ck!r}, {out!r})
+        d, dv = recckpt.diff({ck!r}, {again!r}), recckpt.diff({ck!r}, {again!r}, values=True)
+        print(json.dumps({{"ok": bool(rep.ok), "rows": rows, "torchrec": "torchrec" in sys.modules,
+                          "blocks": "column_blocks" in json.load(open({ck!r} + "/manifest.json"))["tables"]["coll.embedding_bags.a"],
+                          "contents": d.contents, "not_compared": d.not_compared, "digest_rows": d.rows,
+                          "values": {{t: [v.only_a, v.only_b, v.changed_rows] for t, v in dv.values.items()}}}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ok"] and not got["torchrec"] and got["blocks"]
+    src = _tables(tmp, "cw2")
+    for table in src:
+        shape = src[table]["shape"]
+        same(torch.tensor(got["rows"][table][0], dtype=torch.float64),
+             full(src[table]["weight"], shape).to(torch.float64), f"table {table}: embeddings read without torchrec")
+        same(torch.tensor(got["rows"][table][1], dtype=torch.float64),
+             full(src[table]["states"]["momentum1"], shape).to(torch.float64), f"table {table}: Adagrad state")
+    assert os.listdir(out)
+    assert got["contents"] == {} and got["not_compared"] == {} and len(got["digest_rows"]) == 3, got
+    assert all(v == [0, 0, 0] for v in got["values"].values()), got["values"]
 
 
 @pytest.mark.parametrize("src_name,dst_name,state", [

@@ -202,3 +202,42 @@ def test_compaction_keeps_a_fixed_size_tables_row_range_buckets(tmp_path):
     res = Saver(Holder(dst), output_dir=str(tmp_path)).load(ckpt_id="d")
     assert sorted(dst.rows) == list(range(5_000))
     assert res.bytes_read <= 1.2 * 5_000 * (8 * D + 8) + (64 << 10)
+
+
+class TrackedCW(FakeCW):
+    """FakeCW that also says it tracks changes: a column-split table must still be saved whole."""
+
+    def mark_changes(self):
+        return 1
+
+    def export_changes(self, since, slots, max_rows):
+        raise AssertionError("a column-split table is saved whole in an increment")
+
+    def forget_changes(self, upto):
+        pass
+
+
+def test_an_async_snapshot_and_an_increment_hold_a_column_split_table_whole(tmp_path):
+    """The async path copies this process's columns only (the snapshot buffers are narrowed), and an
+    incremental save holds a column-split table whole (docs/FORMAT.md: blocks never hold changes); both
+    read back as the sync full save does."""
+    from recckpt.train.snapshot import HostBuffers
+    savers = [Saver(Holder(TrackedCW(((0, N),), cols, SAVE_BLOCKS, w)), output_dir=str(tmp_path), options=OPTS)
+              for w, cols in enumerate(SAVE_BLOCKS)]
+    for w, s in enumerate(savers):
+        s.write("a", s.capture_copy(HostBuffers(), shard_id=w), shard_id=w, shard_num=2)
+    for w, s in enumerate(savers):
+        s.save("b", shard_id=w, shard_num=2, incremental=True)
+    man_a = json.load(open(tmp_path / "a" / "manifest.json"))
+    man_b = json.load(open(tmp_path / "b" / "manifest.json"))
+    assert "parent" in man_b and not man_b["tables"]["cw"].get("changes")
+    assert man_a["tables"]["cw"]["column_blocks"] == man_b["tables"]["cw"]["column_blocks"]
+    assert man_a["digests"]["tables"]["cw"] == man_b["digests"]["tables"]["cw"]
+    ids, cols = full_rows()
+    for ck in ("a", "b"):
+        t = FakeCW(((0, N),), (6, 16), SAVE_BLOCKS)
+        Saver(Holder(t), output_dir=str(tmp_path)).load(ckpt_id=ck)
+        assert len(t.rows) == N
+        for i in (0, 777, N - 1):
+            np.testing.assert_array_equal(t.rows[i]["embedding"].numpy(), cols["embedding"][i, 6:16])
+            assert float(t.rows[i]["rowacc"]) == float(rowacc(1)[i])

@@ -241,3 +241,18 @@ def test_an_async_snapshot_and_an_increment_hold_a_column_split_table_whole(tmp_
         for i in (0, 777, N - 1):
             np.testing.assert_array_equal(t.rows[i]["embedding"].numpy(), cols["embedding"][i, 6:16])
             assert float(t.rows[i]["rowacc"]) == float(rowacc(1)[i])
+
+
+def test_processes_that_disagree_on_a_column_split_tables_rows_commit_nothing(tmp_path):
+    """Each column block must hold every row, which no single process can check: the commit does, and a
+    save whose blocks differ is refused naming the table, leaving earlier checkpoints intact (it used to
+    commit a checkpoint every reader refused)."""
+    from recckpt.errors import CheckpointSaveError
+    Saver(Holder(FakeCW(((0, N),))), output_dir=str(tmp_path), options=OPTS).save("good")
+    Saver(Holder(FakeCW(((0, N),), (0, 6), SAVE_BLOCKS, 0)), output_dir=str(tmp_path), options=OPTS).save(
+        "c", shard_id=0, shard_num=2)
+    with pytest.raises(CheckpointSaveError, match=r"'cw'.*\[20000, 19990\] rows"):
+        Saver(Holder(FakeCW(((0, N - 10),), (6, 16), SAVE_BLOCKS, 1)), output_dir=str(tmp_path),
+              options=OPTS).save("c", shard_id=1, shard_num=2)
+    assert Saver(Holder(FakeCW(())), output_dir=str(tmp_path)).checkpoints() == ["good"]
+    assert verify(str(tmp_path / "good")).ok and not (tmp_path / "c").exists()

@@ -473,13 +473,17 @@ class SegmentReader:
                         seg.pad_before(c, ver))
             for s, c, rb in zip(slots, col_of, row_bytes)]
 
-    def table_segments(self, table: str, block: int | None = None) -> tuple[list[str], list[Segment]]:
+    def table_segments(self, table: str, block: int | None = None, ids_only: bool = False
+                       ) -> tuple[list[str], list[Segment]]:
         """(slots, segments) of `table`; of a column-split table (docs/FORMAT.md, Column blocks) only the
         segments of column block `block`, whose split slots hold that block's columns (the caller gives
         their row bytes). A reader that does not name a block cannot read such a table as whole rows:
-        `column_join` joins its blocks."""
+        `column_join` joins its blocks. A read of ids alone (`ids_only`) takes block 0's: every block
+        holds every id."""
         all_slots, segs = self.index.tables[table]
         if table in self.index.blocked:
+            if block is None and ids_only:
+                block = 0   # every block holds every id: block 0's are the table's
             if block is None:
                 raise IncompatibleCheckpointError(
                     f"{self.storage.describe(self.ckpt_dir)}: table {table!r} was saved column-split (column "
@@ -497,7 +501,7 @@ class SegmentReader:
         """Plan the reads of buckets [lo, hi) of `table` in batches of about `options.batch_bytes`: each batch
         is one or more segments' row ranges, read together so the engine's threads share the work.
         `block`: of a column-split table, the column block read (see `table_segments`)."""
-        all_slots, segs = self.table_segments(table, block)
+        all_slots, segs = self.table_segments(table, block, ids_only=not slots)
         col_of = [1 + all_slots.index(s) for s in slots]
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
         batch = ReadBatch(table, row_bytes)

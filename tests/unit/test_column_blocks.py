@@ -256,3 +256,12 @@ def test_processes_that_disagree_on_a_column_split_tables_rows_commit_nothing(tm
               options=OPTS).save("c", shard_id=1, shard_num=2)
     assert Saver(Holder(FakeCW(())), output_dir=str(tmp_path)).checkpoints() == ["good"]
     assert verify(str(tmp_path / "good")).ok and not (tmp_path / "c").exists()
+
+
+def test_a_load_with_an_ownership_function_reads_a_column_split_tables_ids_once(saved):
+    """Reads of ids alone (an ownership function's duplicate check) take block 0's ids: every block holds
+    every row, so the table's ids are not counted twice (nor refused)."""
+    t = FakeCW(((0, N),), (0, 6), SAVE_BLOCKS)
+    res = Saver(Holder(t), output_dir=str(saved)).load(
+        ckpt_id="c", load_conf={"ownership": lambda ids, world: torch.zeros_like(ids)})
+    assert len(t.rows) == N and res.sparse_rows == N

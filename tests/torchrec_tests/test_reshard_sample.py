@@ -87,6 +87,7 @@ def runs(tmp_path_factory):
         _job("cw2", CW, "adagrad", tmp, save=True, steps=3),
         _job("rowwise_cw2", CW, "rowwise", tmp, save=True, steps=3),
         _job("tw2_from_cw2", TW, "adagrad", tmp, load="cw2", save=True),   # saved again: whole rows
+        _job("cw2_from_rowwise_cw2", CW, "rowwise", tmp, load="rowwise_cw2"),   # the same column split
     ])
     bad = [("rows", [["a", 14, 24, "fp32"], *TABLES[1:]]), ("dim", [["a", 13, 28, "fp32"], *TABLES[1:]]),
            ("missing", TABLES[:2]), ("optimizer", TABLES)]
@@ -193,12 +194,12 @@ def _column_shards(table):
     return [(c0, c1, mom[k]) for k, (c0, c1) in enumerate(cols)]
 
 
-@pytest.mark.parametrize("dst_name", ["cw3_from_rowwise_cw2", "rw3_from_rowwise_cw2"])
+@pytest.mark.parametrize("dst_name", ["cw2_from_rowwise_cw2", "cw3_from_rowwise_cw2", "rw3_from_rowwise_cw2"])
 def test_rowwise_cw2_per_column_shard_state(runs, dst_name):
     """RowWiseAdagrad under a column-wise save keeps each column shard's per-row value (one per block). A
     load gives each shard the width-weighted mean of the saved shards' values over its own columns: the
     row-wise value for a whole-row (row-wise) shard, an overlap-weighted mean for another column split
-    (docs/TORCHREC.md)."""
+    (docs/TORCHREC.md); an unchanged split gets each shard's own value back, exactly."""
     tmp, *_ = runs
     src, dst = _tables(tmp, "rowwise_cw2"), _tables(tmp, dst_name)
     _weights_equal(src, dst)
@@ -214,6 +215,9 @@ def test_rowwise_cw2_per_column_shard_state(runs, dst_name):
             acc = sum(m.to(torch.float64) * (min(b, c1) - max(a, c0)) for a, b, m in saved if a < c1 and b > c0)
             want = (acc / sum(min(b, c1) - max(a, c0) for a, b, _ in saved if a < c1 and b > c0)).to(got.dtype)
             assert torch.allclose(got, want, rtol=1e-6, atol=0), f"table {table} columns [{c0}, {c1})"
+            if dst_name == "cw2_from_rowwise_cw2":
+                own = next(m for a, b, m in saved if (a, b) == (c0, c1))
+                same(got, own, f"table {table} columns [{c0}, {c1}): the shard's own value")
 
 
 def _states_equal(src, dst, names):

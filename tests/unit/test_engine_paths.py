@@ -328,3 +328,9 @@ def test_compare_benchmark_smoke(tmp_path):
         saved["methods"]["torch"]["load_warm_s"] / saved["methods"]["recckpt"]["load_warm_s"])
     assert saved["ratios"]["recckpt"]["raw"]["save"] == pytest.approx(
         saved["methods"]["raw"]["save_s"] / saved["methods"]["recckpt"]["save_s"])
+    # CPU seconds of every phase, and their ratios, for comparisons on a machine shared with other jobs
+    for m, r in saved["methods"].items():
+        assert all(r[f"{k}_cpu_s"] > 0 for k in ("save", "load", "load_warm")), m
+    assert saved["cpu_ratios"]["recckpt"]["torch"]["load_warm"] == pytest.approx(
+        saved["methods"]["torch"]["load_warm_cpu_s"] / saved["methods"]["recckpt"]["load_warm_cpu_s"])
+    assert saved["fresh_memory_floor_cpu_s"] > 0 and len(saved["fresh_memory_floor_cpu_s_all"]) == 1

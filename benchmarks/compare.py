@@ -42,8 +42,11 @@ import warnings
 import numpy as np
 import torch
 
-from recckpt import HashTable, Saver
-from recckpt.state.optim import SparseAdam
+# Measure the checkout this file is in, in this process and in every child it starts: otherwise a
+# script imports whichever recckpt the environment installed (e.g. another worktree's editable install).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from recckpt import HashTable, Saver  # noqa: E402
+from recckpt.state.optim import SparseAdam  # noqa: E402
 
 ALL_METHODS = ("recckpt", "recckpt-mmap", "torch", "torch-mmap", "safetensors", "dcp", "raw")
 OURS = ("recckpt", "recckpt-mmap")  # the rest are peers, except raw (the disk's limit)

@@ -198,9 +198,26 @@ def test_corrupt_byte_on_direct_path_names_table(tmp_path):
     data[-5] ^= 0xFF  # inside the last slot column
     shard.write_bytes(bytes(data))
     d = Holder(empty_like(t))
-    with pytest.raises(CorruptCheckpointError, match=r"table 't'.*partially loaded") as ei:
+    with pytest.raises(CorruptCheckpointError, match=r"table 't'.*left empty") as ei:
         Saver(d, output_dir=str(tmp_path)).load()
     assert ei.value.table == "t" and ei.value.path.endswith(shard.name)
+
+
+def test_corrupt_last_segment_leaves_host_table_empty(tmp_path):
+    """A table lending host memory commits its rows after the whole table was read and checked: a bad
+    byte in its last segment leaves it empty (not holding the segments before it), and the error says so."""
+    opts = SaveOptions(num_buckets=4, chunk_bytes=64, segment_bytes=300, fsync=False)
+    t = filled("t", 100)
+    Saver(Holder(t), output_dir=str(tmp_path), options=opts).save("c")
+    shard = next(p for p in (tmp_path / "c" / "sparse").iterdir() if p.suffix == ".bin")
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF  # inside the last slot column of the file's last segment
+    shard.write_bytes(bytes(data))
+    dst = empty_like(t)
+    dst.import_rows(torch.tensor([7], dtype=torch.int64), {"embedding": torch.ones(1, 3)})
+    with pytest.raises(CorruptCheckpointError, match=r"table 't', which is left empty") as ei:
+        Saver(Holder(dst), output_dir=str(tmp_path), read_options=ReadOptions(batch_bytes=1)).load()
+    assert ei.value.table == "t" and len(dst) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["direct-path", "general-path-cast"])

@@ -84,10 +84,20 @@ def committed(storage: Storage, top: list[str] | None = None) -> list[tuple[str,
 def _listing(storage: Storage, trust_catalog: bool = True, top: list[str] | None = None
              ) -> tuple[list[tuple[str, CatalogEntry]], bool]:
     """(committed checkpoints as `committed` lists them, whether the catalog held exactly them)."""
-    listed = read_version_file(storage) or []
-    top = storage.listdir("") if top is None else top
+    if top is None and storage.size_is_a_request:
+        # An object store lists 1000 names a request, one request after the other (10 000 checkpoints:
+        # ~0.8 s on moto): the version file and the catalog are read and parsed while it lists.
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(1) as pool:
+            listing = pool.submit(storage.listdir, "")
+            listed = read_version_file(storage) or []
+            cached = (read_catalog(storage) if trust_catalog else None) or {}
+            top = listing.result()
+    else:
+        listed = read_version_file(storage) or []
+        top = storage.listdir("") if top is None else top
+        cached = (read_catalog(storage) if trust_catalog else None) or {}
     candidates = [n for n in top if not n.startswith(".") and n != names.VERSION_FILE]
-    cached = (read_catalog(storage) if trust_catalog else None) or {}
     found: dict[str, CatalogEntry] = {n: cached[n] for n in candidates if n in cached}
     unknown = [n for n in candidates if n not in found]
     for name, m in zip(unknown, _read_manifests(storage, unknown)):

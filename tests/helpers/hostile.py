@@ -350,6 +350,15 @@ def _append_copies(idx: dict, table: str, i: int, seg_obj, times: int) -> None:
     segs["crc32c"] += _seg_hex(seg_obj) * times
 
 
+def _recount_rows(m: dict, table: str, extra: int) -> None:
+    """Add `extra` rows to `table` in a manifest, and to its content digest's row count where it has one
+    (format version 4 checks the two agree before the index is read)."""
+    m["tables"][table]["rows"] += extra
+    digest = m.get("digests", {}).get("tables", {}).get(table)
+    if digest is not None:
+        digest["rows"] += extra
+
+
 def _repeat_segment(b: str, times: int) -> str:
     doc = _parsed_index(b)
     objs = doc.tables["user"][1]
@@ -358,7 +367,7 @@ def _repeat_segment(b: str, times: int) -> str:
     _append_copies(idx, "user", i, objs[i], times - 1)
     write_json(b, "index.json", idx)
     m = read_json(b, "manifest.json")
-    m["tables"]["user"]["rows"] += objs[i].rows * (times - 1)
+    _recount_rows(m, "user", objs[i].rows * (times - 1))
     write_json(b, "manifest.json", m)
     return idx["files"][objs[i].file]["path"]
 
@@ -412,7 +421,9 @@ def _shared_one_row_segment(b: str, copies: int) -> str:
     segs["crc32c"] += "".join(f"{c:08x}" for c in crcs) * copies
     write_json(b, "index.json", idx)
     m = read_json(b, "manifest.json")
-    m["tables"]["user"]["rows"] += copies
+    _recount_rows(m, "user", copies)
+    if m.get("shard_bytes") is not None:
+        m["shard_bytes"] += len(block)    # the new shard file (format version 4 checks the total)
     write_json(b, "manifest.json", m)
     return rel
 
@@ -486,7 +497,7 @@ def _v3_index_duplicated_segments(work, copies: int):
     segs.extend([one] * (copies - 1))
     write_json(b, "index.json", idx)
     m = read_json(b, "manifest.json")
-    m["tables"]["user"]["rows"] += one["rows"] * (copies - 1)
+    _recount_rows(m, "user", one["rows"] * (copies - 1))
     write_json(b, "manifest.json", m)
     return out, idx["files"][one["file"]]["path"]
 

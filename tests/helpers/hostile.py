@@ -525,6 +525,10 @@ def gen_gap_at_file_end(work):
         f.write(bytes(4096))
     idx["files"][0]["size"] += 4096
     write_json(b, "index.json", idx)
+    m = read_json(b, "manifest.json")
+    if m.get("shard_bytes") is not None:
+        m["shard_bytes"] += 4096          # format version 4 checks the total before the tiling
+        write_json(b, "manifest.json", m)
     return Case("gap_at_file_end", out, "load_id", "b", "CorruptCheckpointError", rel, seconds=20)
 
 

@@ -33,4 +33,9 @@ void row_range_bucket_of(const int64_t* ids, int64_t n, uint64_t num_buckets, ui
   for (int64_t i = 0; i < n; i++) out[i] = b.contains(ids[i]) ? (int64_t)b(ids[i]) : -1;
 }
 
+void id_range_bucket_of(const int64_t* ids, int64_t n, uint64_t num_buckets, uint64_t input_size, int64_t* out) {
+  const IdRangeBucketer b(num_buckets, input_size);
+  for (int64_t i = 0; i < n; i++) out[i] = (int64_t)b(ids[i]);
+}
+
 }  // namespace recckpt

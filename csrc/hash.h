@@ -94,11 +94,29 @@ class RowRangeBucketer {
   uint64_t b_, n_;
 };
 
+// Format version 4's "id_range" bucket function of a table keyed by ids in [0, H) (TorchRec's managed-
+// collision tables, H = input_hash_size, routed to ranks by id range): bucket(id) = floor(id * (B-1) / H)
+// for 0 <= id < H, so an id range is a bucket range; every other id (negative, >= H) goes to the reserved
+// last bucket B-1, which every loader reads. With B = 1 every id is in bucket 0.
+class IdRangeBucketer {
+ public:
+  IdRangeBucketer(uint64_t num_buckets, uint64_t input_size) : b_(num_buckets), h_(input_size) {}
+  inline uint64_t operator()(int64_t id) const {
+    if (id < 0 || (uint64_t)id >= h_) return b_ - 1;
+    return (uint64_t)(((unsigned __int128)(uint64_t)id * (b_ - 1)) / h_);
+  }
+
+ private:
+  uint64_t b_, h_;
+};
+
 // Largest N a row_range table may have (docs/FORMAT.md): N < 2^40, so row * B < 2^64 for B < 2^24.
 constexpr int64_t kMaxRowRangeRows = int64_t(1) << 40;
 
 void bucket_of(const int64_t* ids, int64_t n, uint64_t num_buckets, int64_t* out);
 // row_range buckets; an id outside [0, num_rows) gets -1.
 void row_range_bucket_of(const int64_t* ids, int64_t n, uint64_t num_buckets, uint64_t num_rows, int64_t* out);
+// id_range buckets over [0, input_size) (every id has one).
+void id_range_bucket_of(const int64_t* ids, int64_t n, uint64_t num_buckets, uint64_t input_size, int64_t* out);
 
 }  // namespace recckpt

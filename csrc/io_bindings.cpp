@@ -45,7 +45,8 @@ class PyShardWriter {
     }
   }
 
-  int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows) {
+  int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows,
+                 int64_t id_range) {
     if (!w_) throw py::value_error("ShardWriter is closed");
     Held h;
     h.done = std::make_shared<std::atomic<bool>>(false);
@@ -60,6 +61,10 @@ class PyShardWriter {
     if (num_rows < 0 || num_rows >= kMaxRowRangeRows)
       throw py::value_error("ShardWriter.submit: num_rows must be in [0, 2**40), got " + std::to_string(num_rows));
     in.num_rows = num_rows;
+    if (id_range < 0 || (id_range > 0 && num_rows > 0))
+      throw py::value_error("ShardWriter.submit: id_range must be >= 0 and not given with num_rows, got " +
+                            std::to_string(id_range));
+    in.id_range = id_range;
     if (num_rows > 0) {
       int64_t bad = -1;
       {
@@ -343,9 +348,10 @@ void bind_io(py::module_& m) {
            py::arg("paths"),
            py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"))
       .def("submit", &PyShardWriter::submit, py::arg("table"), py::arg("ids"), py::arg("columns"),
-           py::arg("num_rows") = 0,
+           py::arg("num_rows") = 0, py::arg("id_range") = 0,
            "queue a segment (1 to 2**32-1 rows); blocks (GIL released) while too many bytes are in flight; returns "
-           "its id. num_rows = N > 0: bucket the ids (rows 0..N-1) with format version 4's row_range function")
+           "its id. num_rows = N > 0: bucket the ids (rows 0..N-1) with format version 4's row_range function; "
+           "id_range = H > 0: bucket them with its id_range function over [0, H)")
       .def("wait", &PyShardWriter::wait, py::arg("segment"),
            "block (GIL released) until segment `segment` (an id submit returned) is written, so the caller may "
            "reuse its buffers; raises the writer's first failure instead")

@@ -52,10 +52,13 @@ py::array_t<uint32_t> crc_chunks(const py::buffer& data, int64_t chunk_bytes) {
   return out;
 }
 
-py::array_t<int64_t> py_bucket_of(const py::object& ids, int64_t num_buckets, int64_t num_rows) {
+py::array_t<int64_t> py_bucket_of(const py::object& ids, int64_t num_buckets, int64_t num_rows,
+                                  int64_t id_range) {
   if (num_buckets <= 0) throw py::value_error("bucket_of: num_buckets must be > 0");
   if (num_rows < 0 || num_rows >= kMaxRowRangeRows)
     throw py::value_error("bucket_of: num_rows must be in [0, 2**40)");
+  if (id_range < 0 || (id_range > 0 && num_rows > 0))
+    throw py::value_error("bucket_of: id_range must be >= 0 and not given with num_rows");
   py::buffer_info b = int64_vector(ids, "bucket_of: ids");
   const int64_t n = b.shape[0];
   py::array_t<int64_t> out(n);
@@ -63,7 +66,9 @@ py::array_t<int64_t> py_bucket_of(const py::object& ids, int64_t num_buckets, in
   const int64_t* p = static_cast<const int64_t*>(b.ptr);
   {
     py::gil_scoped_release nogil;
-    if (num_rows > 0)
+    if (id_range > 0)
+      id_range_bucket_of(p, n, (uint64_t)num_buckets, (uint64_t)id_range, o);
+    else if (num_rows > 0)
       row_range_bucket_of(p, n, (uint64_t)num_buckets, (uint64_t)num_rows, o);
     else
       bucket_of(p, n, (uint64_t)num_buckets, o);
@@ -197,7 +202,7 @@ void bind_digest(py::module_& m);
 PYBIND11_MODULE(_C, m) {
   m.doc() = "recckpt C++ engine: bucketing, CRC32C, IdMap, parallel shard writes and verified reads";
 
-  m.def("bucket_of", &py_bucket_of, py::arg("ids"), py::arg("num_buckets"), py::arg("num_rows") = 0,
+  m.def("bucket_of", &py_bucket_of, py::arg("ids"), py::arg("num_buckets"), py::arg("num_rows") = 0, py::arg("id_range") = 0,
         "bucket(id) = mix64(id) mod num_buckets for each id; with num_rows = N > 0 the row_range function "
         "floor(id * num_buckets / N), -1 for an id outside [0, N)");
   m.def(

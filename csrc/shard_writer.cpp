@@ -384,6 +384,9 @@ void ShardWriter::write_sorted(const Job& job, WorkerCtx& ctx, SegmentRecord& re
   if (job.in.num_rows > 0) {
     const RowRangeBucketer b((uint64_t)num_buckets_, (uint64_t)job.in.num_rows);
     write_sorted_by<Idx>(job, ctx, rec, b);
+  } else if (job.in.id_range > 0) {
+    const IdRangeBucketer b((uint64_t)num_buckets_, (uint64_t)job.in.id_range);
+    write_sorted_by<Idx>(job, ctx, rec, b);
   } else {
     const Bucketer b((uint64_t)num_buckets_);
     write_sorted_by<Idx>(job, ctx, rec, b);

@@ -49,6 +49,7 @@ struct SegmentInput {
   std::vector<const uint8_t*> columns;  // each C-contiguous [n, row_bytes]
   std::vector<int64_t> row_bytes;
   int64_t num_rows = 0;  // > 0: the table's "row_range" bucket function over N rows; 0: "hash"
+  int64_t id_range = 0;  // > 0 (num_rows 0): the "id_range" bucket function over ids [0, H)
   // Set (release) once the writer no longer reads the buffers: written, discarded or rejected.
   std::shared_ptr<std::atomic<bool>> done;
 };

@@ -133,7 +133,7 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
     part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1] if s.block == 0),
                                      t.name in doc.removed,
                                      sum(s.rows for s in doc.removed.get(t.name, [])),
-                                     t.bucket_fn, t.num_rows, t.column_blocks).to_json()
+                                     t.bucket_fn, t.num_rows, t.column_blocks, t.input_size).to_json()
                    for t in tables}
     rel = names.worker_index(worker)
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
@@ -222,7 +222,8 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
                              tj["rows"], tj.get("changes", False), tj.get("removed", 0),
                              tj.get("bucket_fn", "hash"), tj.get("num_rows", 0),
                              None if blocks is None else ColumnBlocks(tuple(blocks["slots"]),
-                                                                      tuple(tuple(b) for b in blocks["blocks"])))
+                                                                      tuple(tuple(b) for b in blocks["blocks"])),
+                             tj.get("input_size", 0))
             have = m.tables.get(name)
             if have is not None and have.slots != info.slots:
                 raise ValueError(f"table {name!r}: worker {p.worker} wrote slots {info.slots}, "
@@ -231,11 +232,12 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
                 raise ValueError(f"table {name!r}: worker {p.worker} wrote "
                                  f"{'only its changes' if info.changes else 'all its rows'}, another worker the "
                                  f"opposite; an increment needs the same on every worker (save a full checkpoint)")
-            if have is not None and (have.bucket_fn, have.num_rows, have.column_blocks) != (
-                    info.bucket_fn, info.num_rows, info.column_blocks):
+            if have is not None and (have.bucket_fn, have.num_rows, have.column_blocks, have.input_size) != (
+                    info.bucket_fn, info.num_rows, info.column_blocks, info.input_size):
                 raise ValueError(f"table {name!r}: worker {p.worker} saved it bucketed {info.bucket_fn!r} over "
-                                 f"{info.num_rows} rows with column blocks {info.column_blocks}, another worker "
-                                 f"{have.bucket_fn!r} over {have.num_rows} rows with {have.column_blocks}")
+                                 f"{info.num_rows} rows (input size {info.input_size}) with column blocks "
+                                 f"{info.column_blocks}, another worker {have.bucket_fn!r} over {have.num_rows} rows "
+                                 f"(input size {have.input_size}) with {have.column_blocks}")
             m.tables[name] = replace(info, rows=info.rows + (have.rows if have else 0),
                                      removed=info.removed + (have.removed if have else 0))
         for rel, (size, crc) in p.files.items():

@@ -86,9 +86,9 @@ class FoldPlan:
         return self.out_rows - len(self.holes)
 
 
-def _bucketing(link: CheckpointReader, table: str) -> tuple[str, int]:
+def _bucketing(link: CheckpointReader, table: str) -> tuple[str, int, int]:
     t = link.manifest.tables[table]
-    return t.bucket_fn, t.num_rows
+    return t.bucket_fn, t.num_rows, t.input_size
 
 
 def read_range(links: Sequence[CheckpointReader], j: int, table: str, lo: int, hi: int) -> tuple[int, int]:
@@ -100,8 +100,8 @@ def read_range(links: Sequence[CheckpointReader], j: int, table: str, lo: int, h
 
 
 def _in_newest_range(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, ids: np.ndarray) -> np.ndarray:
-    fn, n = _bucketing(links[-1], table)
-    b = np.asarray(_C.bucket_of(ids, links[-1].manifest.num_buckets, n if fn == "row_range" else 0))
+    info = links[-1].manifest.tables[table]
+    b = np.asarray(_C.bucket_of(ids, links[-1].manifest.num_buckets, **info.bucket_args()))
     return (b >= lo) & (b < hi)
 
 

@@ -58,6 +58,22 @@ def bucket_of(ids: np.ndarray, num_buckets: int) -> np.ndarray:
     return (mix64(ids) % np.uint64(num_buckets)).astype(np.int64)
 
 
+def id_range_buckets(a: int, b: int, input_size: int, num_buckets: int) -> list[tuple[int, int]]:
+    """The bucket ranges of an "id_range" table (docs/FORMAT.md) that hold its ids in [a, b): those of
+    [a, b) within [0, H) (bucket = id * (B - 1) // H), then the reserved last bucket B - 1, which holds
+    every id outside [0, H) and so is read by every loader."""
+    last = num_buckets - 1
+    a, b = max(a, 0), min(b, input_size)
+    out = []
+    if a < b:
+        out.append((a * last // input_size, (b - 1) * last // input_size + 1))
+    if out and out[-1][1] >= last:
+        out[-1] = (out[-1][0], num_buckets)
+    else:
+        out.append((last, num_buckets))
+    return out
+
+
 def bucket_range(rank: int, world: int, num_buckets: int) -> tuple[int, int]:
     """The contiguous bucket range [lo, hi) that `rank` of `world` owns."""
     if not 0 <= rank < world:

@@ -30,7 +30,7 @@ _U32 = 1 << 32
 _I63 = 1 << 63
 
 #: Format version 4's per-table bucket functions (docs/FORMAT.md, Buckets and ownership).
-BUCKET_FNS = ("hash", "row_range")
+BUCKET_FNS = ("hash", "row_range", "id_range")
 #: A row_range table has fewer rows than this, so that row * B fits an int64 (B < 2**24).
 MAX_ROW_RANGE_ROWS = 1 << 40
 
@@ -86,6 +86,12 @@ class TableInfo:
     bucket_fn: str = "hash"     # format version 4: "hash" | "row_range"
     num_rows: int = 0           # row_range: N, the logical rows (ids are 0..N-1)
     column_blocks: ColumnBlocks | None = None  # format version 4: saved column-split
+    input_size: int = 0         # id_range: H, ids [0, H) are bucketed by range (the rest: bucket B-1)
+
+    def bucket_args(self) -> dict:
+        """The keyword arguments of `_C.bucket_of` that select this table's bucket function."""
+        return {"num_rows": self.num_rows if self.bucket_fn == "row_range" else 0,
+                "id_range": self.input_size if self.bucket_fn == "id_range" else 0}
 
     def to_json(self, format_version: int = FORMAT_VERSION):
         out = {"slots": [[k, v.to_json()] for k, v in self.slots.items()], "rows": self.rows}
@@ -95,6 +101,8 @@ class TableInfo:
             out["bucket_fn"] = self.bucket_fn
             if self.bucket_fn == "row_range":
                 out["num_rows"] = self.num_rows
+            if self.bucket_fn == "id_range":
+                out["input_size"] = self.input_size
             if self.column_blocks is not None:
                 out["column_blocks"] = self.column_blocks.to_json()
         return out
@@ -381,9 +389,9 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         removed = v.int(t.get("removed", 0), f"{where}.removed")
         if removed and not changes:
             v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
-        bucket_fn, num_rows, blocks = _table_v4_fields(v, t, where, ver, slots)
+        bucket_fn, num_rows, blocks, input_size = _table_v4_fields(v, t, where, ver, slots)
         tables[v.str(name, "tables")] = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"),
-                                                  changes, removed, bucket_fn, num_rows, blocks)
+                                                  changes, removed, bucket_fn, num_rows, blocks, input_size)
     files = {}
     for rel, f in v.dict(v.get(obj, "files", ""), "files").items():
         v.relpath(rel, "files")
@@ -488,12 +496,12 @@ def _check_shard_bytes(v: _V, doc: IndexDoc, manifest: Manifest) -> None:
 
 
 def _table_v4_fields(v: _V, t: dict, where: str, ver: int, slots: dict[str, SlotInfo]):
-    """A manifest table's version 4 fields: (bucket_fn, num_rows, column_blocks)."""
+    """A manifest table's version 4 fields: (bucket_fn, num_rows, column_blocks, input_size)."""
     if ver < SEGMENT_DIR_SINCE:
-        for key in ("bucket_fn", "num_rows", "column_blocks"):
+        for key in ("bucket_fn", "num_rows", "column_blocks", "input_size"):
             if key in t:
                 v.fail(f"{where}.{key}", f"not a field of format version {ver}")
-        return "hash", 0, None
+        return "hash", 0, None, 0
     fn = v.get(t, "bucket_fn", where)
     if fn not in BUCKET_FNS:
         v.fail(f"{where}.bucket_fn", f"expected one of {BUCKET_FNS}, got {fn!r:.40}")
@@ -502,6 +510,13 @@ def _table_v4_fields(v: _V, t: dict, where: str, ver: int, slots: dict[str, Slot
         num_rows = v.int(v.get(t, "num_rows", where), f"{where}.num_rows", 1, MAX_ROW_RANGE_ROWS)
     elif "num_rows" in t:
         v.fail(f"{where}.num_rows", "only a row_range table has num_rows")
+    input_size = 0
+    if fn == "id_range":
+        input_size = v.int(v.get(t, "input_size", where), f"{where}.input_size", 1, _I63)
+    elif "input_size" in t:
+        v.fail(f"{where}.input_size", "only an id_range table has input_size")
+    if fn == "id_range" and "column_blocks" in t:
+        v.fail(f"{where}.column_blocks", "an id_range table is not saved column-split")
     blocks = None
     if "column_blocks" in t:
         cw = f"{where}.column_blocks"
@@ -525,7 +540,7 @@ def _table_v4_fields(v: _V, t: dict, where: str, ver: int, slots: dict[str, Slot
         if pos != d or not out:
             v.fail(f"{cw}.blocks", f"blocks must partition [0, {d}) of the split slots' last dim")
         blocks = ColumnBlocks(tuple(names), tuple(out))
-    return fn, num_rows, blocks
+    return fn, num_rows, blocks, input_size
 
 
 def index_from_json(obj: dict, path: str, manifest: Manifest | None = None, *, worker: bool = False) -> IndexDoc:

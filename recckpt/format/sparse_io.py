@@ -74,10 +74,11 @@ class TableSource:
     num_rows: int = 0                    # > 0: a fixed-size table of N rows, bucketed "row_range"
     column_blocks: ColumnBlocks | None = None   # saved column-split: the table's blocks ...
     block: int = 0                       # ... and the one these chunks hold (split slots narrowed to it)
+    input_size: int = 0                  # > 0: ids in [0, H) bucketed "id_range" (managed-collision tables)
 
     @property
     def bucket_fn(self) -> str:
-        return "row_range" if self.num_rows > 0 else "hash"
+        return "row_range" if self.num_rows > 0 else "id_range" if self.input_size > 0 else "hash"
 
     @property
     def nbytes(self) -> int:
@@ -122,7 +123,7 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
                 for ids, cols in t.chunks:
                     if len(ids) == 0:
                         continue   # a segment holds at least one row
-                    segment = writer.submit(ti, ids, cols, t.num_rows)
+                    segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size)
                     if t.receipts is not None:
                         t.receipts.taken(writer, segment)
                     if t.digest is not None:   # while the writer threads write the chunk

@@ -254,7 +254,7 @@ class _Checker:
         """Rows [first_row, first_row + len(ids)) must sit in the buckets their ids map to (by the
         table's bucket function; a row_range id must also be a row of the table)."""
         info = self.m.tables[table]
-        buckets = _C.bucket_of(ids, index.num_buckets, info.num_rows if info.bucket_fn == "row_range" else 0)
+        buckets = _C.bucket_of(ids, index.num_buckets, **info.bucket_args())
         rows = np.arange(first_row, first_row + len(ids))
         expected = off.bucket_of_rows(rows)
         if not np.array_equal(buckets, expected):

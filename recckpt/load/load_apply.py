@@ -20,7 +20,7 @@ from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.column_join import FROM_OVERLAP, iter_joined
-from ..format.hashing import bucket_range
+from ..format.hashing import bucket_range, id_range_buckets
 from ..state import optim_names, plugins
 from ..state.protocol import Admission, FixedSize, RoutedRows, column_split_slots, split_sparse_dense_state_dict
 from ..state.registry import Registry
@@ -250,11 +250,19 @@ class LoadPlan:
         rbs = [info.slots[s].row_bytes for s in want]
         sis = [info.slots[s] for s in want]
 
+        mine = self._routed_bucket_ranges(name, table)
+
         def chunks():
-            for ids, cols in self.reader.segments.iter_table(name, want, rbs, 0, self.m.num_buckets):
-                n = len(ids)
-                yield torch.from_numpy(ids), {s: torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-                                              for s, si, raw in zip(want, sis, cols)}
+            # The buckets of this process's ids with the ranking slots; every other bucket with its ids
+            # only (8 bytes a row), so that the table counts every shard's ids exactly (its capacity check).
+            for lo, hi in _complement(mine, self.m.num_buckets):
+                for ids, _ in self.reader.segments.iter_table(name, [], [], lo, hi):
+                    yield torch.from_numpy(ids), {}
+            for lo, hi in mine:
+                for ids, cols in self.reader.segments.iter_table(name, want, rbs, lo, hi):
+                    n = len(ids)
+                    yield torch.from_numpy(ids), {s: torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
+                                                  for s, si, raw in zip(want, sis, cols)}
         admission = Admission(self.conf.overflow, rank_by, self.conf.strict)
         try:
             got = table.plan_rows(chunks(), [s for s, _, _ in slots], admission)
@@ -686,11 +694,13 @@ class LoadPlan:
         return rows
 
     def _load_routed(self, name: str, table, slots) -> int:
-        """Rows of a `RoutedRows` table: every bucket is read (its routing is not recckpt's) and the table
-        keeps the ids it planned to (`prepare` called `plan_rows`; `clear_rows` installed them)."""
+        """Rows of a `RoutedRows` table: the buckets that can hold this process's ids (`_routed_bucket_ranges`)
+        are read, and the table keeps the ids it planned to (`prepare` called `plan_rows`; `clear_rows`
+        installed them)."""
         names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
         rows = 0
-        for ids, cols in self.reader.segments.iter_table(name, names, rbs, 0, self.m.num_buckets):
+        for ids, cols in (part for lo, hi in self._routed_bucket_ranges(name, table)
+                          for part in self.reader.segments.iter_table(name, names, rbs, lo, hi)):
             t_ids = torch.from_numpy(ids)
             keep = table.keep(t_ids)
             n = int(keep.sum())
@@ -704,9 +714,31 @@ class LoadPlan:
             rows += n
         return rows
 
+    def _routed_bucket_ranges(self, name: str, table) -> list[tuple[int, int]]:
+        """The bucket ranges that can hold a `RoutedRows` table's ids of this process: those of its id range
+        (`owned_ids`) when the checkpoint bucketed the table "id_range", plus the reserved bucket; else (a
+        "hash" table: every checkpoint before the id_range function, or an unsharded target) every bucket."""
+        info, nb = self.m.tables[name], self.m.num_buckets
+        owned = table.owned_ids()
+        if info.bucket_fn != "id_range" or owned is None:
+            return [(0, nb)]
+        return id_range_buckets(owned[0], owned[1], info.input_size, nb)
+
     def _apply_extra(self, name, entry):
         obj = self.registry.object(name)
         if entry["kind"] == "state_dict" and optim_names.is_optimizer(obj):
             # a load at start-up, before the first step: TorchRec's KeyedOptimizer needs its state first
             optim_names.init_state_for_load(obj, entry["state"])
         self.registry.apply_object(name, entry["kind"], entry["state"])
+
+
+def _complement(ranges: list[tuple[int, int]], num_buckets: int) -> list[tuple[int, int]]:
+    """The bucket ranges of [0, num_buckets) outside the sorted, disjoint `ranges`."""
+    out, pos = [], 0
+    for lo, hi in ranges:
+        if lo > pos:
+            out.append((pos, lo))
+        pos = hi
+    if pos < num_buckets:
+        out.append((pos, num_buckets))
+    return out

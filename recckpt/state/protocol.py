@@ -469,9 +469,10 @@ class RoutedRows(Protocol):
     rule and holds at most a fixed number of them per process (TorchRec's managed-collision tables:
     raw ids routed by range, each shard with its own slots).
 
-    A loader reads every row of the checkpoint's table twice. Before anything is applied it hands the
-    ids (with the slots :meth:`plan_slots` names that the checkpoint has, or the slot ``rank_by``
-    names) to :meth:`plan_rows`, which decides which ids this process keeps as :class:`Admission`
+    Before anything is applied a loader hands every id of the checkpoint's table (with the slots
+    :meth:`plan_slots` names that the checkpoint has, or the slot ``rank_by`` names, for the buckets
+    that can hold this process's ids: see :meth:`id_space`; other ids come without slots) to
+    :meth:`plan_rows`, which decides which ids this process keeps as :class:`Admission`
     says, and raises :class:`~recckpt.errors.IncompatibleCheckpointError` (naming the table and the
     counts) when they do not fit and ``overflow`` is ``"error"``, or when ids it cannot hold are found
     under ``strict``. Then, while applying, ``clear_rows`` installs the planned ids and
@@ -483,12 +484,23 @@ class RoutedRows(Protocol):
 
     def plan_rows(self, chunks: Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]],
                   loaded_slots: Sequence[str], admission: Admission) -> Admitted:
-        """See every ``(ids, columns)`` of the checkpoint's table once; decide which ids this process
-        keeps. ``loaded_slots`` are the slots the load will import."""
+        """See every ``(ids, columns)`` of the checkpoint's table once (a chunk holding none of the ids
+        of :meth:`owned_ids` may come with no columns); decide which ids this process keeps.
+        ``loaded_slots`` are the slots the load will import."""
         ...
 
     def keep(self, ids: torch.Tensor) -> torch.Tensor:
         """Boolean mask over ``ids``: the rows this process keeps (as planned)."""
+        ...
+
+    def id_space(self) -> int:
+        """H > 0 when the table's ids lie in [0, H) and processes own contiguous ranges of it: the saver
+        then buckets the table "id_range" over [0, H) (docs/FORMAT.md), so that a loader reads only the
+        buckets of its range. 0: "hash" buckets."""
+        ...
+
+    def owned_ids(self) -> Tuple[int, int] | None:
+        """The ids [a, b) this process can keep (its range of the id space), or None for any id."""
         ...
 
 

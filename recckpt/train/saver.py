@@ -39,6 +39,7 @@ from ..state.optim_names import saved_param_names
 from ..state.protocol import (
     ChangeTracking,
     FixedSize,
+    RoutedRows,
     SparseState,
     column_split_slots,
     split_sparse_dense_state_dict,
@@ -205,6 +206,7 @@ class Saver:
         meta = table.sparse_meta()
         num_rows = 0   # "hash" buckets; a fixed-size table's rows are bucketed "row_range" (docs/FORMAT.md)
         blocks, block = None, 0   # a column-split table: its column blocks and the one this process writes
+        input_size = table.id_space() if isinstance(table, RoutedRows) else 0   # > 0: "id_range" buckets
         if isinstance(table, FixedSize):
             layout = table.row_layout()
             num_rows = layout.num_rows
@@ -280,12 +282,13 @@ class Saver:
 
         if changes is None:
             return TableSource(meta.name, slots, meta.num_rows, chunks(), num_rows=num_rows,
-                               column_blocks=blocks, block=block), None
+                               column_blocks=blocks, block=block, input_size=input_size), None
         removed = changes.removed.detach().cpu().to(torch.int64).contiguous().numpy()
         per = max(1, self.options.segment_bytes // 8)   # removed ids per segment
-        return (TableSource(meta.name, slots, changes.rows, chunks(), num_rows=num_rows),
+        return (TableSource(meta.name, slots, changes.rows, chunks(), num_rows=num_rows, input_size=input_size),
                 TableSource(meta.name, {}, len(removed),
-                            ((removed[i:i + per], []) for i in range(0, len(removed), per)), num_rows=num_rows))
+                            ((removed[i:i + per], []) for i in range(0, len(removed), per)), num_rows=num_rows,
+                            input_size=input_size))
 
     def _objects(self) -> list:
         return [self.registry.object(n) for n in self.registry.object_names()]

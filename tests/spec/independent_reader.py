@@ -408,10 +408,10 @@ def validate_manifest(m: dict, where: str) -> dict:
         removed = _nonneg(t["removed"], "removed", tw) if "removed" in t else 0
         if "removed" in t and (not _is_int(t["removed"]) or not changes):
             _fail(tw, "'removed' only in a table that holds changes")
-        fn, nrows, blocks = "hash", 0, None
+        fn, nrows, blocks, hsize = "hash", 0, None, 0
         if fv >= 4:
             fn = _req(t, "bucket_fn", str, tw)
-            if fn not in ("hash", "row_range"):
+            if fn not in ("hash", "row_range", "id_range"):
                 _fail(tw, f"unknown bucket_fn {fn!r}")
             if fn == "row_range":
                 nrows = _req(t, "num_rows", int, tw)
@@ -419,6 +419,14 @@ def validate_manifest(m: dict, where: str) -> dict:
                     _fail(tw, f"num_rows {nrows} outside [1, 2**40)")
             elif "num_rows" in t:
                 _fail(tw, "num_rows without row_range")
+            if fn == "id_range":
+                hsize = _req(t, "input_size", int, tw)
+                if not 1 <= hsize < 1 << 63:
+                    _fail(tw, f"input_size {hsize} outside [1, 2**63)")
+                if "column_blocks" in t:
+                    _fail(tw, "column_blocks in an id_range table")
+            elif "input_size" in t:
+                _fail(tw, "input_size without id_range")
             if "column_blocks" in t:
                 cb = _req(t, "column_blocks", dict, tw)
                 split = _req(cb, "slots", list, tw)
@@ -438,10 +446,10 @@ def validate_manifest(m: dict, where: str) -> dict:
                 if not bl or pos != dims.pop():
                     _fail(tw, f"column blocks {bl!r} do not partition the split slots' last dim")
                 blocks = (tuple(split), [tuple(b) for b in bl])
-        elif any(k in t for k in ("bucket_fn", "num_rows", "column_blocks")):
+        elif any(k in t for k in ("bucket_fn", "num_rows", "column_blocks", "input_size")):
             _fail(tw, "version 4 table fields in an older manifest")
         tables[tname] = {"slots": specs, "rows": rows, "changes": changes, "removed": removed,
-                         "bucket_fn": fn, "num_rows": nrows, "blocks": blocks}
+                         "bucket_fn": fn, "num_rows": nrows, "blocks": blocks, "input_size": hsize}
     files = {}
     for p, e in m["files"].items():
         _check_relpath(p, where)
@@ -888,6 +896,11 @@ def _read_column_rows(r: _Reader, seg: dict, ci: int, r0: int, r1: int, C: int, 
 def table_bucket_of(ids, B: int, table: dict) -> np.ndarray:
     """The table's bucket function (FORMAT.md, Buckets and ownership); -1 for a row_range id outside
     [0, N)."""
+    if table.get("bucket_fn", "hash") == "id_range":
+        h = table["input_size"]
+        # exact integers: id * (B - 1) may pass 2**64
+        return np.array([int(x) * (B - 1) // h if 0 <= int(x) < h else B - 1 for x in np.asarray(ids).tolist()],
+                        dtype=np.int64)
     if table.get("bucket_fn", "hash") == "row_range":
         n = table["num_rows"]
         ids = np.asarray(ids, dtype=np.int64)
@@ -1306,7 +1319,8 @@ def read_chain(output_dir: str, ckpt_id: str, bf16: str = "float32") -> dict:
     if any(ck["manifest"]["num_buckets"] != B for _, ck, _ in chain):
         _fail(output_dir, f"the links of the chain of {ckpt_id!r} differ in num_buckets")
     for tname in chain[-1][2]["tables"]:
-        fns = {(mv["tables"][tname]["bucket_fn"], mv["tables"][tname]["num_rows"]) for _, _, mv in chain
+        fns = {(mv["tables"][tname]["bucket_fn"], mv["tables"][tname]["num_rows"],
+                mv["tables"][tname]["input_size"]) for _, _, mv in chain
                if tname in mv["tables"]}
         if len(fns) > 1:
             _fail(output_dir, f"table {tname!r}: the links of the chain differ in bucket function")

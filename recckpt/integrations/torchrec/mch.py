@@ -154,6 +154,8 @@ class MCHTable(SlotsTable):
             shard = route(ids, input_size, nshards)
             counts += torch.bincount(shard, minlength=nshards)
             sel = shard == self.shard
+            if not bool(sel.any()):
+                continue   # (a loader may hand other shards' ids without their slots: it counts them only)
             mine_ids.append(ids[sel].clone())
             if rank_slot in cols:
                 mine_rank.append(cols[rank_slot][sel].clone())
@@ -190,6 +192,19 @@ class MCHTable(SlotsTable):
         self._planned = torch.sort(ids).values
         admitted = sum(min(int(counts[i]), caps[i]) for i in range(nshards))
         return Admitted(admitted, int(counts.sum()) - admitted, refused, int(self._planned.shape[0]))
+
+    def id_space(self) -> int:
+        """TorchRec routes raw ids by range of [0, input_hash_size): the table is saved by id range."""
+        return int(self.module.input_size())
+
+    def owned_ids(self) -> Tuple[int, int] | None:
+        """The raw ids `route` gives this shard: [s * block, (s + 1) * block) within [0, input_hash_size)."""
+        nshards = len(self.segments) - 1
+        if nshards == 1:
+            return None
+        size = int(self.module.input_size())
+        block = -(-size // nshards)
+        return min(self.shard * block, size), min((self.shard + 1) * block, size)
 
     def keep(self, ids: torch.Tensor) -> torch.Tensor:
         if self._planned is None:

@@ -148,7 +148,9 @@ def _train(job, model, dense_opt, rank):
     for _ in range(job.get("train_steps", 0)):
         vals, lens = [], []
         for n, r, *_ in job["tables"]:
-            k = torch.randint(1, 4, (2,), generator=g)
+            # "mch_batch": that many ids a step (2 bags), to admit many raw ids in few steps
+            b = job.get("mch_batch")
+            k = torch.tensor([b // 2, b - b // 2]) if b else torch.randint(1, 4, (2,), generator=g)
             lens.append(k)
             vals.append(torch.randint(0, job.get("mch_input", r), (int(k.sum()),), generator=g))
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{n}" for n in names], values=torch.cat(vals),

@@ -38,6 +38,11 @@ EC_TABLES = [["a", 13, 12, "fp32"], ["b", 7, 12, "fp32"]]   # an EC needs one di
 MCH_BIG = [["m", 40, 8, "fp32"]]     # a managed-collision table that fits every plan below
 MCH_SMALL = [["s", 8, 8, "fp32"]]    # 6 admitted ids at 2 ranks (3 + 3), 5 slots at 3 ranks (2 + 2 + 1)
 MCH_INPUT = 60                       # raw ids 0..59, routed by range: 30 per rank at 2, 20 per rank at 3
+# Reads bounded by the raw-id range: ~20k admitted ids of TorchRec's default input size 2**63 - 1 (routed by
+# range, saved with "id_range" buckets), 64 dims + Adagrad: 10 MB, so a whole-table read is past the bound.
+MCH_FILL = [["f", 30_000, 64, "fp32"]]
+MCH_FILL_INPUT = 2 ** 63 - 1
+MCH_F = "coll._embedding_module.embedding_bags.f"
 
 
 # Reads bounded by the shard (issue 25 item 4): tables big enough that the 1 MB slack does not hide a
@@ -57,6 +62,10 @@ def _big_plan(p):
 def _mch(name, plan, tmp, tables=MCH_BIG, **kw):
     plan = {t[0]: "rw" for t in tables} if plan == "rw" else plan
     return dict(_job(name, plan, "adagrad", tmp, tables=tables, kind="mch", **kw), mch_input=MCH_INPUT)
+
+
+def _mch_fill(name, tmp, **kw):
+    return dict(_mch(name, "rw", tmp, tables=MCH_FILL, **kw), mch_input=MCH_FILL_INPUT, mch_batch=5_000)
 
 
 def _job(name, plan, opt, tmp, *, save=False, load=None, steps=0, tables=TABLES, conf=None, kind="ebc",
@@ -82,6 +91,7 @@ def runs(tmp_path_factory):
         _job("ec_default2", "default", "adagrad", tmp, save=True, steps=3, kind="ec", tables=EC_TABLES),
         _mch("mch_rw2", "rw", tmp, save=True, steps=3),
         _mch("mchs_rw2", "rw", tmp, tables=MCH_SMALL, save=True, steps=4),
+        _mch_fill("mchf_rw2", tmp, save=True, steps=2),
         *[_job(f"big_{p}2", _big_plan(p), "adagrad", tmp, tables=BIG, save=True, steps=1) for p in BIG_SAVES],
         # column-wise saves: each rank writes its column block (format version 4)
         _job("cw2", CW, "adagrad", tmp, save=True, steps=3),
@@ -125,6 +135,7 @@ def runs(tmp_path_factory):
         _mch("mch_rw3_from_un1", "rw", tmp, load="mch_un1"),
         dict(_mch("mchs_err", "rw", tmp, tables=MCH_SMALL, load="mchs_rw2"), expect_error=True),
         _mch("mchs_evict", "rw", tmp, tables=MCH_SMALL, load="mchs_rw2", conf={"overflow": "evict"}),
+        _mch_fill("mchf_rw3_from_rw2", tmp, load="mchf_rw2"),
     ])
     errors.update({r["name"]: r.get("error") for r in results[0] if r["name"] == "mchs_err"})
     return tmp, results, errors
@@ -417,9 +428,9 @@ def _mch_same(src, dst, table, state_names=("momentum1", "momentum1")):
         assert meta0 == meta, f"table {table} raw id {raw}: metadata {meta0} vs {meta}"
 
 
-def _routed_by_range(dump, table, world):
+def _routed_by_range(dump, table, world, input_size=MCH_INPUT):
     """TorchRec's row-wise MCH routes raw id x to rank x // ceil(input size / world)."""
-    block = -(-MCH_INPUT // world)
+    block = -(-input_size // world)
     for raw, (*_, rank) in dump[table].items():
         assert rank == raw // block, f"table {table}: raw id {raw} loaded on rank {rank}, routed to {raw // block}"
 
@@ -498,3 +509,28 @@ def test_reads_bounded_by_the_shard(runs, save, load):
             f"rank {rank} read {r['bytes_read'] / MB:.1f} MB for a share of {share / MB:.1f} MB ({save}@2 -> {load}@3)")
     total = sum(next(x for x in res if x["name"] == name)["bytes_read"] for res in results)
     assert total >= 4 * 50_000 * 24 * 4 * 2 * 0.9, "the ranks together read less than the tables hold"
+
+
+def test_mch_reads_bounded_by_its_raw_id_range(runs):
+    """MCH RW@2 -> RW@3 of ~20k admitted raw ids over input size 2**63 - 1: the table is saved with
+    "id_range" buckets (docs/FORMAT.md), and each loading rank reads at most 1.2x the rows it loads + 1 MB
+    (the buckets of its raw-id range and the reserved one; the other ranks' ids only, 8 bytes each, for the
+    capacity check of every shard), where a whole-table read is ~3x that; every admitted id keeps its rows
+    exactly, on the rank TorchRec routes it to."""
+    tmp, results, _ = runs
+    man = json.load(open(os.path.join(tmp, "ck_mchf_rw2", "ckpt_1", "manifest.json")))
+    t = man["tables"][MCH_F]
+    assert (t["bucket_fn"], t["input_size"]) == ("id_range", MCH_FILL_INPUT)
+    src, _ = load_mch_dump(os.path.join(tmp, "d_mchf_rw2"))
+    dst, _ = load_mch_dump(os.path.join(tmp, "d_mchf_rw3_from_rw2"))
+    assert len(src[MCH_F]) >= 15_000 and set(src[MCH_F]) == set(dst[MCH_F])
+    _routed_by_range(dst, MCH_F, 3, MCH_FILL_INPUT)
+    _mch_same(src, dst, MCH_F)
+    row_bytes = 8 + 64 * 4 * 2 + 8   # raw id, embedding, Adagrad state, LFU count
+    for rank, res in enumerate(results):
+        r = next(x for x in res if x["name"] == "mchf_rw3_from_rw2")
+        mine = sum(1 for *_, k in dst[MCH_F].values() if k == rank)
+        assert r["rows"] == mine
+        assert r["bytes_read"] <= 1.2 * mine * row_bytes + MB, (
+            f"rank {rank} read {r['bytes_read'] / MB:.2f} MB for {mine} ids ({mine * row_bytes / MB:.2f} MB)")
+        assert 3 * mine * row_bytes > len(src[MCH_F]) * row_bytes * 0.8   # a share, so the bound means something

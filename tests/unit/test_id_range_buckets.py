@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from recckpt import SaveOptions, Saver, _C
+from recckpt import _C, SaveOptions, Saver
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
 from recckpt.format.hashing import id_range_buckets
 from recckpt.format.schema import manifest_from_json

@@ -11,6 +11,8 @@ The checkpoint holds one row per admitted raw id: its embedding, its optimizer s
 (`mch.counts`, `mch.last_access_iter`). Loading onto another plan routes every saved id as the new
 plan does, gives the ids of a shard the slots of that shard in raw-id order, and writes each id's rows
 there (`RoutedRows`). Rows of slots that hold no admitted id (the miss slot, free slots) are not saved.
+The table is saved with "id_range" buckets over [0, input_hash_size) (`id_space`), so a loading shard
+reads the rows of its raw-id range (`owned_ids`) only, and the other shards' raw ids to count them.
 """
 from __future__ import annotations
 

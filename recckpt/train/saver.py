@@ -216,6 +216,7 @@ class Saver:
         # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
         max_rows = segment_rows(self.options.segment_bytes, [s.row_bytes for s in slots.values()])
         granule = row_granule(s.row_bytes for s in slots.values())
+        row_bytes = 8 + sum(s.row_bytes for s in slots.values())
 
         changes = None
         if since is not None:
@@ -257,7 +258,7 @@ class Saver:
                             f"the table's metadata says {spec.dtype} {(n, *spec.shape)}")
                     out.append(_row_bytes_view(c.detach().cpu(), n, slots[k].row_bytes))
                 ids_np = ids.detach().cpu().contiguous().numpy()
-                cut = granule_cut(n, granule)
+                cut = granule_cut(n, granule, row_bytes)
                 if 0 < cut < n:  # whole granules, then the short rest as its own segment
                     yield ids_np[:cut], [c[:cut] for c in out]
                     yield ids_np[cut:], [c[cut:] for c in out]

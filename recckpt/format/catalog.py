@@ -14,7 +14,7 @@ import uuid
 
 from ..errors import CorruptCheckpointError, InvalidCheckpointIdError
 from ..storage import Storage
-from . import checked_json, names
+from . import checked_json, gcpause, names
 from .catalog_file import CatalogEntry, read_catalog, write_catalog
 from .schema import Manifest, manifest_from_json
 
@@ -40,7 +40,8 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
         raise CorruptCheckpointError(f"{where}: more than {names.MAX_MANIFEST_BYTES} bytes exceeds the manifest "
                                      f"size cap", where)
     check_inside(storage, path, ckpt_dir, where)
-    m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
+    with gcpause.paused():   # a thousand tables' entries
+        m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
     m.content_sha256 = hashlib.sha256(data).hexdigest()  # what an increment on it names as its parent
     return m
 
@@ -72,23 +73,26 @@ def read_version_file(storage: Storage) -> list[str] | None:
     return ids
 
 
-def committed(storage: Storage, top: list[str] | None = None) -> list[tuple[str, CatalogEntry]]:
+def committed(storage: Storage, top: list[str] | None = None, known: dict[str, Manifest] | None = None
+              ) -> list[tuple[str, CatalogEntry]]:
     """Committed checkpoints, oldest first: the version file's order, with any committed directory it
     does not list placed among them by creation time. Each comes with what the catalog records of its
     manifest (read from the manifest where the catalog has no entry). `top`: the names at the top of
     `storage` when the caller has listed them already (one listing is a request per 1000 names on an
-    object store)."""
-    return _listing(storage, top=top)[0]
+    object store). `known`: manifests the caller holds (one it has just committed), not read again."""
+    return _listing(storage, top=top, known=known)[0]
 
 
-def _listing(storage: Storage, trust_catalog: bool = True, top: list[str] | None = None
-             ) -> tuple[list[tuple[str, CatalogEntry]], bool]:
+def _listing(storage: Storage, trust_catalog: bool = True, top: list[str] | None = None,
+             known: dict[str, Manifest] | None = None) -> tuple[list[tuple[str, CatalogEntry]], bool]:
     """(committed checkpoints as `committed` lists them, whether the catalog held exactly them)."""
     listed = read_version_file(storage) or []
     top = storage.listdir("") if top is None else top
     candidates = [n for n in top if not n.startswith(".") and n != names.VERSION_FILE]
     cached = (read_catalog(storage) if trust_catalog else None) or {}
     found: dict[str, CatalogEntry] = {n: cached[n] for n in candidates if n in cached}
+    known = known or {}
+    found.update({n: CatalogEntry.from_manifest(known[n]) for n in candidates if n not in found and n in known})
     unknown = [n for n in candidates if n not in found]
     for name, m in zip(unknown, _read_manifests(storage, unknown)):
         if m is not None:

@@ -85,15 +85,25 @@ def canonical(obj) -> bytes:
                       allow_nan=False).encode("ascii")
 
 
-def dumps(obj: dict) -> bytes:
+#: A checked file whose canonical form is larger than this is written compact: Python serialises
+#: indented JSON in Python code, several times slower than compact (the manifest of a thousand tables).
+INDENT_BELOW = 64 << 10
+
+
+def dumps(obj: dict, check: bool = True) -> bytes:
+    """A checked file's bytes. `check=False`: the caller parses them back with `loads` itself (which
+    applies the same rules), so the key and depth rules are not checked twice."""
     if CRC_KEY in obj:
         raise ValueError(f"metadata must not contain the key {CRC_KEY!r}")
-    check_tree(obj, MAX_DEPTH)  # what we write, we can read back: same key rules and depth
+    if check:
+        check_tree(obj, MAX_DEPTH)  # what we write, we can read back: same key rules and depth
     body = canonical(obj)
     out = dict(obj)
     out[CRC_KEY] = _C.crc32c(body)
-    # Human-readable on disk; the checksum is over the canonical form, not these bytes.
-    return json.dumps(out, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False).encode("ascii")
+    # Human-readable on disk when small; the checksum is over the canonical form, not these bytes.
+    indent = 1 if len(body) < INDENT_BELOW else None
+    return json.dumps(out, sort_keys=True, indent=indent, separators=None if indent else (",", ":"),
+                      ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 def loads(data: bytes, path: str, max_bytes: int) -> dict:

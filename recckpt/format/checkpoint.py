@@ -12,7 +12,7 @@ import numpy as np
 from .. import _C, __version__
 from ..errors import CheckpointSaveError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage
-from . import catalog, checked_json, names, safetensors_io, structure, tree_codec, visibility
+from . import catalog, checked_json, gcpause, names, safetensors_io, structure, tree_codec, visibility
 from .digest import DenseDigest, Digest, Digests, TableDigest, dense_digest
 from .schema import (
     ColumnBlocks,
@@ -112,6 +112,18 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
             t.digest = (TableDigest.for_slots(t.slots) if cb is None
                         else TableDigest.for_block(t.slots, cb.slots, cb.blocks, t.block))
     doc = write_tables(storage, stage, worker, tables, opts, removed)
+    with gcpause.paused():
+        part, data = _describe_part(doc, worker, tables, changes, step, parent)
+    rel = names.worker_index(worker)
+    storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
+    storage.write_bytes(f"{stage}/{rel}", data, fsync=opts.fsync)
+    part.files[rel] = [len(data), _C.crc32c(data)]
+    return _write_worker_state(storage, stage, worker, part, dense, extras, io_state, opts)
+
+
+def _describe_part(doc: IndexDoc, worker: int, tables: list[TableSource], changes: set[str], step, parent
+                   ) -> tuple[WorkerPart, bytes]:
+    """The part's JSON (index, digests, tables) and its index file's bytes: metadata only."""
     part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json())
     sums: dict[str, TableDigest] = {}    # a column-split table comes as one source per block
     for t in tables:
@@ -125,11 +137,11 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
                                      sum(s.rows for s in doc.removed.get(t.name, [])),
                                      t.bucket_fn, t.num_rows, t.column_blocks).to_json()
                    for t in tables}
-    rel = names.worker_index(worker)
-    storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
-    data = index_bytes(doc)
-    storage.write_bytes(f"{stage}/{rel}", data, fsync=opts.fsync)
-    part.files[rel] = [len(data), _C.crc32c(data)]
+    return part, index_bytes(doc)
+
+
+def _write_worker_state(storage, stage, worker, part: WorkerPart, dense, extras, io_state, opts) -> WorkerPart:
+    """The worker's IO state and (worker 0) dense state and extras files, recorded in `part`."""
     if io_state is not None:
         rel = names.io_state_file(worker)
         storage.makedirs(f"{stage}/{names.IO_STATE_DIR}")
@@ -197,6 +209,33 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
     if visible_within_s is not None:
         visibility.check_visible(storage, stage, expected_files(parts), ckpt_id=ckpt_id,
                                  timeout_s=visible_within_s)
+    with gcpause.paused():   # the merge and manifest of a thousand tables: metadata only
+        m, merged, data = _merge_parts(storage, ckpt_id, parts, opts, metadata)
+    if m.tables:
+        storage.write_bytes(f"{stage}/{names.INDEX}", data, fsync=opts.fsync)
+        m.files[names.INDEX] = FileInfo(len(data), _C.crc32c(data))
+        m.index = names.INDEX
+    with gcpause.paused():
+        data = checked_json.dumps(m.to_json(), check=False)   # parsed back, with every rule, below
+        # The writer refuses what every reader would: a manifest that fails the reader's validation (e.g.
+        # a table or slot name with a NUL) would commit a checkpoint that listings skip and loads refuse.
+        try:
+            manifest_from_json(checked_json.loads(data, names.MANIFEST, names.MAX_MANIFEST_BYTES), names.MANIFEST)
+        except CorruptCheckpointError as e:
+            raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest "
+                                      f"would not be readable ({e}); rename what the message names",
+                                      path=storage.describe(ckpt_id)) from None
+    # What commits is exactly what the manifest and the index list: nothing missing, nothing more.
+    storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files}, names.MANIFEST)
+    catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
+    m.content_sha256 = hashlib.sha256(data).hexdigest()
+    return m
+
+
+def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: SparseWriteOptions,
+                 metadata: dict[str, str] | None) -> tuple[Manifest, IndexDoc, bytes]:
+    """The manifest (all but its index entry), the merged index and that index's bytes (b"" without
+    tables) of the workers' parts."""
     if any(p.parent != parts[0].parent for p in parts):
         raise ValueError(f"checkpoint {ckpt_id!r}: the workers disagree on its parent "
                          f"({sorted({str(p.parent) for p in parts})}); every worker must save an increment on "
@@ -242,25 +281,7 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
     merged = IndexDoc.merge(docs)
     m.digests = _merged_digests(parts, m)
     m.shard_bytes = sum(size for _, size in merged.files)   # listings show sizes without reading the index
-    if m.tables:
-        data = index_bytes(merged)
-        storage.write_bytes(f"{stage}/{names.INDEX}", data, fsync=opts.fsync)
-        m.files[names.INDEX] = FileInfo(len(data), _C.crc32c(data))
-        m.index = names.INDEX
-    data = checked_json.dumps(m.to_json())
-    # The writer refuses what every reader would: a manifest that fails the reader's validation (e.g. a
-    # table or slot name with a NUL) would commit a checkpoint that listings skip and loads refuse.
-    try:
-        manifest_from_json(checked_json.loads(data, names.MANIFEST, names.MAX_MANIFEST_BYTES), names.MANIFEST)
-    except CorruptCheckpointError as e:
-        raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest would "
-                                  f"not be readable ({e}); rename what the message names",
-                                  path=storage.describe(ckpt_id)) from None
-    # What commits is exactly what the manifest and the index list: nothing missing, nothing more.
-    storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files}, names.MANIFEST)
-    catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
-    m.content_sha256 = hashlib.sha256(data).hexdigest()
-    return m
+    return m, merged, index_bytes(merged) if m.tables else b""
 
 
 def _merged_digests(parts: list[WorkerPart], m: Manifest) -> Digests:
@@ -370,9 +391,10 @@ class CheckpointReader:
                 try:
                     # The bytes are let go once decoded: a large index is held once as text, not twice.
                     text = checked_json.ascii_text(self.read_file(self.manifest.index), where)
-                    obj = parse_index_bytes(text, where, self.manifest.format_version)
-                    del text
-                    self._parsed = index_from_json(obj, where, self.manifest)
+                    with gcpause.paused():
+                        obj = parse_index_bytes(text, where, self.manifest.format_version)
+                        del text
+                        self._parsed = index_from_json(obj, where, self.manifest)
                 except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
                     # A copy without the traceback, whose frames hold the file's bytes and parse.
                     self._index_error = e.retold(str(e))

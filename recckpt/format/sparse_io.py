@@ -22,7 +22,7 @@ import numpy as np
 from .. import _C
 from ..errors import CorruptCheckpointError, InvalidArgumentError
 from ..storage import Storage
-from . import layout, names
+from . import gcpause, layout, names
 from .catalog import check_inside
 from .digest import TableDigest
 from .schema import Column, ColumnBlocks, IndexDoc, Segment, SlotInfo
@@ -131,19 +131,25 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
         except BaseException:
             writer.abort()
             raise
-        for fi, (rel, path, recs) in enumerate(zip(rels, paths, records)):
-            doc.files.append((rel, os.path.getsize(path)))
-            for r in recs:
-                b = r["buckets"]
-                ti = r["table"]
-                seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], (b["crc32c"],), b["length"]),
-                              tuple(Column(c["offset"], c["length"], c["crc32c"], c["step"]) for c in r["columns"]),
-                              r["dir"], r["first"], r["last"], bool(r["packed"]), sources[ti].block)
-                if ti < len(tables):
-                    doc.tables[tables[ti].name][1].append(seg)
-                else:
-                    doc.removed[sources[ti].name].append(seg)
+        with gcpause.paused():   # a segment of each of a thousand tables: metadata only
+            _add_records(doc, rels, paths, records, tables, sources)
     return doc
+
+
+def _add_records(doc: IndexDoc, rels, paths, records, tables: list[TableSource], sources: list[TableSource]):
+    """The engine's segment records, per file, into `doc`."""
+    for fi, (rel, path, recs) in enumerate(zip(rels, paths, records)):
+        doc.files.append((rel, os.path.getsize(path)))
+        for r in recs:
+            b = r["buckets"]
+            ti = r["table"]
+            seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], (b["crc32c"],), b["length"]),
+                          tuple(Column(c["offset"], c["length"], c["crc32c"], c["step"]) for c in r["columns"]),
+                          r["dir"], r["first"], r["last"], bool(r["packed"]), sources[ti].block)
+            if ti < len(tables):
+                doc.tables[tables[ti].name][1].append(seg)
+            else:
+                doc.removed[sources[ti].name].append(seg)
 
 
 log = logging.getLogger("recckpt")

@@ -22,7 +22,7 @@ from ..errors import (
     InvalidArgumentError,
     RecckptError,
 )
-from ..format import catalog, dtypes, extras as extras_fmt, recovery
+from ..format import catalog, dtypes, extras as extras_fmt, gcpause, recovery
 from ..format.chain import walk_chain
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.layout import granule_cut, row_granule, segment_rows
@@ -436,7 +436,7 @@ class Saver:
                                     opts=self._write_options(),
                                     metadata={**plugins.manifest_metadata(self.model), **(metadata or {})},
                                     visible_within_s=self.options.visibility_timeout_s)
-                self._after_commit(ckpt_id, keep, protect)
+                self._after_commit(ckpt_id, keep, protect, manifest)
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),
                                            sum(f.size for f in manifest.files.values()) + sum(
@@ -605,14 +605,15 @@ class Saver:
         recovery.recover(self.storage, keep, self.options.fsync)
         self._recovered = True
 
-    def _after_commit(self, ckpt_id: str, keep: KeepPolicy, protect: str | None) -> None:
+    def _after_commit(self, ckpt_id: str, keep: KeepPolicy, protect: str | None, manifest=None) -> None:
         """Version file and retention, from one listing. The checkpoint is committed already; these are
         housekeeping that the next save (or start-up recovery) redoes, so a failure here is a warning,
         not a failed save. The version file stops listing what retention deletes before the deletes,
         so a crash in between never leaves it naming a deleted checkpoint."""
         try:
-            found = catalog.committed(self.storage)
-            entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in found]
+            with gcpause.paused():   # the catalog of many checkpoints: metadata only
+                found = catalog.committed(self.storage, known={ckpt_id: manifest} if manifest is not None else None)
+                entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in found]
             doomed = [d for d in keep.doomed(entries, protect) if d != ckpt_id]
             # never a link that a kept checkpoint's chain of increments needs (docs/INCREMENTAL.md)
             doomed = catalog.without_needed_links(found, doomed)

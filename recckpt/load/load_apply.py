@@ -29,6 +29,12 @@ from .load_config import LoadConfig
 from .row_filter import RowFilter, owners_of
 from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
 
+#: A table with fewer bytes of rows than this (in the loading rank's buckets) is read with its neighbours
+#: (`_prefetch_groups`): its cost is the engine calls, not its bytes.
+SMALL_TABLE_BYTES = 1 << 20
+#: Bytes of rows of small tables read ahead at once (held until their tables take them).
+PREFETCH_BYTES = 16 << 20
+
 log = logging.getLogger("recckpt")
 
 
@@ -423,6 +429,34 @@ class LoadPlan:
         narrowed = dict(st, tables={loaded[n]: v for n, v in tables.items() if n in loaded})
         opt.load_state_dict(narrowed, strict=False)
 
+    def _prefetch_groups(self, lo: int, hi: int) -> dict[str, list[tuple[str, list[str], list[int]]]]:
+        """Runs of consecutive small tables (under SMALL_TABLE_BYTES of rows in [lo, hi)), about
+        PREFETCH_BYTES each, keyed by their first table: `SegmentReader.prefetch` reads each run in two
+        engine calls instead of two per table. Chain loads and fixed-size or routed tables read their
+        own way and are left out, and so, in a mapped load, are tables with unpacked segments (which it
+        maps instead of reading)."""
+        groups, run, nbytes = {}, [], 0
+        if self.reader.manifest.index is None:
+            return groups
+        index = self.reader.index
+        for name, _, table, slots in self.sparse_jobs:
+            if not slots or name in self.chain_plans or isinstance(table, (FixedSize, RoutedRows)):
+                continue
+            if self.conf.mmap and not all(seg.packed for seg in index.tables.get(name, ((), ()))[1]):
+                continue
+            rbs = [si.row_bytes for _, si, _ in slots]
+            size = self.m.tables[name].rows * (8 + sum(rbs)) * (hi - lo) // self.m.num_buckets
+            if size > SMALL_TABLE_BYTES:
+                continue
+            if run and nbytes + size > PREFETCH_BYTES:
+                groups[run[0][0]] = run
+                run, nbytes = [], 0
+            run.append((name, [s for s, _, _ in slots], rbs))
+            nbytes += size
+        if len(run) > 1:
+            groups[run[0][0]] = run
+        return {k: v for k, v in groups.items() if len(v) > 1}
+
     def apply(self, shard_id: int, world: int):
         applied = []
         conf = self.conf
@@ -437,9 +471,12 @@ class LoadPlan:
                 [(name, [s for s, _, _ in slots]) for name, _, _, slots in self.sparse_jobs
                  if slots and name not in self.chain_plans], lo, hi)
         self._apply_objects()
+        prefetch = self._prefetch_groups(lo, hi)
         for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue
+            if name in prefetch:   # the first of a run of small tables: their reads in one engine pass
+                self.reader.segments.prefetch(prefetch[name], lo, hi)
             left = "partially loaded"
             try:
                 cleared = conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)

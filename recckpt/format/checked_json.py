@@ -123,12 +123,14 @@ def loads(data: bytes, path: str, max_bytes: int) -> dict:
     return obj
 
 
-def dumps_unchecked(obj: dict) -> bytes:
+def dumps_unchecked(obj: dict, check: bool = True) -> bytes:
     """A metadata file without a self-checksum (format version 4's indexes: the manifest records the
-    size and CRC of their bytes). Compact: these files grow with the segments."""
+    size and CRC of their bytes). Compact: these files grow with the segments. `check=False`: the
+    caller has the same text checked elsewhere (see `dumps`)."""
     if CRC_KEY in obj:
         raise ValueError(f"metadata must not contain the key {CRC_KEY!r}")
-    check_tree(obj, MAX_DEPTH)
+    if check:
+        check_tree(obj, MAX_DEPTH)
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 

@@ -45,9 +45,12 @@ class WorkerPart:
     parent: dict | None = None    # incremental: ParentRef json of the checkpoint the changes are since
     digests: dict | None = None   # table -> TableDigest json of this worker's rows (tables written whole)
     dense_digests: dict | None = None   # key -> DenseDigest json (the worker that wrote the dense state)
+    # The index as this process built it (not carried by collectives): finalize takes it as is instead
+    # of parsing `index` back, which for a thousand tables cost more than writing them.
+    doc: IndexDoc | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "doc"}
 
     @staticmethod
     def from_json(d: dict) -> "WorkerPart":
@@ -71,7 +74,9 @@ def index_bytes(doc: IndexDoc) -> bytes:
     """The bytes of an index file: checked JSON up to format version 3; from version 4 plain JSON, which
     the manifest's `files` entry covers (docs/FORMAT.md, Checked JSON)."""
     if doc.format_version >= names.SEGMENT_DIR_SINCE:
-        return checked_json.dumps_unchecked(doc.to_json())
+        # Its only free text, the table and slot names, is in the manifest too, which `finalize` parses
+        # back with every rule before anything commits: the rules are not walked twice here.
+        return checked_json.dumps_unchecked(doc.to_json(), check=False)
     return checked_json.dumps(doc.to_json())
 
 
@@ -124,7 +129,7 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
 def _describe_part(doc: IndexDoc, worker: int, tables: list[TableSource], changes: set[str], step, parent
                    ) -> tuple[WorkerPart, bytes]:
     """The part's JSON (index, digests, tables) and its index file's bytes: metadata only."""
-    part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json())
+    part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json(), doc=doc)
     sums: dict[str, TableDigest] = {}    # a column-split table comes as one source per block
     for t in tables:
         if t.digest is not None and t.name not in changes:
@@ -277,7 +282,8 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
         m.extras = m.extras or p.extras
     # The workers' indexes, checked against the tables they describe (a version 4 index needs the slot
     # specs to know its column lengths).
-    docs = [index_from_json(p.index, f"worker {p.worker} index", m, worker=True) for p in parts]
+    docs = [p.doc if p.doc is not None else index_from_json(p.index, f"worker {p.worker} index", m, worker=True)
+            for p in parts]
     merged = IndexDoc.merge(docs)
     m.digests = _merged_digests(parts, m)
     m.shard_bytes = sum(size for _, size in merged.files)   # listings show sizes without reading the index

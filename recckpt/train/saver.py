@@ -432,7 +432,9 @@ class Saver:
             parts = coord.submit(key, part.to_json())
             handed_over = parts is None
             if parts is not None:
-                manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
+                # this worker's own part as built here (its index not parsed back), the others' as received
+                mine = [part if p["worker"] == part.worker else WorkerPart.from_json(p) for p in parts]
+                manifest = finalize(self.storage, stage, ckpt_id, mine,
                                     opts=self._write_options(),
                                     metadata={**plugins.manifest_metadata(self.model), **(metadata or {})},
                                     visible_within_s=self.options.visibility_timeout_s)

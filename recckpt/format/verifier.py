@@ -22,7 +22,7 @@ import numpy as np
 from .. import _C
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage, open_storage
-from . import extras as extras_fmt, names, safetensors_io, structure
+from . import extras as extras_fmt, gcpause, names, safetensors_io, structure
 from .chain import split_path, walk_chain
 from .checkpoint import CheckpointReader, parse_index_bytes
 from .schema import IndexDoc, index_from_json
@@ -84,6 +84,11 @@ def verify(path: str, *, threads: int = 4, storage_options: dict | None = None) 
     Returns a report; raises CheckpointNotFoundError only when `path` has no manifest.json at all.
     `report.raise_if_failed()` turns a failed report into a CorruptCheckpointError. `storage_options`
     go to fsspec for a URL (endpoint, credentials)."""
+    with gcpause.paused():   # a thousand tables' metadata: see recckpt.format.gcpause
+        return _verify(path, threads, storage_options)
+
+
+def _verify(path: str, threads: int, storage_options: dict | None) -> VerifyReport:
     t0 = time.perf_counter()
     storage = open_storage(path, storage_options)
     report = VerifyReport(storage.describe())

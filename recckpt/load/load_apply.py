@@ -21,7 +21,7 @@ from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range
 from ..state import optim_names, plugins
-from ..state.protocol import FixedSize, RoutedRows, column_split_slots, split_sparse_dense_state_dict
+from ..state.protocol import FixedSize, RoutedRows, column_split_slots, implements, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
 from .fixed_rows import OwnedRows
@@ -114,14 +114,14 @@ class LoadPlan:
                     self._check_compatible(f"table {name!r} slot {slot!r}", si.dtype, si.shape,
                                            spec.dtype, tuple(spec.shape))
                     slots.append((slot, si, spec))
-                if isinstance(table, FixedSize) and slots and not conf.merge and m.parent is None:
+                if implements(table, FixedSize) and slots and not conf.merge and m.parent is None:
                     n = table.row_layout().num_rows   # (a chain's is checked on its base, in _plan_chains)
                     if info.rows != n:
                         self.incompatible.append(
                             f"table {name!r}: the checkpoint holds {info.rows} rows, model table {target!r} has "
                             f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads the rows "
                             f"that fit)")
-                if isinstance(table, RoutedRows) and slots and not self.incompatible:
+                if implements(table, RoutedRows) and slots and not self.incompatible:
                     self._plan_routed(name, table, info, slots)
                 for slot, spec in meta.slots.items():
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
@@ -319,7 +319,7 @@ class LoadPlan:
             if not slots:
                 continue
             tl = table_links(links, name)
-            if isinstance(table, FixedSize) and not self.conf.merge:
+            if implements(table, FixedSize) and not self.conf.merge:
                 n, have = table.row_layout().num_rows, tl[0].manifest.tables[name].rows
                 if have != n:
                     self.incompatible.append(
@@ -328,7 +328,7 @@ class LoadPlan:
                         f"loads the rows that fit)")
             if len(tl) > 1:
                 t_lo, t_hi = lo, hi
-                if isinstance(table, FixedSize):
+                if implements(table, FixedSize):
                     # the buckets of its owned rows ("row_range"; every bucket under "hash"); OwnedRows keeps
                     # exactly its rows and columns of what the fold gives
                     ranges = self._fixed_bucket_ranges(name, table.row_layout())
@@ -440,7 +440,7 @@ class LoadPlan:
             return groups
         index = self.reader.index
         for name, _, table, slots in self.sparse_jobs:
-            if not slots or name in self.chain_plans or isinstance(table, (FixedSize, RoutedRows)):
+            if not slots or name in self.chain_plans or implements(table, FixedSize) or implements(table, RoutedRows):
                 continue
             if self.conf.mmap and not all(seg.packed for seg in index.tables.get(name, ((), ()))[1]):
                 continue
@@ -491,7 +491,7 @@ class LoadPlan:
                     reserve = getattr(table, "reserve", None)
                     if callable(reserve):
                         reserve(len(table) + plan.out_rows)
-                    if isinstance(table, FixedSize):
+                    if implements(table, FixedSize):
                         sink = OwnedRows(table, target, self.reader.describe())
                         load_chain_rows(plan, name, target, sink, slots, False)
                         self.result.sparse_rows += sink.rows
@@ -501,11 +501,11 @@ class LoadPlan:
                     self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, direct)
                     applied.append(target)
                     continue
-                if isinstance(table, RoutedRows):
+                if implements(table, RoutedRows):
                     self.result.sparse_rows += self._load_routed(name, table, slots)
                     applied.append(target)
                     continue
-                if isinstance(table, FixedSize):
+                if implements(table, FixedSize):
                     self.result.sparse_rows += self._load_fixed(name, target, table, slots)
                     applied.append(target)
                     continue

@@ -36,7 +36,7 @@ from ..load.loader import LoadRequest, LoadTarget, load_checkpoint
 from ..state import plugins
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
 from ..state.optim_names import saved_param_names
-from ..state.protocol import ChangeTracking, FixedSize, SparseState, split_sparse_dense_state_dict
+from ..state.protocol import ChangeTracking, FixedSize, SparseState, implements, split_sparse_dense_state_dict
 from ..state.registry import Registry
 from ..state.staging import StagingPool
 from ..storage import open_storage
@@ -198,7 +198,7 @@ class Saver:
         A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only."""
         meta = table.sparse_meta()
         num_rows = 0   # "hash" buckets; a fixed-size table's rows are bucketed "row_range" (docs/FORMAT.md)
-        if isinstance(table, FixedSize):
+        if implements(table, FixedSize):
             layout = table.row_layout()
             num_rows = layout.num_rows
             if layout.columns is not None:
@@ -332,6 +332,10 @@ class Saver:
         sync save applies it when it captures: the rows leave the live tables before the copy, and
         the next increment records them as removed. Call it from the training thread, with no save
         of this Saver in flight."""
+        with gcpause.paused():   # on the training step: see write()
+            return self._capture_copy(bufs, shard_id, incremental, step)
+
+    def _capture_copy(self, bufs: HostBuffers, shard_id: int, incremental: bool, step: int | None) -> Snapshot:
         self._forget_written()
         chain, reason = (self._chain, None)
         if incremental:
@@ -340,7 +344,7 @@ class Saver:
         if self.eviction is not None:
             self._evict(step)
         live = self.capture(shard_id)
-        live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if isinstance(t, ChangeTracking)}
+        live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if implements(t, ChangeTracking)}
         live.chain, live.full_reason = (chain, None) if incremental and chain is not None else (None, reason)
         return copy_snapshot(live, bufs, chain.marks if incremental and chain is not None else None, shard_id)
 
@@ -352,7 +356,7 @@ class Saver:
             return
         for name, table in self._state()[0].items():
             mark = pending.get(name)
-            if mark is not None and isinstance(table, ChangeTracking):
+            if mark is not None and implements(table, ChangeTracking):
                 table.forget_changes(mark)
 
     def write(self, ckpt_id: str, snapshot: Snapshot | None = None, *, shard_id: int | None = None,
@@ -366,6 +370,16 @@ class Saver:
         `capture_copy(..., incremental=True)`, which decided the parent when it copied the changes.
         Returns what was written: on the committing worker the whole checkpoint, on the others their
         own part."""
+        if snapshot is None:
+            # A sync save holds the training step anyway: the cyclic collector is paused for all of it,
+            # or the per-table work of a thousand tables triggers full collections, each walking every
+            # object of the process. A write from a snapshot (maybe in the background, beside training)
+            # pauses it only while it builds metadata.
+            with gcpause.paused():
+                return self._write(ckpt_id, None, shard_id, shard_num, metadata, step, keep, protect, incremental)
+        return self._write(ckpt_id, snapshot, shard_id, shard_num, metadata, step, keep, protect, incremental)
+
+    def _write(self, ckpt_id, snapshot, shard_id, shard_num, metadata, step, keep, protect, incremental) -> SaveStats:
         snap = snapshot
         keep = self.keep if keep is None else keep
         validate_ckpt_id(ckpt_id)
@@ -412,7 +426,7 @@ class Saver:
                     self._evict(step)
                 snap = self.capture(shard_id)
                 marks = {t.sparse_meta().name: t.mark_changes() for t in snap.tables
-                         if isinstance(t, ChangeTracking)}
+                         if implements(t, ChangeTracking)}
             else:
                 marks, chain = snap.marks, snap.chain
                 parent, full_reason = (None, snap.full_reason) if chain is None else self._parent_for(True, chain)
@@ -583,7 +597,7 @@ class Saver:
                                       f"this worker handed its part over: {type(e).__name__}: {e}") from e
         if self.is_committed(ckpt_id):
             warnings.warn(f"{e}; but checkpoint {self.storage.describe(ckpt_id)} is committed, so this save "
-                          f"succeeded", stacklevel=4)
+                          f"succeeded", stacklevel=5)
             return SaveStats(ckpt_id, self.storage.describe(ckpt_id), 0, 0, time.perf_counter() - t0)
         raise CommitOutcomeUnknownError(
             f"{e}. Checkpoint {self.storage.describe(ckpt_id)} is not committed as seen from this worker, but "
@@ -633,7 +647,7 @@ class Saver:
             msg = (f"checkpoint {self.storage.describe(ckpt_id)} is committed, but updating the version file or "
                    f"deleting old checkpoints failed: {type(e).__name__}: {e}. The next save retries.{_os_error_hint(e)}")
             log.warning("recckpt: %s", msg)
-            warnings.warn(msg, stacklevel=3)
+            warnings.warn(msg, stacklevel=4)
 
     # ------------------------------------------------------------------------------------- load
     def load_by_config(self, config: Mapping[str, Any]) -> LoadResult:
@@ -673,7 +687,7 @@ class Saver:
         outcome = load_checkpoint(target, request, before_apply=self._forget_chain)
         if storage is self.storage and outcome.replaced_whole_state:
             marks = {t.sparse_meta().name: t.mark_changes() for t in outcome.tables
-                     if isinstance(t, ChangeTracking)}
+                     if implements(t, ChangeTracking)}
             self._chain = _ChainState(outcome.result.ckpt_id, outcome.manifest_sha256, marks)
         return outcome.result
 

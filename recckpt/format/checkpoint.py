@@ -323,6 +323,7 @@ class CheckpointReader:
         self.manifest = catalog.read_manifest(storage, ckpt_dir)
         self._parsed: IndexDoc | None = None
         self._index_error: Exception | None = None
+        self._index_sha256: bytes | None = None   # of the merged index's bytes, once read
         self._index: IndexDoc | None = None
         self._segments: SegmentReader | None = None
 
@@ -396,7 +397,10 @@ class CheckpointReader:
                 where = self.describe(self.manifest.index)
                 try:
                     # The bytes are let go once decoded: a large index is held once as text, not twice.
-                    text = checked_json.ascii_text(self.read_file(self.manifest.index), where)
+                    raw = self.read_file(self.manifest.index)
+                    self._index_sha256 = hashlib.sha256(raw).digest()
+                    text = checked_json.ascii_text(raw, where)
+                    del raw
                     with gcpause.paused():
                         obj = parse_index_bytes(text, where, self.manifest.format_version)
                         del text
@@ -406,6 +410,18 @@ class CheckpointReader:
                     self._index_error = e.retold(str(e))
                     raise
         return self._parsed
+
+    def same_as_merged_index(self, data) -> bool:
+        """Whether `data` (a worker index of a one-worker checkpoint) has the bytes of the merged index,
+        which `parsed_index` parses and checks: then it need not be parsed again. False when the merged
+        index cannot be read (its own check reports that)."""
+        if self.manifest.shard_num != 1 or self.manifest.index is None:
+            return False
+        try:
+            self.parsed_index()
+        except (CorruptCheckpointError, IncompatibleCheckpointError):
+            return False
+        return self._index_sha256 is not None and hashlib.sha256(data).digest() == self._index_sha256
 
     @property
     def index(self) -> IndexDoc:
@@ -422,7 +438,7 @@ class CheckpointReader:
         for rel in self.manifest.files:
             if rel.startswith(f"{names.SPARSE_DIR}/") and rel.endswith(".index.json"):
                 data = self.read_file(rel)
-                if self.manifest.shard_num == 1 and self.manifest.index and data == self.read_file(self.manifest.index):
+                if self.same_as_merged_index(data):
                     continue   # one worker: byte for byte the merged index, which `index` parses and checks
                 with gcpause.paused():
                     parse_index_bytes(data, self.describe(rel), self.manifest.format_version)

@@ -175,7 +175,7 @@ class _Checker:
             if worker is None:
                 raise CorruptCheckpointError(f"{where}: not a worker index name (expected "
                                              f"{names.worker_index(0)} and so on)", where)
-            if self.m.shard_num == 1 and self.m.index is not None and data == self.reader.read_file(self.m.index):
+            if self.reader.same_as_merged_index(data):
                 # One worker: its index is byte for byte the merged one, which the reader parses and checks.
                 worker_docs[worker] = _SAME_AS_MERGED
                 return

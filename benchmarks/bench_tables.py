@@ -10,7 +10,8 @@ bytes a row with the id) it times, best of `--repeat`,
   against `torch.save` followed by `os.fsync` of its file (recckpt also fsyncs its directories);
 - a load into a fresh model against `torch.load(weights_only=True)` of that file (torch's load stops at
   the tensors; recckpt's puts the rows into the tables);
-- `recckpt.verify` of the checkpoint, and its bytes on disk against the row bytes.
+- `recckpt.verify` of the checkpoint, and its bytes on disk against the row bytes;
+- an async save's stall (`Saver.capture_copy` into reused buffers) against the sync save.
 Each ratio is torch's time over recckpt's (>= 1.0: recckpt is as fast or faster). The last shape line,
 "tiny", is 24-byte rows (dim 4, no optimizer) at the first shape's size, bytes only worth reading.
 
@@ -40,6 +41,7 @@ import bench_ranks  # noqa: E402  (its torchrun worker, shared)
 
 import recckpt  # noqa: E402
 from recckpt import HashTable, SaveOptions, Saver, SparseAdam  # noqa: E402
+from recckpt.train.snapshot import HostBuffers  # noqa: E402
 
 DIM = 16
 SLOTS = ("embedding", "adam.m", "adam.v")
@@ -110,6 +112,16 @@ def one_shape(work: str, tables: int, rows: int, repeat: int, dim: int = DIM, ad
     for fsync, key in ((False, "save_s"), (True, "save_fsync_s")):
         saver = Saver(src, output_dir=out, options=SaveOptions(fsync=fsync))   # max_keep=1: one on disk
         r[key] = best(lambda: saver.save(f"c{next(counter)}"), repeat)
+    # An async save's stall: the snapshot copy on the training thread (into buffers reused across saves),
+    # then the write, which would run in the background
+    saver = Saver(src, output_dir=out, options=SaveOptions(fsync=False))
+    bufs, stalls = HostBuffers(), []
+    for _ in range(repeat + 1):   # the first copy allocates the buffers
+        t0 = time.perf_counter()
+        snap = saver.capture_copy(bufs)
+        stalls.append(time.perf_counter() - t0)
+        saver.write(f"c{next(counter)}", snap)
+    r["capture_s"] = min(stalls[1:])
     path = os.path.join(out, saver.latest_checkpoint())
     r["bytes"] = dir_bytes(path)
     dsts = [model(tables, rows, dim, adam) for _ in range(repeat)]
@@ -124,7 +136,8 @@ def one_shape(work: str, tables: int, rows: int, repeat: int, dim: int = DIM, ad
     r["ratios"] = {"bytes_vs_rows": r["bytes"] / data_bytes,
                    "save_vs_torch": r["torch_save_s"] / r["save_s"],
                    "save_fsync_vs_torch_fsync": r["torch_save_fsync_s"] / r["save_fsync_s"],
-                   "load_vs_torch": r["torch_load_s"] / r["load_s"]}
+                   "load_vs_torch": r["torch_load_s"] / r["load_s"],
+                   "async_stall_vs_sync_save": r["capture_s"] / r["save_s"]}
     return r
 
 
@@ -153,14 +166,15 @@ def report(res: dict) -> None:
     print(f"\n{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; ratios are torch's time over "
           f"recckpt's (>= 1.0 meets the target), bytes are recckpt's over the row bytes (<= 1.1)")
     print("| tables x rows | bytes / row bytes | save s (vs torch.save) | save fsync s (vs torch.save+fsync) | "
-          "load s (vs torch.load) | verify s |")
-    print("|---|---|---|---|---|---|")
+          "load s (vs torch.load) | verify s | async stall s (vs sync save) |")
+    print("|---|---|---|---|---|---|---|")
     for r in res["shapes"]:
         q = r["ratios"]
         label = f"{r['tables']} x {r['rows']}" + ("" if r["adam"] else f" (dim {r['dim']}, no optimizer)")
         print(f"| {label} | {q['bytes_vs_rows']:.3f}x | {r['save_s']:.3f} ({q['save_vs_torch']:.2f}x) | "
               f"{r['save_fsync_s']:.3f} ({q['save_fsync_vs_torch_fsync']:.2f}x) | {r['load_s']:.3f} "
-              f"({q['load_vs_torch']:.2f}x) | {r['verify_s']:.3f} |")
+              f"({q['load_vs_torch']:.2f}x) | {r['verify_s']:.3f} | {r['capture_s']:.3f} "
+              f"({q['async_stall_vs_sync_save']:.2f}x) |")
     rk = res.get("ranks")
     if not rk:
         return

@@ -48,9 +48,10 @@ class WorkerPart:
     # The index as this process built it (not carried by collectives): finalize takes it as is instead
     # of parsing `index` back, which for a thousand tables cost more than writing them.
     doc: IndexDoc | None = field(default=None, repr=False, compare=False)
+    doc_bytes: bytes | None = field(default=None, repr=False, compare=False)   # its index file, as written
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "doc"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("doc", "doc_bytes")}
 
     @staticmethod
     def from_json(d: dict) -> "WorkerPart":
@@ -123,6 +124,7 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
     storage.write_bytes(f"{stage}/{rel}", data, fsync=opts.fsync)
     part.files[rel] = [len(data), _C.crc32c(data)]
+    part.doc_bytes = data
     return _write_worker_state(storage, stage, worker, part, dense, extras, io_state, opts)
 
 
@@ -287,6 +289,8 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
     merged = IndexDoc.merge(docs)
     m.digests = _merged_digests(parts, m)
     m.shard_bytes = sum(size for _, size in merged.files)   # listings show sizes without reading the index
+    if len(parts) == 1 and parts[0].doc_bytes is not None:
+        return m, merged, parts[0].doc_bytes   # one worker: the merge is its index, already serialised
     return m, merged, index_bytes(merged) if m.tables else b""
 
 

@@ -419,6 +419,7 @@ class RoutedRows(Protocol):
 
 
 _MEMBERS: Dict[type, Tuple[Tuple[str, bool], ...]] = {}
+_CLASS_IMPLEMENTS: set = set()   # (class, protocol): the class itself defines every method
 
 
 def implements(obj: Any, proto: type) -> bool:
@@ -441,7 +442,10 @@ def implements(obj: Any, proto: type) -> bool:
             names |= {n for n in list(vars(base)) + list(getattr(base, "__annotations__", {}))
                       if not n.startswith("_")}
         members = _MEMBERS[proto] = tuple((n, callable(getattr(proto, n, None))) for n in sorted(names))
+    if (cls, proto) in _CLASS_IMPLEMENTS:
+        return True
     if all(method and _class_defines(cls, name) for name, method in members):
+        _CLASS_IMPLEMENTS.add((cls, proto))   # classes do not drop their methods
         return True
     for name, method in members:
         if not hasattr(obj, name) or (method and getattr(obj, name) is None):

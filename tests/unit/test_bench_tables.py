@@ -21,7 +21,7 @@ def test_bench_tables_smoke(tmp_path, monkeypatch):
     assert [(r["tables"], r["rows"], r["adam"]) for r in res["shapes"]] == [(20, 30, True), (3, 100, True),
                                                                             (20, 30, False)]
     for r in res["shapes"]:
-        for k in ("save_s", "save_fsync_s", "load_s", "verify_s", "torch_save_s", "torch_save_fsync_s",
+        for k in ("save_s", "save_fsync_s", "load_s", "verify_s", "capture_s", "torch_save_s", "torch_save_fsync_s",
                   "torch_load_s"):
             assert r[k] > 0, (r["tables"], k)
         row = 8 + r["dim"] * 4 * (3 if r["adam"] else 1)

@@ -287,11 +287,32 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
     docs = [p.doc if p.doc is not None else index_from_json(p.index, f"worker {p.worker} index", m, worker=True)
             for p in parts]
     merged = IndexDoc.merge(docs)
+    _check_column_blocks(storage, ckpt_id, m, docs)
     m.digests = _merged_digests(parts, m)
     m.shard_bytes = sum(size for _, size in merged.files)   # listings show sizes without reading the index
     if len(parts) == 1 and parts[0].doc_bytes is not None:
         return m, merged, parts[0].doc_bytes   # one worker: the merge is its index, already serialised
     return m, merged, index_bytes(merged) if m.tables else b""
+
+
+def _check_column_blocks(storage, ckpt_id: str, m: Manifest, docs: list[IndexDoc]) -> None:
+    """Every column block of a column-split table holds every row (docs/FORMAT.md), which no single worker
+    can check: workers of a column-wise plan that disagree on a table's rows would commit a checkpoint
+    every reader refuses."""
+    for name, info in m.tables.items():
+        cb = info.column_blocks
+        if cb is None:
+            continue
+        per_block = [0] * len(cb.blocks)
+        for d in docs:
+            for seg in d.tables.get(name, ((), []))[1]:
+                per_block[seg.block] += seg.rows
+        if any(x != info.rows for x in per_block):
+            raise CheckpointSaveError(
+                f"checkpoint {storage.describe(ckpt_id)} was not committed: table {name!r} was saved column-split "
+                f"and its column blocks {list(cb.blocks)} hold {per_block} rows; every block must hold every "
+                f"row (the processes holding its columns disagree on its rows: check the sharding plan)",
+                path=storage.describe(ckpt_id), table=name)
 
 
 def _merged_digests(parts: list[WorkerPart], m: Manifest) -> Digests:

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .. import _C
-from ..errors import CorruptCheckpointError, InvalidArgumentError
+from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, InvalidArgumentError
 from ..storage import Storage
 from . import gcpause, layout, names
 from .catalog import check_inside
@@ -552,11 +552,35 @@ class SegmentReader:
                         seg.pad_before(c, ver))
             for s, c, rb in zip(slots, col_of, row_bytes)]
 
-    def batches(self, table: str, slots: list[str], row_bytes: list[int],
-                bucket_lo: int = 0, bucket_hi: int | None = None) -> Iterator["ReadBatch"]:
-        """Plan the reads of buckets [lo, hi) of `table` in batches of about `options.batch_bytes`: each batch
-        is one or more segments' row ranges, read together so the engine's threads share the work."""
+    def table_segments(self, table: str, block: int | None = None, ids_only: bool = False
+                       ) -> tuple[list[str], list[Segment]]:
+        """(slots, segments) of `table`; of a column-split table (docs/FORMAT.md, Column blocks) only the
+        segments of column block `block`, whose split slots hold that block's columns (the caller gives
+        their row bytes). A reader that does not name a block cannot read such a table as whole rows:
+        `column_join` joins its blocks. A read of ids alone (`ids_only`) takes block 0's: every block
+        holds every id."""
         all_slots, segs = self.index.tables[table]
+        if table in self.index.blocked:
+            if block is None and ids_only:
+                block = 0   # every block holds every id: block 0's are the table's
+            if block is None:
+                raise IncompatibleCheckpointError(
+                    f"{self.storage.describe(self.ckpt_dir)}: table {table!r} was saved column-split (column "
+                    f"blocks, e.g. by a column-wise TorchRec plan); this kind of read does not join column "
+                    f"blocks: load it into a fixed-size (TorchRec) table, or read it with recckpt.open / "
+                    f"recckpt export", table=table)
+            segs = [sg for sg in segs if sg.block == block]
+        elif block not in (None, 0):
+            raise ValueError(f"table {table!r} has no column block {block}")
+        return all_slots, segs
+
+    def batches(self, table: str, slots: list[str], row_bytes: list[int],
+                bucket_lo: int = 0, bucket_hi: int | None = None, block: int | None = None
+                ) -> Iterator["ReadBatch"]:
+        """Plan the reads of buckets [lo, hi) of `table` in batches of about `options.batch_bytes`: each batch
+        is one or more segments' row ranges, read together so the engine's threads share the work.
+        `block`: of a column-split table, the column block read (see `table_segments`)."""
+        all_slots, segs = self.table_segments(table, block, ids_only=not slots)
         col_of = [1 + all_slots.index(s) for s in slots]
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
         batch = ReadBatch(table, row_bytes)
@@ -595,7 +619,7 @@ class SegmentReader:
         storage has room for `spare_rows` more rows. Needs local storage."""
         if self.storage.engine_path(self.ckpt_dir) is None:
             raise ValueError(f"{self.storage.describe(self.ckpt_dir)}: mapped loads need a local filesystem")
-        all_slots, segs = self.index.tables[table]
+        all_slots, segs = self.table_segments(table)
         col_of = [1 + all_slots.index(s) for s in slots]
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
         parts = list(self.iter_row_ranges(table, segs, bucket_lo, hi_b))
@@ -656,12 +680,13 @@ class SegmentReader:
         return out
 
     def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
-                   bucket_lo: int = 0, bucket_hi: int | None = None, *, with_file: bool = False
-                   ) -> Iterator[tuple]:
+                   bucket_lo: int = 0, bucket_hi: int | None = None, *, with_file: bool = False,
+                   block: int | None = None) -> Iterator[tuple]:
         """Yield (ids, [uint8[n, row_bytes] per requested slot]) per segment, for buckets [lo, hi);
         with_file=True adds a third element, the segment's position in `index.files`. Segments are
-        read in batches; the arrays are views of a reused buffer: consume (copy) them before the next."""
-        for batch in self.batches(table, slots, row_bytes, bucket_lo, bucket_hi):
+        read in batches; the arrays are views of a reused buffer: consume (copy) them before the next.
+        `block`: of a column-split table, the column block read (see `table_segments`)."""
+        for batch in self.batches(table, slots, row_bytes, bucket_lo, bucket_hi, block):
             cols = self.read_batch(batch)
             pos = 0
             for n, reqs in batch.parts:

@@ -19,6 +19,7 @@ from ..errors import (
 from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
+from ..format.column_join import FROM_OVERLAP, iter_joined
 from ..format.hashing import bucket_range
 from ..state import optim_names, plugins
 from ..state.protocol import FixedSize, RoutedRows, column_split_slots, implements, split_sparse_dense_state_dict
@@ -201,6 +202,7 @@ class LoadPlan:
                 for name in self.registry.io_names():
                     if name not in self.io_tree:
                         self.problems_missing.append(f"IO state {name!r} is not in the checkpoint")
+        self._check_renames()
         if conf.ownership is not None and not self.incompatible:
             self._check_ownership(world)
         if self.incompatible:
@@ -217,6 +219,20 @@ class LoadPlan:
                     "names, 'rename'/'tables'/'dense_keys'; when only optimizer slots differ (another sparse "
                     "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
+
+    def _check_renames(self) -> None:
+        """Every `rename` key must name a table or dense key of the checkpoint, under any `strict`: strict is
+        about the model, a rename names the checkpoint, and a typo there would load nothing for that name
+        (docs/LOADING.md). The dense file's header is read only when a key names no table."""
+        if not self.conf.rename:
+            return
+        unknown = self.conf.unknown_renames(self.m.tables)
+        if unknown:
+            unknown = self.conf.unknown_renames(list(self.m.tables) + list(self.reader.dense_header()))
+        for k in unknown:
+            self.incompatible.append(
+                f"load_conf rename key {k!r} names no table or dense key of the checkpoint (tables: "
+                f"{sorted(self.m.tables)[:20]}); a rename maps checkpoint names to model names")
 
     def _plan_routed(self, name: str, table, info, slots) -> None:
         """A table that routes ids itself and holds a bounded number of them (`RoutedRows`): let it see
@@ -578,6 +594,8 @@ class LoadPlan:
         layout = table.row_layout()
         if not layout.owned_rows:
             return 0   # this process holds no rows of the table (table-wise, another rank's)
+        if self.m.tables[name].column_blocks is not None:
+            return self._load_fixed_blocks(name, target, table, slots, layout)
         rows = 0
         for lo, hi in self._fixed_bucket_ranges(name, layout):
             rows += self._load_fixed_range(name, target, table, slots, layout, lo, hi)
@@ -628,6 +646,41 @@ class LoadPlan:
                     t = t[:, c0:c1]
                 tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
             table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
+            rows += n
+        return rows
+
+    def _load_fixed_blocks(self, name: str, target: str, table, slots, layout) -> int:
+        """A fixed-size table saved column-split (a column-wise plan): this process reads its owned rows of
+        the column blocks that overlap its columns only (`column_join`). A per-row (unsplit) slot is each
+        block's own value (RowWiseAdagrad's per-column-shard state): this process gets the width-weighted
+        mean over the blocks it reads, weighted by the columns of its own each holds, so an unchanged split
+        gets each shard's own value back and a whole-row process the row-wise value (docs/TORCHREC.md)."""
+        info = self.m.tables[name]
+        names = [s for s, _, _ in slots]
+        spec_of = {s: (si, spec) for s, si, spec in slots}
+        row_bytes = sum(si.row_bytes for _, si, _ in slots) + 8
+        chunk = max(1, self.reader.segments.options.batch_bytes // row_bytes)
+        rows = 0
+        for ids, split, unsplit in iter_joined(self.reader.segments, name, info, names, list(layout.owned_rows),
+                                               layout.columns, chunk, FROM_OVERLAP):
+            n = len(ids)
+            if n == 0:
+                continue
+            tensors = {}
+            for s, raw in split.items():
+                si, spec = spec_of[s]
+                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape[:-1], -1)
+                tensors[s] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+            for s, parts in unsplit.items():
+                si, spec = spec_of[s]
+                ts = [(w, torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape))
+                      for w, raw in parts]
+                if len(ts) == 1 or not ts[0][1].is_floating_point():
+                    t = ts[0][1]
+                else:
+                    t = (sum(x.to(torch.float64) * w for w, x in ts) / sum(w for w, _ in ts)).to(ts[0][1].dtype)
+                tensors[s] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+            table.import_rows(torch.from_numpy(ids), tensors)
             rows += n
         return rows
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field, fields
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from ..errors import LoadConfigError
 
@@ -162,12 +162,14 @@ class LoadConfig:
                 if g != "*" and not any(fnmatch.fnmatchcase(n, g) for n in names):
                     out.append(f"load_conf {field_name} pattern {g!r} matches nothing in the checkpoint "
                                f"(it has {sorted(names)[:20]})")
-        known = (tables or []) + (dense_keys or [])
-        for k in self.rename:
-            hit = any(n.startswith(k) for n in known) if k.endswith(".") else k in known
-            if not hit and dense_keys is not None and tables is not None:   # else it may name what is not read
-                out.append(f"load_conf rename key {k!r} names nothing in the checkpoint")
         return out
+
+    def unknown_renames(self, names: Iterable[str]) -> list[str]:
+        """The `rename` keys that name none of `names` (a checkpoint's table names and dense keys): a rename
+        names the checkpoint, not the model, so a key naming nothing is a typo whatever `strict` says."""
+        known = list(names)
+        return [k for k in self.rename
+                if not (any(n.startswith(k) for n in known) if k.endswith(".") else k in known)]
 
     def renamed(self, name: str) -> str:
         if name in self.rename:

@@ -323,6 +323,10 @@ class RowRangeLayout:
             slot that this process holds, or ``None`` for all columns.
         replicated: every process holds the same rows (a data-parallel table). Such a table is
             written by one process only and loaded by every process.
+        column_blocks: the ``[c0, c1)`` column ranges that the processes of a column-split plan hold,
+            sorted and partitioning ``[0, D)``, the same on every process (a process with rows holds
+            exactly one of them as ``columns``); ``None`` when every process holds whole rows. The
+            saver writes one column block per range (docs/FORMAT.md, Column blocks).
 
     Construction normalises ranges to tuples of Python ints and raises
     :class:`~recckpt.errors.InvalidArgumentError` (a ``ValueError`` and ``TypeError``) for a
@@ -334,6 +338,7 @@ class RowRangeLayout:
     owned_rows: Tuple[Tuple[int, int], ...]
     columns: "Tuple[int, int] | None" = None
     replicated: bool = False
+    column_blocks: "Tuple[Tuple[int, int], ...] | None" = None
 
     def __post_init__(self) -> None:
         n = _as_int(self.num_rows, "RowRangeLayout.num_rows")
@@ -368,6 +373,20 @@ class RowRangeLayout:
             object.__setattr__(self, "columns", (c0, c1))
         if not isinstance(self.replicated, bool):
             raise InvalidArgumentError(f"RowRangeLayout.replicated must be a bool, got {self.replicated!r}")
+        if self.column_blocks is not None:
+            blocks, end = [], 0
+            for b in self.column_blocks:
+                c0, c1 = _as_range(b, "RowRangeLayout.column_blocks entry")
+                if c0 != end or c1 <= c0:
+                    raise InvalidArgumentError(f"RowRangeLayout.column_blocks must be sorted non-empty ranges "
+                                               f"partitioning [0, D), got {self.column_blocks!r}")
+                blocks.append((c0, c1))
+                end = c1
+            if not blocks or self.replicated or (self.owned_rows and self.columns not in blocks):
+                raise InvalidArgumentError(
+                    f"RowRangeLayout.column_blocks {self.column_blocks!r}: needs at least one block, no "
+                    f"replication, and this process's columns {self.columns!r} among them when it holds rows")
+            object.__setattr__(self, "column_blocks", tuple(blocks))
 
     @property
     def owned_count(self) -> int:

@@ -175,7 +175,9 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
             receipts = WriteReceipts()
             # Two bucket groups are held at once (one folding, one being written): half the memory each.
             rows_iter = _pieces(tl, name, slots, rbs, seg_rows, row_granule(rbs), memory_bytes // 2, receipts)
-            sources.append(TableSource(name, dict(info.slots), upper, rows_iter, receipts))
+            # a fixed-size table keeps its "row_range" buckets: loads stay bounded by the shard after compaction
+            sources.append(TableSource(name, dict(info.slots), upper, rows_iter, receipts,
+                                       num_rows=info.num_rows if info.bucket_fn == "row_range" else 0))
         parts = []
         for w in range(m.shard_num):
             part = write_worker_part(store, stage, w, tables=sources if w == 0 else [], dense=None, extras=None,

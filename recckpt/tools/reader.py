@@ -27,6 +27,7 @@ from ..errors import CheckpointNotFoundError, InvalidArgumentError
 from ..format import catalog, dtypes, names
 from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
+from ..format.column_join import iter_joined, row_range_of_buckets
 from ..format.digest import DenseDigest, TableDigest
 from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
@@ -354,6 +355,13 @@ class CheckpointView:
         by bucket group of about WINDOW_BYTES of the links' rows."""
         if len(links) > 1:
             yield from fold_rows(links, table, slots, lo, hi, group_bytes=WINDOW_BYTES)
+            return
+        info = links[0].manifest.tables[table]
+        if info.column_blocks is not None:   # saved column-split: whole rows joined from every block
+            rows = row_range_of_buckets(info, self.num_buckets, lo, hi)
+            chunk = max(1, WINDOW_BYTES // (8 + sum(widths)))
+            for ids, split, unsplit in iter_joined(links[0].segments, table, info, slots, [rows], None, chunk):
+                yield ids, [split[s] if s in split else unsplit[s][0][1] for s in slots]
             return
         n = self._windows(links[0].manifest.tables[table].rows, widths, lo, hi)
         for k in range(n):

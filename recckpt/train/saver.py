@@ -28,7 +28,7 @@ from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_wo
 from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.retention import META_EPHEMERAL, recorded_step, restore_order
-from ..format.schema import ParentRef, SlotInfo
+from ..format.schema import ColumnBlocks, ParentRef, SlotInfo
 from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
 from ..load.load_config import LoadConfig
@@ -36,7 +36,14 @@ from ..load.loader import LoadRequest, LoadTarget, load_checkpoint
 from ..state import plugins
 from ..state.eviction import FREQ, LAST_STEP, EvictionPolicy
 from ..state.optim_names import saved_param_names
-from ..state.protocol import ChangeTracking, FixedSize, SparseState, implements, split_sparse_dense_state_dict
+from ..state.protocol import (
+    ChangeTracking,
+    FixedSize,
+    SparseState,
+    column_split_slots,
+    implements,
+    split_sparse_dense_state_dict,
+)
 from ..state.registry import Registry
 from ..state.staging import StagingPool
 from ..storage import open_storage
@@ -198,25 +205,31 @@ class Saver:
         A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only."""
         meta = table.sparse_meta()
         num_rows = 0   # "hash" buckets; a fixed-size table's rows are bucketed "row_range" (docs/FORMAT.md)
+        blocks, block = None, 0   # a column-split table: its column blocks and the one this process writes
         if implements(table, FixedSize):
             layout = table.row_layout()
             num_rows = layout.num_rows
-            if layout.columns is not None:
+            if layout.columns is not None and layout.column_blocks is None:
                 raise CheckpointSaveError(
-                    f"table {meta.name!r} is split by columns on this process (columns {layout.columns} of "
-                    f"{layout.num_rows} rows): saving column-wise sharded tables needs the column blocks of "
-                    f"format version 4, not in this build yet; save under a plan without column-wise tables "
-                    f"(loading INTO a column-wise plan works). See docs/TORCHREC.md")
+                    f"table {meta.name!r} is split by columns on this process (columns {layout.columns}) but "
+                    f"its layout names no column_blocks (the ranges every process holds), so the processes "
+                    f"cannot agree on the checkpoint's column blocks; the table's adapter must report them")
+            if layout.column_blocks is not None:
+                blocks = ColumnBlocks(column_split_slots(meta), layout.column_blocks)
+                block = layout.column_blocks.index(layout.columns) if layout.owned_rows else 0
+                since = None   # increments hold a column-split table whole (docs/FORMAT.md, Column blocks)
             if layout.replicated and shard_id != 0:
                 slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category)
                          for k, s in meta.slots.items()}
                 return TableSource(meta.name, slots, 0, iter(()), num_rows=num_rows), None
         slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
         names = list(slots)
+        split = set(blocks.slots) if blocks is not None else set()
+        row_bytes = {k: slots[k].row_bytes_for(blocks.width(block) if k in split else None) for k in names}
         # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
-        max_rows = segment_rows(self.options.segment_bytes, [s.row_bytes for s in slots.values()])
-        granule = row_granule(s.row_bytes for s in slots.values())
-        row_bytes = 8 + sum(s.row_bytes for s in slots.values())
+        max_rows = segment_rows(self.options.segment_bytes, list(row_bytes.values()))
+        granule = row_granule(row_bytes.values())
+        whole_row = 8 + sum(row_bytes.values())   # bytes a row takes in a segment, with its id
 
         changes = None
         if since is not None:
@@ -252,13 +265,15 @@ class Saver:
                     c, spec = cols.get(k), meta.slots[k]
                     if c is None:
                         raise CheckpointSaveError(f"table {meta.name!r}: export_chunks gave no column {k!r}")
-                    if c.dtype != spec.dtype or tuple(c.shape) != (n, *spec.shape):
+                    # a split slot of a column block carries that block's columns only
+                    shape = (n, *spec.shape) if k not in split else (n, *spec.shape[:-1], blocks.width(block))
+                    if c.dtype != spec.dtype or tuple(c.shape) != shape:
                         raise CheckpointSaveError(
                             f"table {meta.name!r}, slot {k!r}: export_chunks gave {c.dtype} {tuple(c.shape)}; "
-                            f"the table's metadata says {spec.dtype} {(n, *spec.shape)}")
-                    out.append(_row_bytes_view(c.detach().cpu(), n, slots[k].row_bytes))
+                            f"the table's metadata says {spec.dtype} {shape}")
+                    out.append(_row_bytes_view(c.detach().cpu(), n, row_bytes[k]))
                 ids_np = ids.detach().cpu().contiguous().numpy()
-                cut = granule_cut(n, granule, row_bytes)
+                cut = granule_cut(n, granule, whole_row)
                 if 0 < cut < n:  # whole granules, then the short rest as its own segment
                     yield ids_np[:cut], [c[:cut] for c in out]
                     yield ids_np[cut:], [c[cut:] for c in out]
@@ -266,7 +281,8 @@ class Saver:
                     yield ids_np, out
 
         if changes is None:
-            return TableSource(meta.name, slots, meta.num_rows, chunks(), num_rows=num_rows), None
+            return TableSource(meta.name, slots, meta.num_rows, chunks(), num_rows=num_rows,
+                               column_blocks=blocks, block=block), None
         removed = changes.removed.detach().cpu().to(torch.int64).contiguous().numpy()
         per = max(1, self.options.segment_bytes // 8)   # removed ids per segment
         return (TableSource(meta.name, slots, changes.rows, chunks(), num_rows=num_rows),

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointSaveError
-from ..state.protocol import Changes, FixedSize, RowRangeLayout, SparseTableMeta, implements
+from ..state.protocol import Changes, FixedSize, RowRangeLayout, SparseTableMeta, column_split_slots, implements
 from ..state.staging import StagingPool
 from .options import SaveOptions
 
@@ -133,20 +133,29 @@ def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: int | Non
             empty = SparseTableMeta(name, meta.slots, 0)
             return FixedSizeSnapshotTable(layout, empty, torch.empty(0, dtype=torch.int64),
                                           {k: torch.empty((0, *s.shape), dtype=s.dtype) for k, s in meta.slots.items()})
-        return FixedSizeSnapshotTable(layout, *_copy_rows(table, meta, bufs, staging, since))
+        narrow = {}
+        if layout.column_blocks is not None:   # column-split slots hold this process's columns; saved whole
+            c0, c1 = layout.columns or layout.column_blocks[0]
+            narrow, since = {k: c1 - c0 for k in column_split_slots(meta)}, None
+        return FixedSizeSnapshotTable(layout, *_copy_rows(table, meta, bufs, staging, since, narrow))
     return SnapshotTable(*_copy_rows(table, meta, bufs, staging, since))
 
 
-def _copy_rows(table, meta: SparseTableMeta, bufs: HostBuffers, staging: StagingPool, since: int | None):
+def _copy_rows(table, meta: SparseTableMeta, bufs: HostBuffers, staging: StagingPool, since: int | None,
+               narrow: dict | None = None):
     """(meta, ids, columns, since, removed) of `table` copied into `bufs`: every row, or with `since` the
-    rows changed since that mark and the ids removed since."""
+    rows changed since that mark and the ids removed since. `narrow`: slot -> the width of its last dim
+    that the table exports (a column-split slot of a column-wise process)."""
+    narrow = narrow or {}
     name = meta.name
     changes = None
     if since is not None:  # only what changed since the parent (ChangeTracking), else every row
         changes = table.export_changes(since, list(meta.slots), max(1, meta.num_rows))
     n = meta.num_rows if changes is None else changes.rows
     ids = bufs.get(("sparse", name, "ids"), torch.int64, (n,))
-    cols = {k: bufs.get(("sparse", name, "slot", k), s.dtype, (n, *s.shape)) for k, s in meta.slots.items()}
+    cols = {k: bufs.get(("sparse", name, "slot", k), s.dtype,
+                        (n, *s.shape) if k not in narrow else (n, *s.shape[:-1], narrow[k]))
+            for k, s in meta.slots.items()}
     off = 0
     exported = table.export_chunks(list(meta.slots), max(1, n)) if changes is None else changes.chunks
     # One chunk per table for implementations that can hand out views of their storage; device chunks

@@ -108,6 +108,8 @@ def _build(job, world, rank):
     else:
         gens = {"tw": lambda i: table_wise(rank=i % world), "rw": lambda i: row_wise(),
                 "cw": lambda i: column_wise(ranks=list(range(world))), "dp": lambda i: data_parallel(),
+                # two adjacent column shards on rank 0, one on rank 1 (a rank's shards joined into one block)
+                "cw001": lambda i: column_wise(ranks=[0, 0, 1]),
                 "twrw": lambda i: table_row_wise(host_index=0)}
         per = {n: gens[job["plan"][n]](i) for i, (n, *_rest) in enumerate(job["tables"])}
         plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,

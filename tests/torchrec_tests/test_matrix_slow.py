@@ -15,9 +15,9 @@ pytestmark = [needs_torchrec, pytest.mark.slow]
 
 EBC_TABLES = [["a", 13, 24, "fp32"], ["b", 7, 12, "fp32"], ["h", 9, 12, "fp16"]]
 EC_TABLES = [["a", 13, 12, "fp32"], ["b", 7, 12, "fp32"]]
-EBC_SAVE = ["tw", "rw", "twrw", "dp", "mixed", "tw_dtensor", "rw_dtensor"]   # column-wise saves need format v4
-EBC_LOAD = ["tw", "rw", "cw", "twrw", "dp", "mixed", "mixed_cw", "rw_dtensor"]
-EC_SAVE = ["tw", "rw"]
+EBC_SAVE = ["tw", "rw", "cw", "cw001", "twrw", "dp", "mixed", "mixed_cw", "tw_dtensor", "rw_dtensor", "cw_dtensor"]
+EBC_LOAD = ["tw", "rw", "cw", "cw001", "twrw", "dp", "mixed", "mixed_cw", "rw_dtensor"]
+EC_SAVE = ["tw", "rw", "cw"]
 EC_LOAD = ["tw", "rw", "cw"]
 
 

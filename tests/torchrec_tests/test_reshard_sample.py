@@ -5,10 +5,12 @@ by slot, with what it held when saved.
 
 Phases: 2 ranks train and save (EBC table-wise with fused Adagrad incl. an fp16 table, row-wise with
 RowWiseAdagrad, data-parallel + row-wise + table-wise with a KeyedOptimizer or torch.optim dense optimizer,
-DTensor, EC row-wise, table-row-wise, the default planner for EBC and EC, MCH row-wise); 1 process loads
-into unsharded modules (EBC, MCH) and saves unsharded ones, and checks refused mismatches; 3 ranks load:
-TW@2 -> RW@3, RowWiseAdagrad RW@2 -> CW@3, DP@2 -> RW@3, TW@2 -> DP@3, unsharded -> RW@3, default ->
-default, MCH RW@2 -> RW@3 (fitting, over capacity: error and evict), MCH unsharded -> RW@3.
+DTensor, EC row-wise, table-row-wise, the default planner for EBC and EC, MCH row-wise, column-wise with
+Adagrad and RowWiseAdagrad, and CW@2 -> TW@2); 1 process loads into unsharded modules (EBC, MCH, from
+TW@2 and CW@2) and saves unsharded ones, and checks refused mismatches; 3 ranks load: TW@2 -> RW@3,
+RowWiseAdagrad RW@2 -> CW@3, CW@2 -> RW@3 / CW@3 (Adagrad and RowWiseAdagrad), DP@2 -> RW@3,
+TW@2 -> DP@3, unsharded -> RW@3, default -> default, MCH RW@2 -> RW@3 (fitting, over capacity: error and
+evict), MCH unsharded -> RW@3.
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ MCH_INPUT = 60                       # raw ids 0..59, routed by range: 30 per ra
 # Reads bounded by the shard (issue 25 item 4): tables big enough that the 1 MB slack does not hide a
 # whole-table read (4 x 50k rows x 24 fp32: 4.8 MB of weights + 4.8 MB of Adagrad state each).
 BIG = [[f"g{i}", 50_000, 24, "fp32"] for i in range(4)]
-BIG_SAVES = ["tw", "rw", "twrw", "mixed"]
-BIG_PAIRS = [("tw", "rw"), ("rw", "tw"), ("twrw", "rw"), ("mixed", "rw"), ("rw", "mixed"), ("rw", "cw")]
+BIG_SAVES = ["tw", "rw", "twrw", "mixed", "cw"]
+BIG_PAIRS = [("tw", "rw"), ("rw", "tw"), ("twrw", "rw"), ("mixed", "rw"), ("rw", "mixed"), ("rw", "cw"),
+             ("cw", "rw"), ("cw", "cw")]
 
 
 def _big_plan(p):
@@ -80,6 +83,11 @@ def runs(tmp_path_factory):
         _mch("mch_rw2", "rw", tmp, save=True, steps=3),
         _mch("mchs_rw2", "rw", tmp, tables=MCH_SMALL, save=True, steps=4),
         *[_job(f"big_{p}2", _big_plan(p), "adagrad", tmp, tables=BIG, save=True, steps=1) for p in BIG_SAVES],
+        # column-wise saves: each rank writes its column block (format version 4)
+        _job("cw2", CW, "adagrad", tmp, save=True, steps=3),
+        _job("rowwise_cw2", CW, "rowwise", tmp, save=True, steps=3),
+        _job("tw2_from_cw2", TW, "adagrad", tmp, load="cw2", save=True),   # saved again: whole rows
+        _job("cw2_from_rowwise_cw2", CW, "rowwise", tmp, load="rowwise_cw2"),   # the same column split
     ])
     bad = [("rows", [["a", 14, 24, "fp32"], *TABLES[1:]]), ("dim", [["a", 13, 28, "fp32"], *TABLES[1:]]),
            ("missing", TABLES[:2]), ("optimizer", TABLES)]
@@ -89,6 +97,7 @@ def runs(tmp_path_factory):
         *[dict(_job(f"bad_{why}", "unsharded", "rowwise" if why == "optimizer" else "adagrad", tmp, load="tw2",
                     tables=tables), expect_error=True, dump_before=os.path.join(tmp, f"d_bad_{why}_before"))
           for why, tables in bad],
+        _job("unsharded_from_cw2", "unsharded", "adagrad", tmp, load="cw2"),
         _mch("mch_un_from_rw2", "unsharded", tmp, load="mch_rw2"),
         _mch("mch_un1", "unsharded", tmp, save=True, steps=3),
     ])
@@ -96,6 +105,10 @@ def runs(tmp_path_factory):
     results = run_jobs(tmp, 3, [
         _job("rw3_from_tw2", RW, "adagrad", tmp, load="tw2"),
         _job("cw3_from_rowwise_rw2", CW, "rowwise", tmp, load="rowwise_rw2"),
+        _job("rw3_from_cw2", RW, "adagrad", tmp, load="cw2"),
+        _job("cw3_from_cw2", CW, "adagrad", tmp, load="cw2"),
+        _job("cw3_from_rowwise_cw2", CW, "rowwise", tmp, load="rowwise_cw2"),
+        _job("rw3_from_rowwise_cw2", RW, "rowwise", tmp, load="rowwise_cw2"),
         _job("rw3_from_dp2", RW, "adagrad", tmp, load="dp2"),
         _job("dp3_from_tw2", DP_MIX, "adagrad", tmp, load="tw2"),
         dict(_job("rw3_from_dp2_torch", RW, "adagrad", tmp, load="dp2_torch"), dense_opt="torch"),
@@ -156,6 +169,55 @@ def test_rowwise_rw2_to_cw3(runs):
         for off, t in shards:
             k = off[0] // rows     # the column shard this piece belongs to
             same(t, per_row.to(t.dtype), f"table {table}: column shard {k} momentum")
+
+
+@pytest.mark.parametrize("dst_name", ["rw3_from_cw2", "cw3_from_cw2", "tw2_from_cw2", "unsharded_from_cw2"])
+def test_cw2_save_loads_exactly_into_other_plans(runs, dst_name):
+    """A column-wise save (each rank writes its column block) loads row by row and element by element
+    into row-wise @3, another column split @3, table-wise @2 and one unsharded process, Adagrad state
+    included (fused 'momentum1' or the unsharded in-backward optimizer's 'sum')."""
+    tmp, *_ = runs
+    src, dst = _tables(tmp, "cw2"), _tables(tmp, dst_name)
+    # TorchRec splits the 24-column table in two at 2 ranks (the 12-column ones stay one shard)
+    assert len({off[1] for off, _ in src["coll.embedding_bags.a"]["weight"]}) == 2, "the save was not column-wise"
+    _weights_equal(src, dst)
+    _states_equal(src, dst, ("momentum1", "sum"))
+
+
+def _column_shards(table):
+    """[(c0, c1, per-row momentum)] of a column-wise table's RowWiseAdagrad state, one per column shard
+    (its momentum1 is [rows x shards]: shard k's rows at offset k * rows, shards in column order)."""
+    rows = table["shape"][0]
+    cols = sorted({(off[1], off[1] + t.shape[1]) for off, t in table["weight"]})
+    mom = {off[0] // rows: t for off, t in table["states"]["momentum1"]}
+    assert sorted(mom) == list(range(len(cols)))
+    return [(c0, c1, mom[k]) for k, (c0, c1) in enumerate(cols)]
+
+
+@pytest.mark.parametrize("dst_name", ["cw2_from_rowwise_cw2", "cw3_from_rowwise_cw2", "rw3_from_rowwise_cw2"])
+def test_rowwise_cw2_per_column_shard_state(runs, dst_name):
+    """RowWiseAdagrad under a column-wise save keeps each column shard's per-row value (one per block). A
+    load gives each shard the width-weighted mean of the saved shards' values over its own columns: the
+    row-wise value for a whole-row (row-wise) shard, an overlap-weighted mean for another column split
+    (docs/TORCHREC.md); an unchanged split gets each shard's own value back, exactly."""
+    tmp, *_ = runs
+    src, dst = _tables(tmp, "rowwise_cw2"), _tables(tmp, dst_name)
+    _weights_equal(src, dst)
+    for table in src:
+        saved = _column_shards(src[table])
+        if table == "coll.embedding_bags.a":   # split in two at 2 ranks (the 12-column tables are not)
+            assert len(saved) == 2 and not torch.equal(saved[0][2], saved[1][2]), "shards' values should differ"
+        if dst_name.startswith("rw"):
+            targets = [(0, src[table]["shape"][1], full(dst[table]["states"]["momentum1"], [src[table]["shape"][0]]))]
+        else:
+            targets = _column_shards(dst[table])
+        for c0, c1, got in targets:
+            acc = sum(m.to(torch.float64) * (min(b, c1) - max(a, c0)) for a, b, m in saved if a < c1 and b > c0)
+            want = (acc / sum(min(b, c1) - max(a, c0) for a, b, _ in saved if a < c1 and b > c0)).to(got.dtype)
+            assert torch.allclose(got, want, rtol=1e-6, atol=0), f"table {table} columns [{c0}, {c1})"
+            if dst_name == "cw2_from_rowwise_cw2":
+                own = next(m for a, b, m in saved if (a, b) == (c0, c1))
+                same(got, own, f"table {table} columns [{c0}, {c1}): the shard's own value")
 
 
 def _states_equal(src, dst, names):
@@ -282,6 +344,48 @@ def test_model_free_tools_read_a_torchrec_checkpoint_without_torchrec(runs):
     assert cli.returncode == 0 and "coll.embedding_bags.a" in cli.stdout and "adagrad.acc" in cli.stdout
 
 
+def test_model_free_tools_read_a_column_wise_checkpoint_as_whole_rows(runs):
+    """verify / recckpt.open / export / diff on a column-wise save (column blocks), in a process without
+    torchrec: whole rows equal what TorchRec held, and its digests (and values) equal those of the same state
+    saved table-wise (whole rows) after a CW@2 -> TW@2 load."""
+    tmp, *_ = runs
+    ck, again = os.path.join(tmp, "ck_cw2", "ckpt_1"), os.path.join(tmp, "ck_tw2_from_cw2", "ckpt_1")
+    out = os.path.join(tmp, "export_cw2")
+    code = textwrap.dedent(f"""
+        import json, sys, numpy as np, recckpt
+        rep = recckpt.verify({ck!r})
+        view = recckpt.open({ck!r})
+        rows = {{}}
+        for name in view.tables:
+            ids, emb, acc = [], [], []
+            for i, cols in view.iter_rows(name, ["embedding", "adagrad.acc"]):
+                ids.append(i); emb.append(cols["embedding"]); acc.append(cols["adagrad.acc"])
+            o = np.argsort(np.concatenate(ids))
+            rows[name] = [np.concatenate(emb)[o].astype(np.float64).tolist(),
+                          np.concatenate(acc)[o].astype(np.float64).tolist()]
+        res = recckpt.export({ck!r}, {out!r})
+        d, dv = recckpt.diff({ck!r}, {again!r}), recckpt.diff({ck!r}, {again!r}, values=True)
+        print(json.dumps({{"ok": bool(rep.ok), "rows": rows, "torchrec": "torchrec" in sys.modules,
+                          "blocks": "column_blocks" in json.load(open({ck!r} + "/manifest.json"))["tables"]["coll.embedding_bags.a"],
+                          "contents": d.contents, "not_compared": d.not_compared, "digest_rows": d.rows,
+                          "values": {{t: [v.only_a, v.only_b, v.changed_rows] for t, v in dv.values.items()}}}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["ok"] and not got["torchrec"] and got["blocks"]
+    src = _tables(tmp, "cw2")
+    for table in src:
+        shape = src[table]["shape"]
+        same(torch.tensor(got["rows"][table][0], dtype=torch.float64),
+             full(src[table]["weight"], shape).to(torch.float64), f"table {table}: embeddings read without torchrec")
+        same(torch.tensor(got["rows"][table][1], dtype=torch.float64),
+             full(src[table]["states"]["momentum1"], shape).to(torch.float64), f"table {table}: Adagrad state")
+    assert os.listdir(out)
+    assert got["contents"] == {} and got["not_compared"] == {} and len(got["digest_rows"]) == 3, got
+    assert all(v == [0, 0, 0] for v in got["values"].values()), got["values"]
+
+
 @pytest.mark.parametrize("src_name,dst_name,state", [
     ("dtensor_tw2", "rw3_from_dtensor_tw2", "momentum1"),     # DTensor state dicts (output_dtensor=True)
     ("ec_rw2", "ec_tw3_from_ec_rw2", "momentum1"),            # EmbeddingCollection RW@2 -> TW@3
@@ -381,9 +485,10 @@ MB = 1 << 20
 def test_reads_bounded_by_the_shard(runs, save, load):
     """Each loading rank reads (LoadResult.bytes_read, sparse shard files) at most 1.2x the bytes of the
     table state it holds + 1 MB: format version 4 buckets TorchRec tables by row range, and a rank reads
-    the buckets of its rows only (a data-parallel table: all of it, on every rank). Column-wise plans are
-    bounded by their ROWS' share only until the column blocks of format version 4 land: a rank then reads
-    every column of its rows (docs/TORCHREC.md)."""
+    the buckets of its rows only (a data-parallel table: all of it, on every rank). A column-wise save
+    writes column blocks, so a whole-row load reads its rows of every block. Column-wise LOADS are bounded
+    by their ROWS' share only: a rank reads the saved blocks that overlap its columns whole (all columns
+    of a whole-row save; two of CW@2's blocks for a middle CW@3 shard), see docs/TORCHREC.md, Limits."""
     tmp, results, _ = runs
     name = f"big_{load}3_from_{save}2"
     for rank, res in enumerate(results):

@@ -273,6 +273,14 @@ def test_row_range_layout_normalises_and_counts():
         dict(num_rows=10, owned_rows=(), columns=(-1, 4)),
         dict(num_rows=10, owned_rows=(), columns=(0,)),
         dict(num_rows=10, owned_rows=(), replicated=1),
+        # column blocks: sorted, non-empty, from 0 without gaps; this process's columns among them
+        dict(num_rows=10, owned_rows=((0, 10),), columns=(0, 4), column_blocks=()),
+        dict(num_rows=10, owned_rows=((0, 10),), columns=(0, 4), column_blocks=((0, 4), (5, 8))),
+        dict(num_rows=10, owned_rows=((0, 10),), columns=(0, 4), column_blocks=((1, 4), (4, 8))),
+        dict(num_rows=10, owned_rows=((0, 10),), columns=(0, 4), column_blocks=((4, 8), (0, 4))),
+        dict(num_rows=10, owned_rows=((0, 10),), columns=(0, 5), column_blocks=((0, 4), (4, 8))),
+        dict(num_rows=10, owned_rows=((0, 10),), columns=None, column_blocks=((0, 4), (4, 8))),
+        dict(num_rows=10, owned_rows=((0, 10),), replicated=True, column_blocks=((0, 8),)),
     ],
 )
 def test_row_range_layout_rejects_bad_values(kwargs):
@@ -281,6 +289,14 @@ def test_row_range_layout_rejects_bad_values(kwargs):
 
     with pytest.raises(InvalidArgumentError):
         RowRangeLayout(**kwargs)
+
+
+def test_row_range_layout_column_blocks_normalised():
+    from recckpt.state.protocol import RowRangeLayout
+
+    lay = RowRangeLayout(10, ((0, 10),), columns=[4, 8], column_blocks=[[0, 4], (np.int64(4), 8)])
+    assert lay.column_blocks == ((0, 4), (4, 8)) and lay.columns == (4, 8)
+    assert RowRangeLayout(10, (), column_blocks=((0, 4), (4, 8))).column_blocks == ((0, 4), (4, 8))
 
 
 def test_fixed_size_protocol_is_runtime_checkable():

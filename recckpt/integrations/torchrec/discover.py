@@ -162,9 +162,35 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
             for sh in local:
                 sh.states.update(refs)
         tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=_dtype_of(w, shards), shards=local,
-                           opt_slots=opt_slots, replicated=replicated, sharding=ps.sharding_type))
+                           opt_slots=opt_slots, replicated=replicated, sharding=ps.sharding_type,
+                           column_blocks=None if replicated else _column_blocks(full_name, ps, d)))
         keys.append(key)
     return tables, keys
+
+
+def _column_blocks(table: str, ps, dim: int):
+    """The column ranges the ranks of a column-split plan hold (each rank's shards of the table joined),
+    from the plan every rank knows, so that every rank names the same column blocks; None when every rank
+    holds whole rows."""
+    shards = getattr(getattr(ps, "sharding_spec", None), "shards", None) or []
+    per_rank: Dict[int, Tuple[int, int]] = {}
+    for sm in shards:
+        r, c0 = sm.placement.rank(), int(sm.shard_offsets[1])
+        c1 = c0 + int(sm.shard_sizes[1])
+        lo, hi = per_rank.get(r, (c0, c1))
+        per_rank[r] = (min(lo, c0), max(hi, c1))
+    ranges = sorted(set(per_rank.values()))
+    if not ranges or ranges == [(0, dim)]:
+        return None
+    end = 0
+    for c0, c1 in ranges:
+        if c0 != end:
+            raise InvalidArgumentError(
+                f"TorchRec table {table!r}: its ranks hold the column ranges {ranges}, which do not partition its "
+                f"{dim} columns; recckpt saves column-wise plans whose ranks each hold one range of adjacent "
+                f"column shards, no two ranks overlapping")
+        end = c1
+    return tuple(ranges)
 
 
 def _in_backward_states(table: str, param: torch.Tensor) -> Dict[str, torch.Tensor]:

@@ -66,8 +66,9 @@ class TorchRecTable(SlotsTable):
 
     def __init__(self, name: str, num_rows: int, dim: int, dtype: torch.dtype, shards: List[Shard],
                  opt_slots: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]], replicated: bool,
-                 sharding: str):
+                 sharding: str, column_blocks: Tuple[Tuple[int, int], ...] | None = None):
         self.name, self.num_rows_global, self.dim, self.dtype = name, num_rows, dim, dtype
+        self.column_blocks = column_blocks   # the plan's column ranges per rank (None: whole rows)
         self.shards, self.replicated, self.sharding = shards, replicated, sharding
         self.slots = {EMBEDDING: SlotSpec(dtype, (dim,), "sparse")}
         for slot, (dt, shape) in opt_slots.items():
@@ -95,7 +96,7 @@ class TorchRecTable(SlotsTable):
             columns = None if (lo, hi) == (0, self.dim) else (lo, hi)
         if self.replicated:
             rows = [(0, self.num_rows_global)]
-        return RowRangeLayout(self.num_rows_global, tuple(rows), columns, self.replicated)
+        return RowRangeLayout(self.num_rows_global, tuple(rows), columns, self.replicated, self.column_blocks)
 
     def row_layout(self) -> RowRangeLayout:
         return self._layout

@@ -42,8 +42,11 @@ import warnings
 import numpy as np
 import torch
 
-from recckpt import HashTable, Saver
-from recckpt.state.optim import SparseAdam
+# Measure the checkout this file is in, in this process and in every child it starts: otherwise a
+# script imports whichever recckpt the environment installed (e.g. another worktree's editable install).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from recckpt import HashTable, Saver  # noqa: E402
+from recckpt.state.optim import SparseAdam  # noqa: E402
 
 ALL_METHODS = ("recckpt", "recckpt-mmap", "torch", "torch-mmap", "safetensors", "dcp", "raw")
 OURS = ("recckpt", "recckpt-mmap")  # the rest are peers, except raw (the disk's limit)
@@ -162,19 +165,19 @@ class PeakRss:
         self.extra = self.peak - self.base
 
 
-def fresh_memory_floor(nbytes: int, threads: int) -> float:
-    """Seconds to fill `nbytes` of newly allocated memory with `threads` threads: a load that leaves
-    the state in new memory of this process (every method here) cannot be faster than this."""
+def fresh_memory_floor(nbytes: int, threads: int) -> tuple[float, float]:
+    """(seconds, CPU seconds) to fill `nbytes` of newly allocated memory with `threads` threads: a load
+    that leaves the state in new memory of this process (every method here) cannot be faster than this."""
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         gc.collect()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         buf = torch.empty(nbytes, dtype=torch.uint8)
         buf.fill_(1)
-        dt = time.perf_counter() - t
+        dt, dc = time.perf_counter() - t, time.process_time() - c
         del buf
-        return dt
+        return dt, dc
     finally:
         torch.set_num_threads(prev)
 
@@ -444,7 +447,7 @@ def run(args) -> dict:
                     f"{k.replace('_s', '')} {rec[k]:.2f} s (peak +{rec[k.replace('_s', '_peak_extra_bytes')] / 2**20:.0f} MiB)"
                     for k in ("save_s", "load_s", "load_warm_s") if k in rec), flush=True)
             floors.append(fresh_memory_floor(state_bytes, args.threads))  # the size the children reported
-            print(f"  round {r} fresh-memory floor {floors[-1]:7.2f} s", flush=True)
+            print(f"  round {r} fresh-memory floor {floors[-1][0]:7.2f} s (CPU {floors[-1][1]:.2f} s)", flush=True)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -485,10 +488,10 @@ def run_here(args):
         remove(p)
         gc.collect()
         with PeakRss() as pk:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             METHODS[m][0](state["src"], state["opt"], p, args.threads)
-            dt = time.perf_counter() - t
-        rec = {"save_s": dt, "save_peak_extra_bytes": pk.extra, "bytes_written": du(p)}
+            dt, dc = time.perf_counter() - t, time.process_time() - c
+        rec = {"save_s": dt, "save_cpu_s": dc, "save_peak_extra_bytes": pk.extra, "bytes_written": du(p)}
         print(f"  round {r} {m:<12} save {dt:7.2f} s  peak +{pk.extra / 2**20:7.0f} MiB", flush=True)
         return rec
 
@@ -498,9 +501,9 @@ def run_here(args):
         dst, dst_opt = fresh_model(dense_keys, args.dim)
         gc.collect()
         with PeakRss() as pk:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             METHODS[m][1](dst, dst_opt, p, args.threads)
-            dt = time.perf_counter() - t
+            dt, dc = time.perf_counter() - t, time.process_time() - c
         if m == "raw":
             if raw_load.last.size != rec["bytes_written"]:
                 raise SystemExit("raw: read back a different number of bytes")
@@ -508,7 +511,7 @@ def run_here(args):
         else:
             check(dst, fp, m)
         key = "load" if cache == "cold" else "load_warm"
-        rec.update({f"{key}_s": dt, f"{key}_peak_extra_bytes": pk.extra})
+        rec.update({f"{key}_s": dt, f"{key}_cpu_s": dc, f"{key}_peak_extra_bytes": pk.extra})
         print(f"  round {r} {m:<12} load {dt:7.2f} s  peak +{pk.extra / 2**20:7.0f} MiB  ({cache} cache)", flush=True)
         del dst, dst_opt
         gc.collect()
@@ -522,7 +525,7 @@ def run_here(args):
         if args.record:  # a child: the parent measures the floor
             return
         floors.append(fresh_memory_floor(state_bytes, args.threads))
-        print(f"  round {r} fresh-memory floor {floors[-1]:7.2f} s", flush=True)
+        print(f"  round {r} fresh-memory floor {floors[-1][0]:7.2f} s (CPU {floors[-1][1]:.2f} s)", flush=True)
 
     try:
         if args.free_source:
@@ -556,7 +559,12 @@ def run_here(args):
 PHASES = ("save", "load", "load_warm")  # load = cold page cache
 
 
-def summarize(args, runs: dict, state_bytes: int, build_s: float, floors: list[float]) -> dict:
+def summarize(args, runs: dict, state_bytes: int, build_s: float, floors: list[tuple[float, float]]) -> dict:
+    """Medians, speed ratios and targets. Every phase also has its CPU seconds (`<phase>_cpu_s`: user +
+    system time of all the process's threads during it) and `cpu_ratios` compares those: on a machine
+    shared with other jobs, wall times of the same run swing 2x while the CPU seconds of a warm load
+    stay within a few percent, so a CPU ratio can still say which method does less work."""
+    walls, cpus = [f[0] for f in floors], [f[1] for f in floors]
     med = {}
     for m, recs in runs.items():
         med[m] = {k: statistics.median(r[k] for r in recs) for k in recs[0]}
@@ -567,12 +575,17 @@ def summarize(args, runs: dict, state_bytes: int, build_s: float, floors: list[f
     # speed ratios: how many times faster method a is than method b (b's seconds / a's seconds)
     ratios = {a: {b: {k: med[b][f"{k}_s"] / med[a][f"{k}_s"] for k in PHASES if f"{k}_s" in med[a]}
                   for b in med if b != a} for a in med}
+    cpu_ratios = {a: {b: {k: med[b][f"{k}_cpu_s"] / med[a][f"{k}_cpu_s"] for k in PHASES
+                          if f"{k}_cpu_s" in med[a] and med[a][f"{k}_cpu_s"] > 0}
+                      for b in med if b != a} for a in med}
     out = {"state_bytes": state_bytes, "ids": args.ids, "dim": args.dim, "dense_mb": args.dense_mb,
            "threads": args.threads, "cpus": os.cpu_count(), "repeat": args.repeat, "seed": args.seed, "build_s": build_s,
-           "methods": med, "ratios": ratios,
-           "targets": targets(med, state_bytes, statistics.median(floors) if floors else None),
-           "fresh_memory_floor_s": statistics.median(floors) if floors else None,
-           "fresh_memory_floor_s_all": floors, "isolated": not args.in_process}
+           "methods": med, "ratios": ratios, "cpu_ratios": cpu_ratios,
+           "targets": targets(med, state_bytes, statistics.median(walls) if walls else None),
+           "fresh_memory_floor_s": statistics.median(walls) if walls else None,
+           "fresh_memory_floor_s_all": walls,
+           "fresh_memory_floor_cpu_s": statistics.median(cpus) if cpus else None,
+           "fresh_memory_floor_cpu_s_all": cpus, "isolated": not args.in_process}
     return out
 
 
@@ -633,17 +646,27 @@ def print_table(res: dict) -> None:
             print(f"\n{ours} speed ratio (other's seconds / {ours}'s seconds; > 1 means {ours} is faster):")
             for b, v in res["ratios"][ours].items():
                 print(f"  vs {b:<12}" + "".join(f" {title[k]} {v[k]:5.2f}x " for k in phases))
+    print("\nCPU seconds (user + system, all threads; steadier than wall time on a shared machine):")
+    for m, r in med.items():
+        print(f"  {m:<12}" + "".join(f" {title[k]} {r[f'{k}_cpu_s']:6.2f}" for k in phases if f"{k}_cpu_s" in r))
+    if "recckpt" in med and len(med) > 1:
+        print("recckpt CPU ratio (other's CPU seconds / recckpt's; > 1 means recckpt does less work):")
+        for b, v in res["cpu_ratios"]["recckpt"].items():
+            print(f"  vs {b:<12}" + "".join(f" {title[k]} {v[k]:5.2f}x " for k in phases if k in v))
     floor = res["fresh_memory_floor_s"]
     peers = peers_of(med)
     if floor:
         print(f"\nfresh-memory floor: filling {gb:.2f} GB of new memory with {res['threads']} threads takes "
               f"{floor:.2f} s ({gb / floor:.2f} GB/s); no load that fills new memory can be faster "
-              f"(recckpt-mmap does not fill new memory for the table).")
+              f"(recckpt-mmap does not fill new memory for the table); CPU {res['fresh_memory_floor_cpu_s']:.2f} s.")
     for k in ("load", "load_warm"):
         if floor and peers and any(f"{k}_s" in med.get(o, {}) for o in OURS):
             best = min(peers, key=lambda p: med[p][f"{k}_s"])
             ours = ", ".join(f"{o} {med[o][f'{k}_s'] / floor:.2f}x" for o in OURS if f"{k}_s" in med.get(o, {}))
             print(f"  {title[k]}: {ours} the floor; the best peer ({best}) {med[best][f'{k}_s'] / floor:.2f}x")
+    cfloor = res["fresh_memory_floor_cpu_s"]
+    if cfloor and "load_warm_cpu_s" in med.get("recckpt", {}):
+        print(f"  load warm in CPU seconds: recckpt {med['recckpt']['load_warm_cpu_s'] / cfloor:.2f}x the floor's")
     if res["targets"]:
         print("\ntargets (issue 28):")
         for k, v in res["targets"].items():

@@ -161,7 +161,8 @@ class ReadOptions:
 
     batch_bytes: int = 64 << 20
     """Bytes of rows planned into one parallel read (`SegmentReader.batches`). Bigger batches keep more
-    reads in flight and hold more scratch memory."""
+    reads in flight and hold more scratch memory. A replace-load into a table that lends host memory
+    (`BulkAppend`) reads each table in one batch instead: it needs no scratch."""
 
     readahead_bytes: int = _C.DEFAULT_READAHEAD_BYTES
     """How far ahead of its reading threads the engine asks the kernel to start reading local files; 0
@@ -575,18 +576,20 @@ class SegmentReader:
         return all_slots, segs
 
     def batches(self, table: str, slots: list[str], row_bytes: list[int],
-                bucket_lo: int = 0, bucket_hi: int | None = None, block: int | None = None
-                ) -> Iterator["ReadBatch"]:
-        """Plan the reads of buckets [lo, hi) of `table` in batches of about `options.batch_bytes`: each batch
-        is one or more segments' row ranges, read together so the engine's threads share the work.
-        `block`: of a column-split table, the column block read (see `table_segments`)."""
+                bucket_lo: int = 0, bucket_hi: int | None = None, block: int | None = None,
+                batch_bytes: float | None = None) -> Iterator["ReadBatch"]:
+        """Plan the reads of buckets [lo, hi) of `table` in batches of about `batch_bytes` (default
+        `options.batch_bytes`; `math.inf`: one batch): each batch is one or more segments' row ranges,
+        read together so the engine's threads share the work. `block`: of a column-split table, the
+        column block read (see `table_segments`)."""
         all_slots, segs = self.table_segments(table, block, ids_only=not slots)
         col_of = [1 + all_slots.index(s) for s in slots]
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
+        limit = self.options.batch_bytes if batch_bytes is None else batch_bytes
         batch = ReadBatch(table, row_bytes)
         for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
             batch.add(r1 - r0, self._row_requests(seg, r0, r1, slots, col_of, row_bytes))
-            if batch.nbytes >= self.options.batch_bytes:
+            if batch.nbytes >= limit:
                 yield batch
                 batch = ReadBatch(table, row_bytes)
         if batch.rows:

@@ -28,7 +28,7 @@ from .chain_load import load_chain_rows, plan_chain
 from .fixed_rows import OwnedRows
 from .load_config import LoadConfig
 from .row_filter import RowFilter, owners_of
-from .sparse_load import direct_load_possible, load_table_rows, map_table_rows, mapped_load_possible
+from .sparse_load import direct_load_possible, lends_host_memory, load_table_rows, map_table_rows, mapped_load_possible
 
 #: A table with fewer bytes of rows than this (in the loading rank's buckets) is read with its neighbours
 #: (`_prefetch_groups`): its cost is the engine calls, not its bytes.
@@ -541,6 +541,8 @@ class LoadPlan:
                 if callable(reserve):  # optional protocol hint: allocate once, not grow per chunk
                     reserve(len(table) + expected + expected // 8)
                 if simple and direct_load_possible(table, slots, cleared):
+                    if lends_host_memory(table, names):
+                        left = "left empty (rows read into host memory are committed all at once)"
                     self.result.sparse_rows += load_table_rows(self.reader.segments, name, target, table,
                                                                slots, lo, hi, self.reader.describe())
                 else:

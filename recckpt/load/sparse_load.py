@@ -16,6 +16,7 @@ read (`recckpt.state.staging.HostToDevice`).
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -26,7 +27,7 @@ from ..format import dtypes
 from ..format.schema import SlotInfo
 from ..format.sparse_io import SegmentReader
 from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState
-from ..state.staging import HostToDevice
+from ..state.staging import HostToDevice, needs_staging
 
 
 def _bytes_of(t: torch.Tensor, what: str):
@@ -81,6 +82,13 @@ def map_table_rows(segments: SegmentReader, name: str, target: str, table: Spars
     return got.rows, got.bytes_mapped
 
 
+def lends_host_memory(table: BulkAppend, names: Sequence[str]) -> bool:
+    """Whether `table.append_views` hands out host memory for these slots. Asked with an empty append,
+    which the next `append_views` discards (the protocol allows n == 0)."""
+    ids_t, cols = table.append_views(0, names)
+    return not any(needs_staging(t) for t in [ids_t, *cols.values()])
+
+
 def load_table_rows(segments: SegmentReader, name: str, target: str, table: SparseState,
                     slots: Sequence[tuple[str, SlotInfo, SlotSpec]], bucket_lo: int, bucket_hi: int,
                     where: str) -> int:
@@ -90,9 +98,15 @@ def load_table_rows(segments: SegmentReader, name: str, target: str, table: Spar
     names = [s for s, _, _ in slots]
     rbs = [si.row_bytes for _, si, _ in slots]
     rows = 0
+    # A table that lends host memory is read in one batch: no staging buffer bounds it (the rows go
+    # straight into storage the table needs anyway), and one parallel read keeps the engine's threads and
+    # its read-ahead going across what would be batch boundaries (benchmarks/README.md, "What was
+    # tried" 11). Device tables are staged through host buffers, one batch of options.batch_bytes each.
+    one_batch = lends_host_memory(table, names)
     upload = HostToDevice()  # host views stand in for device ones; CPU storage is read into directly
     try:
-        for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi):
+        for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi,
+                                      batch_bytes=math.inf if one_batch else None):
             n = batch.rows
             ids_t, cols_t = table.append_views(n, names)
             for what, t in [("ids", ids_t)] + [(f"slot {s!r}", cols_t[s]) for s in names]:

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_torchrec.py [--rows 1000000] [--tables 8] [--dim 64] [--opts adagrad,rowwise]
                                         [--rounds 3] [--dir /tmp/x] [--json out.json]
+                                        [--dcp-threads 1] [--concurrency 4]
 
 A DistributedModelParallel model (an EBC of `--tables` tables, `--rows` rows in all, dim `--dim`, and a
 small dense layer trained with Adam) is built on 2 gloo ranks, table-wise, with a fused Adagrad or
@@ -13,7 +14,10 @@ RowWiseAdagrad, and trained one step. Then, in the same processes, each round al
   with a `FileSystemReader` followed by the `load_state_dict` calls TorchRec documents;
 - the async stall: `Saver.capture_copy` into reused host buffers (what `CheckpointManager(async_save=True)`
   does on the step that saves), against the sync save.
-Every operation runs between barriers; its time is the slowest rank's. Peak memory: the largest RSS
+Each side runs at its own default: DCP's `FileSystemWriter` with one writer thread (`thread_count=1`) and
+`sync_files=True`, recckpt's `Saver` with `concurrency=4` and fsync; `--dcp-threads` / `--concurrency`
+change them. Every operation runs between barriers; its time is the slowest rank's, reported as the median
+of the rounds with their range. Peak memory: the largest RSS
 growth over the operation seen by a sampler thread (every 2 ms), on the worse rank.
 Then 3 ranks build the model row-wise (and, for RowWiseAdagrad, column-wise: where DCP fails) and load the
 2-rank checkpoints. After every load the table shards of the recckpt-loaded and the DCP-loaded model are
@@ -292,14 +296,14 @@ def _phase_save(a, rank: int, world: int, opt: str, res: dict) -> None:
     r = res.setdefault(opt, {})
     for rnd in range(a.rounds):
         rk, dc = os.path.join(a.dir, opt, f"recckpt_{rnd}"), os.path.join(a.dir, opt, f"dcp_{rnd}")
-        saver = recckpt.Saver(dmp, output_dir=rk, max_keep=None)
+        saver = recckpt.Saver(dmp, output_dir=rk, max_keep=None, concurrency=a.concurrency)
         saver.register_for_checkpointing("dense_opt", dense_opt)
 
         def save_rk():
             saver.save("c")
 
         def save_dcp():
-            dcp.save(_dcp_state(dmp, dense_opt), storage_writer=dcp.FileSystemWriter(dc))
+            dcp.save(_dcp_state(dmp, dense_opt), storage_writer=dcp.FileSystemWriter(dc, thread_count=a.dcp_threads))
         order = [("recckpt", save_rk), ("dcp", save_dcp)]
         for name, fn in (order if rnd % 2 == 0 else order[::-1]):
             t, mem, _ = _timed(fn, rank)
@@ -342,13 +346,13 @@ def _phase_save(a, rank: int, world: int, opt: str, res: dict) -> None:
 def _phase_reshard(a, rank: int, world: int, opt: str, plan_kind: str, res: dict) -> None:
     import recckpt
     dmp, dense_opt = _build(a, world, rank, opt, plan_kind)
-    # One step first: TorchRec's KeyedOptimizer refuses to load state into an optimizer that has none yet
-    # (and DCP, given its empty state_dict, would load nothing into it).
+    # One step first, for DCP: it loads into the live state dicts, and a KeyedOptimizer with no state yet gives
+    # it nothing to load into (recckpt's load initialises that state itself: no step needed).
     _train_step(a, dmp, dense_opt, rank)
     rk, dc = os.path.join(a.dir, opt, f"recckpt_{a.rounds - 1}"), os.path.join(a.dir, opt, f"dcp_{a.rounds - 1}")
     r = res.setdefault(opt, {})
     key = f"reshard_{plan_kind}3"
-    saver = recckpt.Saver(dmp, output_dir=rk, max_keep=None)
+    saver = recckpt.Saver(dmp, output_dir=rk, max_keep=None, concurrency=a.concurrency)
     saver.register_for_checkpointing("dense_opt", dense_opt)
     got = {}
     for rnd in range(a.rounds):
@@ -419,11 +423,21 @@ def _best(v):
     return min(v) if v else float("nan")
 
 
+def _median(v):
+    v = sorted(v)
+    if not v:
+        return float("nan")
+    k = len(v) // 2
+    return v[k] if len(v) % 2 else (v[k - 1] + v[k]) / 2
+
+
 def report(a, res: dict) -> dict:
     targets = {}
-    lines = [f"{a.tables} EBC tables, {a.rows} rows in all, dim {a.dim}; 2 ranks table-wise; best of {a.rounds} "
-             f"(slowest rank); memory = peak RSS growth of the worse rank during the operation"]
-    head = f"{'':34}{'recckpt':>12}{'DCP':>12}{'DCP/recckpt':>13}"
+    lines = [f"{a.tables} EBC tables, {a.rows} rows in all, dim {a.dim}; 2 ranks table-wise; median of {a.rounds} "
+             f"rounds [min-max] (slowest rank; ratio and targets on the medians); memory = peak RSS growth of the "
+             f"worse rank during the operation (median); DCP FileSystemWriter thread_count={a.dcp_threads}, "
+             f"recckpt concurrency {a.concurrency}"]
+    head = f"{'':34}{'recckpt':>26}{'DCP':>26}{'DCP/recckpt':>13}"
     tr = res.get("tracking")
     if tr:
         med = {k: sorted(v)[len(v) // 2] for k, v in tr.items() if k.startswith("step_")}
@@ -445,14 +459,18 @@ def report(a, res: dict) -> dict:
         lines += ["", f"fused {opt}", head]
 
         def row(label, key, unit="s", scale=1.0):
-            x, y = _best(r.get(f"{key}_recckpt", [])), _best(r.get(f"{key}_dcp", []))
+            xs, ys = r.get(f"{key}_recckpt", []), r.get(f"{key}_dcp", [])
+            x, y = _median(xs), _median(ys)
             err = r.get(f"{key}_dcp_error")
-            ytxt = "fails" if err else f"{y / scale:.3f}"
+
+            def cell(v, m):
+                return f"{m / scale:.3f}{unit.strip()}" + (f" [{min(v) / scale:.2f}-{max(v) / scale:.2f}]" if len(v) > 1 else "")
+            ytxt = "fails" if err else cell(ys, y)
             ratio = "-" if err else f"{y / x:.2f}x"
-            lines.append(f"{label:34}{x / scale:>11.3f}{unit}{ytxt:>11}{unit if not err else ' '}{ratio:>13}")
+            lines.append(f"{label:34}{cell(xs, x):>26}{ytxt:>26}{ratio:>13}")
             return (y / x) if not err else None
         mb = 1 << 20
-        lines.append(f"{'bytes (MB)':34}{r['bytes_recckpt'] / mb:>12.1f}{r['bytes_dcp'] / mb:>12.1f}"
+        lines.append(f"{'bytes (MB)':34}{r['bytes_recckpt'] / mb:>26.1f}{r['bytes_dcp'] / mb:>26.1f}"
                      f"{r['bytes_dcp'] / r['bytes_recckpt']:>12.2f}x")
         targets[f"{opt}.bytes_vs_dcp"] = (r["bytes_recckpt"] / r["bytes_dcp"], "<=", 1.05)
         targets[f"{opt}.save_speedup"] = (row("save", "save"), ">=", 1.5)
@@ -473,7 +491,7 @@ def report(a, res: dict) -> dict:
         row("peak RSS growth, save (MB)", "save_mem", " ", mb)
         row("peak RSS growth, load warm (MB)", "load_mem_warm", " ", mb)
         row("peak RSS growth, load @3 RW (MB)", "reshard_rw3_mem", " ", mb)
-        st, sy = _best(r["stall_reused"]), _best(r["save_recckpt"])
+        st, sy = _median(r["stall_reused"]), _median(r["save_recckpt"])
         lines.append(f"{'async stall (reused buffers)':34}{st:>11.3f}s   = {st / sy:.2f} of a sync save "
                      f"({_best(r['stall_first']):.3f}s the first time; host buffers "
                      f"+{_best(r['stall_mem']) / mb:.0f} MB on the reused copy)")
@@ -498,6 +516,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dcp-threads", type=int, default=1,
+                    help="DCP FileSystemWriter thread_count (default 1: FileSystemWriter's own default)")
+    ap.add_argument("--concurrency", type=int, default=4, help="recckpt Saver concurrency (default 4: Saver's own)")
     ap.add_argument("--phases", default="save,track", help="save (save/load/reshard vs DCP), track (tracking)")
     a = ap.parse_args()
     keep = a.dir is not None

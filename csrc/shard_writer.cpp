@@ -26,6 +26,8 @@ namespace {
 constexpr size_t kStagingBytes = size_t(8) << 20;  // per-worker gather buffer (two of them)
 constexpr int64_t kCrcBlock = 256 << 10;           // gather this much, then checksum it while hot
 constexpr int64_t kAsyncMin = 1 << 20;             // smaller pieces are written inline
+constexpr int64_t kDirectMin = 4 << 20;            // in-order columns of at least this are written in place
+constexpr int64_t kDirectBlock = 4 << 20;          // ... in blocks of this (checksummed, then written)
 
 struct StopRequested {};
 
@@ -395,7 +397,15 @@ void ShardWriter::write_sorted_by(const Job& job, WorkerCtx& ctx, SegmentRecord&
 
   // Stable counting sort on bucket -> permutation (the bucket is recomputed rather than stored).
   std::vector<int64_t> offsets((size_t)B + 1, 0);
-  for (int64_t i = 0; i < n; i++) offsets[bucket(ids[i]) + 1]++;
+  // Already in bucket order (a fixed-size table's row ranges under "row_range" buckets): the columns are
+  // written from the caller's memory as they are, without gathering them into the staging buffer.
+  bool in_order = true;
+  for (int64_t i = 0, prev = 0; i < n; i++) {
+    const int64_t b = (int64_t)bucket(ids[i]);
+    in_order = in_order && b >= prev;
+    prev = b;
+    offsets[b + 1]++;
+  }
   // Format version 4's directory: the non-empty buckets (uint32), then their first rows (uint32).
   std::vector<uint32_t> dir;
   for (int64_t b = 0; b < B; b++)
@@ -437,7 +447,19 @@ void ShardWriter::write_sorted_by(const Job& job, WorkerCtx& ctx, SegmentRecord&
     if (col.length == 0) continue;
     col.crcs.reserve((size_t)((col.length + col.step - 1) / col.step));
     ChunkCrc crc(col.step, col.crcs);
-    if ((size_t)rb > staging_bytes_) {
+    if (in_order && col.length >= kDirectMin) {
+      // One pass over the source for the checksums, block by block, each block written while the next
+      // is checksummed (write_direct waits for the previous write).
+      const uint8_t* p = src;
+      for (int64_t left = col.length; left > 0;) {
+        check_stopping();
+        const int64_t m = std::min(left, kDirectBlock);
+        crc.feed(p, m);
+        ctx.write_direct(p, (size_t)m);
+        p += m;
+        left -= m;
+      }
+    } else if ((size_t)rb > staging_bytes_) {
       // Rows larger than the staging buffer are written straight from the source.
       for (int64_t i = 0; i < n; i++) {
         check_stopping();

@@ -7,9 +7,10 @@ DistributedModelParallel model.
 (scripts/torchrec_example.sh trains on 2 workers, SIGKILLs the job, resumes on 2 with every loss equal
 to an uninterrupted run's, then resumes on 3 workers under a row-wise plan and checks the restored
 tables.) The embedding tables train with a fused RowWiseAdagrad inside TorchRec's kernels; the dense
-part (DLRM's bottom, interaction and top MLPs, replicated by DMP's data-parallel wrapper) with Adam,
-registered with the manager. recckpt needs no TorchRec-specific call: `Saver(dmp_model, ...)` finds the
-tables and their fused optimizer state, and `restore()` loads them under whatever plan and world size
+part (DLRM's bottom, interaction and top MLPs, replicated by DMP's data-parallel wrapper) with Adam in
+TorchRec's KeyedOptimizerWrapper, registered with the manager. recckpt needs no TorchRec-specific call:
+`Saver(dmp_model, ...)` finds the tables and their fused optimizer state, and `restore()` loads them
+(the dense optimizer too, before its first step) under whatever plan and world size
 the job now runs with.
 """
 from __future__ import annotations
@@ -124,8 +125,11 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     os.makedirs(a.out, exist_ok=True)
     model = build_model(world, rank, a.plan)
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
-    dense_opt = torch.optim.Adam([p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.01)
+    # TorchRec's dense optimizer, keyed by parameter name; restore() loads it before its first step
+    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
+                                      lambda params: torch.optim.Adam(params, lr=0.01))
     saver = Saver(model, output_dir=os.path.join(a.out, "ckpt"), max_keep=None,
                   options=SaveOptions(coordination_timeout_s=120))
     manager = CheckpointManager(saver, a.interval, async_save=a.async_save)

@@ -49,7 +49,8 @@ def open_chain(newest: CheckpointReader) -> list[CheckpointReader]:
 def walk_chain(newest: CheckpointReader) -> list[CheckpointReader]:
     """The links of `newest`'s chain, base first, opened from the newest back: each parent exists and is
     committed, its manifest hash is the one its child recorded, and all links share the bucket count
-    (the links' own files are not checked here: open_chain or verify does that)."""
+    (the links' own files are not checked here: open_chain or verify does that). A table's bucket
+    function may differ between links (format.fold reads such a link whole)."""
     links = [newest]
     seen = {newest.manifest.ckpt_id}
     storage: Storage = newest.storage
@@ -81,13 +82,6 @@ def walk_chain(newest: CheckpointReader) -> list[CheckpointReader]:
             raise CorruptCheckpointError(
                 f"{where}: {parent.manifest.num_buckets} buckets, but {newest.describe()} has "
                 f"{newest.manifest.num_buckets}; the links of a chain share one bucket count", where)
-        for name, info in newest.manifest.tables.items():   # and, per table, one bucket function
-            had = parent.manifest.tables.get(name)
-            if had is not None and (had.bucket_fn, had.num_rows) != (info.bucket_fn, info.num_rows):
-                raise CorruptCheckpointError(
-                    f"{where}: table {name!r} is bucketed {had.bucket_fn!r} over {had.num_rows} rows, but "
-                    f"{newest.describe()} buckets it {info.bucket_fn!r} over {info.num_rows}; the links of a "
-                    f"chain bucket each table alike (docs/FORMAT.md)", where, table=name)
         links.append(parent)
         cur = parent
     links.reverse()

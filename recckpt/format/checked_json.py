@@ -48,8 +48,10 @@ class JsonRuleError(ValueError):
     CorruptCheckpointError, writers into an error at save time."""
 
 
-def parse(data, path: str, limits: JsonLimits):
-    """Parse JSON `data` (bytes, or str) read from file `path` within `limits`."""
+def parse(data, path: str, limits: JsonLimits, precheck=None):
+    """Parse JSON `data` (bytes, or str) read from file `path` within `limits`. `precheck(obj)`, if given,
+    runs on the decoded value before the rules are checked, to refuse a hostile file early (it must
+    raise CorruptCheckpointError or nothing, whatever shape `obj` has)."""
     def bad(why: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(f"{path}: not valid checkpoint metadata ({why})", path)
 
@@ -66,6 +68,8 @@ def parse(data, path: str, limits: JsonLimits):
         hook = _int if _UNBOUNDED_INT_PARSE else None
         obj = json.loads(text, object_pairs_hook=_unique_keys, parse_int=hook,
                          parse_float=_float if limits.floats else _no_float, parse_constant=_no_constant)
+        if precheck is not None:
+            precheck(obj)
         check_tree(obj, limits.max_depth)
     except JsonRuleError as e:
         raise bad(str(e)) from None
@@ -106,12 +110,13 @@ def dumps(obj: dict, check: bool = True) -> bytes:
                       ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
-def loads(data: bytes, path: str, max_bytes: int) -> dict:
-    """Parse and verify a checked JSON file; CorruptCheckpointError names `path` on any defect."""
+def loads(data: bytes, path: str, max_bytes: int, precheck=None) -> dict:
+    """Parse and verify a checked JSON file; CorruptCheckpointError names `path` on any defect.
+    `precheck`: see `parse` (it runs before the self-checksum is recomputed too)."""
     if len(data) > max_bytes:
         raise CorruptCheckpointError(f"{path}: {len(data)} bytes exceeds the {max_bytes}-byte cap for this kind "
                                      f"of metadata; the file is corrupt or not a recckpt file", path)
-    obj = parse(ascii_text(data, path), path, JsonLimits(max_bytes))
+    obj = parse(ascii_text(data, path), path, JsonLimits(max_bytes), precheck)
     if not isinstance(obj, dict) or type(obj.get(CRC_KEY)) is not int:
         raise CorruptCheckpointError(f"{path}: metadata has no integer {CRC_KEY!r} field", path)
     crc = obj.pop(CRC_KEY)

@@ -85,7 +85,17 @@ def parse_index_bytes(data: "bytes | str", where: str, format_version: int) -> d
     """An index file's JSON object, by the rules of the manifest's `format_version`."""
     if format_version >= names.SEGMENT_DIR_SINCE:
         return checked_json.loads_unchecked(data, where, names.MAX_INDEX_BYTES)
-    return checked_json.loads(data, where, names.MAX_INDEX_BYTES)
+    return checked_json.loads(data, where, names.MAX_INDEX_BYTES, precheck=lambda obj: _fits(obj, where))
+
+
+def _fits(obj, where: str) -> None:
+    """Refuse a version 1-3 index whose blocks claim more bytes of a shard file than it has, before the
+    slower rule checks and per-segment validation (structure.overclaimed_file)."""
+    over = structure.overclaimed_file(obj)
+    if over is not None:
+        path, claimed, size = over
+        raise CorruptCheckpointError(f"{where}: the index's blocks do not tile shard file {path}: they claim "
+                                     f"{claimed} bytes of its {size}; the index is corrupt or hostile", where)
 
 
 def write_worker_part(storage: Storage, stage: str, worker: int, *, tables: list[TableSource],
@@ -462,7 +472,7 @@ class CheckpointReader:
         checkpoint; check them so that no byte of a checkpoint goes unverified by a full load."""
         for rel in self.manifest.files:
             if rel.startswith(f"{names.SPARSE_DIR}/") and rel.endswith(".index.json"):
-                data = self.read_file(rel)
+                data = self.read_file(rel)   # its size and CRC checked against the manifest
                 if self.same_as_merged_index(data):
                     continue   # one worker: byte for byte the merged index, which `index` parses and checks
                 with gcpause.paused():

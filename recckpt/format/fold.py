@@ -20,6 +20,11 @@ A fold has two steps, both without per-row Python:
 `fold_rows` puts both together for a reader that wants the folded rows as arrays, in bucket groups
 of bounded size. Every byte read is verified as in a full load.
 
+A link may bucket a table differently from the newest link (a fixed-size table whose older links were
+saved with "hash" buckets, its newer ones by "row_range"): bucket ranges are always those of the newest
+link, and such a link is read over all its buckets, keeping the ids whose bucket under the newest link's
+function lies in the range (`read_range`). Slower for that link, but every link folds by id alike.
+
 Within one link an id appears once (docs/FORMAT.md). If it does not (two workers stored it), the
 `duplicates` rule of loads decides, as for a full checkpoint: 'error' raises DuplicateIdsError;
 'newest' keeps the copy of the worker that recorded the highest step in that link's manifest, and
@@ -52,7 +57,8 @@ class FoldPlan:
     `new_rows` rows of ids the base lacks. `src[j]`/`dst[j]` (j >= 1): the rows of link j, by index
     in read order (ascending), that win, and their positions. `holes`: positions of base rows that do
     not survive (their id ends removed, or the row was left out), with their ids in `hole_ids`.
-    `link_rows[j]`: the rows link j holds in the range (checked again when the rows are read)."""
+    `link_rows[j]`: the rows link j holds in the range (checked again when the rows are read).
+    `ranges[j]`: the buckets of link j that are read (see `read_range`)."""
     table: str
     lo: int
     hi: int
@@ -64,6 +70,7 @@ class FoldPlan:
     holes: np.ndarray
     hole_ids: np.ndarray
     base_skipped: int     # base rows left out before folding (ownership, or the losing copy of a duplicate)
+    ranges: tuple[tuple[int, int], ...]
 
     @property
     def base_rows(self) -> int:
@@ -79,16 +86,42 @@ class FoldPlan:
         return self.out_rows - len(self.holes)
 
 
+def _bucketing(link: CheckpointReader, table: str) -> tuple[str, int]:
+    t = link.manifest.tables[table]
+    return t.bucket_fn, t.num_rows
+
+
+def read_range(links: Sequence[CheckpointReader], j: int, table: str, lo: int, hi: int) -> tuple[int, int]:
+    """The buckets of link j to read for buckets [lo, hi) of the newest link: the same ones when it buckets
+    `table` as the newest does, else all of them (its ids are then kept by the newest one's function)."""
+    if j == len(links) - 1 or _bucketing(links[j], table) == _bucketing(links[-1], table):
+        return lo, hi
+    return 0, links[j].manifest.num_buckets
+
+
+def _in_newest_range(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, ids: np.ndarray) -> np.ndarray:
+    fn, n = _bucketing(links[-1], table)
+    b = np.asarray(_C.bucket_of(ids, links[-1].manifest.num_buckets, n if fn == "row_range" else 0))
+    return (b >= lo) & (b < hi)
+
+
 def _ids_and_files(link: CheckpointReader, table: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     """The verified ids of `table`'s rows in buckets [lo, hi) of `link`, in read order, and the shard
-    file index of each segment's rows (as a per-row array)."""
-    ids, files = [], []
+    file index of each run of them ([2, runs] int64: file index, rows), which `_per_row` spreads to one
+    per row only when duplicates must be resolved (a per-row array of a 1M-row base cost milliseconds
+    on every chain load)."""
+    ids, runs = [], []
     for chunk, _, fi in link.segments.iter_table(table, [], [], lo, hi, with_file=True):
-        ids.append(chunk.copy())
-        files.append(np.full(len(chunk), fi, dtype=np.int64))
+        ids.append(chunk.copy())      # a view of a reused read buffer
+        runs.append((fi, len(chunk)))
+    runs_a = np.array(runs, dtype=np.int64).reshape(-1, 2).T
     if not ids:
-        return np.empty(0, dtype="<i8"), np.empty(0, dtype=np.int64)
-    return np.concatenate(ids), np.concatenate(files)
+        return np.empty(0, dtype="<i8"), runs_a
+    return (ids[0] if len(ids) == 1 else np.concatenate(ids)), runs_a
+
+
+def _per_row(runs: np.ndarray) -> np.ndarray:
+    return np.repeat(runs[0], runs[1])
 
 
 def _steps_of(link: CheckpointReader, files: np.ndarray) -> np.ndarray:
@@ -137,23 +170,32 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
     if duplicates not in ("error", "newest"):
         raise ValueError(f"plan_fold: duplicates must be 'error' or 'newest', got {duplicates!r}")
     links = tuple(table_links(list(links), table))
+    ranges = tuple(read_range(links, j, table, lo, hi) for j in range(len(links)))
     rows, row_files, removed, removed_files = [], [], [], []
     for j, link in enumerate(links):
-        ids, files = _ids_and_files(link, table, lo, hi)
+        r_lo, r_hi = ranges[j]
+        ids, files = _ids_and_files(link, table, r_lo, r_hi)
         rows.append(ids)
         row_files.append(files)
         if j:
-            gone, gfiles = link.segments.removed_ids(table, lo, hi, with_file=True)
+            gone, gfiles = link.segments.removed_ids(table, r_lo, r_hi, with_file=True)
         else:
             gone, gfiles = np.empty(0, dtype="<i8"), np.empty(0, dtype=np.int64)
         removed.append(gone)
         removed_files.append(gfiles)
     skip_rows: list[np.ndarray | None] = [None] * len(links)
     skip_removed: list[np.ndarray | None] = [None] * len(links)
-    if keep is not None:
-        for j in range(len(links)):
-            skip_rows[j] = ~np.asarray(keep(rows[j]), dtype=bool).reshape(-1)
-            skip_removed[j] = ~np.asarray(keep(removed[j]), dtype=bool).reshape(-1)
+    for j in range(len(links)):
+        masks = []
+        if keep is not None:
+            masks.append((np.asarray(keep(rows[j]), dtype=bool).reshape(-1),
+                          np.asarray(keep(removed[j]), dtype=bool).reshape(-1)))
+        if ranges[j] != (lo, hi):
+            masks.append((_in_newest_range(links, table, lo, hi, rows[j]),
+                          _in_newest_range(links, table, lo, hi, removed[j])))
+        if masks:
+            skip_rows[j] = ~np.logical_and.reduce([m[0] for m in masks])
+            skip_removed[j] = ~np.logical_and.reduce([m[1] for m in masks])
     r = _C.fold_links(rows, removed, skip_rows, skip_removed)
     if len(r["dup_ids"]):
         dup_link = r["dup_link"]
@@ -165,7 +207,8 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
                 f"worker that saved at the highest step", path=links[j].describe(), table=table)
         for j in np.unique(dup_link):
             j = int(j)
-            sr, sg = _resolve_duplicates(links[j], table, rows[j], row_files[j], removed[j], removed_files[j],
+            sr, sg = _resolve_duplicates(links[j], table, rows[j], _per_row(row_files[j]), removed[j],
+                                         removed_files[j],
                                          np.unique(r["dup_ids"][dup_link == j]))
             skip_rows[j] = sr if skip_rows[j] is None else skip_rows[j] | sr
             skip_removed[j] = sg if skip_removed[j] is None else skip_removed[j] | sg
@@ -174,7 +217,7 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
             raise RuntimeError(f"table {table!r}: duplicates left after resolving them")
     base_skipped = int(skip_rows[0].sum()) if skip_rows[0] is not None else 0
     return FoldPlan(table, lo, hi, links, tuple(len(x) for x in rows), int(r["new_rows"]), tuple(r["src"]),
-                    tuple(r["dst"]), r["holes"], r["hole_ids"], base_skipped)
+                    tuple(r["dst"]), r["holes"], r["hole_ids"], base_skipped, ranges)
 
 
 class Scratch:
@@ -206,7 +249,7 @@ def fill_fold(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], id
             raise ValueError(f"fill_fold: table {table!r}: expected flat uint8 buffers of {plan.out_rows} rows")
     base = plan.links[0]
     pos = 0
-    for batch in base.segments.batches(table, slots, row_bytes, plan.lo, plan.hi):
+    for batch in base.segments.batches(table, slots, row_bytes, *plan.ranges[0]):
         n = batch.rows
         if pos + n > plan.base_rows:
             _changed(base, table, pos + n, plan.base_rows)
@@ -220,7 +263,7 @@ def fill_fold(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], id
     for j in range(1, len(plan.links)):
         link, src, dst = plan.links[j], plan.src[j], plan.dst[j]
         pos = 0
-        for batch in link.segments.batches(table, slots, row_bytes, plan.lo, plan.hi):
+        for batch in link.segments.batches(table, slots, row_bytes, *plan.ranges[j]):
             n = batch.rows
             buf = scratch.take(n * sum(widths))
             views, off = [], 0

@@ -1,4 +1,5 @@
-"""Rows of a fixed-size table (FixedSize: TorchRec's) from a source that does not know its layout.
+"""Rows of a fixed-size table (FixedSize: TorchRec's): from a source that does not know its layout
+(`OwnedRows`), and straight from the shard files into the storage the table lends (`DirectRows`).
 
 A chain of increments is folded by id over buckets; under format version 3's hash layout a row range
 spreads over every bucket, so the fold covers them all and this filter keeps the rows the table's layout
@@ -6,13 +7,14 @@ gives this process (all of them when replicated) and, for column-split slots, it
 """
 from __future__ import annotations
 
-from typing import Dict
+from dataclasses import replace
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 
 from ..errors import IncompatibleCheckpointError
-from ..state.protocol import column_split_slots
+from ..state.protocol import LendsRows, column_split_slots
 
 
 class OwnedRows:
@@ -47,3 +49,74 @@ class OwnedRows:
             columns = {s: (c[:, c0:c1] if s in self.split else c) for s, c in columns.items()}
         self.table.import_rows(ids.contiguous(), {s: c.contiguous() for s, c in columns.items()})
         self.rows += int(ids.shape[0])
+
+
+class DirectRows:
+    """Reads a fixed-size table's rows from the shard files straight into the storage it lends
+    (`LendsRows`): one parallel read of a batch's ids, then one of its slot columns, each range of
+    rows landing at its place in the live storage. Format version 4 writes a fixed-size table's rows
+    in row order ("row_range" buckets over exported row ranges), so a segment's ids are a run
+    [a, a + n) and the rows of an owned range are one byte range per column: no scatter, no filter,
+    no copy out of a staging buffer. A batch whose ids are not such runs (another writer, an old
+    format) is left to the caller's importing path (`load_batch` returns None before writing)."""
+
+    def __init__(self, blocks: List[Tuple[int, int, List[np.ndarray]]], num_rows: int, table):
+        self.blocks, self.num_rows, self.table = blocks, num_rows, table
+
+    @staticmethod
+    def of(table, slots, dtype_of) -> "DirectRows | None":
+        """The table's lent storage for `slots` ((slot, SlotInfo, SlotSpec) triples), or None when it
+        lends none or the checkpoint's slots need a cast or another shape. `dtype_of`: SlotInfo -> torch dtype."""
+        if not isinstance(table, LendsRows):
+            return None
+        if any(dtype_of(si) != spec.dtype or tuple(si.shape) != tuple(spec.shape) for _, si, spec in slots):
+            return None
+        views = table.row_views([s for s, _, _ in slots])
+        layout = table.row_layout()
+        if views is None or len(views) != len(layout.owned_rows):
+            return None
+        blocks = []
+        for (a, b), (row0, cols) in zip(layout.owned_rows, views):
+            if row0 != a:
+                return None
+            flat = []
+            for s, si, _ in slots:
+                t = cols[s]
+                if (t.device.type != "cpu" or not t.is_contiguous() or t.shape[0] != b - a
+                        or t.numel() * t.element_size() != (b - a) * si.row_bytes):
+                    return None
+                flat.append(t.detach().reshape(-1).view(torch.uint8).numpy())
+            blocks.append((a, b, flat))
+        return DirectRows(blocks, layout.num_rows, table)
+
+    def load_batch(self, segments, batch, name: str, target: str, where: str) -> "int | None":
+        """Read `batch` (a `SegmentReader.batches` batch of checkpoint table `name`) into the lent storage;
+        the number of rows written, or None (nothing written) when its ids are not runs of rows."""
+        ids_all = segments.read(name, [reqs[0] for _, reqs in batch.parts])
+        runs = []
+        for (n, _), raw in zip(batch.parts, ids_all):
+            ids = raw.view("<i8")
+            a = int(ids[0])
+            if n > 1 and (int(ids[-1]) - a != n - 1 or not bool(np.all(np.diff(ids) == 1))):
+                return None
+            if a < 0 or a + n > self.num_rows:
+                bad = a if a < 0 else a + n - 1
+                raise IncompatibleCheckpointError(
+                    f"checkpoint {where}: table {name!r} holds row id {bad}, outside model table {target!r}'s "
+                    f"{self.num_rows} rows", table=target)
+            runs.append(a)
+        reqs, dsts, done = [], [], []
+        for (n, preqs), a in zip(batch.parts, runs):
+            for b0, b1, flat in self.blocks:
+                i0, i1 = max(a, b0), min(a + n, b1)
+                if i1 <= i0:
+                    continue
+                for r, rb, dst in zip(preqs[1:], batch.row_bytes, flat):
+                    reqs.append(replace(r, lo=r.lo + (i0 - a) * rb, hi=r.lo + (i1 - a) * rb))
+                    dsts.append(dst[(i0 - b0) * rb:(i1 - b0) * rb])
+                done.append((i0, i1 - i0))
+        if reqs:
+            segments.read(name, reqs, dsts)
+        for row0, rows in done:
+            self.table.rows_loaded(row0, rows)
+        return sum(rows for _, rows in done)

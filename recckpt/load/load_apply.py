@@ -22,10 +22,17 @@ from ..format.checkpoint import CheckpointReader
 from ..format.column_join import FROM_OVERLAP, iter_joined
 from ..format.hashing import bucket_range
 from ..state import optim_names, plugins
-from ..state.protocol import FixedSize, RoutedRows, column_split_slots, implements, split_sparse_dense_state_dict
+from ..state.protocol import (
+    Admission,
+    FixedSize,
+    RoutedRows,
+    column_split_slots,
+    implements,
+    split_sparse_dense_state_dict,
+)
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
-from .fixed_rows import OwnedRows
+from .fixed_rows import DirectRows, OwnedRows
 from .load_config import LoadConfig
 from .row_filter import RowFilter, owners_of
 from .sparse_load import direct_load_possible, lends_host_memory, load_table_rows, map_table_rows, mapped_load_possible
@@ -62,6 +69,10 @@ class LoadResult:
     seconds: float = 0.0
     metadata: dict[str, str] = field(default_factory=dict)
     """The checkpoint's manifest metadata (e.g. the CheckpointManager's global step)."""
+    admission: dict[str, dict] = field(default_factory=dict)
+    """Per table that admits a bounded number of ids (`RoutedRows`: TorchRec's managed-collision tables,
+    by model name): the ids `admitted` and `left_out` for want of room over the whole table, per reason
+    the ids `refused` because the table cannot hold them (with strict=False), and the ids kept `here`."""
 
 
 
@@ -123,7 +134,7 @@ class LoadPlan:
                             f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads the rows "
                             f"that fit)")
                 if implements(table, RoutedRows) and slots and not self.incompatible:
-                    self._plan_routed(name, table, info, slots)
+                    self._plan_routed(name, target, table, info, slots)
                 for slot, spec in meta.slots.items():
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
                         self.problems_missing.append(f"slot {slot!r} of model table {target!r} is not in the checkpoint")
@@ -234,7 +245,7 @@ class LoadPlan:
                 f"load_conf rename key {k!r} names no table or dense key of the checkpoint (tables: "
                 f"{sorted(self.m.tables)[:20]}); a rename maps checkpoint names to model names")
 
-    def _plan_routed(self, name: str, table, info, slots) -> None:
+    def _plan_routed(self, name: str, target: str, table, info, slots) -> None:
         """A table that routes ids itself and holds a bounded number of them (`RoutedRows`): let it see
         every id of the checkpoint's table (and the slots it ranks them by) and decide which it keeps,
         before anything is applied; a refusal (the ids do not fit) is one of the load's incompatibilities."""
@@ -242,7 +253,13 @@ class LoadPlan:
             self.incompatible.append(f"table {name!r} routes its ids itself and is replaced whole: load_conf "
                                      f"'merge' does not apply to it")
             return
-        want = [s for s in table.plan_slots() if s in info.slots]
+        rank_by = self.conf.admit_by
+        if rank_by is not None and (rank_by not in info.slots or info.slots[rank_by].shape != ()):
+            self.incompatible.append(
+                f"table {name!r}: load_conf admit_by {rank_by!r} names no slot of the checkpoint's table with one "
+                f"value per row (it has {sorted(info.slots)})")
+            return
+        want = [rank_by] if rank_by is not None else [s for s in table.plan_slots() if s in info.slots]
         rbs = [info.slots[s].row_bytes for s in want]
         sis = [info.slots[s] for s in want]
 
@@ -251,10 +268,16 @@ class LoadPlan:
                 n = len(ids)
                 yield torch.from_numpy(ids), {s: torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
                                               for s, si, raw in zip(want, sis, cols)}
+        admission = Admission(self.conf.overflow, rank_by, self.conf.strict)
         try:
-            table.plan_rows(chunks(), [s for s, _, _ in slots], self.conf.overflow)
+            got = table.plan_rows(chunks(), [s for s, _, _ in slots], admission)
         except IncompatibleCheckpointError as e:
             self.incompatible.append(str(e))
+            return
+        self.result.admission[target] = got.as_dict()
+        if got.refused:
+            warnings.warn(f"checkpoint {self.reader.describe()}: table {name!r} -> {target!r}: ids the table cannot "
+                          f"hold were left out: {dict(got.refused)}", stacklevel=4)
 
     def _plan_optimizers(self, objs: dict, ckpt_dense) -> None:
         """Registered optimizers get their saved state by parameter name (state layer, optim_names),
@@ -621,35 +644,55 @@ class LoadPlan:
 
     def _load_fixed_range(self, name: str, target: str, table, slots, layout, bucket_lo: int,
                           bucket_hi: int) -> int:
-        """The owned rows of one bucket range of a fixed-size table (see `_load_fixed`)."""
+        """The owned rows of one bucket range of a fixed-size table (see `_load_fixed`): read straight into
+        the storage the table lends (`DirectRows`) where it can, else read and imported row by row range."""
         starts = np.array([a for a, _ in layout.owned_rows], dtype=np.int64)
         ends = np.array([b for _, b in layout.owned_rows], dtype=np.int64)
         split = set(column_split_slots(table.sparse_meta()))
         c0, c1 = layout.columns or (0, None)
         names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
+        segments, where = self.reader.segments, self.reader.describe()
+        direct = DirectRows.of(table, slots, lambda si: dtypes.torch_dtype(si.dtype))
         rows = 0
-        for ids, cols in self.reader.segments.iter_table(name, names, rbs, bucket_lo, bucket_hi):
-            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
-                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-                raise IncompatibleCheckpointError(
-                    f"checkpoint {self.reader.describe()}: table {name!r} holds row id {bad}, outside model "
-                    f"table {target!r}'s {layout.num_rows} rows", table=target)
-            if not layout.replicated:
-                k = np.searchsorted(starts, ids, side="right") - 1
-                keep = np.nonzero((k >= 0) & (ids < ends[np.maximum(k, 0)]))[0]
-                ids, cols = ids[keep], [c[keep] for c in cols]
-            n = len(ids)
-            if n == 0:
-                continue
-            tensors = {}
-            for (slot, si, spec), raw in zip(slots, cols):
-                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-                if slot in split and layout.columns is not None:
-                    t = t[:, c0:c1]
-                tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
-            table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
-            rows += n
+        for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi):
+            if direct is not None:
+                n = direct.load_batch(segments, batch, name, target, where)
+                if n is not None:
+                    rows += n
+                    continue
+            cols_all = segments.read_batch(batch)
+            pos = 0
+            for n, _ in batch.parts:
+                ids = cols_all[0][8 * pos:8 * (pos + n)].view("<i8")
+                cols = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols_all[1:], rbs)]
+                pos += n
+                rows += self._import_owned(name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1)
         return rows
+
+    def _import_owned(self, name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1) -> int:
+        """One segment's rows (`ids`, raw slot columns) into a fixed-size table: the owned rows only."""
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise IncompatibleCheckpointError(
+                f"checkpoint {self.reader.describe()}: table {name!r} holds row id {bad}, outside model "
+                f"table {target!r}'s {layout.num_rows} rows", table=target)
+        if not layout.replicated:
+            k = np.searchsorted(starts, ids, side="right") - 1
+            mask = (k >= 0) & (ids < ends[np.maximum(k, 0)])
+            if not mask.all():   # (a fancy-indexed copy of every column only where rows are dropped)
+                keep = np.nonzero(mask)[0]
+                ids, cols = ids[keep], [c[keep] for c in cols]
+        n = len(ids)
+        if n == 0:
+            return 0
+        tensors = {}
+        for (slot, si, spec), raw in zip(slots, cols):
+            t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
+            if slot in split and layout.columns is not None:
+                t = t[:, c0:c1]
+            tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+        table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
+        return n
 
     def _load_fixed_blocks(self, name: str, target: str, table, slots, layout) -> int:
         """A fixed-size table saved column-split (a column-wise plan): this process reads its owned rows of
@@ -706,4 +749,8 @@ class LoadPlan:
         return rows
 
     def _apply_extra(self, name, entry):
+        obj = self.registry.object(name)
+        if entry["kind"] == "state_dict" and optim_names.is_optimizer(obj):
+            # a load at start-up, before the first step: TorchRec's KeyedOptimizer needs its state first
+            optim_names.init_state_for_load(obj, entry["state"])
         self.registry.apply_object(name, entry["kind"], entry["state"])

@@ -84,6 +84,14 @@ class LoadConfig:
     is loaded; 'evict' keeps the ids the table's own eviction policy ranks highest (for MCH: LFU by count,
     LRU by last access) and drops the rest. See docs/TORCHREC.md."""
 
+    admit_by: str | None = None
+    """A table that holds at most a fixed number of ids per process (`RoutedRows`: TorchRec's managed-
+    collision tables) given more of the checkpoint's ids than it has room for: admit those with the
+    highest values of this checkpoint slot (one value per row; ties: the smaller id) and leave out the
+    rest, instead of `overflow`'s rule. E.g. 'freq' (a HashTable's counter: the most frequent ids) or
+    'last_step' (the most recently seen) when a HashTable checkpoint warm-starts an MCH table. The
+    counts admitted and left out are in `LoadResult.admission`. Other tables ignore it. See docs/TORCHREC.md."""
+
     ownership: Callable | None = None
     """Which ids this rank keeps, when training routed ids with its own function instead of
     `recckpt.partition`: `ownership(ids: int64 tensor, world: int) -> ranks` (e.g.
@@ -97,6 +105,9 @@ class LoadConfig:
                                   f"{self.io_state_on_resize!r}")
         if self.overflow not in ("error", "evict"):
             raise LoadConfigError(f"LoadConfig.overflow must be 'error' or 'evict', got {self.overflow!r}")
+        if self.admit_by is not None and (not isinstance(self.admit_by, str) or not self.admit_by):
+            raise LoadConfigError(f"LoadConfig.admit_by must be a slot name (e.g. 'freq') or None, got "
+                                  f"{self.admit_by!r}")
         if self.ownership is not None and not callable(self.ownership):
             raise LoadConfigError(f"LoadConfig.ownership must be a function (ids, world) -> ranks, got "
                                   f"{type(self.ownership).__name__}")

@@ -59,6 +59,12 @@ class LoadOutcome:
     """The model's sparse tables, as the load saw them."""
 
 
+def _require_dir(storage: Storage) -> None:
+    if not storage.isdir(""):
+        raise CheckpointNotFoundError(f"checkpoint directory {storage.describe()} does not exist",
+                                      path=storage.describe())
+
+
 def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
     """(storage, checkpoint directory within it, resolved id or None for a direct path)."""
     storage, ckpt_id = request.storage, request.ckpt_id
@@ -74,11 +80,13 @@ def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
             if head:
                 return request.parent_storage(head), name, None
         return storage, "", None
-    if not storage.isdir(""):
-        raise CheckpointNotFoundError(f"checkpoint directory {storage.describe()} does not exist",
-                                      path=storage.describe())
+    # No isdir up front: on an object store it costs as much as a listing. A named checkpoint is one
+    # request (its manifest); a missing directory is told apart only when the answer is "not found".
     if ckpt_id is None:
-        found = catalog.committed(storage)
+        top = storage.listdir("")
+        if not top:
+            _require_dir(storage)
+        found = catalog.committed(storage, top)
         if not found and storage.exists(MANIFEST):
             raise CheckpointNotFoundError(
                 f"{storage.describe()} is one checkpoint directory, not an output directory: pass "
@@ -95,6 +103,7 @@ def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
     else:
         validate_ckpt_id(ckpt_id)
         if not catalog.is_committed(storage, ckpt_id):
+            _require_dir(storage)
             raise CheckpointNotFoundError(
                 f"checkpoint {storage.describe(ckpt_id)} does not exist or was never committed; "
                 f"committed: {[i for i, _ in catalog.committed(storage)]}", path=storage.describe(ckpt_id))

@@ -218,7 +218,7 @@ def _live_named(optimizer, model) -> tuple[dict, dict | None, dict[str, tuple]]:
         keys = _keys(names)
         params = [p for g in optimizer.param_groups for p in g["params"]]
         return to_named(sd, names), sd, {k: tuple(p.shape) for k, p in zip(keys, params)}
-    if is_named(sd):
+    if is_named(sd) or _keyed_and_empty(optimizer, sd):
         shapes = {}
         params = getattr(optimizer, "params", None)   # KeyedOptimizer: {name: parameter}
         if isinstance(params, Mapping):
@@ -226,6 +226,41 @@ def _live_named(optimizer, model) -> tuple[dict, dict | None, dict[str, tuple]]:
         return sd, None, shapes
     raise InvalidArgumentError(f"{type(optimizer).__name__}.state_dict() is neither a torch.optim state_dict "
                                f"(numbered parameters) nor one keyed by parameter name")
+
+
+def _keyed_and_empty(optimizer, sd) -> bool:
+    """An optimizer that names its parameters itself (`params`: {name: parameter}, TorchRec's
+    KeyedOptimizer) before its first step: no state yet, so its state_dict names nothing."""
+    return (isinstance(getattr(optimizer, "params", None), Mapping) and isinstance(sd, Mapping)
+            and sd.get("state") == {} and not sd.get("param_groups"))
+
+
+def init_state_for_load(optimizer, state_dict: Mapping) -> bool:
+    """Before `optimizer.load_state_dict(state_dict)`: an optimizer with no state yet (before its first
+    step) that refuses to load into empty state and initialises it with `init_state()` (TorchRec's
+    KeyedOptimizer: "Different parameter count: 0 vs N") gets its state initialised first, as its
+    `init_state` does: one step with zero gradients. Every group's learning rate is 0 for that step, so
+    no parameter moves (weight decay included, for torch's optimizers), and the gradients are put back as
+    they were; the load then overwrites the state the step created. Returns whether it initialised."""
+    init = getattr(optimizer, "init_state", None)
+    saved = state_dict.get("state") if isinstance(state_dict, Mapping) else None
+    if not callable(init) or not saved or len(optimizer.state) > 0:
+        return False
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    grads = [p.grad for p in params]
+    lrs = [g.get("lr") for g in optimizer.param_groups]
+    try:
+        for g in optimizer.param_groups:
+            if "lr" in g:
+                g["lr"] = 0.0
+        init()
+    finally:
+        for g, lr in zip(optimizer.param_groups, lrs):
+            if lr is not None:
+                g["lr"] = lr
+        for p, gr in zip(params, grads):
+            p.grad = gr
+    return True
 
 
 def named_optimizer_state(optimizer, model=None) -> dict:
@@ -286,4 +321,5 @@ def apply_named_optimizer_state(optimizer, model, saved: Mapping, *, strict: boo
 
 
 __all__ = ["OptimizerStateMatch", "named_optimizer_state", "apply_named_optimizer_state", "match_optimizer_state",
-           "param_names", "saved_param_names", "is_positional", "is_named", "is_optimizer", "to_named", "UNNAMED"]
+           "param_names", "saved_param_names", "is_positional", "is_named", "is_optimizer", "to_named", "UNNAMED",
+           "init_state_for_load"]

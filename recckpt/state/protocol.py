@@ -21,11 +21,14 @@ import torch
 from ..errors import InvalidArgumentError
 
 __all__ = [
+    "Admission",
+    "Admitted",
     "AdoptStorage",
     "BulkAppend",
     "ChangeTracking",
     "Changes",
     "FixedSize",
+    "LendsRows",
     "RoutedRows",
     "RowRangeLayout",
     "column_split_slots",
@@ -409,26 +412,78 @@ class FixedSize(Protocol):
 
 
 @runtime_checkable
+class LendsRows(Protocol):
+    """Optional extension of :class:`FixedSize`: the table lends its live storage, so a load reads rows
+    from the shard files straight into it (no staging buffer, no second copy, no per-table Python over
+    rows). A load uses it only when the checkpoint's slot dtypes and shapes are the table's.
+
+    :meth:`row_views` gives, for every range of ``row_layout().owned_rows`` in order, ``(first row,
+    {slot: view})``: each view a C-contiguous CPU tensor ``[rows, *slot shape]`` (logical shapes: the
+    process holds every column of these rows) aliasing the storage training reads. It returns None when
+    it cannot lend every owned range whole (column-split slots, storage that is not contiguous, another
+    device); the loader then imports rows through ``import_rows``. After writing rows ``[row0, row0 +
+    rows)`` into the views the loader calls :meth:`rows_loaded`, so that change tracking counts them."""
+
+    def row_views(self, slots: Sequence[str]) -> "list[tuple[int, Dict[str, torch.Tensor]]] | None": ...
+
+    def rows_loaded(self, row0: int, rows: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How a :class:`RoutedRows` table admits a checkpoint's ids (from the load's `LoadConfig`).
+
+    Attributes:
+        overflow: ``"error"``: a process routed more ids than it holds fails the load (naming the table
+            and the counts); ``"evict"``: each keeps the ids ranked highest.
+        rank_by: the checkpoint slot (one value per row) whose highest values are admitted first when
+            there are more ids than room (ties: the smaller id); it implies ``overflow="evict"``. None:
+            the table's own eviction policy ranks them (:meth:`RoutedRows.plan_slots`).
+        strict: ids the table cannot hold at all (e.g. outside its input range): refuse the load
+            (True) or leave them out and report them (False).
+    """
+    overflow: str = "error"
+    rank_by: "str | None" = None
+    strict: bool = True
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What :meth:`RoutedRows.plan_rows` decided, for the load's report (`LoadResult.admission`): over
+    the whole table (every process counts every id alike), ids ``admitted``, ids ``left_out`` for want
+    of room, and per reason the ids ``refused`` because the table cannot hold them; ``here``: the ids
+    this process keeps."""
+    admitted: int
+    left_out: int
+    refused: Mapping[str, int]
+    here: int
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"admitted": self.admitted, "left_out": self.left_out, "refused": dict(self.refused),
+                "here": self.here}
+
+
+@runtime_checkable
 class RoutedRows(Protocol):
     """Optional extension of :class:`SparseState` for a table that routes ids to processes by its own
     rule and holds at most a fixed number of them per process (TorchRec's managed-collision tables:
     raw ids routed by range, each shard with its own slots).
 
     A loader reads every row of the checkpoint's table twice. Before anything is applied it hands the
-    ids (with the slots :meth:`plan_slots` names that the checkpoint has) to :meth:`plan_rows`, which
-    decides which ids this process keeps and raises :class:`~recckpt.errors.IncompatibleCheckpointError`
-    (naming the table and the counts) when they do not fit and ``overflow`` is ``"error"``; with
-    ``"evict"`` it keeps the ones its own eviction policy ranks highest. Then, while applying,
-    ``clear_rows`` installs the planned ids and :meth:`import_rows` gets only the rows :meth:`keep`
-    selects."""
+    ids (with the slots :meth:`plan_slots` names that the checkpoint has, or the slot ``rank_by``
+    names) to :meth:`plan_rows`, which decides which ids this process keeps as :class:`Admission`
+    says, and raises :class:`~recckpt.errors.IncompatibleCheckpointError` (naming the table and the
+    counts) when they do not fit and ``overflow`` is ``"error"``, or when ids it cannot hold are found
+    under ``strict``. Then, while applying, ``clear_rows`` installs the planned ids and
+    :meth:`import_rows` gets only the rows :meth:`keep` selects."""
 
     def plan_slots(self) -> Sequence[str]:
-        """Slots (besides the ids) :meth:`plan_rows` needs to rank ids for eviction."""
+        """Slots (besides the ids) :meth:`plan_rows` needs to rank ids for eviction by its own policy."""
         ...
 
     def plan_rows(self, chunks: Iterator[Tuple[torch.Tensor, Dict[str, torch.Tensor]]],
-                  loaded_slots: Sequence[str], overflow: str) -> int:
-        """See every ``(ids, columns)`` of the checkpoint's table once; return how many ids this process
+                  loaded_slots: Sequence[str], admission: Admission) -> Admitted:
+        """See every ``(ids, columns)`` of the checkpoint's table once; decide which ids this process
         keeps. ``loaded_slots`` are the slots the load will import."""
         ...
 

@@ -106,10 +106,10 @@ def _size(storage, ckpt_id: str, entry) -> int:
 def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = None) -> Listing:
     """Committed checkpoints of `output_dir` (oldest first) and the leftovers of crashed saves in it."""
     storage = open_output_dir(output_dir, storage_options)
-    top = storage.listdir("")            # once: for the checkpoints, the leftovers and the checks
-    _require_dir(storage, top)
+    # one listing, for the checkpoints, the leftovers and the checks; the catalog (no manifest read per
+    # checkpoint) is read while it runs
+    found, top = catalog.committed_and_top(storage, check_top=lambda top: _require_dir(storage, top))
     out = Listing(storage.describe())
-    found = catalog.committed(storage, top)   # the catalog: no manifest read per checkpoint
     for cid, e in found:
         parent = parent_of(e)
         out.checkpoints.append(CheckpointSummary(

@@ -355,7 +355,9 @@ class CheckpointManager:
     # ---------------------------------------------------------------------------------- restore
     def checkpoints(self) -> list[tuple[str, int | None]]:
         """(ckpt_id, global step) of the committed checkpoints, oldest first."""
-        return [(cid, self._step_of(cid, m.metadata)) for cid, m in catalog.committed(self.saver.storage)]
+        # the catalog entry's step is parsed once, when the entry is made
+        return [(cid, m.global_step if m.global_step is not None else self._step_of(cid, {}))
+                for cid, m in catalog.committed(self.saver.storage)]
 
     def _step_of(self, cid: str, metadata: Mapping[str, str]) -> int | None:
         step = parse_step(metadata.get(META_STEP))
@@ -368,7 +370,9 @@ class CheckpointManager:
         that listed a shared store a moment apart must still restore the same checkpoint."""
         listing = None
         if self._agreement.rank == 0:
-            listing = [list(e) for e in self.checkpoints()] if self.saver.storage.isdir("") else []
+            # no isdir first: a missing output directory lists empty, and on an object store an isdir
+            # of a prefix with 10 000 checkpoints cost more than the listing itself
+            listing = [list(e) for e in self.checkpoints()]
         return self._agreement.broadcast0(listing)
 
     def restore(self, global_step: int | None = None, load_conf=None) -> int | None:

@@ -352,6 +352,7 @@ def _run_jobs(rank, world, spec):
                 r = saver.load(load_conf=job.get("load_conf"))
                 res["loaded_tables"] = sorted(r.tables)
                 res["rows"] = r.sparse_rows
+                res["admission"] = r.admission
                 res["bytes_read"] = r.bytes_read
                 res["share_bytes"], res["row_share_bytes"] = _share_bytes(model, dense_opt)
             if job.get("save"):

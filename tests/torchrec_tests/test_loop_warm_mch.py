@@ -2,15 +2,17 @@
 written in the pytest process (no torchrec), warm-starts a managed-collision table through a load with
 `rename`: its raw ids are admitted with their embeddings. Run in one worker process (unsharded MCH).
 
-Not covered (not done): an admission rule by the HashTable's `freq` when it holds more ids than the MCH
-table's zch_size (the MCH adapter's `overflow='evict'` ranks by the module's own `mch.counts`, which a
-HashTable checkpoint does not have), and reporting ids MCH cannot hold (negative, INT64_MAX, outside
-input_hash_size) instead of routing them."""
+With more ids than the MCH table holds, load_conf `admit_by` names the saved slot whose highest values are
+admitted (the HashTable's `freq`: most frequent; `last_step`: most recent), and LoadResult.admission counts
+what was admitted and left out. Ids MCH cannot hold (negative, the INT64_MAX empty sentinel, at or past
+input_hash_size) fail a strict load, naming the table and the counts, before anything is applied; with
+strict=False they are left out and counted per reason."""
 from __future__ import annotations
 
 import os
 
 import numpy as np
+import pytest
 import torch
 
 from .harness import needs_torchrec, run_jobs
@@ -59,3 +61,101 @@ def _rows(src):
             cols.append({"embedding": c["embedding"][k]})
     return ids, cols
 
+
+
+def _hashtable_ckpt(tmp_path, feeds):
+    """A HashTable checkpoint (saved here, no torchrec) after feeding `feeds` (lists of raw ids, one a step)."""
+    import recckpt
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.user = recckpt.HashTable("user", dim=8, counters=True)
+
+    model = Model()
+    model.user.train()
+    for step, ids in enumerate(feeds):
+        model.user.step = step     # last_step counts steps
+        model.user(torch.tensor(ids, dtype=torch.int64))
+    src = str(tmp_path / "ht")
+    recckpt.Saver(model, output_dir=src).save("c")
+    return src
+
+
+def _mch_job(tmp_path, src, name, conf, expect_error=False):
+    return {"name": name, "kind": "mch", "plan": "unsharded", "opt": "adagrad", "tables": [["u", 16, 8, "fp32"]],
+            "mch_input": 1000, "train_steps": 0, "save": None, "load": src, "expect_error": expect_error or None,
+            "load_conf": {"load": ["sparse"], "tables": ["user"], "rename": {"user": MCH_TABLE},
+                          "slots": ["embedding"], **conf},
+            "dump": os.path.join(str(tmp_path), f"d_{name}")}
+
+
+def _saved(src, slot):
+    import recckpt
+    view = recckpt.open(os.path.join(src, "c"))
+    out = {}
+    for i, c in view.iter_rows("user", ["embedding", slot]):
+        for k in range(len(i)):
+            out[int(i[k])] = (c["embedding"][k], int(c[slot][k]))
+    return out
+
+
+def test_admission_by_freq_or_recency_when_the_hashtable_holds_more_ids_than_zch_size(tmp_path):
+    """40 ids for an MCH table of 16 rows (15 admitted): admit_by 'freq' keeps the 15 most frequent ids,
+    'last_step' the 15 seen last, each with its own row; without a rule the load fails naming the counts."""
+    # step s inserts ids 100 + 5s .. 100 + 5s + 4 (last_step = s) and looks up again the ids already there
+    # with (7 i) % 8 > s, so that freq does not follow recency
+    feeds = []
+    for s_ in range(8):
+        new = list(range(100 + 5 * s_, 105 + 5 * s_))
+        feeds.append(new + [i for i in range(100, 100 + 5 * s_) if (7 * i) % 8 > s_])
+    src = _hashtable_ckpt(tmp_path, feeds)
+    freq, last = _saved(src, "freq"), _saved(src, "last_step")
+    jobs = [_mch_job(tmp_path, src, "by_freq", {"admit_by": "freq"}),
+            _mch_job(tmp_path, src, "by_last", {"admit_by": "last_step"}),
+            _mch_job(tmp_path, src, "no_rule", {}, expect_error=True),
+            _mch_job(tmp_path, src, "bad_slot", {"admit_by": "nope"}, expect_error=True)]
+    res = run_jobs(str(tmp_path), 1, jobs)[0]
+    for job, r, slot, table in zip(jobs[:2], res[:2], ("freq", "last_step"), (freq, last)):
+        assert r["admission"] == {MCH_TABLE: {"admitted": 15, "left_out": 25, "refused": {}, "here": 15}}, r
+        got = torch.load(os.path.join(job["dump"], "rank0.pt"), weights_only=True)[f"mch:{MCH_TABLE}"]
+        kept = sorted(int(i) for i in got["ids"])
+        # highest value first, ties: the smaller id
+        want = sorted(sorted(table, key=lambda i: (-table[i][1], i))[:15])
+        assert kept == want, (slot, kept, want)
+        for k, i in enumerate(got["ids"].tolist()):
+            assert np.array_equal(got["weight"][k].numpy(), table[i][0]), f"{slot}: raw id {i}: its row"
+    kept = [sorted(int(i) for i in torch.load(os.path.join(j["dump"], "rank0.pt"), weights_only=True)[f"mch:{MCH_TABLE}"]["ids"])
+            for j in jobs[:2]]
+    assert kept[1] == list(range(125, 140)), "the 15 ids inserted at the last 3 steps are the most recent"
+    assert kept[0] != kept[1], "freq and recency admit different ids here"
+    err = res[2]["error"]
+    for needle in ("IncompatibleCheckpointError", MCH_TABLE, "40 admitted ids", "15 slots", "admit_by", "Nothing was loaded"):
+        assert needle in err, (needle, err)
+    assert "admit_by 'nope'" in res[3]["error"] and "freq" in res[3]["error"], res[3]["error"]
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_ids_mch_cannot_hold_are_refused_or_reported_never_mapped(tmp_path, strict):
+    """Negative ids, INT64_MAX (MCH's empty-slot sentinel) and ids at or past input_hash_size (1000) in a
+    HashTable checkpoint: a strict load fails naming the table and each count, with nothing applied; with
+    strict=False the other ids are admitted with their rows and the refused ones are counted per reason."""
+    big = torch.iinfo(torch.int64).max
+    good = [3, 17, 250, 999]
+    src = _hashtable_ckpt(tmp_path, [good + [-5, -1, big, 1000, 5000, 2**40]])
+    job = _mch_job(tmp_path, src, f"strict_{strict}", {"strict": strict}, expect_error=strict)
+    r = run_jobs(str(tmp_path), 1, [job])[0][0]
+    got = torch.load(os.path.join(job["dump"], "rank0.pt"), weights_only=True)[f"mch:{MCH_TABLE}"]
+    if strict:
+        err = r["error"]
+        for needle in (MCH_TABLE, "2 negative", "1 empty sentinel", "3 outside input size", "'strict': False",
+                       "Nothing was loaded"):
+            assert needle in err, (needle, err)
+        assert got["ids"].numel() == 0, "nothing was applied"
+        return
+    assert r["admission"] == {MCH_TABLE: {"admitted": 4, "left_out": 0, "here": 4, "refused": {
+        "negative": 2, "empty_sentinel": 1, "outside_input_size": 3}}}, r
+    assert sorted(got["ids"].tolist()) == good
+    rows = _saved(src, "freq")
+    for k, i in enumerate(got["ids"].tolist()):
+        assert np.array_equal(got["weight"][k].numpy(), rows[i][0]), f"raw id {i}: its row"

@@ -318,6 +318,35 @@ def test_writer_large_segment_multi_stage(tmp_path):
         check_file(p, recs, segments, 4096, 3 << 20 | 17)
 
 
+def test_writer_in_order_columns_are_written_from_the_source(tmp_path):
+    # A fixed-size table's row range is already in "row_range" bucket order: columns of >= 4 MiB are
+    # checksummed and written from the caller's memory in 4 MiB blocks (no staging), the small ones staged,
+    # next to segments that are not in order; checksum chunks (odd size) straddle the blocks. Every byte,
+    # offset, padding and checksum is checked.
+    n_rows = 1_000_000
+    p = str(tmp_path / "x")
+    rng = np.random.default_rng(11)
+    w = _C.ShardWriter([p], 4096, 3 << 20 | 17, 1 << 30)
+    segments = {}
+    for a, n, rbs in [(0, 70_001, (64, 3)), (500_000, 20_000, (260,)), (70_001, 1, (64, 3))]:
+        ids = np.arange(a, a + n, dtype=np.int64)
+        cols = [rng.integers(0, 256, size=(n, rb), dtype=np.uint8) for rb in rbs]
+        segments[w.submit(0, ids, cols, n_rows)] = (ids, cols, 0)
+    ids = rng.permutation(np.arange(300_000, 370_000, dtype=np.int64))   # not in order: gathered
+    cols = [rng.integers(0, 256, size=(70_000, 64), dtype=np.uint8)]
+    segments[w.submit(1, ids, cols, n_rows)] = (ids, cols, 1)
+    records = w.finish(fsync=False)
+    check_file(p, records[0], segments, 4096, 3 << 20 | 17, n_rows)
+
+
+def test_writer_in_order_write_failure_raises_naming_path():
+    w = _C.ShardWriter(["/dev/full"], 4096, 1 << 20, 1 << 30)
+    with pytest.raises(OSError) as e:
+        w.submit(0, np.arange(100_000, dtype=np.int64), [np.zeros((100_000, 64), np.uint8)], 100_000)
+        w.finish()
+    assert e.value.errno == 28 and e.value.filename == "/dev/full"
+
+
 def test_writer_small_max_inflight_blocks_and_completes(tmp_path):
     paths = [str(tmp_path / "a"), str(tmp_path / "b")]
     specs = [(i % 3, n, (8, 3)) for i, n in enumerate([500, 0, 3000, 1, 10_000] * 4)]

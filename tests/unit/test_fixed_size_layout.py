@@ -118,3 +118,86 @@ def test_a_hash_bucketed_checkpoint_still_loads_into_a_fixed_size_table(tmp_path
     Saver(Holder(t), output_dir=str(tmp_path)).load(ckpt_id="h")
     assert sorted(t.rows) == list(range(1000, 3000))
     np.testing.assert_array_equal(t.rows[2999]["embedding"].numpy(), cols["embedding"][2999])
+
+
+class LendingFixed(FakeFixed):
+    """FakeFixed whose rows live in one tensor per slot and owned range, lent to loads (`LendsRows`)."""
+
+    def __init__(self, owned, lend=True):
+        super().__init__(owned)
+        self.lend = lend
+        self.store = [(a, {k: torch.full((b - a, *s.shape), -1, dtype=s.dtype) for k, s in self.slots.items()})
+                      for a, b in self.layout.owned_rows]
+        self.loaded = []   # (row0, rows) the loader reported
+        self.imported = 0
+
+    def row_views(self, slots):
+        return [(a, {k: cols[k] for k in slots}) for a, cols in self.store] if self.lend else None
+
+    def rows_loaded(self, row0, rows):
+        self.loaded.append((row0, rows))
+
+    def import_rows(self, ids, columns):
+        self.imported += int(ids.shape[0])
+        for a, cols in self.store:
+            n = next(cols.values().__iter__()).shape[0]
+            sel = (ids >= a) & (ids < a + n)
+            for k, v in columns.items():
+                cols[k][ids[sel] - a] = v[sel]
+
+    def check_against(self, cols_all):
+        for a, cols in self.store:
+            n = cols["embedding"].shape[0]
+            for k, v in cols.items():
+                np.testing.assert_array_equal(v.numpy(), cols_all[k][a:a + n], err_msg=f"slot {k} rows {a}+{n}")
+
+
+def _save_two_shards(tmp_path):
+    opts = SaveOptions(num_buckets=4096, fsync=False, segment_bytes=1 << 20)
+    for w, owned in enumerate([((0, N // 2),), ((N // 2, N),)]):
+        t = FakeFixed(owned)
+        t.fill()
+        Saver(Holder(t), output_dir=str(tmp_path), options=opts).save("c", shard_id=w, shard_num=2)
+
+
+def test_rows_are_read_straight_into_lent_storage_2_to_3(tmp_path):
+    """A table that lends its storage (LendsRows) gets its rows read into it: exact, no import_rows, every
+    owned row reported once through rows_loaded, and each rank reads about its share."""
+    _save_two_shards(tmp_path)
+    _, cols_all = full_rows()
+    row_bytes = 8 + 4 * D + 4 * D + 4
+    splits = [((0, 7_000),), ((7_000, 12_000), (20_000, 24_000)), ((12_000, 20_000), (24_000, N))]
+    for r, owned in enumerate(splits):
+        t = LendingFixed(owned)
+        res = Saver(Holder(t), output_dir=str(tmp_path)).load(ckpt_id="c", shard_id=r, shard_num=3)
+        t.check_against(cols_all)
+        assert t.imported == 0, "the direct path wrote every row"
+        got = np.zeros(N, np.int64)
+        for a, n in t.loaded:
+            got[a:a + n] += 1
+        want = np.zeros(N, np.int64)
+        for a, b in owned:
+            want[a:b] = 1
+        np.testing.assert_array_equal(got, want)
+        assert res.sparse_rows == sum(b - a for a, b in owned)
+        share = sum(b - a for a, b in owned) * row_bytes
+        assert res.bytes_read <= 1.2 * share + (64 << 10), (r, res.bytes_read, share)
+
+
+def test_lent_storage_falls_back_to_import_rows_when_ids_are_not_runs(tmp_path):
+    """Hash buckets scatter a row range: the loader sees ids that are not runs and imports them instead,
+    exactly; a table that declines to lend (row_views None) is imported the same way."""
+    from helpers.tables import DictTable
+    ids, cols = full_rows()
+    src = DictTable("fixed", FakeFixed(()).slots)
+    src.set_rows(torch.from_numpy(ids), {k: torch.from_numpy(v) for k, v in cols.items()})
+    Saver(Holder(src), output_dir=str(tmp_path / "h"), options=SaveOptions(fsync=False)).save("h")
+    t = LendingFixed(((1000, 3000), (5000, 5100)))
+    Saver(Holder(t), output_dir=str(tmp_path / "h")).load(ckpt_id="h")
+    t.check_against(cols)
+    assert t.imported == 2100 and t.loaded == []
+    _save_two_shards(tmp_path / "r")
+    t = LendingFixed(((100, 20_000),), lend=False)
+    Saver(Holder(t), output_dir=str(tmp_path / "r")).load(ckpt_id="c")
+    t.check_against(cols)
+    assert t.imported == 19_900 and t.loaded == []

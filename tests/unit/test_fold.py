@@ -55,6 +55,54 @@ def test_engine_fold_matches_a_dictionary_replay(seed):
     assert np.array_equal(np.sort(r["hole_ids"]), np.sort(base_ids[r["holes"]]))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_engine_fold_matches_a_dictionary_replay_across_partitions(seed):
+    """Enough events (~90 000) that the engine splits them into many partitions by id before folding, with
+    masked events in every link: the same answer as replaying the events in a dictionary."""
+    rng = np.random.default_rng(100 + seed)
+    base = rng.permutation(60_000).astype("<i8") * 7 - 200_000       # negative ids too
+    links = [(base, np.empty(0, "<i8"))]
+    masks = [(rng.random(len(base)) < 0.01, None)]
+    for _ in range(8):
+        ids = rng.choice(np.concatenate([base, np.arange(10 ** 6, 10 ** 6 + 5000)]), 4000, replace=False)
+        rows, removed = ids[:3500].astype("<i8"), ids[3500:].astype("<i8")
+        links.append((rows, removed))
+        masks.append((rng.random(len(rows)) < 0.05, rng.random(len(removed)) < 0.05))
+    r = _C.fold_links([a for a, _ in links], [b for _, b in links], [m for m, _ in masks], [m for _, m in masks])
+    assert len(r["dup_ids"]) == 0
+    kept = [(rows[~m], removed if g is None else removed[~g]) for (rows, removed), (m, g) in zip(links, masks)]
+    ref = _reference(kept)
+    index_of = [np.flatnonzero(~m) for m, _ in masks]                # kept position -> position in the link
+    want = {x: (j, int(index_of[j][i])) for x, (j, i) in ref.items()}
+    n_base = len(base)
+    out = {i: (0, i) for i in range(n_base)}
+    for j in range(1, len(links)):
+        assert np.all(np.diff(r["src"][j]) > 0)
+        for sidx, d in zip(r["src"][j], r["dst"][j]):
+            assert int(d) not in out or int(d) < n_base
+            out[int(d)] = (j, int(sidx))
+    for h in r["holes"]:
+        del out[int(h)]
+    got = {int(links[j][0][i]): (j, i) for j, i in out.values()}
+    assert got == want and len(got) == len(out)
+    assert set(out) <= set(range(n_base + r["new_rows"]))
+    assert np.array_equal(np.sort(r["hole_ids"]), np.sort(base[r["holes"]]))
+
+
+def test_engine_reports_every_duplicate_across_partitions():
+    rng = np.random.default_rng(7)
+    base = rng.permutation(50_000).astype("<i8")
+    base_dups = base[rng.choice(50_000, 40, replace=False)]
+    inc = rng.choice(80_000, 20_000, replace=False).astype("<i8")
+    inc_dups = inc[:30]
+    r = _C.fold_links([np.concatenate([base, base_dups]), np.concatenate([inc, inc_dups])],
+                      [np.empty(0, "<i8"), np.empty(0, "<i8")], [None, None], [None, None])
+    got = sorted(zip(r["dup_link"].tolist(), r["dup_ids"].tolist()))
+    assert got == sorted([(0, int(x)) for x in base_dups] + [(1, int(x)) for x in inc_dups])
+    # the first copy of a base id keeps its place; the later copies are holes
+    assert sorted(r["holes"].tolist()) == list(range(50_000, 50_040))
+
+
 def test_engine_reports_duplicates_within_a_link_and_skips_masked_events():
     base = np.array([1, 2, 2, 3], dtype="<i8")
     inc = np.array([4, 4, 1], dtype="<i8")

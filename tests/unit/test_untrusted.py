@@ -286,3 +286,27 @@ def test_a_linked_checkpoint_directory_itself_is_fine(tmp_path):
     m2.t = _HT("t", dim=4)
     _Saver(m2, output_dir=str(tmp_path / "new")).load(ckpt_path=str(tmp_path / "latest"), direct_path=True)
     assert len(m2.t) == 10
+
+
+def test_a_linked_sparse_directory_leading_outside_is_refused(tmp_path):
+    """A directory link on the way to a shard file (not the file itself) that leads out of the checkpoint:
+    the quick inside-check (plain names, no linked directory) must hand it to the full check, which refuses."""
+    import shutil
+
+    import torch as _torch
+
+    from recckpt import HashTable as _HT, SaveOptions as _SO, Saver as _Saver
+
+    m = _torch.nn.Module()
+    m.t = _HT("t", dim=4)
+    with _torch.no_grad():
+        m.t(_torch.arange(100))
+    _Saver(m, output_dir=str(tmp_path / "run"), options=_SO(fsync=False)).save("c")
+    ckpt = tmp_path / "run" / "c"
+    shutil.move(str(ckpt / "sparse"), str(tmp_path / "elsewhere"))   # same bytes, so every CRC matches
+    os.symlink(tmp_path / "elsewhere", ckpt / "sparse")
+    m2 = _torch.nn.Module()
+    m2.t = _HT("t", dim=4)
+    with pytest.raises(CorruptCheckpointError, match=r"outside the checkpoint"):
+        _Saver(m2, output_dir=str(tmp_path / "new")).load(ckpt_path=str(ckpt), direct_path=True)
+    assert len(m2.t) == 0

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ...errors import IncompatibleCheckpointError, InvalidArgumentError
-from ...state.protocol import SlotSpec
+from ...state.protocol import Admission, Admitted, SlotSpec
 from .table import SlotsTable, TorchRecTable
 
 EMPTY = torch.iinfo(torch.int64).max
@@ -112,9 +112,20 @@ class MCHTable(SlotsTable):
         slot = RANK_BY.get(type(self.module._eviction_policy).__name__)
         return [slot] if slot in self.slots else []
 
-    def plan_rows(self, chunks, loaded_slots: Sequence[str], overflow: str) -> int:
-        """Route every saved raw id as this plan does; keep this shard's (at most size - 1 of them). Every
-        process counts every shard, so an overflow anywhere fails the load on every process alike."""
+    def unholdable(self, ids: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Masks over raw ids this module cannot hold, by reason: negative ids, the empty-slot sentinel
+        (INT64_MAX: `_mch_sorted_raw_ids` pads with it, so such an id would read as a free slot) and ids
+        at or past `input_hash_size` (TorchRec would route such an id by wrapping it, not as itself)."""
+        size = int(self.module.input_size())
+        return {"negative": ids < 0, "empty_sentinel": ids == EMPTY,
+                "outside_input_size": (ids >= size) & (ids != EMPTY)}
+
+    def plan_rows(self, chunks, loaded_slots: Sequence[str], admission: Admission) -> Admitted:
+        """Route every saved raw id as this plan does; keep this shard's (at most size - 1 of them). Ids the
+        module cannot hold (`unholdable`) are refused under strict, else left out and counted. Where a
+        shard gets more ids than it holds: with `admission.rank_by` the highest values of that slot are
+        admitted, with overflow 'evict' the module's own policy ranks them, else the load fails. Every
+        process counts every shard, so a refusal anywhere fails the load on every process alike."""
         if "embedding" not in loaded_slots:
             raise IncompatibleCheckpointError(
                 f"TorchRec MCH table {self.name!r}: its raw ids are loaded together with their embeddings; a "
@@ -126,39 +137,59 @@ class MCHTable(SlotsTable):
                                        f"buckets; recckpt routes raw ids with one bucket per shard")
         input_size = int(self.module.input_size())
         counts = torch.zeros(nshards, dtype=torch.int64)
+        refused: Dict[str, int] = {}
+        examples: Dict[str, List[int]] = {}
         mine_ids, mine_rank = [], []
-        rank_slot = (self.plan_slots() or [None])[0]
+        rank_slot = admission.rank_by or (self.plan_slots() or [None])[0]
         for ids, cols in chunks:
+            bad = torch.zeros(ids.shape[0], dtype=torch.bool)
+            for why, mask in self.unholdable(ids).items():
+                k = int(mask.sum())
+                if k:
+                    refused[why] = refused.get(why, 0) + k
+                    examples.setdefault(why, []).extend(ids[mask][:3].tolist())
+                    bad |= mask
+            if bool(bad.any()):
+                ids, cols = ids[~bad], {s: c[~bad] for s, c in cols.items()}
             shard = route(ids, input_size, nshards)
             counts += torch.bincount(shard, minlength=nshards)
             sel = shard == self.shard
             mine_ids.append(ids[sel].clone())
             if rank_slot in cols:
                 mine_rank.append(cols[rank_slot][sel].clone())
+        if refused and admission.strict:
+            text = ", ".join(f"{n} {why.replace('_', ' ')} (e.g. {examples[why][:3]})" for why, n in refused.items())
+            raise IncompatibleCheckpointError(
+                f"TorchRec MCH table {self.name!r}: the checkpoint holds ids this table cannot hold: {text}; its "
+                f"raw ids must lie in [0, input_hash_size = {input_size}). Pass load_conf {{'strict': False}} to "
+                f"leave them out (counted in LoadResult.admission)")
         caps = [self.segments[i + 1] - self.segments[i] - 1 for i in range(nshards)]
         over = [(i, int(counts[i]), caps[i]) for i in range(nshards) if int(counts[i]) > caps[i]]
         ids = torch.cat(mine_ids) if mine_ids else torch.empty(0, dtype=torch.int64)
         cap = caps[self.shard]
-        if over and overflow == "error":
+        if over and admission.overflow == "error" and admission.rank_by is None:
             text = ", ".join(f"shard {i} (rows {self.segments[i]}..{self.segments[i + 1] - 1}) gets {n} ids "
                              f"for {c} slots" for i, n, c in over)
             raise IncompatibleCheckpointError(
                 f"TorchRec MCH table {self.name!r}: the checkpoint's {int(counts.sum())} admitted ids do not fit "
                 f"this plan: {text} (a shard of z rows admits z - 1 ids). Give the table more rows, or pass "
-                f"load_conf {{'overflow': 'evict'}} to keep the ids its eviction policy ranks highest")
+                f"load_conf {{'overflow': 'evict'}} to keep the ids its eviction policy ranks highest, or "
+                f"{{'admit_by': '<slot>'}} (e.g. 'freq') to keep those with the highest values of a saved slot")
         if ids.shape[0] > cap:
             if rank_slot is None or len(mine_rank) != len(mine_ids):
                 raise IncompatibleCheckpointError(
                     f"TorchRec MCH table {self.name!r}: shard {self.shard} gets {ids.shape[0]} ids for {cap} "
                     f"slots, and its eviction policy {type(self.module._eviction_policy).__name__} has no "
-                    f"saved metadata slot recckpt can rank ids by (it knows {sorted(RANK_BY)})")
+                    f"saved metadata slot recckpt can rank ids by (it knows {sorted(RANK_BY)}); pass load_conf "
+                    f"{{'admit_by': '<slot>'}} to rank them by a saved slot")
             score = torch.cat(mine_rank)
             order = torch.argsort(ids)                       # ties: the smaller raw id is kept
             ids, score = ids[order], score[order]
             keep = torch.argsort(score, descending=True, stable=True)[:cap]
             ids = ids[keep]
         self._planned = torch.sort(ids).values
-        return int(self._planned.shape[0])
+        admitted = sum(min(int(counts[i]), caps[i]) for i in range(nshards))
+        return Admitted(admitted, int(counts.sum()) - admitted, refused, int(self._planned.shape[0]))
 
     def keep(self, ids: torch.Tensor) -> torch.Tensor:
         if self._planned is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ...errors import InvalidArgumentError
@@ -117,7 +118,8 @@ class TorchRecTable(SlotsTable):
             parts = sorted((s for s in self.shards if s.row0 == a and s.rows == b - a), key=lambda s: s.col0)
             for i in range(0, b - a, max_rows):
                 j = min(b - a, i + max_rows)
-                ids = torch.arange(a + i, a + j, dtype=torch.int64)
+                # numpy's arange: torch's took milliseconds under intra-op threads on a busy machine
+                ids = torch.from_numpy(np.arange(a + i, a + j, dtype=np.int64))
                 yield ids, {slot: self._gather(parts, slot, slice(i, j)) for slot in slots}
 
     def _gather(self, parts: List[Shard], slot: str, sel) -> torch.Tensor:
@@ -225,6 +227,38 @@ class TorchRecTable(SlotsTable):
                         s.state(slot)[at] = part
                 if self.tracker is not None:   # loaded rows are changes since any earlier mark
                     self.tracker.touch(s.row0, s.rows, local)
+
+    # ------------------------------------------------------------------------- lent storage
+    def row_views(self, slots: Sequence[str]) -> "List[Tuple[int, Dict[str, torch.Tensor]]] | None":
+        """`LendsRows`: per owned row range, the live storage of `slots` when this process holds every
+        column of it in one contiguous CPU tensor per slot (not under a column-wise plan); else None."""
+        self.check_slots(slots)
+        if self._layout.columns is not None:
+            return None
+        out = []
+        for a, b in self._layout.owned_rows:
+            parts = [s for s in self.shards if s.row0 == a and s.rows == b - a]
+            if len(parts) != 1 or parts[0].col0 != 0 or parts[0].cols != self.dim:
+                return None
+            views = {}
+            for slot in slots:
+                t = parts[0].weight if slot == EMBEDDING else parts[0].state(slot)
+                spec = self.slots[slot]
+                if (t.device.type != "cpu" or t.dtype != spec.dtype or not t.is_contiguous()
+                        or tuple(t.shape) != (b - a, *spec.shape)):
+                    return None
+                views[slot] = t
+            out.append((a, views))
+        return out
+
+    def rows_loaded(self, row0: int, rows: int) -> None:
+        """`LendsRows`: rows [row0, row0 + rows) were written into the lent storage: changes since any mark."""
+        if self.tracker is None:
+            return
+        for s in self.shards:
+            lo, hi = max(row0, s.row0), min(row0 + rows, s.row0 + s.rows)
+            if hi > lo:
+                self.tracker.touch_range(s.row0, s.rows, lo - s.row0, hi - s.row0)
 
     # ------------------------------------------------------------------------ change tracking
     #: the table's `tracking.TableTracker` (rows looked up since a mark), set when the table is found in a

@@ -65,6 +65,11 @@ class TableTracker:
         if self.first is not None:
             self._stamps(row0, rows).numpy()[local.numpy()] = self.gen
 
+    def touch_range(self, row0: int, rows: int, lo: int, hi: int) -> None:
+        """Local rows [lo, hi) of the range starting at `row0` written other than by training (a load)."""
+        if self.first is not None:
+            self._stamps(row0, rows).numpy()[lo:hi] = self.gen   # numpy: see looked_up
+
     def looked_up(self, row0: int, rows: int, local: torch.Tensor) -> None:
         # numpy's fancy assignment: a few µs for thousands of ids, where torch's index_put under
         # intra-op threads on a busy CPU took milliseconds (measured: benchmarks/README.md, TorchRec)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from ..errors import CorruptCheckpointError, InvalidCheckpointIdError
 from ..storage import Storage
-from . import checked_json, names
+from . import checked_json, gcpause, names
 from .catalog_file import CatalogEntry, read_catalog, write_catalog
 from .schema import Manifest, manifest_from_json
 
@@ -41,7 +41,8 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
         raise CorruptCheckpointError(f"{where}: more than {names.MAX_MANIFEST_BYTES} bytes exceeds the manifest "
                                      f"size cap", where)
     check_inside(storage, path, ckpt_dir, where)
-    m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
+    with gcpause.paused():   # a thousand tables' entries
+        m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
     m.content_sha256 = hashlib.sha256(data).hexdigest()  # what an increment on it names as its parent
     return m
 
@@ -73,13 +74,14 @@ def read_version_file(storage: Storage) -> list[str] | None:
     return ids
 
 
-def committed(storage: Storage, top: list[str] | None = None) -> list[tuple[str, CatalogEntry]]:
+def committed(storage: Storage, top: list[str] | None = None, known: dict[str, Manifest] | None = None
+              ) -> list[tuple[str, CatalogEntry]]:
     """Committed checkpoints, oldest first: the version file's order, with any committed directory it
     does not list placed among them by creation time. Each comes with what the catalog records of its
     manifest (read from the manifest where the catalog has no entry). `top`: the names at the top of
     `storage` when the caller has listed them already (one listing is a request per 1000 names on an
-    object store)."""
-    return _listing(storage, top=top)[0]
+    object store). `known`: manifests the caller holds (one it has just committed), not read again."""
+    return _listing(storage, top=top, known=known)[0]
 
 
 def committed_and_top(storage: Storage, check_top: Callable[[list[str]], None] = lambda top: None
@@ -90,15 +92,16 @@ def committed_and_top(storage: Storage, check_top: Callable[[list[str]], None] =
     return found, top
 
 
-def _listing(storage: Storage, trust_catalog: bool = True, top: list[str] | None = None
-             ) -> tuple[list[tuple[str, CatalogEntry]], bool]:
+def _listing(storage: Storage, trust_catalog: bool = True, top: list[str] | None = None,
+             known: dict[str, Manifest] | None = None) -> tuple[list[tuple[str, CatalogEntry]], bool]:
     """(committed checkpoints as `committed` lists them, whether the catalog held exactly them)."""
-    found, fresh, _ = _listing3(storage, trust_catalog, top)
+    found, fresh, _ = _listing3(storage, trust_catalog, top, known=known)
     return found, fresh
 
 
 def _listing3(storage: Storage, trust_catalog: bool = True, top: list[str] | None = None,
-              check_top: Callable[[list[str]], None] = lambda top: None):
+              check_top: Callable[[list[str]], None] = lambda top: None,
+              known: dict[str, Manifest] | None = None):
     """`_listing`, with the names at the top of `storage` it listed (or was given)."""
     if top is None and storage.size_is_a_request:
         # An object store lists 1000 names a request, one request after the other (10 000 checkpoints:
@@ -116,6 +119,8 @@ def _listing3(storage: Storage, trust_catalog: bool = True, top: list[str] | Non
     check_top(top)
     candidates = [n for n in top if not n.startswith(".") and n != names.VERSION_FILE]
     found: dict[str, CatalogEntry] = {n: cached[n] for n in candidates if n in cached}
+    known = known or {}
+    found.update({n: CatalogEntry.from_manifest(known[n]) for n in candidates if n not in found and n in known})
     unknown = [n for n in candidates if n not in found]
     for name, m in zip(unknown, _read_manifests(storage, unknown)):
         if m is not None:

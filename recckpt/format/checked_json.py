@@ -89,15 +89,25 @@ def canonical(obj) -> bytes:
                       allow_nan=False).encode("ascii")
 
 
-def dumps(obj: dict) -> bytes:
+#: A checked file whose canonical form is larger than this is written compact: Python serialises
+#: indented JSON in Python code, several times slower than compact (the manifest of a thousand tables).
+INDENT_BELOW = 64 << 10
+
+
+def dumps(obj: dict, check: bool = True) -> bytes:
+    """A checked file's bytes. `check=False`: the caller parses them back with `loads` itself (which
+    applies the same rules), so the key and depth rules are not checked twice."""
     if CRC_KEY in obj:
         raise ValueError(f"metadata must not contain the key {CRC_KEY!r}")
-    check_tree(obj, MAX_DEPTH)  # what we write, we can read back: same key rules and depth
+    if check:
+        check_tree(obj, MAX_DEPTH)  # what we write, we can read back: same key rules and depth
     body = canonical(obj)
     out = dict(obj)
     out[CRC_KEY] = _C.crc32c(body)
-    # Human-readable on disk; the checksum is over the canonical form, not these bytes.
-    return json.dumps(out, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False).encode("ascii")
+    # Human-readable on disk when small; the checksum is over the canonical form, not these bytes.
+    indent = 1 if len(body) < INDENT_BELOW else None
+    return json.dumps(out, sort_keys=True, indent=indent, separators=None if indent else (",", ":"),
+                      ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 def loads(data: bytes, path: str, max_bytes: int, precheck=None) -> dict:
@@ -118,12 +128,14 @@ def loads(data: bytes, path: str, max_bytes: int, precheck=None) -> dict:
     return obj
 
 
-def dumps_unchecked(obj: dict) -> bytes:
+def dumps_unchecked(obj: dict, check: bool = True) -> bytes:
     """A metadata file without a self-checksum (format version 4's indexes: the manifest records the
-    size and CRC of their bytes). Compact: these files grow with the segments."""
+    size and CRC of their bytes). Compact: these files grow with the segments. `check=False`: the
+    caller has the same text checked elsewhere (see `dumps`)."""
     if CRC_KEY in obj:
         raise ValueError(f"metadata must not contain the key {CRC_KEY!r}")
-    check_tree(obj, MAX_DEPTH)
+    if check:
+        check_tree(obj, MAX_DEPTH)
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from .. import _C, __version__
 from ..errors import CheckpointSaveError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage
-from . import catalog, checked_json, names, safetensors_io, structure, tree_codec, visibility
+from . import catalog, checked_json, gcpause, names, safetensors_io, structure, tree_codec, visibility
 from .digest import DenseDigest, Digest, Digests, TableDigest, dense_digest
 from .schema import (
     ColumnBlocks,
@@ -45,9 +45,13 @@ class WorkerPart:
     parent: dict | None = None    # incremental: ParentRef json of the checkpoint the changes are since
     digests: dict | None = None   # table -> TableDigest json of this worker's rows (tables written whole)
     dense_digests: dict | None = None   # key -> DenseDigest json (the worker that wrote the dense state)
+    # The index as this process built it (not carried by collectives): finalize takes it as is instead
+    # of parsing `index` back, which for a thousand tables cost more than writing them.
+    doc: IndexDoc | None = field(default=None, repr=False, compare=False)
+    doc_bytes: bytes | None = field(default=None, repr=False, compare=False)   # its index file, as written
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k not in ("doc", "doc_bytes")}
 
     @staticmethod
     def from_json(d: dict) -> "WorkerPart":
@@ -71,7 +75,9 @@ def index_bytes(doc: IndexDoc) -> bytes:
     """The bytes of an index file: checked JSON up to format version 3; from version 4 plain JSON, which
     the manifest's `files` entry covers (docs/FORMAT.md, Checked JSON)."""
     if doc.format_version >= names.SEGMENT_DIR_SINCE:
-        return checked_json.dumps_unchecked(doc.to_json())
+        # Its only free text, the table and slot names, is in the manifest too, which `finalize` parses
+        # back with every rule before anything commits: the rules are not walked twice here.
+        return checked_json.dumps_unchecked(doc.to_json(), check=False)
     return checked_json.dumps(doc.to_json())
 
 
@@ -122,7 +128,20 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
             t.digest = (TableDigest.for_slots(t.slots) if cb is None
                         else TableDigest.for_block(t.slots, cb.slots, cb.blocks, t.block))
     doc = write_tables(storage, stage, worker, tables, opts, removed)
-    part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json())
+    with gcpause.paused():
+        part, data = _describe_part(doc, worker, tables, changes, step, parent)
+    rel = names.worker_index(worker)
+    storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
+    storage.write_bytes(f"{stage}/{rel}", data, fsync=opts.fsync)
+    part.files[rel] = [len(data), _C.crc32c(data)]
+    part.doc_bytes = data
+    return _write_worker_state(storage, stage, worker, part, dense, extras, io_state, opts)
+
+
+def _describe_part(doc: IndexDoc, worker: int, tables: list[TableSource], changes: set[str], step, parent
+                   ) -> tuple[WorkerPart, bytes]:
+    """The part's JSON (index, digests, tables) and its index file's bytes: metadata only."""
+    part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json(), doc=doc)
     sums: dict[str, TableDigest] = {}    # a column-split table comes as one source per block
     for t in tables:
         if t.digest is not None and t.name not in changes:
@@ -135,11 +154,11 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
                                      sum(s.rows for s in doc.removed.get(t.name, [])),
                                      t.bucket_fn, t.num_rows, t.column_blocks, t.input_size).to_json()
                    for t in tables}
-    rel = names.worker_index(worker)
-    storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
-    data = index_bytes(doc)
-    storage.write_bytes(f"{stage}/{rel}", data, fsync=opts.fsync)
-    part.files[rel] = [len(data), _C.crc32c(data)]
+    return part, index_bytes(doc)
+
+
+def _write_worker_state(storage, stage, worker, part: WorkerPart, dense, extras, io_state, opts) -> WorkerPart:
+    """The worker's IO state and (worker 0) dense state and extras files, recorded in `part`."""
     if io_state is not None:
         rel = names.io_state_file(worker)
         storage.makedirs(f"{stage}/{names.IO_STATE_DIR}")
@@ -207,6 +226,33 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
     if visible_within_s is not None:
         visibility.check_visible(storage, stage, expected_files(parts), ckpt_id=ckpt_id,
                                  timeout_s=visible_within_s)
+    with gcpause.paused():   # the merge and manifest of a thousand tables: metadata only
+        m, merged, data = _merge_parts(storage, ckpt_id, parts, opts, metadata)
+    if m.tables:
+        storage.write_bytes(f"{stage}/{names.INDEX}", data, fsync=opts.fsync)
+        m.files[names.INDEX] = FileInfo(len(data), _C.crc32c(data))
+        m.index = names.INDEX
+    with gcpause.paused():
+        data = checked_json.dumps(m.to_json(), check=False)   # parsed back, with every rule, below
+        # The writer refuses what every reader would: a manifest that fails the reader's validation (e.g.
+        # a table or slot name with a NUL) would commit a checkpoint that listings skip and loads refuse.
+        try:
+            manifest_from_json(checked_json.loads(data, names.MANIFEST, names.MAX_MANIFEST_BYTES), names.MANIFEST)
+        except CorruptCheckpointError as e:
+            raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest "
+                                      f"would not be readable ({e}); rename what the message names",
+                                      path=storage.describe(ckpt_id)) from None
+    # What commits is exactly what the manifest and the index list: nothing missing, nothing more.
+    storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files}, names.MANIFEST)
+    catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
+    m.content_sha256 = hashlib.sha256(data).hexdigest()
+    return m
+
+
+def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: SparseWriteOptions,
+                 metadata: dict[str, str] | None) -> tuple[Manifest, IndexDoc, bytes]:
+    """The manifest (all but its index entry), the merged index and that index's bytes (b"" without
+    tables) of the workers' parts."""
     if any(p.parent != parts[0].parent for p in parts):
         raise ValueError(f"checkpoint {ckpt_id!r}: the workers disagree on its parent "
                          f"({sorted({str(p.parent) for p in parts})}); every worker must save an increment on "
@@ -250,30 +296,15 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         m.extras = m.extras or p.extras
     # The workers' indexes, checked against the tables they describe (a version 4 index needs the slot
     # specs to know its column lengths).
-    docs = [index_from_json(p.index, f"worker {p.worker} index", m, worker=True) for p in parts]
+    docs = [p.doc if p.doc is not None else index_from_json(p.index, f"worker {p.worker} index", m, worker=True)
+            for p in parts]
     merged = IndexDoc.merge(docs)
     _check_column_blocks(storage, ckpt_id, m, docs)
     m.digests = _merged_digests(parts, m)
     m.shard_bytes = sum(size for _, size in merged.files)   # listings show sizes without reading the index
-    if m.tables:
-        data = index_bytes(merged)
-        storage.write_bytes(f"{stage}/{names.INDEX}", data, fsync=opts.fsync)
-        m.files[names.INDEX] = FileInfo(len(data), _C.crc32c(data))
-        m.index = names.INDEX
-    data = checked_json.dumps(m.to_json())
-    # The writer refuses what every reader would: a manifest that fails the reader's validation (e.g. a
-    # table or slot name with a NUL) would commit a checkpoint that listings skip and loads refuse.
-    try:
-        manifest_from_json(checked_json.loads(data, names.MANIFEST, names.MAX_MANIFEST_BYTES), names.MANIFEST)
-    except CorruptCheckpointError as e:
-        raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest would "
-                                  f"not be readable ({e}); rename what the message names",
-                                  path=storage.describe(ckpt_id)) from None
-    # What commits is exactly what the manifest and the index list: nothing missing, nothing more.
-    storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files}, names.MANIFEST)
-    catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
-    m.content_sha256 = hashlib.sha256(data).hexdigest()
-    return m
+    if len(parts) == 1 and parts[0].doc_bytes is not None:
+        return m, merged, parts[0].doc_bytes   # one worker: the merge is its index, already serialised
+    return m, merged, index_bytes(merged) if m.tables else b""
 
 
 def _check_column_blocks(storage, ckpt_id: str, m: Manifest, docs: list[IndexDoc]) -> None:
@@ -329,6 +360,7 @@ class CheckpointReader:
         self.manifest = catalog.read_manifest(storage, ckpt_dir)
         self._parsed: IndexDoc | None = None
         self._index_error: Exception | None = None
+        self._index_sha256: bytes | None = None   # of the merged index's bytes, once read
         self._index: IndexDoc | None = None
         self._segments: SegmentReader | None = None
 
@@ -402,15 +434,31 @@ class CheckpointReader:
                 where = self.describe(self.manifest.index)
                 try:
                     # The bytes are let go once decoded: a large index is held once as text, not twice.
-                    text = checked_json.ascii_text(self.read_file(self.manifest.index), where)
-                    obj = parse_index_bytes(text, where, self.manifest.format_version)
-                    del text
-                    self._parsed = index_from_json(obj, where, self.manifest)
+                    raw = self.read_file(self.manifest.index)
+                    self._index_sha256 = hashlib.sha256(raw).digest()
+                    text = checked_json.ascii_text(raw, where)
+                    del raw
+                    with gcpause.paused():
+                        obj = parse_index_bytes(text, where, self.manifest.format_version)
+                        del text
+                        self._parsed = index_from_json(obj, where, self.manifest)
                 except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
                     # A copy without the traceback, whose frames hold the file's bytes and parse.
                     self._index_error = e.retold(str(e))
                     raise
         return self._parsed
+
+    def same_as_merged_index(self, data) -> bool:
+        """Whether `data` (a worker index of a one-worker checkpoint) has the bytes of the merged index,
+        which `parsed_index` parses and checks: then it need not be parsed again. False when the merged
+        index cannot be read (its own check reports that)."""
+        if self.manifest.shard_num != 1 or self.manifest.index is None:
+            return False
+        try:
+            self.parsed_index()
+        except (CorruptCheckpointError, IncompatibleCheckpointError):
+            return False
+        return self._index_sha256 is not None and hashlib.sha256(data).digest() == self._index_sha256
 
     @property
     def index(self) -> IndexDoc:
@@ -424,17 +472,13 @@ class CheckpointReader:
     def verify_worker_indexes(self) -> None:
         """The per-worker indexes are not needed to read (index.json merges them) but are part of the
         checkpoint; check them so that no byte of a checkpoint goes unverified by a full load."""
-        files = self.manifest.files
-        merged = files.get(self.manifest.index) if self.manifest.index is not None else None
-        for rel in files:
+        for rel in self.manifest.files:
             if rel.startswith(f"{names.SPARSE_DIR}/") and rel.endswith(".index.json"):
                 data = self.read_file(rel)   # its size and CRC checked against the manifest
-                info = files[rel]
-                if merged is not None and (info.size, info.crc32c) == (merged.size, merged.crc32c):
-                    # One worker: the same bytes as the merged index, which is parsed to be read; a
-                    # second parse (a third of opening each link of a long chain) would find nothing new.
-                    continue
-                parse_index_bytes(data, self.describe(rel), self.manifest.format_version)
+                if self.same_as_merged_index(data):
+                    continue   # one worker: byte for byte the merged index, which `index` parses and checks
+                with gcpause.paused():
+                    parse_index_bytes(data, self.describe(rel), self.manifest.format_version)
 
     @property
     def segments(self) -> SegmentReader:

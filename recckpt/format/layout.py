@@ -102,7 +102,11 @@ def segment_rows(segment_bytes: int, row_bytes: Iterable[int]) -> int:
     return rows - rows % granule if rows >= granule else rows
 
 
-def granule_cut(n: int, granule: int) -> int:
+def granule_cut(n: int, granule: int, row_bytes: int | None = None) -> int:
     """Where a chunk of `n` rows is split so that its first part is whole granules and the short rest
-    becomes a segment of its own; 0 or `n` when no split is needed."""
+    becomes a segment of its own; 0 or `n` when no split is needed. `row_bytes` (the id and every slot):
+    a chunk of fewer than PACK_BELOW bytes is written packed, unaligned, so a cut would only add a
+    segment (a second index entry, directory and read per small table); it is not cut."""
+    if row_bytes is not None and n * row_bytes < PACK_BELOW:
+        return n
     return n - n % granule

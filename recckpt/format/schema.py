@@ -272,7 +272,7 @@ class IndexDoc:
                 have = out.tables.setdefault(name, (list(slots), []))
                 if have[0] != list(slots):
                     raise ValueError(f"table {name!r}: workers wrote different slots {have[0]} vs {slots}")
-                have[1].extend(replace(s, file=s.file + base) for s in segs)
+                have[1].extend(segs if base == 0 else (replace(s, file=s.file + base) for s in segs))
             for name, segs in p.removed.items():
                 out.removed.setdefault(name, []).extend(replace(s, file=s.file + base) for s in segs)
         return out

@@ -22,7 +22,7 @@ import numpy as np
 from .. import _C
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, InvalidArgumentError
 from ..storage import Storage
-from . import layout, names
+from . import gcpause, layout, names
 from .catalog import check_inside
 from .digest import TableDigest
 from .schema import Column, ColumnBlocks, IndexDoc, Segment, SlotInfo
@@ -132,19 +132,25 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
         except BaseException:
             writer.abort()
             raise
-        for fi, (rel, path, recs) in enumerate(zip(rels, paths, records)):
-            doc.files.append((rel, os.path.getsize(path)))
-            for r in recs:
-                b = r["buckets"]
-                ti = r["table"]
-                seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], (b["crc32c"],), b["length"]),
-                              tuple(Column(c["offset"], c["length"], c["crc32c"], c["step"]) for c in r["columns"]),
-                              r["dir"], r["first"], r["last"], bool(r["packed"]), sources[ti].block)
-                if ti < len(tables):
-                    doc.tables[tables[ti].name][1].append(seg)
-                else:
-                    doc.removed[sources[ti].name].append(seg)
+        with gcpause.paused():   # a segment of each of a thousand tables: metadata only
+            _add_records(doc, rels, paths, records, tables, sources)
     return doc
+
+
+def _add_records(doc: IndexDoc, rels, paths, records, tables: list[TableSource], sources: list[TableSource]):
+    """The engine's segment records, per file, into `doc`."""
+    for fi, (rel, path, recs) in enumerate(zip(rels, paths, records)):
+        doc.files.append((rel, os.path.getsize(path)))
+        for r in recs:
+            b = r["buckets"]
+            ti = r["table"]
+            seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], (b["crc32c"],), b["length"]),
+                          tuple(Column(c["offset"], c["length"], c["crc32c"], c["step"]) for c in r["columns"]),
+                          r["dir"], r["first"], r["last"], bool(r["packed"]), sources[ti].block)
+            if ti < len(tables):
+                doc.tables[tables[ti].name][1].append(seg)
+            else:
+                doc.removed[sources[ti].name].append(seg)
 
 
 log = logging.getLogger("recckpt")
@@ -225,6 +231,8 @@ class SegmentReader:
         self._local: dict[int, str] = {}   # shard file -> local copy (fetch_whole_files)
         self._tmp: str | None = None
         self._cleanup: weakref.finalize | None = None
+        # Verified bytes read ahead for many small tables at once (`prefetch`), taken by `read`.
+        self._prefetched: dict[tuple, np.ndarray] = {}
 
     def _path(self, file_idx: int) -> str:
         return f"{self.ckpt_dir}/{self.index.files[file_idx][0]}" if self.ckpt_dir else self.index.files[file_idx][0]
@@ -345,6 +353,17 @@ class SegmentReader:
         column is checked too), written into `dsts` (writable uint8 arrays of hi - lo bytes) or into
         fresh arrays. Whole columns whose destination lies in `map_into` at a page-congruent address
         are mapped, not copied."""
+        if not self._prefetched:
+            return self._read_now(table, reqs, dsts, map_into)
+        rest, rest_dst, out = self._take_prefetched(reqs, dsts)
+        if rest:
+            sub = iter(self._read_now(table, rest, rest_dst, map_into))
+            if dsts is None:
+                out = [next(sub) if o is None else o for o in out]
+        return out
+
+    def _read_now(self, table: str, reqs: list[ReadRequest], dsts: list[np.ndarray] | None = None,
+                  map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
         out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
         for r in reqs:
             self.check_size(r.file)
@@ -391,6 +410,58 @@ class SegmentReader:
             dst[:] = arr[lo - start:hi - start]
         return out
 
+    def prefetch(self, jobs: list[tuple[str, list[str], list[int]]], bucket_lo: int = 0,
+                 bucket_hi: int | None = None) -> int:
+        """Read ahead, verified, what reads of buckets [lo, hi) of each of `jobs` ((table, slots, row bytes))
+        will ask for: their bucket directories in one parallel engine call, then their rows in one more,
+        instead of two calls per table (each starts threads and opens files: for a thousand tables of
+        a few hundred rows that was most of a load). Later `read`s of the same ranges take the bytes
+        from here. Meant for small tables (the bytes are held until read). Anything that fails here is
+        left to the table's own reads, which report it; returns the bytes read ahead."""
+        self._prefetched.clear()
+        hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
+        try:
+            segs = [(t, seg) for t, _, _ in jobs for seg in self.index.tables[t][1]]
+            need = [(t, seg) for t, seg in segs if (t, seg.file, seg.buckets.offset) not in self._offsets
+                    and self._dir_use(seg, bucket_lo, hi_b) == "read"]
+            reqs = [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
+                                max(seg.buckets.length, 1)) for _, seg in need]
+            for (t, seg), raw in zip(need, self.read(jobs[0][0], reqs) if reqs else []):
+                d = BucketDir.from_bytes(raw, seg, self.index.num_buckets)
+                if d is None or self._offsets_bytes + d.nbytes > OFFSETS_CACHE_BYTES:
+                    continue   # the table's own read reports a bad directory
+                self._offsets[(t, seg.file, seg.buckets.offset)] = d
+                self._offsets_bytes += d.nbytes
+            reqs = []
+            for t, slots, row_bytes in jobs:
+                all_slots = self.index.tables[t][0]
+                col_of = [1 + all_slots.index(s) for s in slots]
+                for seg, r0, r1 in self.iter_row_ranges(t, self.index.tables[t][1], bucket_lo, hi_b):
+                    reqs += self._row_requests(seg, r0, r1, slots, col_of, row_bytes)
+            datas = self.read(jobs[0][0], reqs) if reqs else []
+        except (CorruptCheckpointError, OSError, KeyError, ValueError):
+            self._prefetched.clear()
+            return 0
+        self._prefetched = {_prefetch_key(r): d for r, d in zip(reqs, datas)}
+        return sum(d.nbytes for d in datas)
+
+    def _take_prefetched(self, reqs: list[ReadRequest], dsts: list[np.ndarray] | None):
+        """(requests still to read, their destinations, the output with None where still to read)."""
+        rest, rest_dst, out = [], [] if dsts is not None else None, []
+        for i, r in enumerate(reqs):
+            got = self._prefetched.pop(_prefetch_key(r), None)
+            if got is None:
+                rest.append(r)
+                if dsts is not None:
+                    rest_dst.append(dsts[i])
+                out.append(dsts[i] if dsts is not None else None)
+            elif dsts is not None:
+                dsts[i][:] = got
+                out.append(dsts[i])
+            else:
+                out.append(got)
+        return rest, rest_dst, out
+
     def bucket_offsets(self, table: str, seg: Segment) -> "BucketDir":
         return self.all_bucket_offsets(table, [seg])[0]
 
@@ -424,17 +495,12 @@ class SegmentReader:
         so that no byte goes unchecked; a partial load skips, by the buckets the index records for each
         segment (format version 4), the segments outside its range and the directories of those wholly
         inside it, and reads the directories of the others (docs/FORMAT.md, what a loading rank reads)."""
-        nb = self.index.num_buckets
-        full = bucket_lo == 0 and bucket_hi == nb
         todo, whole = [], {}
-        for i, seg in enumerate(segs):
-            if full:
-                todo.append(seg)
-            elif seg.last < bucket_lo or seg.first >= bucket_hi:
-                continue
-            elif seg.dir_entries and bucket_lo <= seg.first and seg.last < bucket_hi:
+        for seg in segs:
+            how = self._dir_use(seg, bucket_lo, bucket_hi)
+            if how == "whole":
                 whole[id(seg)] = True
-            else:
+            elif how == "read":
                 todo.append(seg)
         dirs = {id(seg): off for seg, off in self.iter_bucket_offsets(table, todo)}
         for seg in segs:
@@ -444,9 +510,22 @@ class SegmentReader:
             off = dirs.get(id(seg))
             if off is None:
                 continue
-            r0, r1 = (0, seg.rows) if full else (off[bucket_lo], off[bucket_hi])
+            r0, r1 = (0, seg.rows) if (bucket_lo, bucket_hi) == (0, self.index.num_buckets) else (
+                off[bucket_lo], off[bucket_hi])
             if r1 > r0:
                 yield seg, r0, r1
+
+    def _dir_use(self, seg: Segment, bucket_lo: int, bucket_hi: int) -> str:
+        """What a read of buckets [lo, hi) does with the segment's directory: "read" it (a full read checks
+        every directory), "skip" the segment (no rows in the range) or take it "whole" (version 4: its
+        recorded buckets lie inside the range)."""
+        if (bucket_lo, bucket_hi) == (0, self.index.num_buckets):
+            return "read"
+        if seg.last < bucket_lo or seg.first >= bucket_hi:
+            return "skip"
+        if seg.dir_entries and bucket_lo <= seg.first and seg.last < bucket_hi:
+            return "whole"
+        return "read"
 
     def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list["BucketDir"]:
         """The verified bucket directory of each of `segs` (format version 4, or versions 1-3's offsets
@@ -619,6 +698,10 @@ class SegmentReader:
                 parts = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols[1:], row_bytes)]
                 pos += n
                 yield (ids, parts, reqs[0].file) if with_file else (ids, parts)
+
+
+def _prefetch_key(r: ReadRequest) -> tuple:
+    return (r.file, r.column.offset, r.lo, r.hi, r.pad)
 
 
 @dataclass

@@ -22,13 +22,24 @@ import numpy as np
 from .. import _C
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage, open_storage
-from . import extras as extras_fmt, names, safetensors_io, structure
+from . import extras as extras_fmt, gcpause, names, safetensors_io, structure
 from .chain import split_path, walk_chain
 from .checkpoint import CheckpointReader, parse_index_bytes
 from .schema import IndexDoc, index_from_json
-from .sparse_io import ReadRequest, SegmentReader
+from .sparse_io import BucketDir, ReadRequest, SegmentReader
 
 _WINDOW = 64 << 20  # bytes of one column read at a time
+_GROUP_BYTES = 16 << 20  # bytes of small segments checked in one parallel read
+_SAME_AS_MERGED = IndexDoc(0, 0)   # a worker index whose bytes are the merged index's (one worker)
+
+
+@dataclass(frozen=True)
+class _Seg:
+    """A segment to check: its table, the row bytes of its columns, whether its rows count as the table's."""
+    table: str
+    seg: object
+    rbs: list
+    counted: bool
 
 
 @dataclass
@@ -73,6 +84,11 @@ def verify(path: str, *, threads: int = 4, storage_options: dict | None = None) 
     Returns a report; raises CheckpointNotFoundError only when `path` has no manifest.json at all.
     `report.raise_if_failed()` turns a failed report into a CorruptCheckpointError. `storage_options`
     go to fsspec for a URL (endpoint, credentials)."""
+    with gcpause.paused():   # a thousand tables' metadata: see recckpt.format.gcpause
+        return _verify(path, threads, storage_options)
+
+
+def _verify(path: str, threads: int, storage_options: dict | None) -> VerifyReport:
     t0 = time.perf_counter()
     storage = open_storage(path, storage_options)
     report = VerifyReport(storage.describe())
@@ -159,6 +175,10 @@ class _Checker:
             if worker is None:
                 raise CorruptCheckpointError(f"{where}: not a worker index name (expected "
                                              f"{names.worker_index(0)} and so on)", where)
+            if self.reader.same_as_merged_index(data):
+                # One worker: its index is byte for byte the merged one, which the reader parses and checks.
+                worker_docs[worker] = _SAME_AS_MERGED
+                return
             worker_docs[worker] = index_from_json(parse_index_bytes(data, where, self.m.format_version), where,
                                                   self.m, worker=True)
         elif rel == self.m.dense:
@@ -181,6 +201,8 @@ class _Checker:
             merged = self.reader.parsed_index()
         except (CorruptCheckpointError, IncompatibleCheckpointError):
             return  # already reported
+        if all(d is _SAME_AS_MERGED for d in docs.values()):
+            return
         try:
             again = IndexDoc.merge([docs[w] for w in range(self.m.shard_num)])
         except ValueError as e:
@@ -206,29 +228,74 @@ class _Checker:
                 bad_files.add(fi)
         self.check_tiling(index, bad_files)
         self.report.files_checked += len(index.files) - len(bad_files)
+        # Every segment of every table, removed ids first (ids-only segments, checked like any, not counted).
+        # Small segments are checked together, one parallel read per group (a model of a thousand small
+        # tables is one pass, not a thousand); a large one alone, in windows.
+        group: list[_Seg] = []
+        nbytes = 0
         for table, (slots, segs) in index.tables.items():
             info = self.m.tables[table]
             rbs = [8] + [info.slots[s].row_bytes for s in slots]
-            rows = 0
-            # removed ids of an incremental checkpoint: ids-only segments, checked like any (not counted)
-            for seg in index.removed.get(table, []):
-                if seg.file not in bad_files:
-                    try:
-                        self.check_segment(seg_reader, index, table, seg, [8])
-                    except CorruptCheckpointError as e:
-                        self.problem(e)
-                        bad_files.add(seg.file)
-            for seg in segs:
-                if seg.file in bad_files:
+            self.report.tables[table] = 0
+            items = [_Seg(table, seg, [8], False) for seg in index.removed.get(table, [])]
+            items += [_Seg(table, seg, rbs, seg.block == 0) for seg in segs]   # column blocks repeat the rows
+            for it in items:
+                size = it.seg.buckets.length + sum(c.length for c in it.seg.columns)
+                if size > _GROUP_BYTES:
+                    self.check_alone(seg_reader, index, it, bad_files)
                     continue
-                try:
-                    self.check_segment(seg_reader, index, table, seg, rbs)
-                    rows += seg.rows if seg.block == 0 else 0   # column blocks repeat the rows
-                except CorruptCheckpointError as e:
-                    self.problem(e)
-                    bad_files.add(seg.file)
-            self.report.tables[table] = rows
+                group.append(it)
+                nbytes += size
+                if nbytes >= _GROUP_BYTES:
+                    self.check_group(seg_reader, index, group, bad_files)
+                    group, nbytes = [], 0
+        self.check_group(seg_reader, index, group, bad_files)
         self.report.bytes_checked += seg_reader.bytes_read
+
+    def check_alone(self, seg_reader, index: IndexDoc, it: "_Seg", bad_files: set[int]) -> None:
+        """One segment, every byte; a failure is reported and its file is not read further."""
+        if it.seg.file in bad_files:
+            return
+        try:
+            self.check_segment(seg_reader, index, it.table, it.seg, it.rbs)
+        except CorruptCheckpointError as e:
+            self.problem(e)
+            bad_files.add(it.seg.file)
+            return
+        if it.counted:
+            self.report.tables[it.table] += it.seg.rows
+
+    def check_group(self, seg_reader, index: IndexDoc, group: list["_Seg"], bad_files: set[int]) -> None:
+        """Small segments (of any tables) read in one call: directories and whole columns. Whatever fails
+        is checked again segment by segment (`check_alone`), which names the table and column."""
+        group = [it for it in group if it.seg.file not in bad_files]
+        if not group:
+            return
+        reqs = []
+        ver = index.format_version
+        for it in group:
+            seg = it.seg
+            reqs.append(ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
+                                    max(seg.buckets.length, 1)))
+            reqs += [ReadRequest(seg.file, col, 0, col.length, "ids" if k == 0 else f"column {k}",
+                                 col.step or index.chunk_bytes, seg.pad_before(k, ver))
+                     for k, col in enumerate(seg.columns)]
+        try:
+            datas = seg_reader.read(group[0].table, reqs)
+        except CorruptCheckpointError:
+            datas = None
+        pos = 0
+        for it in group:
+            seg = it.seg
+            ok = datas is not None
+            if ok:
+                off = BucketDir.from_bytes(datas[pos], seg, index.num_buckets)
+                ok = off is not None and self.ids_match(it.table, datas[pos + 1].view("<i8"), off, 0, index)
+            pos += 1 + len(seg.columns)
+            if not ok:
+                self.check_alone(seg_reader, index, it, bad_files)
+            elif it.counted:
+                self.report.tables[it.table] += seg.rows
 
     def check_tiling(self, index: IndexDoc, bad_files: set[int]) -> None:
         # The loader's rule (structure.py), every finding reported; a file that fails it is not read.
@@ -250,14 +317,16 @@ class _Checker:
                 if k == 0:
                     self.check_ids(table, seg, data.view("<i8"), off, lo // 8, index)
 
-    def check_ids(self, table, seg, ids: np.ndarray, off, first_row: int, index: IndexDoc) -> None:
-        """Rows [first_row, first_row + len(ids)) must sit in the buckets their ids map to (by the
+    def ids_match(self, table, ids: np.ndarray, off, first_row: int, index: IndexDoc) -> bool:
+        """Whether rows [first_row, first_row + len(ids)) sit in the buckets their ids map to (by the
         table's bucket function; a row_range id must also be a row of the table)."""
         info = self.m.tables[table]
         buckets = _C.bucket_of(ids, index.num_buckets, **info.bucket_args())
         rows = np.arange(first_row, first_row + len(ids))
-        expected = off.bucket_of_rows(rows)
-        if not np.array_equal(buckets, expected):
+        return bool(np.array_equal(buckets, off.bucket_of_rows(rows)))
+
+    def check_ids(self, table, seg, ids: np.ndarray, off, first_row: int, index: IndexDoc) -> None:
+        if not self.ids_match(table, ids, off, first_row, index):
             where = self.storage.describe(index.files[seg.file][0])
             raise CorruptCheckpointError(f"{where}: table {table!r}: ids are not in the buckets the index "
                                          f"records for them", where)

@@ -22,13 +22,26 @@ from ..format.checkpoint import CheckpointReader
 from ..format.column_join import FROM_OVERLAP, iter_joined
 from ..format.hashing import bucket_range, id_range_buckets
 from ..state import optim_names, plugins
-from ..state.protocol import Admission, FixedSize, RoutedRows, column_split_slots, split_sparse_dense_state_dict
+from ..state.protocol import (
+    Admission,
+    FixedSize,
+    RoutedRows,
+    column_split_slots,
+    implements,
+    split_sparse_dense_state_dict,
+)
 from ..state.registry import Registry
 from .chain_load import load_chain_rows, plan_chain
 from .fixed_rows import DirectRows, OwnedRows
 from .load_config import LoadConfig
 from .row_filter import RowFilter, owners_of
 from .sparse_load import direct_load_possible, lends_host_memory, load_table_rows, map_table_rows, mapped_load_possible
+
+#: A table with fewer bytes of rows than this (in the loading rank's buckets) is read with its neighbours
+#: (`_prefetch_groups`): its cost is the engine calls, not its bytes.
+SMALL_TABLE_BYTES = 1 << 20
+#: Bytes of rows of small tables read ahead at once (held until their tables take them).
+PREFETCH_BYTES = 16 << 20
 
 log = logging.getLogger("recckpt")
 
@@ -113,14 +126,14 @@ class LoadPlan:
                     self._check_compatible(f"table {name!r} slot {slot!r}", si.dtype, si.shape,
                                            spec.dtype, tuple(spec.shape))
                     slots.append((slot, si, spec))
-                if isinstance(table, FixedSize) and slots and not conf.merge and m.parent is None:
+                if implements(table, FixedSize) and slots and not conf.merge and m.parent is None:
                     n = table.row_layout().num_rows   # (a chain's is checked on its base, in _plan_chains)
                     if info.rows != n:
                         self.incompatible.append(
                             f"table {name!r}: the checkpoint holds {info.rows} rows, model table {target!r} has "
                             f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads the rows "
                             f"that fit)")
-                if isinstance(table, RoutedRows) and slots and not self.incompatible:
+                if implements(table, RoutedRows) and slots and not self.incompatible:
                     self._plan_routed(name, target, table, info, slots)
                 for slot, spec in meta.slots.items():
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
@@ -353,7 +366,7 @@ class LoadPlan:
             if not slots:
                 continue
             tl = table_links(links, name)
-            if isinstance(table, FixedSize) and not self.conf.merge:
+            if implements(table, FixedSize) and not self.conf.merge:
                 n, have = table.row_layout().num_rows, tl[0].manifest.tables[name].rows
                 if have != n:
                     self.incompatible.append(
@@ -362,7 +375,7 @@ class LoadPlan:
                         f"loads the rows that fit)")
             if len(tl) > 1:
                 t_lo, t_hi = lo, hi
-                if isinstance(table, FixedSize):
+                if implements(table, FixedSize):
                     # the buckets of its owned rows ("row_range"; every bucket under "hash"); OwnedRows keeps
                     # exactly its rows and columns of what the fold gives
                     ranges = self._fixed_bucket_ranges(name, table.row_layout())
@@ -463,6 +476,34 @@ class LoadPlan:
         narrowed = dict(st, tables={loaded[n]: v for n, v in tables.items() if n in loaded})
         opt.load_state_dict(narrowed, strict=False)
 
+    def _prefetch_groups(self, lo: int, hi: int) -> dict[str, list[tuple[str, list[str], list[int]]]]:
+        """Runs of consecutive small tables (under SMALL_TABLE_BYTES of rows in [lo, hi)), about
+        PREFETCH_BYTES each, keyed by their first table: `SegmentReader.prefetch` reads each run in two
+        engine calls instead of two per table. Chain loads and fixed-size or routed tables read their
+        own way and are left out, and so, in a mapped load, are tables with unpacked segments (which it
+        maps instead of reading)."""
+        groups, run, nbytes = {}, [], 0
+        if self.reader.manifest.index is None:
+            return groups
+        index = self.reader.index
+        for name, _, table, slots in self.sparse_jobs:
+            if not slots or name in self.chain_plans or implements(table, FixedSize) or implements(table, RoutedRows):
+                continue
+            if self.conf.mmap and not all(seg.packed for seg in index.tables.get(name, ((), ()))[1]):
+                continue
+            rbs = [si.row_bytes for _, si, _ in slots]
+            size = self.m.tables[name].rows * (8 + sum(rbs)) * (hi - lo) // self.m.num_buckets
+            if size > SMALL_TABLE_BYTES:
+                continue
+            if run and nbytes + size > PREFETCH_BYTES:
+                groups[run[0][0]] = run
+                run, nbytes = [], 0
+            run.append((name, [s for s, _, _ in slots], rbs))
+            nbytes += size
+        if len(run) > 1:
+            groups[run[0][0]] = run
+        return {k: v for k, v in groups.items() if len(v) > 1}
+
     def apply(self, shard_id: int, world: int):
         applied = []
         conf = self.conf
@@ -477,9 +518,12 @@ class LoadPlan:
                 [(name, [s for s, _, _ in slots]) for name, _, _, slots in self.sparse_jobs
                  if slots and name not in self.chain_plans], lo, hi)
         self._apply_objects()
+        prefetch = self._prefetch_groups(lo, hi)
         for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue
+            if name in prefetch:   # the first of a run of small tables: their reads in one engine pass
+                self.reader.segments.prefetch(prefetch[name], lo, hi)
             left = "partially loaded"
             try:
                 cleared = conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)
@@ -494,7 +538,7 @@ class LoadPlan:
                     reserve = getattr(table, "reserve", None)
                     if callable(reserve):
                         reserve(len(table) + plan.out_rows)
-                    if isinstance(table, FixedSize):
+                    if implements(table, FixedSize):
                         sink = OwnedRows(table, target, self.reader.describe())
                         load_chain_rows(plan, name, target, sink, slots, False)
                         self.result.sparse_rows += sink.rows
@@ -504,11 +548,11 @@ class LoadPlan:
                     self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, direct)
                     applied.append(target)
                     continue
-                if isinstance(table, RoutedRows):
+                if implements(table, RoutedRows):
                     self.result.sparse_rows += self._load_routed(name, table, slots)
                     applied.append(target)
                     continue
-                if isinstance(table, FixedSize):
+                if implements(table, FixedSize):
                     self.result.sparse_rows += self._load_fixed(name, target, table, slots)
                     applied.append(target)
                     continue

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import CheckpointDeletedError, CheckpointNotFoundError, RecckptError
-from ..format import catalog
+from ..format import catalog, gcpause
 from ..format.checkpoint import CheckpointReader
 from ..format.names import MANIFEST, validate_ckpt_id
 from ..format.retention import recorded_step, restore_order
@@ -114,6 +114,14 @@ def load_checkpoint(target: LoadTarget, request: LoadRequest,
                     before_apply: Callable[[], None] = lambda: None) -> LoadOutcome:
     """Resolve, read, check and apply one checkpoint. `before_apply` runs once everything that can be
     checked up front has been, just before the live objects change."""
+    # A load runs at start-up or restore, with training stopped: the cyclic collector is paused for it,
+    # or the metadata and per-table work of a thousand tables trigger full collections that each walk
+    # every object of the process (recckpt.format.gcpause).
+    with gcpause.paused():
+        return _load_checkpoint(target, request, before_apply)
+
+
+def _load_checkpoint(target: LoadTarget, request: LoadRequest, before_apply: Callable[[], None]) -> LoadOutcome:
     t0 = time.perf_counter()
     storage, ckpt_dir, resolved_id = resolve(request)
     reader = None

@@ -22,7 +22,7 @@ from ..errors import (
     InvalidArgumentError,
     RecckptError,
 )
-from ..format import catalog, dtypes, extras as extras_fmt, recovery
+from ..format import catalog, dtypes, extras as extras_fmt, gcpause, recovery
 from ..format.chain import walk_chain
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.layout import granule_cut, row_granule, segment_rows
@@ -42,6 +42,7 @@ from ..state.protocol import (
     RoutedRows,
     SparseState,
     column_split_slots,
+    implements,
     split_sparse_dense_state_dict,
 )
 from ..state.registry import Registry
@@ -206,8 +207,8 @@ class Saver:
         meta = table.sparse_meta()
         num_rows = 0   # "hash" buckets; a fixed-size table's rows are bucketed "row_range" (docs/FORMAT.md)
         blocks, block = None, 0   # a column-split table: its column blocks and the one this process writes
-        input_size = table.id_space() if isinstance(table, RoutedRows) else 0   # > 0: "id_range" buckets
-        if isinstance(table, FixedSize):
+        input_size = table.id_space() if implements(table, RoutedRows) else 0   # > 0: "id_range" buckets
+        if implements(table, FixedSize):
             layout = table.row_layout()
             num_rows = layout.num_rows
             if layout.columns is not None and layout.column_blocks is None:
@@ -230,6 +231,7 @@ class Saver:
         # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
         max_rows = segment_rows(self.options.segment_bytes, list(row_bytes.values()))
         granule = row_granule(row_bytes.values())
+        whole_row = 8 + sum(row_bytes.values())   # bytes a row takes in a segment, with its id
 
         changes = None
         if since is not None:
@@ -273,7 +275,7 @@ class Saver:
                             f"the table's metadata says {spec.dtype} {shape}")
                     out.append(_row_bytes_view(c.detach().cpu(), n, row_bytes[k]))
                 ids_np = ids.detach().cpu().contiguous().numpy()
-                cut = granule_cut(n, granule)
+                cut = granule_cut(n, granule, whole_row)
                 if 0 < cut < n:  # whole granules, then the short rest as its own segment
                     yield ids_np[:cut], [c[:cut] for c in out]
                     yield ids_np[cut:], [c[cut:] for c in out]
@@ -349,6 +351,10 @@ class Saver:
         sync save applies it when it captures: the rows leave the live tables before the copy, and
         the next increment records them as removed. Call it from the training thread, with no save
         of this Saver in flight."""
+        with gcpause.paused():   # on the training step: see write()
+            return self._capture_copy(bufs, shard_id, incremental, step)
+
+    def _capture_copy(self, bufs: HostBuffers, shard_id: int, incremental: bool, step: int | None) -> Snapshot:
         self._forget_written()
         chain, reason = (self._chain, None)
         if incremental:
@@ -357,7 +363,7 @@ class Saver:
         if self.eviction is not None:
             self._evict(step)
         live = self.capture(shard_id)
-        live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if isinstance(t, ChangeTracking)}
+        live.marks = {t.sparse_meta().name: t.mark_changes() for t in live.tables if implements(t, ChangeTracking)}
         live.chain, live.full_reason = (chain, None) if incremental and chain is not None else (None, reason)
         return copy_snapshot(live, bufs, chain.marks if incremental and chain is not None else None, shard_id)
 
@@ -369,7 +375,7 @@ class Saver:
             return
         for name, table in self._state()[0].items():
             mark = pending.get(name)
-            if mark is not None and isinstance(table, ChangeTracking):
+            if mark is not None and implements(table, ChangeTracking):
                 table.forget_changes(mark)
 
     def write(self, ckpt_id: str, snapshot: Snapshot | None = None, *, shard_id: int | None = None,
@@ -383,6 +389,16 @@ class Saver:
         `capture_copy(..., incremental=True)`, which decided the parent when it copied the changes.
         Returns what was written: on the committing worker the whole checkpoint, on the others their
         own part."""
+        if snapshot is None:
+            # A sync save holds the training step anyway: the cyclic collector is paused for all of it,
+            # or the per-table work of a thousand tables triggers full collections, each walking every
+            # object of the process. A write from a snapshot (maybe in the background, beside training)
+            # pauses it only while it builds metadata.
+            with gcpause.paused():
+                return self._write(ckpt_id, None, shard_id, shard_num, metadata, step, keep, protect, incremental)
+        return self._write(ckpt_id, snapshot, shard_id, shard_num, metadata, step, keep, protect, incremental)
+
+    def _write(self, ckpt_id, snapshot, shard_id, shard_num, metadata, step, keep, protect, incremental) -> SaveStats:
         snap = snapshot
         keep = self.keep if keep is None else keep
         validate_ckpt_id(ckpt_id)
@@ -429,7 +445,7 @@ class Saver:
                     self._evict(step)
                 snap = self.capture(shard_id)
                 marks = {t.sparse_meta().name: t.mark_changes() for t in snap.tables
-                         if isinstance(t, ChangeTracking)}
+                         if implements(t, ChangeTracking)}
             else:
                 marks, chain = snap.marks, snap.chain
                 parent, full_reason = (None, snap.full_reason) if chain is None else self._parent_for(True, chain)
@@ -449,11 +465,13 @@ class Saver:
             parts = coord.submit(key, part.to_json())
             handed_over = parts is None
             if parts is not None:
-                manifest = finalize(self.storage, stage, ckpt_id, [WorkerPart.from_json(p) for p in parts],
+                # this worker's own part as built here (its index not parsed back), the others' as received
+                mine = [part if p["worker"] == part.worker else WorkerPart.from_json(p) for p in parts]
+                manifest = finalize(self.storage, stage, ckpt_id, mine,
                                     opts=self._write_options(),
                                     metadata={**plugins.manifest_metadata(self.model), **(metadata or {})},
                                     visible_within_s=self.options.visibility_timeout_s)
-                self._after_commit(ckpt_id, keep, protect)
+                self._after_commit(ckpt_id, keep, protect, manifest)
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),
                                            sum(f.size for f in manifest.files.values()) + sum(
@@ -598,7 +616,7 @@ class Saver:
                                       f"this worker handed its part over: {type(e).__name__}: {e}") from e
         if self.is_committed(ckpt_id):
             warnings.warn(f"{e}; but checkpoint {self.storage.describe(ckpt_id)} is committed, so this save "
-                          f"succeeded", stacklevel=4)
+                          f"succeeded", stacklevel=5)
             return SaveStats(ckpt_id, self.storage.describe(ckpt_id), 0, 0, time.perf_counter() - t0)
         raise CommitOutcomeUnknownError(
             f"{e}. Checkpoint {self.storage.describe(ckpt_id)} is not committed as seen from this worker, but "
@@ -622,14 +640,15 @@ class Saver:
         recovery.recover(self.storage, keep, self.options.fsync)
         self._recovered = True
 
-    def _after_commit(self, ckpt_id: str, keep: KeepPolicy, protect: str | None) -> None:
+    def _after_commit(self, ckpt_id: str, keep: KeepPolicy, protect: str | None, manifest=None) -> None:
         """Version file and retention, from one listing. The checkpoint is committed already; these are
         housekeeping that the next save (or start-up recovery) redoes, so a failure here is a warning,
         not a failed save. The version file stops listing what retention deletes before the deletes,
         so a crash in between never leaves it naming a deleted checkpoint."""
         try:
-            found = catalog.committed(self.storage)
-            entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in found]
+            with gcpause.paused():   # the catalog of many checkpoints: metadata only
+                found = catalog.committed(self.storage, known={ckpt_id: manifest} if manifest is not None else None)
+                entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in found]
             doomed = [d for d in keep.doomed(entries, protect) if d != ckpt_id]
             # never a link that a kept checkpoint's chain of increments needs (docs/INCREMENTAL.md)
             doomed = catalog.without_needed_links(found, doomed)
@@ -647,7 +666,7 @@ class Saver:
             msg = (f"checkpoint {self.storage.describe(ckpt_id)} is committed, but updating the version file or "
                    f"deleting old checkpoints failed: {type(e).__name__}: {e}. The next save retries.{_os_error_hint(e)}")
             log.warning("recckpt: %s", msg)
-            warnings.warn(msg, stacklevel=3)
+            warnings.warn(msg, stacklevel=4)
 
     # ------------------------------------------------------------------------------------- load
     def load_by_config(self, config: Mapping[str, Any]) -> LoadResult:
@@ -687,7 +706,7 @@ class Saver:
         outcome = load_checkpoint(target, request, before_apply=self._forget_chain)
         if storage is self.storage and outcome.replaced_whole_state:
             marks = {t.sparse_meta().name: t.mark_changes() for t in outcome.tables
-                     if isinstance(t, ChangeTracking)}
+                     if implements(t, ChangeTracking)}
             self._chain = _ChainState(outcome.result.ckpt_id, outcome.manifest_sha256, marks)
         return outcome.result
 

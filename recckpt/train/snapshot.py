@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointSaveError
-from ..state.protocol import Changes, FixedSize, RowRangeLayout, SparseTableMeta, column_split_slots
+from ..state.protocol import Changes, FixedSize, RowRangeLayout, SparseTableMeta, column_split_slots, implements
 from ..state.staging import StagingPool
 from .options import SaveOptions
 
@@ -126,7 +126,7 @@ def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: int | Non
                 shard_id: int = 0) -> SnapshotTable:
     meta = table.sparse_meta()
     name = meta.name
-    if isinstance(table, FixedSize):
+    if implements(table, FixedSize):
         layout = table.row_layout()
         if layout.replicated and shard_id != 0:
             # Worker 0 alone writes a replicated table: the others copy nothing (only its description).

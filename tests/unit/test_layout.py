@@ -26,6 +26,10 @@ def test_rules():
     assert layout.segment_rows(1 << 20, [256]) % layout.row_granule([256]) == 0
     assert layout.segment_rows(100, [256]) == 1           # fewer than a granule fit: as many as fit, >= 1
     assert layout.granule_cut(35, 16) == 32 and layout.granule_cut(32, 16) == 32
+    # a chunk that will be packed (fewer than PACK_BELOW bytes) is not cut: alignment does not apply to it
+    small = -(-layout.PACK_BELOW // 200) - 1   # the most rows of 200 bytes that are packed
+    assert layout.granule_cut(small, 16, 200) == small and layout.granule_cut(small + 1, 16, 200) == small + 1 - (
+        small + 1) % 16
 
 
 def test_engine_writes_what_the_layout_says(tmp_path):

@@ -311,3 +311,48 @@ def test_fixed_size_protocol_is_runtime_checkable():
     # RowRangeLayout is frozen: a plan cannot be changed behind the saver's back.
     with pytest.raises(Exception):
         Fixed("t", {"embedding": EMB}).row_layout().num_rows = 9
+
+
+def test_implements_agrees_with_isinstance_on_every_protocol():
+    """`implements` (the protocol check of the save, snapshot and load loops, with members listed once)
+    gives isinstance's answer: tables, plain objects, a class missing a member, one whose instance opts
+    out by setting a method to None, and snapshot copies (FixedSize by subclassing)."""
+    from recckpt import HashTable
+    from recckpt.state import protocol as P
+    from recckpt.train.snapshot import HostBuffers, Snapshot, copy_snapshot
+
+    class Partial:
+        def sparse_meta(self):
+            return None
+
+        def export_chunks(self, slots, max_rows):
+            return iter(())
+
+    class OptedOut(Partial):
+        def import_rows(self, ids, cols):
+            pass
+
+        def clear_rows(self):
+            pass
+
+        def row_layout(self):
+            return None
+
+    opted = OptedOut()
+    opted.row_layout = None   # the class still defines it: typing says FixedSize
+    own = Partial()
+    own.row_layout = lambda: None   # the instance alone has it: FixedSize
+    withdrawn = Partial()
+    withdrawn.row_layout = None     # an instance attribute set to None: not FixedSize
+    t = HashTable("t", dim=4)
+    t(torch.arange(3))
+    frozen = copy_snapshot(Snapshot([t], None, None, None), HostBuffers()).tables[0]
+    protos = [P.SparseState, P.BulkAppend, P.ChangeTracking, P.AdoptStorage, P.FixedSize, P.RoutedRows]
+    seen = set()
+    for obj in (t, frozen, Partial(), OptedOut(), opted, own, withdrawn, object(), 3, "s", torch.nn.Linear(2, 2)):
+        for proto in protos:
+            want = isinstance(obj, proto)
+            assert P.implements(obj, proto) == want, (type(obj).__name__, proto.__name__)
+            seen.add(want)
+    assert seen == {True, False}
+    assert P.implements(own, P.FixedSize) and not P.implements(withdrawn, P.FixedSize)

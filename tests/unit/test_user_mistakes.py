@@ -273,3 +273,17 @@ def test_a_registered_list_is_never_replaced_by_a_dict(tmp_path):
     s5.register_for_checkpointing("opt", torch.optim.SGD(dst.parameters(), lr=0.5))
     with pytest.raises(IncompatibleCheckpointError, match=r"'opt' is a SGD \(it has load_state_dict\).*plain float"):
         s5.load()
+
+
+def test_a_table_name_no_reader_could_read_back_is_refused_before_the_commit(tmp_path):
+    """The index is written without walking its text rules (the manifest repeats its names and is parsed
+    back with every rule before the commit): a table name with a lone surrogate still commits nothing."""
+    from recckpt import HashTable, SaveOptions, Saver
+    from recckpt.errors import CheckpointSaveError
+    m = torch.nn.Module()
+    m.add_module("a", HashTable("bad\ud800name", dim=4))
+    m.a(torch.arange(5))
+    saver = Saver(m, output_dir=str(tmp_path), options=SaveOptions(fsync=False))
+    with pytest.raises(CheckpointSaveError, match="lone surrogate"):
+        saver.save("c")
+    assert saver.checkpoints() == [] and not (tmp_path / "c").exists()

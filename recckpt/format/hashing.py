@@ -85,3 +85,12 @@ def owner_of_bucket(buckets: np.ndarray, world: int, num_buckets: int) -> np.nda
     """Rank owning each bucket: the largest r with r*B//W <= b, i.e. ceil((b+1)W/B) - 1."""
     b = np.asarray(buckets, dtype=np.int64)
     return ((b + 1) * world + num_buckets - 1) // num_buckets - 1
+
+
+def hash_ownership(num_buckets: int):
+    """An ownership function `(ids: int64 tensor, world) -> ranks` giving each id the rank that owns its hash
+    bucket (recckpt's own routing, `recckpt.partition`), for checkpoints whose buckets follow another
+    function (a table bucketed by row or id range loaded into a table routed by hash)."""
+    def owners(ids, world: int) -> np.ndarray:
+        return owner_of_bucket(bucket_of(np.asarray(ids, dtype=np.int64), num_buckets), world, num_buckets)
+    return owners

@@ -20,7 +20,7 @@ from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.column_join import FROM_OVERLAP, iter_joined
-from ..format.hashing import bucket_range, id_range_buckets
+from ..format.hashing import bucket_range, hash_ownership, id_range_buckets
 from ..state import optim_names, plugins
 from ..state.protocol import (
     Admission,
@@ -556,11 +556,16 @@ class LoadPlan:
                     self.result.sparse_rows += self._load_fixed(name, target, table, slots)
                     applied.append(target)
                     continue
-                simple = conf.ownership is None and conf.duplicates == "error"
+                t_lo, t_hi, ownership = lo, hi, conf.ownership
+                if world > 1 and ownership is None and self.m.tables[name].bucket_fn != "hash":
+                    # buckets by row or id range are not recckpt's ownership (hash buckets): read every bucket
+                    # and keep the ids recckpt.partition gives this rank
+                    t_lo, t_hi, ownership = 0, self.m.num_buckets, hash_ownership(self.m.num_buckets)
+                simple = ownership is None and conf.duplicates == "error"
                 if simple and conf.mmap and mapped_load_possible(table, slots, cleared,
                                                                  self.reader.segments.storage.engine_path("") is not None):
                     left = "left empty (a mapped load adopts a table's rows all at once)"
-                    rows, mapped = map_table_rows(self.reader.segments, name, target, table, slots, lo, hi,
+                    rows, mapped = map_table_rows(self.reader.segments, name, target, table, slots, t_lo, t_hi,
                                                   expected, self.reader.describe())
                     self.result.sparse_rows += rows
                     self.result.bytes_mapped += mapped
@@ -575,12 +580,12 @@ class LoadPlan:
                     if lends_host_memory(table, names):
                         left = "left empty (rows read into host memory are committed all at once)"
                     self.result.sparse_rows += load_table_rows(self.reader.segments, name, target, table,
-                                                               slots, lo, hi, self.reader.describe())
+                                                               slots, t_lo, t_hi, self.reader.describe())
                 else:
                     rf = RowFilter(name, self.reader.describe(), rank=shard_id, world=world,
-                                   ownership=conf.ownership, rule=conf.duplicates,
+                                   ownership=ownership, rule=conf.duplicates,
                                    files=self.reader.index.files, worker_steps=self.m.worker_steps)
-                    for ids, cols, fi in self.reader.segments.iter_table(name, names, rbs, lo, hi, with_file=True):
+                    for ids, cols, fi in self.reader.segments.iter_table(name, names, rbs, t_lo, t_hi, with_file=True):
                         keep = rf.keep(ids, fi)
                         if keep is not None:
                             ids, cols = ids[keep], [c[keep] for c in cols]

@@ -262,3 +262,23 @@ def test_model_free_readers_and_compaction_keep_the_id_range(tmp_path):
     res = Saver(Holder(dst), output_dir=str(tmp_path)).load(ckpt_id="d", shard_id=0, shard_num=3)
     assert sorted(dst.rows) == sorted(ids_all[route(ids_all, 3) == 0].tolist())
     assert res.bytes_read < 0.6 * ROWS * (8 + 4 * D + 8)
+
+
+def test_a_hash_routed_table_loading_an_id_range_checkpoint_gets_the_ids_partition_gives_it(tmp_path):
+    """The checkpoint's buckets follow the raw-id range, not recckpt's hash ownership: a HashTable-like table
+    loaded on 2 processes gets, on each, exactly the ids `recckpt.partition` routes there (it read every
+    bucket), and the two together every id once."""
+    from helpers.tables import DictTable, table_contents
+
+    from recckpt import partition
+    _save(tmp_path)
+    ids_all, cols_all = saved_rows()
+    seen = []
+    for r in range(2):
+        t = DictTable("mch_t", FakeRouted(0, 1).slots)
+        Saver(Holder(t), output_dir=str(tmp_path)).load(ckpt_id="c", shard_id=r, shard_num=2)
+        got = np.array(sorted(table_contents(t)["embedding"]), dtype=np.int64)
+        want = np.sort(ids_all[np.asarray(partition(ids_all, 2, 4096)) == r])
+        np.testing.assert_array_equal(got, want)
+        seen.append(got)
+    assert sorted(np.concatenate(seen).tolist()) == sorted(ids_all.tolist())

@@ -269,7 +269,6 @@ def test_a_hash_routed_table_loading_an_id_range_checkpoint_gets_the_ids_partiti
     loaded on 2 processes gets, on each, exactly the ids `recckpt.partition` routes there (it read every
     bucket), and the two together every id once."""
     from helpers.tables import DictTable, table_contents
-
     from recckpt import partition
     _save(tmp_path)
     ids_all, cols_all = saved_rows()

@@ -67,6 +67,7 @@ class Case:
     expect_step: int | None = None   # on success: the step the loaded model must hold
     json_ratio: float | None = None  # also bound the action by this many times a json.loads of the
     #                                  checkpoint's index.json, measured in the same child
+    rss_per_disk_byte: float = 2.0   # peak RSS growth bound: this many times the bytes on disk + 256 MB
 
     def to_json(self) -> str:
         return _json.dumps(self.__dict__)
@@ -132,7 +133,7 @@ def check_case(case: Case) -> Outcome:
         assert out.seconds <= case.json_ratio * base, (
             f"{case.name}: took {out.seconds:.2f} s, {out.seconds / base:.2f}x a plain json.loads of the index "
             f"({base:.2f} s; bound {case.json_ratio}x)")
-    bound = 2 * disk + (256 << 20)
+    bound = int(case.rss_per_disk_byte * disk) + (256 << 20)
     assert out.rss_growth <= bound, (f"{case.name}: peak RSS grew {out.rss_growth >> 20} MiB, bound "
                                      f"{bound >> 20} MiB ({disk} bytes on disk)")
     return out
@@ -484,6 +485,13 @@ def gen_index_200k_duplicated_segments_inspect(work):
                 seconds=120, json_ratio=2.0)
 
 
+# A version 3 index is one JSON object per segment, and it is decoded whole before any rule applies:
+# Python's object tree of compact JSON takes about 6x its text (measured: 409 MiB for a 62 MiB index).
+# That is the legacy format's bound, stated here rather than hidden; version 4's struct-of-arrays index
+# keeps the 2x bound of every other case.
+_V3_INDEX_RSS = 7.0
+
+
 def _v3_index_duplicated_segments(work, copies: int):
     """Format version 3 (checked JSON, one object per segment): the fixture written by the pre-v4 code,
     its one segment listed `copies` times (rows re-counted in the manifest)."""
@@ -507,13 +515,13 @@ def gen_v3_index_200k_duplicated_segments(work):
     of a plain json.loads of the same bytes (before the fix: 5x, per-segment validation first)."""
     out, rel = _v3_index_duplicated_segments(work, 200_000)
     return Case("v3_index_200k_duplicated_segments", out, "load_id", "base", "CorruptCheckpointError", rel,
-                seconds=120, json_ratio=2.0)
+                seconds=120, json_ratio=2.0, rss_per_disk_byte=_V3_INDEX_RSS)
 
 
 def gen_v3_index_200k_duplicated_segments_verify(work):
     out, rel = _v3_index_duplicated_segments(work, 200_000)
     return Case("v3_index_200k_duplicated_segments_verify", out, "verify", "base", "CorruptCheckpointError", rel,
-                seconds=120, json_ratio=2.0)
+                seconds=120, json_ratio=2.0, rss_per_disk_byte=_V3_INDEX_RSS)
 
 
 def gen_gap_at_file_end(work):

@@ -691,12 +691,7 @@ class SegmentReader:
         read in batches; the arrays are views of a reused buffer: consume (copy) them before the next.
         `block`: of a column-split table, the column block read (see `table_segments`)."""
         for batch in self.batches(table, slots, row_bytes, bucket_lo, bucket_hi, block):
-            cols = self.read_batch(batch)
-            pos = 0
-            for n, reqs in batch.parts:
-                ids = cols[0][8 * pos:8 * (pos + n)].view("<i8")
-                parts = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols[1:], row_bytes)]
-                pos += n
+            for ids, parts, reqs in batch.split(self.read_batch(batch)):
                 yield (ids, parts, reqs[0].file) if with_file else (ids, parts)
 
 
@@ -727,6 +722,16 @@ class ReadBatch:
         self.parts.append((rows, reqs))
         self.rows += rows
         self.nbytes += sum(r.nbytes for r in reqs)
+
+    def split(self, cols: list) -> Iterator[tuple]:
+        """`cols` (what `read_batch` read: ids, then one byte array per slot) cut back into its parts:
+        (ids, [uint8[n, row_bytes] per slot], the part's requests) per part, as views of `cols`."""
+        pos = 0
+        for n, reqs in self.parts:
+            ids = cols[0][8 * pos:8 * (pos + n)].view("<i8")
+            slots = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols[1:], self.row_bytes)]
+            pos += n
+            yield ids, slots, reqs
 
 
 class BucketDir:

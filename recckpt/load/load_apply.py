@@ -673,12 +673,7 @@ class LoadPlan:
                 if n is not None:
                     rows += n
                     continue
-            cols_all = segments.read_batch(batch)
-            pos = 0
-            for n, _ in batch.parts:
-                ids = cols_all[0][8 * pos:8 * (pos + n)].view("<i8")
-                cols = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols_all[1:], rbs)]
-                pos += n
+            for ids, cols, _ in batch.split(segments.read_batch(batch)):
                 rows += self._import_owned(name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1)
         return rows
 

@@ -13,6 +13,7 @@ import torch
 from spec import independent_reader as R
 
 import recckpt
+from helpers.fake_tables import Holder, RecordsImports
 from recckpt import SaveOptions, Saver
 from recckpt.errors import IncompatibleCheckpointError
 from recckpt.format.verifier import verify
@@ -35,7 +36,7 @@ def rowacc(block: int) -> np.ndarray:
     return (np.arange(N) % 13 + 100.0 * (block + 1)).astype(np.float32)
 
 
-class FakeCW(torch.nn.Module):
+class FakeCW(RecordsImports, torch.nn.Module):
     """Rows `owned`, columns `columns` of the split slots (embedding, momentum); the layout names every
     process's column range (`blocks`)."""
 
@@ -73,24 +74,7 @@ class FakeCW(torch.nn.Module):
         for k, v in columns.items():
             want = (len(ids), c1 - c0) if self.slots[k].shape else (len(ids),)
             assert tuple(v.shape) == want, (k, tuple(v.shape), want)
-        for j, i in enumerate(ids.tolist()):
-            assert i not in self.rows, f"row {i} imported twice"
-            self.rows[i] = {k: v[j].clone() for k, v in columns.items()}
-
-    def clear_rows(self):
-        self.rows.clear()
-
-    def get_extra_state(self):
-        return self
-
-    def set_extra_state(self, state):
-        pass
-
-
-class Holder(torch.nn.Module):
-    def __init__(self, table):
-        super().__init__()
-        self.t = table
+        super().import_rows(ids, columns)
 
 
 OPTS = SaveOptions(num_buckets=4096, fsync=False, segment_bytes=1 << 20)

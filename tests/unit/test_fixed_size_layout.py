@@ -8,6 +8,7 @@ import json
 import numpy as np
 import torch
 
+from helpers.fake_tables import Holder, RecordsImports
 from recckpt import SaveOptions, Saver
 from recckpt.state.protocol import RowRangeLayout, SlotSpec, SparseTableMeta
 
@@ -22,7 +23,7 @@ def full_rows():
     return ids, {"embedding": emb, "momentum": mom, "count": cnt}
 
 
-class FakeFixed(torch.nn.Module):
+class FakeFixed(RecordsImports, torch.nn.Module):
     """Rows 0..N-1, this process holding `owned` row ranges; global row ids on the protocol."""
 
     def __init__(self, owned):
@@ -50,27 +51,6 @@ class FakeFixed(torch.nn.Module):
         ids, cols = self.data
         for s in range(0, len(ids), max_rows):
             yield torch.from_numpy(ids[s:s + max_rows]), {k: torch.from_numpy(cols[k][s:s + max_rows]) for k in slots}
-
-    def import_rows(self, ids, columns):
-        for j, i in enumerate(ids.tolist()):
-            if i in self.rows:
-                raise AssertionError(f"row {i} imported twice")
-            self.rows[i] = {k: v[j].clone() for k, v in columns.items()}
-
-    def clear_rows(self):
-        self.rows.clear()
-
-    def get_extra_state(self):
-        return self
-
-    def set_extra_state(self, state):
-        pass
-
-
-class Holder(torch.nn.Module):
-    def __init__(self, table):
-        super().__init__()
-        self.t = table
 
 
 def test_row_range_save_2_load_3_exact_and_bounded(tmp_path):

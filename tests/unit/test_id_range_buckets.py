@@ -12,6 +12,7 @@ import pytest
 import torch
 from spec import independent_reader as R
 
+from helpers.fake_tables import Holder, RecordsImports
 from recckpt import _C, SaveOptions, Saver
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
 from recckpt.format.hashing import id_range_buckets
@@ -90,7 +91,7 @@ def route(ids: np.ndarray, shards: int) -> np.ndarray:
     return ids // block
 
 
-class FakeRouted(torch.nn.Module):
+class FakeRouted(RecordsImports, torch.nn.Module):
     """Raw ids in [0, H), shard s of `shards` holding ids [s * block, (s + 1) * block) as TorchRec's MCH routes
     them, with `cap` slots; keyed by raw id on the protocol."""
 
@@ -145,26 +146,6 @@ class FakeRouted(torch.nn.Module):
 
     def keep(self, ids):
         return torch.from_numpy(np.isin(ids.numpy(), self.planned))
-
-    def import_rows(self, ids, columns):
-        for j, i in enumerate(ids.tolist()):
-            assert i not in self.rows, f"id {i} imported twice"
-            self.rows[i] = {k: v[j].clone() for k, v in columns.items()}
-
-    def clear_rows(self):
-        self.rows.clear()
-
-    def get_extra_state(self):
-        return self
-
-    def set_extra_state(self, state):
-        pass
-
-
-class Holder(torch.nn.Module):
-    def __init__(self, table):
-        super().__init__()
-        self.t = table
 
 
 def _save(path, id_space=H):

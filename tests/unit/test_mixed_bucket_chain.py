@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import recckpt
+from helpers.fake_tables import Holder, RecordsImports
 from recckpt import SaveOptions, Saver
 from recckpt.state.protocol import Changes, RowRangeLayout, SlotSpec, SparseTableMeta
 
@@ -17,7 +18,7 @@ N, D = 6_000, 8
 SLOTS = {"embedding": SlotSpec(torch.float32, (D,), "sparse"), "count": SlotSpec(torch.int32, (), "sparse")}
 
 
-class HashBucketed(torch.nn.Module):
+class HashBucketed(RecordsImports, torch.nn.Module):
     """A table without the fixed-size protocol holding rows 0..N-1: saved with "hash" buckets."""
 
     def __init__(self, ids, cols):
@@ -38,14 +39,8 @@ class HashBucketed(torch.nn.Module):
     def clear_rows(self):
         pass
 
-    def get_extra_state(self):
-        return self
 
-    def set_extra_state(self, state):
-        pass
-
-
-class Fixed(torch.nn.Module):
+class Fixed(RecordsImports, torch.nn.Module):
     """Rows 0..N-1 (this process owning `owned` ranges), with change tracking: saved "row_range"."""
 
     def __init__(self, owned=((0, N),)):
@@ -98,18 +93,6 @@ class Fixed(torch.nn.Module):
 
     def forget_changes(self, upto):
         pass
-
-    def get_extra_state(self):
-        return self
-
-    def set_extra_state(self, state):
-        pass
-
-
-class Holder(torch.nn.Module):
-    def __init__(self, table):
-        super().__init__()
-        self.t = table
 
 
 def truth():

@@ -44,4 +44,26 @@ void gather_rows(uint8_t* dst, const uint8_t* src, int64_t rb, const Idx* perm, 
   }
 }
 
+// Strided gather: dst row i (w bytes) = bytes [0, w) of src row perm[i], src rows `stride` bytes apart
+// (one column group of a row-major slot: src points at the group's first byte in row 0).
+template <int W, class Idx>
+void gather_cols_fixed(uint8_t* __restrict dst, const uint8_t* __restrict src, int64_t stride, const Idx* perm,
+                       int64_t k) {
+  for (int64_t i = 0; i < k; i++) std::memcpy(dst + i * W, src + (size_t)perm[i] * stride, W);
+}
+
+template <class Idx>
+void gather_cols(uint8_t* dst, const uint8_t* src, int64_t stride, int64_t w, const Idx* perm, int64_t k) {
+  if (stride == w) return gather_rows(dst, src, w, perm, k);
+  switch (w) {
+    case 2: return gather_cols_fixed<2>(dst, src, stride, perm, k);
+    case 4: return gather_cols_fixed<4>(dst, src, stride, perm, k);
+    case 8: return gather_cols_fixed<8>(dst, src, stride, perm, k);
+    case 16: return gather_cols_fixed<16>(dst, src, stride, perm, k);
+    case 32: return gather_cols_fixed<32>(dst, src, stride, perm, k);
+    default:
+      for (int64_t i = 0; i < k; i++) std::memcpy(dst + i * w, src + (size_t)perm[i] * stride, (size_t)w);
+  }
+}
+
 }  // namespace recckpt

@@ -15,6 +15,7 @@
 #include "reader.h"
 #include "hash.h"
 #include "shard_writer.h"
+#include "strided_reader.h"
 
 namespace py = pybind11;
 using namespace recckpt;
@@ -46,7 +47,7 @@ class PyShardWriter {
   }
 
   int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows,
-                 int64_t id_range) {
+                 int64_t id_range, const std::vector<int64_t>& group_bytes, bool runs) {
     if (!w_) throw py::value_error("ShardWriter is closed");
     Held h;
     h.done = std::make_shared<std::atomic<bool>>(false);
@@ -65,6 +66,13 @@ class PyShardWriter {
       throw py::value_error("ShardWriter.submit: id_range must be >= 0 and not given with num_rows, got " +
                             std::to_string(id_range));
     in.id_range = id_range;
+    if (!group_bytes.empty() && group_bytes.size() != (size_t)py::len(columns))
+      throw py::value_error("ShardWriter.submit: group_bytes has " + std::to_string(group_bytes.size()) +
+                            " entries for " + std::to_string(py::len(columns)) + " columns");
+    for (int64_t gb : group_bytes)
+      if (gb < 0) throw py::value_error("ShardWriter.submit: group_bytes must be >= 0, got " + std::to_string(gb));
+    in.group_bytes = group_bytes;
+    in.runs = runs;
     if (num_rows > 0) {
       int64_t bad = -1;
       {
@@ -152,6 +160,7 @@ class PyShardWriter {
         d["first"] = r.first_bucket;
         d["last"] = r.last_bucket;
         d["packed"] = r.packed;
+        d["id0"] = r.id0;
         py::dict b;
         b["offset"] = r.buckets_offset;
         b["length"] = r.buckets_length;
@@ -214,14 +223,14 @@ int64_t int_of(const py::handle& obj, const char* what, size_t i) {
 
 // crcs: any 1-D integer buffer (normally uint32) or a sequence of ints. Out-of-range values make the
 // request invalid (reported) rather than raising.
-void crcs_of(const py::handle& obj, ReadRequest& r, size_t i) {
+void crcs_of(const py::handle& obj, std::vector<uint32_t>& crcs, std::string& invalid, size_t i) {
   auto put = [&](long double v, size_t k) {
     if (v < 0 || v > 4294967295.0L) {
-      if (r.invalid.empty())
-        r.invalid = "invalid request: crcs[" + std::to_string(k) + "] is not a uint32";
-      r.crcs.push_back(0);
+      if (invalid.empty())
+        invalid = "invalid request: crcs[" + std::to_string(k) + "] is not a uint32";
+      crcs.push_back(0);
     } else {
-      r.crcs.push_back((uint32_t)v);
+      crcs.push_back((uint32_t)v);
     }
   };
   if (PyObject_CheckBuffer(obj.ptr())) {
@@ -234,7 +243,7 @@ void crcs_of(const py::handle& obj, ReadRequest& r, size_t i) {
                            "'");
     const bool sgn = (k == 'b' || k == 'h' || k == 'i' || k == 'l' || k == 'q');
     const size_t n = (size_t)b.shape[0];
-    r.crcs.reserve(n);
+    crcs.reserve(n);
     const uint8_t* p = static_cast<const uint8_t*>(b.ptr);
     for (size_t j = 0; j < n; j++) {
       const uint8_t* e = p + j * b.itemsize;
@@ -254,7 +263,7 @@ void crcs_of(const py::handle& obj, ReadRequest& r, size_t i) {
     throw py::type_error("read_ranges: requests[" + std::to_string(i) + "].crcs must be a uint32 array");
   py::sequence s = py::reinterpret_borrow<py::sequence>(obj);
   const size_t n = py::len(s);
-  r.crcs.reserve(n);
+  crcs.reserve(n);
   for (size_t j = 0; j < n; j++) {
     py::object v = s[j];
     if (!PyIndex_Check(v.ptr()))
@@ -288,7 +297,7 @@ py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t read
     r.col_offset = int_of(t[1], "col_offset", i);
     r.col_length = int_of(t[2], "col_length", i);
     r.chunk_bytes = int_of(t[3], "chunk_bytes", i);
-    crcs_of(t[4], r, i);
+    crcs_of(t[4], r.crcs, r.invalid, i);
     r.lo = int_of(t[5], "lo", i);
     r.hi = int_of(t[6], "hi", i);
     if (py::len(t) == 9) r.pad_before = int_of(t[8], "pad_before", i);
@@ -312,6 +321,76 @@ py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t read
   {
     py::gil_scoped_release nogil;
     res = read_ranges(reqs, threads, readahead_bytes, map_into.get());
+  }
+  py::list errs;
+  for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
+  return py::make_tuple(res.bytes_read, errs);
+}
+
+// A writable C-contiguous buffer for requests[i].dst; kept in `held` while the engine runs.
+uint8_t* writable_dst(const py::object& dst, size_t i, const char* fn, std::vector<py::buffer_info>& held,
+                      int64_t& len) {
+  if (!PyObject_CheckBuffer(dst.ptr()))
+    throw py::type_error(std::string(fn) + ": requests[" + std::to_string(i) + "].dst must be a writable buffer, got " +
+                         std::string(py::str(py::type::handle_of(dst).attr("__name__"))));
+  py::buffer_info b;
+  try {
+    b = py::reinterpret_borrow<py::buffer>(dst).request(true);
+  } catch (py::error_already_set&) {
+    throw py::type_error(std::string(fn) + ": requests[" + std::to_string(i) + "].dst is not writable");
+  }
+  if (!is_c_contiguous(b))
+    throw py::value_error(std::string(fn) + ": requests[" + std::to_string(i) + "].dst must be C-contiguous");
+  len = nbytes(b);
+  uint8_t* p = static_cast<uint8_t*>(b.ptr);
+  held.push_back(std::move(b));
+  return p;
+}
+
+py::tuple py_read_strided(const py::sequence& requests, int threads, int64_t readahead_bytes) {
+  const size_t n = py::len(requests);
+  std::vector<StridedRequest> reqs(n);
+  std::vector<py::buffer_info> dsts;
+  dsts.reserve(n);
+  const char* shape = "(path, r0, r1, dst, dst_stride, parts), each part (col_offset, col_length, chunk_bytes, "
+                      "crcs, width, src, nbytes, dst, pad_before)";
+  for (size_t i = 0; i < n; i++) {
+    py::object item = requests[i];
+    if (!py::isinstance<py::sequence>(item) || py::len(item) != 6)
+      throw py::type_error("read_strided: requests[" + std::to_string(i) + "] must be a tuple " + shape);
+    py::sequence t = py::reinterpret_borrow<py::sequence>(item);
+    StridedRequest& r = reqs[i];
+    r.path = path_of(t[0]);
+    r.r0 = int_of(t[1], "r0", i);
+    r.r1 = int_of(t[2], "r1", i);
+    r.dst = writable_dst(t[3], i, "read_strided", dsts, r.dst_len);
+    r.dst_stride = int_of(t[4], "dst_stride", i);
+    py::object parts_obj = t[5];
+    if (!py::isinstance<py::sequence>(parts_obj))
+      throw py::type_error("read_strided: requests[" + std::to_string(i) + "].parts must be a sequence");
+    py::sequence parts = py::reinterpret_borrow<py::sequence>(parts_obj);
+    for (size_t k = 0; k < py::len(parts); k++) {
+      py::object po = parts[k];
+      if (!py::isinstance<py::sequence>(po) || py::len(po) != 9)
+        throw py::type_error("read_strided: requests[" + std::to_string(i) + "] must be a tuple " + shape);
+      py::sequence q = py::reinterpret_borrow<py::sequence>(po);
+      StridedPart p;
+      p.col_offset = int_of(q[0], "col_offset", i);
+      p.col_length = int_of(q[1], "col_length", i);
+      p.chunk_bytes = int_of(q[2], "chunk_bytes", i);
+      crcs_of(q[3], p.crcs, r.invalid, i);
+      p.width = int_of(q[4], "width", i);
+      p.src = int_of(q[5], "src", i);
+      p.nbytes = int_of(q[6], "nbytes", i);
+      p.dst = int_of(q[7], "dst", i);
+      p.pad_before = int_of(q[8], "pad_before", i);
+      r.parts.push_back(std::move(p));
+    }
+  }
+  ReadResult res;
+  {
+    py::gil_scoped_release nogil;
+    res = read_strided(reqs, threads, readahead_bytes);
   }
   py::list errs;
   for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
@@ -348,10 +427,13 @@ void bind_io(py::module_& m) {
            py::arg("paths"),
            py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"))
       .def("submit", &PyShardWriter::submit, py::arg("table"), py::arg("ids"), py::arg("columns"),
-           py::arg("num_rows") = 0, py::arg("id_range") = 0,
+           py::arg("num_rows") = 0, py::arg("id_range") = 0, py::arg("group_bytes") = std::vector<int64_t>(),
+           py::arg("runs") = false,
            "queue a segment (1 to 2**32-1 rows); blocks (GIL released) while too many bytes are in flight; returns "
            "its id. num_rows = N > 0: bucket the ids (rows 0..N-1) with format version 4's row_range function; "
-           "id_range = H > 0: bucket them with its id_range function over [0, H)")
+           "id_range = H > 0: bucket them with its id_range function over [0, H). group_bytes: per column, > 0 "
+           "stores it as column groups of that many bytes of each row (format version 5). runs: a row_range "
+           "segment whose ids are one run in order is written without ids or directory (format version 5)")
       .def("wait", &PyShardWriter::wait, py::arg("segment"),
            "block (GIL released) until segment `segment` (an id submit returned) is written, so the caller may "
            "reuse its buffers; raises the writer's first failure instead")
@@ -382,6 +464,11 @@ void bind_io(py::module_& m) {
   m.attr("PACK_BELOW") = kPackBelow;
   m.def("column_step", &column_step, py::arg("length"), py::arg("chunk_bytes"),
         "format version 4: bytes per checksum of a column of `length` bytes");
+  m.def("read_strided", &py_read_strided, py::arg("requests"), py::arg("threads") = 4,
+        py::arg("readahead_bytes") = kDefaultReadaheadBytes,
+        "verified parallel reads of rows of several columns (a slot's column groups, format version 5) into "
+        "row-major destinations, in blocks of rows: returns (bytes_read, [(request_index, message), ...]); "
+        "see docs/ENGINE.md");
   m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
         py::arg("readahead_bytes") = kDefaultReadaheadBytes, py::arg("map_into") = nullptr,
         "verified parallel reads: returns (bytes_read, [(request_index, message), ...]); the kernel is told "

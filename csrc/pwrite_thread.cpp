@@ -46,13 +46,11 @@ void PwriteThread::run() {
   for (;;) {
     cv_.wait(lk, [&] { return stop_ || busy_; });
     if (!busy_) return;  // stop_ and idle
-    const void* d = data_;
-    const size_t n = n_;
-    const int64_t off = off_;
+    std::vector<Op> ops = std::move(ops_);
     lk.unlock();
     std::optional<OsError> err;
     try {
-      pwrite_all(fd_, path_, d, n, off);
+      for (const Op& op : ops) pwrite_all(fd_, path_, op.data, op.n, op.off);
     } catch (const OsError& e) {
       err.emplace(e);
     }
@@ -63,14 +61,12 @@ void PwriteThread::run() {
   }
 }
 
-void PwriteThread::write(const void* data, size_t n, int64_t off) {
+void PwriteThread::write_many(std::vector<Op> ops) {
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return !busy_; });
     rethrow_error_locked();
-    data_ = data;
-    n_ = n;
-    off_ = off;
+    ops_ = std::move(ops);
     busy_ = true;
   }
   cv_.notify_all();

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "os_error.h"
 
@@ -22,9 +23,17 @@ class PwriteThread {
   PwriteThread(const PwriteThread&) = delete;
   PwriteThread& operator=(const PwriteThread&) = delete;
 
+  struct Op {
+    const void* data;
+    size_t n;
+    int64_t off;
+  };
   // Waits for the previous write, then starts writing [data, data+n) at off in the background. The
   // caller keeps the bytes unchanged until the next write() or wait() returns.
-  void write(const void* data, size_t n, int64_t off);
+  void write(const void* data, size_t n, int64_t off) { write_many({Op{data, n, off}}); }
+  // The same for several pieces, written in order (column groups of one block of rows go to as many
+  // places in the file).
+  void write_many(std::vector<Op> ops);
   // Waits until no write is in progress; throws the first error of a background write (once).
   void wait();
 
@@ -36,9 +45,7 @@ class PwriteThread {
   const std::string path_;
   std::mutex mu_;
   std::condition_variable cv_;
-  const void* data_ = nullptr;
-  size_t n_ = 0;
-  int64_t off_ = 0;
+  std::vector<Op> ops_;
   bool busy_ = false, stop_ = false;
   std::optional<OsError> error_;
   std::thread thread_;

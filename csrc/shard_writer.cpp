@@ -28,6 +28,8 @@ constexpr int64_t kCrcBlock = 256 << 10;           // gather this much, then che
 constexpr int64_t kAsyncMin = 1 << 20;             // smaller pieces are written inline
 constexpr int64_t kDirectMin = 4 << 20;            // in-order columns of at least this are written in place
 constexpr int64_t kDirectBlock = 4 << 20;          // ... in blocks of this (checksummed, then written)
+constexpr int64_t kGroupsBlockedMin = 1 << 20;     // a grouped slot of at least this is written by row blocks
+constexpr int64_t kGatherSubBytes = 64 << 10;      // source rows gathered into every group before moving on
 
 struct StopRequested {};
 
@@ -255,6 +257,17 @@ struct ShardWriter::WorkerCtx {
   }
   bool direct_pending = false;
   void discard() { fill = 0; }
+  // Writes pieces of buf[cur] (filled through space(), fill == 0) that go to several places in the file
+  // (the column groups of a block of rows), then switches buffers as flush() does. The file offset of the
+  // next staged byte is not moved: the caller sets it with skip_to() once every piece is written.
+  void write_pieces(std::vector<PwriteThread::Op> ops) {
+    io.write_many(std::move(ops));
+    cur ^= 1;
+  }
+  void skip_to(int64_t end) {
+    off = end;
+    fill = 0;
+  }
 };
 
 void ShardWriter::worker(File* f) {
@@ -403,9 +416,13 @@ void ShardWriter::write_sorted_by(const Job& job, WorkerCtx& ctx, SegmentRecord&
   // Already in bucket order (a fixed-size table's row ranges under "row_range" buckets): the columns are
   // written from the caller's memory as they are, without gathering them into the staging buffer.
   bool in_order = true;
+  // Format version 5: ids [id0, id0 + n) in order (every full save of a fixed-size table) need not be
+  // stored, nor the directory, which follows from them.
+  bool run = job.in.runs && job.in.num_rows > 0;
   for (int64_t i = 0, prev = 0; i < n; i++) {
     const int64_t b = (int64_t)bucket(ids[i]);
     in_order = in_order && b >= prev;
+    run = run && ids[i] == ids[0] + i;
     prev = b;
     offsets[b + 1]++;
   }
@@ -417,7 +434,6 @@ void ShardWriter::write_sorted_by(const Job& job, WorkerCtx& ctx, SegmentRecord&
   for (int64_t b = 1; b <= B; b++) offsets[b] += offsets[b - 1];
   dir.resize(2 * k);
   for (size_t j = 0; j < k; j++) dir[k + j] = (uint32_t)offsets[dir[j]];
-  rec.dir_entries = (int64_t)k;
   rec.first_bucket = k ? dir[0] : 0;
   rec.last_bucket = k ? dir[k - 1] : 0;
   std::unique_ptr<Idx[]> perm(new Idx[(size_t)std::max<int64_t>(n, 1)]);
@@ -428,72 +444,150 @@ void ShardWriter::write_sorted_by(const Job& job, WorkerCtx& ctx, SegmentRecord&
   offsets = std::vector<int64_t>();
 
   rec.buckets_offset = ctx.pos();
-  rec.buckets_length = (int64_t)(8 * k);
-  rec.buckets_crc = crc32c(0, dir.data(), (size_t)rec.buckets_length);
-  ctx.append(dir.data(), (size_t)rec.buckets_length);
+  if (run) {
+    rec.id0 = ids[0];
+    rec.dir_entries = 0;
+    rec.buckets_length = 0;
+  } else {
+    rec.dir_entries = (int64_t)k;
+    rec.buckets_length = (int64_t)(8 * k);
+    rec.buckets_crc = crc32c(0, dir.data(), (size_t)rec.buckets_length);
+    ctx.append(dir.data(), (size_t)rec.buckets_length);
+  }
 
   int64_t seg_bytes = 8 * n;
   for (int64_t rb : job.in.row_bytes) seg_bytes += rb * n;
   rec.packed = seg_bytes < kPackBelow;
 
-  const int64_t ncols = 1 + (int64_t)job.in.columns.size();
-  rec.columns.resize((size_t)ncols);
-  for (int64_t c = 0; c < ncols; c++) {
+  // Column 0, the ids (a run stores none), then each slot: one column, or one per column group.
+  rec.columns.emplace_back();
+  rec.columns[0].offset = ctx.pos();
+  if (!run) write_column(ctx, reinterpret_cast<const uint8_t*>(ids), 8, 8, perm.get(), n, in_order, rec.columns[0]);
+  for (size_t c = 0; c < job.in.columns.size(); c++) {
     check_stopping();
-    const uint8_t* src = c == 0 ? reinterpret_cast<const uint8_t*>(ids) : job.in.columns[c - 1];
-    const int64_t rb = c == 0 ? 8 : job.in.row_bytes[c - 1];
-    ColumnRecord& col = rec.columns[c];
-    col.length = rb * n;
-    col.step = column_step(col.length, chunk_bytes_);
-    if (c > 0 && col.length > 0 && !rec.packed) ctx.pad_to(kColumnAlign);
-    col.offset = ctx.pos();
-    if (col.length == 0) continue;
-    col.crcs.reserve((size_t)((col.length + col.step - 1) / col.step));
-    ChunkCrc crc(col.step, col.crcs);
-    if (in_order && col.length >= kDirectMin) {
-      // One pass over the source for the checksums, block by block, each block written while the next
-      // is checksummed (write_direct waits for the previous write).
-      const uint8_t* p = src;
-      for (int64_t left = col.length; left > 0;) {
-        check_stopping();
-        const int64_t m = std::min(left, kDirectBlock);
-        crc.feed(p, m);
-        ctx.write_direct(p, (size_t)m);
-        p += m;
-        left -= m;
-      }
-    } else if ((size_t)rb > staging_bytes_) {
-      // Rows larger than the staging buffer are written straight from the source.
-      for (int64_t i = 0; i < n; i++) {
-        check_stopping();
-        const uint8_t* row = src + (size_t)perm[i] * rb;
-        crc.feed(row, rb);
-        ctx.write_direct(row, (size_t)rb);
-      }
+    const uint8_t* src = job.in.columns[c];
+    const int64_t rb = job.in.row_bytes[c];
+    const int64_t gb = c < job.in.group_bytes.size() ? job.in.group_bytes[c] : 0;
+    // A slot begins aligned (unless packed); its other column groups follow directly (docs/FORMAT.md).
+    if (rb * n > 0 && !rec.packed) ctx.pad_to(kColumnAlign);
+    if (gb <= 0 || gb >= rb) {
+      rec.columns.emplace_back();
+      rec.columns.back().offset = ctx.pos();
+      write_column(ctx, src, rb, rb, perm.get(), n, in_order, rec.columns.back());
+    } else if (rb * n >= kGroupsBlockedMin) {
+      write_groups_blocked(ctx, src, rb, gb, perm.get(), n, rec.columns);
     } else {
-      const int64_t rows_per_block = std::max<int64_t>(1, kCrcBlock / rb);
-      for (int64_t i = 0; i < n;) {
-        check_stopping();
-        size_t avail;
-        uint8_t* stage = ctx.space(avail);
-        const int64_t k = std::min<int64_t>(n - i, (int64_t)avail / rb);
-        if (k == 0) {  // the next row does not fit: write out what is staged
-          ctx.flush();
-          continue;
-        }
-        for (int64_t j = 0; j < k; j += rows_per_block) {
-          const int64_t m = std::min(rows_per_block, k - j);
-          uint8_t* dst = stage + j * rb;
-          gather_rows(dst, src, rb, perm.get() + i + j, m);
-          crc.feed(dst, m * rb);
-        }
-        ctx.commit((size_t)(k * rb));
-        i += k;
+      for (int64_t g0 = 0; g0 < rb; g0 += gb) {
+        rec.columns.emplace_back();
+        rec.columns.back().offset = ctx.pos();
+        write_column(ctx, src + g0, rb, std::min(gb, rb - g0), perm.get(), n, in_order, rec.columns.back());
       }
     }
-    crc.end();
   }
   ctx.wait_direct();
+}
+
+// One column of n rows of w bytes, row i taken from src + perm[i] * stride (stride > w: one column group
+// of a row-major slot); col.offset is set by the caller (after any padding).
+template <class Idx>
+void ShardWriter::write_column(WorkerCtx& ctx, const uint8_t* src, int64_t stride, int64_t w, const Idx* perm,
+                               int64_t n, bool in_order, ColumnRecord& col) {
+  col.length = w * n;
+  col.step = column_step(col.length, chunk_bytes_);
+  if (col.length == 0) return;
+  col.crcs.reserve((size_t)((col.length + col.step - 1) / col.step));
+  ChunkCrc crc(col.step, col.crcs);
+  if (in_order && stride == w && col.length >= kDirectMin) {
+    // One pass over the source for the checksums, block by block, each block written while the next
+    // is checksummed (write_direct waits for the previous write).
+    const uint8_t* p = src;
+    for (int64_t left = col.length; left > 0;) {
+      check_stopping();
+      const int64_t m = std::min(left, kDirectBlock);
+      crc.feed(p, m);
+      ctx.write_direct(p, (size_t)m);
+      p += m;
+      left -= m;
+    }
+  } else if ((size_t)w > staging_bytes_) {
+    // Rows larger than the staging buffer are written straight from the source.
+    for (int64_t i = 0; i < n; i++) {
+      check_stopping();
+      const uint8_t* row = src + (size_t)perm[i] * stride;
+      crc.feed(row, w);
+      ctx.write_direct(row, (size_t)w);
+    }
+  } else {
+    const int64_t rows_per_block = std::max<int64_t>(1, kCrcBlock / w);
+    for (int64_t i = 0; i < n;) {
+      check_stopping();
+      size_t avail;
+      uint8_t* stage = ctx.space(avail);
+      const int64_t k = std::min<int64_t>(n - i, (int64_t)avail / w);
+      if (k == 0) {  // the next row does not fit: write out what is staged
+        ctx.flush();
+        continue;
+      }
+      for (int64_t j = 0; j < k; j += rows_per_block) {
+        const int64_t m = std::min(rows_per_block, k - j);
+        uint8_t* dst = stage + j * w;
+        gather_cols(dst, src, stride, w, perm + i + j, m);
+        crc.feed(dst, m * w);
+      }
+      ctx.commit((size_t)(k * w));
+      i += k;
+    }
+  }
+  crc.end();
+}
+
+// A slot of rb bytes a row stored as column groups of gb bytes (the last narrower), large enough that one
+// pass over the source per group would fetch every source row from memory once per group: instead blocks of
+// rows are gathered into every group at once (a small run of source rows stays in cache across the groups),
+// checksummed while hot, and each group's piece is written at its place in the file.
+template <class Idx>
+void ShardWriter::write_groups_blocked(WorkerCtx& ctx, const uint8_t* src, int64_t rb, int64_t gb, const Idx* perm,
+                                       int64_t n, std::vector<ColumnRecord>& cols) {
+  const int64_t ng = (rb + gb - 1) / gb;
+  ctx.flush();  // what is staged goes first: the slot's bytes start at ctx.pos()
+  const int64_t start = ctx.pos();
+  auto width = [&](int64_t g) { return std::min(gb, rb - g * gb); };
+  const size_t first = cols.size();
+  cols.resize(first + (size_t)ng);
+  std::vector<ChunkCrc> crcs;
+  crcs.reserve((size_t)ng);
+  for (int64_t g = 0; g < ng; g++) {
+    ColumnRecord& col = cols[first + (size_t)g];
+    col.offset = start + n * g * gb;
+    col.length = width(g) * n;
+    col.step = column_step(col.length, chunk_bytes_);
+    col.crcs.reserve((size_t)((col.length + col.step - 1) / col.step));
+    crcs.emplace_back(col.step, col.crcs);
+  }
+  const int64_t rows_per = std::max<int64_t>(1, (int64_t)staging_bytes_ / rb);
+  const int64_t sub = std::max<int64_t>(1, kGatherSubBytes / rb);
+  for (int64_t i0 = 0; i0 < n; i0 += rows_per) {
+    check_stopping();
+    const int64_t m = std::min(rows_per, n - i0);
+    size_t avail;
+    uint8_t* buf = ctx.space(avail);  // a whole free buffer: group g's m rows at buf + m * g * gb
+    for (int64_t j = 0; j < m; j += sub) {
+      const int64_t k = std::min(sub, m - j);
+      for (int64_t g = 0; g < ng; g++) {
+        const int64_t w = width(g);
+        uint8_t* d = buf + m * g * gb + j * w;
+        gather_cols(d, src + g * gb, rb, w, perm + i0 + j, k);
+        crcs[(size_t)g].feed(d, k * w);
+      }
+    }
+    std::vector<PwriteThread::Op> ops;
+    ops.reserve((size_t)ng);
+    for (int64_t g = 0; g < ng; g++)
+      ops.push_back({buf + m * g * gb, (size_t)(m * width(g)), start + n * g * gb + i0 * width(g)});
+    ctx.write_pieces(std::move(ops));
+  }
+  for (auto& c : crcs) c.end();
+  ctx.skip_to(start + n * rb);
 }
 
 void ShardWriter::stop_and_join(bool discard) {

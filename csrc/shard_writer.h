@@ -39,7 +39,8 @@ struct SegmentRecord {
   uint32_t buckets_crc = 0;
   int64_t dir_entries = 0, first_bucket = 0, last_bucket = 0;
   bool packed = false;
-  std::vector<ColumnRecord> columns;  // column 0 = the ids
+  int64_t id0 = -1;  // format version 5: >= 0 when the segment is a row run (no ids, no directory written)
+  std::vector<ColumnRecord> columns;  // column 0 = the ids (empty in a run), then each column (group) in order
 };
 
 struct SegmentInput {
@@ -50,6 +51,12 @@ struct SegmentInput {
   std::vector<int64_t> row_bytes;
   int64_t num_rows = 0;  // > 0: the table's "row_range" bucket function over N rows; 0: "hash"
   int64_t id_range = 0;  // > 0 (num_rows 0): the "id_range" bucket function over ids [0, H)
+  // Per column: > 0 stores it as column groups of this many bytes of each row (the last group narrower
+  // when it does not divide the row; format version 5), 0 as one column of whole rows.
+  std::vector<int64_t> group_bytes;
+  // Format version 5: a "row_range" segment (num_rows > 0) whose ids are one run [id0, id0 + n) in
+  // order is written as a row run: no ids column, no bucket directory.
+  bool runs = false;
   // Set (release) once the writer no longer reads the buffers: written, discarded or rejected.
   std::shared_ptr<std::atomic<bool>> done;
 };
@@ -102,6 +109,12 @@ class ShardWriter {
   void write_sorted(const Job& job, WorkerCtx& ctx, SegmentRecord& rec);
   template <class Idx, class Bucket>
   void write_sorted_by(const Job& job, WorkerCtx& ctx, SegmentRecord& rec, const Bucket& bucket);
+  template <class Idx>
+  void write_column(WorkerCtx& ctx, const uint8_t* src, int64_t stride, int64_t w, const Idx* perm, int64_t n,
+                    bool in_order, ColumnRecord& col);
+  template <class Idx>
+  void write_groups_blocked(WorkerCtx& ctx, const uint8_t* src, int64_t rb, int64_t gb, const Idx* perm,
+                            int64_t n, std::vector<ColumnRecord>& cols);
   void fail(File& f, const OsError& e);  // requires mu_
   void stop_and_join(bool discard);
   void check_stopping() const;

@@ -1,0 +1,377 @@
+#include "strided_reader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "crc32c.h"
+#include "mapped_region.h"
+
+namespace recckpt {
+namespace {
+
+constexpr int64_t kBlockBytes = 1 << 20;      // column bytes (all parts) a worker reads, checks and places at once
+constexpr int64_t kPlaceBytes = 32 << 10;     // destination bytes placed part by part before the next rows
+constexpr int64_t kMaxAlignedBlock = 64 << 20;  // past this, blocks are not cut on every part's chunk edges
+constexpr size_t kMaxIo = size_t(1) << 30;
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+// Rows [b0, b1) of request `req` (a work item); `begin`: bytes of the items before it (read-ahead).
+struct Block {
+  size_t req;
+  int64_t b0, b1;
+  int64_t begin;
+};
+
+struct OpenFile {
+  int fd = -1;
+  int err = 0;
+  bool not_regular = false;
+  int64_t size = 0;
+};
+
+// dst row i = bytes of src row i, `n` of them, rows `dst_stride` / `src_stride` apart.
+template <int N>
+void place_fixed(uint8_t* __restrict dst, int64_t ds, const uint8_t* __restrict src, int64_t ss, int64_t rows) {
+  for (int64_t i = 0; i < rows; i++) std::memcpy(dst + i * ds, src + i * ss, N);
+}
+
+void place(uint8_t* dst, int64_t ds, const uint8_t* src, int64_t ss, int64_t n, int64_t rows) {
+  if (ds == n && ss == n) return (void)std::memcpy(dst, src, (size_t)(n * rows));
+  switch (n) {
+    case 2: return place_fixed<2>(dst, ds, src, ss, rows);
+    case 4: return place_fixed<4>(dst, ds, src, ss, rows);
+    case 8: return place_fixed<8>(dst, ds, src, ss, rows);
+    case 16: return place_fixed<16>(dst, ds, src, ss, rows);
+    case 32: return place_fixed<32>(dst, ds, src, ss, rows);
+    case 64: return place_fixed<64>(dst, ds, src, ss, rows);
+    default:
+      for (int64_t i = 0; i < rows; i++) std::memcpy(dst + i * ds, src + i * ss, (size_t)n);
+  }
+}
+
+int64_t pread_all(int fd, uint8_t* p, int64_t n, int64_t off) {
+  int64_t got = 0;
+  while (got < n) {
+    ssize_t r = ::pread(fd, p + got, (size_t)std::min<int64_t>(n - got, (int64_t)kMaxIo), (off_t)(off + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (r == 0) break;
+    got += r;
+  }
+  return got;
+}
+
+class StridedReader {
+ public:
+  explicit StridedReader(const std::vector<StridedRequest>& reqs)
+      : reqs_(reqs), fds_(reqs.size(), -1), err_row_(reqs.size(), std::numeric_limits<int64_t>::max()),
+        err_msg_(reqs.size()) {}
+  ~StridedReader() {
+    for (auto& kv : files_)
+      if (kv.second.fd >= 0) ::close(kv.second.fd);
+  }
+
+  ReadResult run(int threads, int64_t readahead_bytes) {
+    for (size_t i = 0; i < reqs_.size(); i++)
+      if (validate(i)) plan(i);
+    readahead_ = std::max<int64_t>(0, readahead_bytes);
+    advise_up_to(0);
+    const int64_t nthreads = std::min<int64_t>(std::max(threads, 1), (int64_t)blocks_.size());
+    if (nthreads <= 1) {
+      work();
+    } else {
+      std::vector<std::thread> pool;
+      pool.reserve((size_t)nthreads - 1);
+      try {
+        for (int64_t t = 1; t < nthreads; t++) pool.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        // could not start more threads: the ones running (and this one) do the work
+      }
+      work();
+      for (auto& t : pool) t.join();
+    }
+    ReadResult r;
+    r.bytes_read = bytes_read_.load();
+    for (size_t i = 0; i < reqs_.size(); i++)
+      if (!err_msg_[i].empty()) r.errors.emplace_back((int64_t)i, err_msg_[i]);
+    return r;
+  }
+
+ private:
+  void report(size_t i, int64_t row, std::string msg) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (row < err_row_[i] || err_msg_[i].empty()) {
+      err_row_[i] = row;
+      err_msg_[i] = std::move(msg);
+    }
+  }
+
+  static std::string part_name(size_t k) { return "part " + std::to_string(k); }
+
+  bool invalid(size_t i, const std::string& why) {
+    report(i, -1, "invalid request: " + why);
+    return false;
+  }
+
+  bool validate(size_t i) {
+    const StridedRequest& r = reqs_[i];
+    if (!r.invalid.empty()) return report(i, -1, r.invalid), false;
+    if (!(0 <= r.r0 && r.r0 <= r.r1)) return invalid(i, "need 0 <= r0 <= r1");
+    if (r.dst_stride <= 0) return invalid(i, "dst_stride must be > 0");
+    if (r.r1 - r.r0 > std::numeric_limits<int64_t>::max() / r.dst_stride ||
+        r.dst_len != (r.r1 - r.r0) * r.dst_stride)
+      return invalid(i, "dst has " + std::to_string(r.dst_len) + " bytes, expected (r1 - r0) * dst_stride");
+    if (r.parts.empty()) return invalid(i, "no parts");
+    for (size_t k = 0; k < r.parts.size(); k++) {
+      const StridedPart& p = r.parts[k];
+      const std::string w = part_name(k) + ": ";
+      if (p.chunk_bytes <= 0) return invalid(i, w + "chunk_bytes must be > 0");
+      if (p.col_offset < 0 || p.col_length < 0 || p.col_length > std::numeric_limits<int64_t>::max() - p.col_offset)
+        return invalid(i, w + "col_offset and col_length must be >= 0 and not overflow");
+      if (p.pad_before < 0 || p.pad_before > p.col_offset) return invalid(i, w + "pad_before must be in [0, col_offset]");
+      if (p.width <= 0 || p.col_length % p.width != 0)
+        return invalid(i, w + "width must be > 0 and divide col_length (" + std::to_string(p.col_length) + ")");
+      if (r.r1 > p.col_length / p.width)
+        return invalid(i, w + "rows up to " + std::to_string(r.r1) + " asked of a column of " +
+                              std::to_string(p.col_length / p.width));
+      if (p.src < 0 || p.nbytes < 0 || p.src > p.width - p.nbytes)
+        return invalid(i, w + "need 0 <= src <= src + nbytes <= width");
+      if (p.dst < 0 || p.dst > r.dst_stride - p.nbytes) return invalid(i, w + "need 0 <= dst <= dst + nbytes <= dst_stride");
+      const int64_t nc = p.col_length / p.chunk_bytes + (p.col_length % p.chunk_bytes != 0);
+      if ((int64_t)p.crcs.size() != nc)
+        return invalid(i, w + "crcs has " + std::to_string(p.crcs.size()) + " entries, expected " + std::to_string(nc));
+    }
+    auto it = files_.find(r.path);
+    if (it == files_.end()) {
+      OpenFile of;
+      // As read_ranges: only regular files, checked on the opened file (docs/SAFETY.md).
+      of.fd = ::open(r.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+      if (of.fd < 0) {
+        of.err = errno;
+      } else {
+        struct stat st;
+        const bool stat_ok = ::fstat(of.fd, &st) == 0;
+        if (!stat_ok || !S_ISREG(st.st_mode)) {
+          of.err = stat_ok ? 0 : errno;
+          of.not_regular = stat_ok;
+          ::close(of.fd);
+          of.fd = -1;
+        } else {
+          of.size = (int64_t)st.st_size;
+        }
+      }
+      it = files_.emplace(r.path, of).first;
+    }
+    const OpenFile& f = it->second;
+    if (f.fd < 0 && f.not_regular) return report(i, -1, "not a regular file (a link, FIFO or device)"), false;
+    if (f.fd < 0) return report(i, -1, std::string("open error: ") + std::strerror(f.err)), false;
+    for (size_t k = 0; k < r.parts.size(); k++) {
+      const StridedPart& p = r.parts[k];
+      if (f.size < p.col_offset + p.col_length)
+        return report(i, -1, part_name(k) + ": file too small: " + std::to_string(f.size) +
+                                 " bytes, the column needs col_offset + col_length = " +
+                                 std::to_string(p.col_offset + p.col_length)), false;
+    }
+    fds_[i] = f.fd;
+    return true;
+  }
+
+  // Blocks of rows whose edges fall on every part's chunk edges where that keeps blocks small (then no
+  // chunk is read twice); the first and last block of a request may be partial.
+  void plan(size_t i) {
+    const StridedRequest& r = reqs_[i];
+    if (r.r0 == r.r1) return;
+    int64_t row_bytes = 0, align = 1;
+    for (const StridedPart& p : r.parts) {
+      row_bytes += p.width;
+      const int64_t a = p.chunk_bytes / std::gcd(p.chunk_bytes, p.width);
+      if (align <= kMaxAlignedBlock && a <= kMaxAlignedBlock) align = std::lcm(align, a);
+      else align = kMaxAlignedBlock + 1;
+    }
+    int64_t rows = std::max<int64_t>(1, kBlockBytes / row_bytes);
+    if (align > kMaxAlignedBlock || align * row_bytes > kMaxAlignedBlock) align = 1;  // edges need not align
+    rows = (rows + align - 1) / align * align;
+    for (int64_t b0 = r.r0; b0 < r.r1;) {
+      const int64_t b1 = std::min(r.r1, (b0 / rows + 1) * rows);
+      blocks_.push_back({i, b0, b1, planned_bytes_});
+      for (const StridedPart& p : r.parts) planned_bytes_ += chunk_span(p, b0, b1).second - chunk_span(p, b0, b1).first;
+      b0 = b1;
+    }
+  }
+
+  // Column bytes [first, second) of the whole chunks holding rows [b0, b1) of part p.
+  static std::pair<int64_t, int64_t> chunk_span(const StridedPart& p, int64_t b0, int64_t b1) {
+    const int64_t s = b0 * p.width, e = b1 * p.width;
+    return {s / p.chunk_bytes * p.chunk_bytes, std::min(p.col_length, (e + p.chunk_bytes - 1) / p.chunk_bytes * p.chunk_bytes)};
+  }
+
+  void advise_up_to(size_t k) {
+    if (readahead_ <= 0 || blocks_.empty()) return;
+    const int64_t limit = blocks_[k].begin + readahead_;
+    std::unique_lock<std::mutex> lk(ahead_mu_, std::try_to_lock);
+    if (!lk.owns_lock()) return;
+    while (ahead_ < blocks_.size() && blocks_[ahead_].begin < limit) {
+      const Block& b = blocks_[ahead_];
+      for (const StridedPart& p : reqs_[b.req].parts) {
+        const auto span = chunk_span(p, b.b0, b.b1);
+        ::posix_fadvise(fds_[b.req], (off_t)(p.col_offset + span.first), (off_t)(span.second - span.first),
+                        POSIX_FADV_WILLNEED);
+      }
+      ahead_++;
+    }
+  }
+
+  bool check_padding(size_t i, size_t k, int64_t row) {
+    const StridedPart& p = reqs_[i].parts[k];
+    uint8_t pad[4096];
+    for (int64_t done = 0; done < p.pad_before;) {
+      const int64_t n = std::min<int64_t>((int64_t)sizeof pad, p.pad_before - done);
+      const int64_t off = p.col_offset - p.pad_before + done;
+      const int64_t got = pread_all(fds_[i], pad, n, off);
+      if (got != n) {
+        report(i, row, part_name(k) + ": " + (got < 0 ? std::string("read error in the padding before the column: ") +
+                                                           std::strerror((int)-got)
+                                                     : std::string("short read in the padding before the column")) +
+                           " at file offset " + std::to_string(off));
+        return false;
+      }
+      bytes_read_.fetch_add(n, std::memory_order_relaxed);
+      for (int64_t j = 0; j < n; j++)
+        if (pad[j] != 0) {
+          report(i, row, part_name(k) + ": non-zero byte in the padding before the column, at file offset " +
+                             std::to_string(off + j));
+          return false;
+        }
+      done += n;
+    }
+    return true;
+  }
+
+  // Reads and checks every part's chunks of the block into scratch; then places its rows.
+  void do_block(const Block& b, std::vector<uint8_t>& scratch, std::vector<int64_t>& at) {
+    const StridedRequest& r = reqs_[b.req];
+    const size_t np = r.parts.size();
+    int64_t total = 0;
+    at.assign(np + 1, 0);
+    for (size_t k = 0; k < np; k++) {
+      const auto span = chunk_span(r.parts[k], b.b0, b.b1);
+      at[k] = total;
+      total += span.second - span.first;
+    }
+    if ((int64_t)scratch.size() < total) scratch.resize((size_t)total);
+    for (size_t k = 0; k < np; k++) {
+      const StridedPart& p = r.parts[k];
+      if (b.b0 == 0 && p.pad_before > 0 && !check_padding(b.req, k, b.b0)) return;
+      const auto span = chunk_span(p, b.b0, b.b1);
+      uint8_t* buf = scratch.data() + at[k];
+      const int64_t want = span.second - span.first, off = p.col_offset + span.first;
+      const int64_t got = pread_all(fds_[b.req], buf, want, off);
+      if (got > 0) bytes_read_.fetch_add(got, std::memory_order_relaxed);
+      if (got != want) {
+        report(b.req, b.b0, part_name(k) + ": " + (got < 0 ? std::string("read error: ") + std::strerror((int)-got)
+                                                          : "short read (file truncated?)") +
+                                " at file offset " + std::to_string(off));
+        return;
+      }
+      int64_t j = span.first / p.chunk_bytes;
+      for (int64_t s = span.first; s < span.second; s += p.chunk_bytes, j++) {
+        const int64_t e = std::min(s + p.chunk_bytes, span.second);
+        const uint32_t c = crc32c(0, buf + (s - span.first), (size_t)(e - s));
+        if (c != p.crcs[(size_t)j]) {
+          report(b.req, b.b0, part_name(k) + ": CRC mismatch in chunk " + std::to_string(j) + " (column bytes [" +
+                                  std::to_string(s) + ", " + std::to_string(e) + "), file offset " +
+                                  std::to_string(p.col_offset + s) + "): expected " + hex32(p.crcs[(size_t)j]) +
+                                  ", computed " + hex32(c));
+          return;
+        }
+      }
+    }
+    uint8_t* dst = r.dst + (b.b0 - r.r0) * r.dst_stride;
+    prefault(dst, (b.b1 - b.b0) * r.dst_stride);
+    const int64_t step = std::max<int64_t>(1, kPlaceBytes / r.dst_stride);
+    for (int64_t s0 = b.b0; s0 < b.b1; s0 += step) {
+      const int64_t rows = std::min(step, b.b1 - s0);
+      uint8_t* d = r.dst + (s0 - r.r0) * r.dst_stride;
+      for (size_t k = 0; k < np; k++) {
+        const StridedPart& p = r.parts[k];
+        const uint8_t* src = scratch.data() + at[k] + (s0 * p.width - chunk_span(p, b.b0, b.b1).first) + p.src;
+        place(d + p.dst, r.dst_stride, src, p.width, p.nbytes, rows);
+      }
+    }
+  }
+
+  // As read_ranges: fault in the destination's whole pages for writing in one kernel call (a table's fresh
+  // storage), instead of one fault per page inside the copy. A kernel that refuses is not asked again.
+  void prefault(uint8_t* p, int64_t n) {
+    if (!prefault_ok_.load(std::memory_order_relaxed)) return;
+    const uintptr_t P = (uintptr_t)MappedRegion::page_size();
+    uint8_t* a = (uint8_t*)(((uintptr_t)p + P - 1) / P * P);
+    uint8_t* e = (uint8_t*)(((uintptr_t)(p + n)) / P * P);
+#ifdef MADV_POPULATE_WRITE
+    constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+    constexpr int kPopulateWrite = 23;  // Linux 5.14
+#endif
+    if (e > a && ::madvise(a, (size_t)(e - a), kPopulateWrite) != 0 && errno == EINVAL)
+      prefault_ok_.store(false, std::memory_order_relaxed);
+  }
+
+  void work() {
+    std::vector<uint8_t> scratch;
+    std::vector<int64_t> at;
+    for (;;) {
+      const size_t k = next_.fetch_add(1, std::memory_order_relaxed);
+      if (k >= blocks_.size()) return;
+      advise_up_to(k);
+      try {
+        do_block(blocks_[k], scratch, at);
+      } catch (const std::bad_alloc&) {
+        report(blocks_[k].req, blocks_[k].b0, "out of memory for the scratch of a block of rows");
+      }
+    }
+  }
+
+  const std::vector<StridedRequest>& reqs_;
+  std::map<std::string, OpenFile> files_;
+  std::vector<int> fds_;
+  std::vector<Block> blocks_;
+  int64_t planned_bytes_ = 0;
+  std::atomic<size_t> next_{0};
+  std::atomic<int64_t> bytes_read_{0};
+  std::atomic<bool> prefault_ok_{true};
+  std::mutex mu_;
+  int64_t readahead_ = 0;
+  std::mutex ahead_mu_;
+  size_t ahead_ = 0;
+  std::vector<int64_t> err_row_;
+  std::vector<std::string> err_msg_;
+};
+
+}  // namespace
+
+ReadResult read_strided(const std::vector<StridedRequest>& requests, int threads, int64_t readahead_bytes) {
+  StridedReader r(requests);
+  return r.run(threads, readahead_bytes);
+}
+
+}  // namespace recckpt

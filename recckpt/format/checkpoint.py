@@ -16,6 +16,7 @@ from . import catalog, checked_json, gcpause, names, safetensors_io, structure, 
 from .digest import DenseDigest, Digest, Digests, TableDigest, dense_digest
 from .schema import (
     ColumnBlocks,
+    ColumnGroups,
     FileInfo,
     IndexDoc,
     Manifest,
@@ -152,7 +153,8 @@ def _describe_part(doc: IndexDoc, worker: int, tables: list[TableSource], change
     part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1] if s.block == 0),
                                      t.name in doc.removed,
                                      sum(s.rows for s in doc.removed.get(t.name, [])),
-                                     t.bucket_fn, t.num_rows, t.column_blocks, t.input_size).to_json()
+                                     t.bucket_fn, t.num_rows, t.column_blocks, t.input_size,
+                                     t.column_groups).to_json()
                    for t in tables}
     return part, index_bytes(doc)
 
@@ -263,13 +265,14 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
                  metadata=dict(metadata or {}), parent=parent)
     for p in parts:
         for name, tj in p.tables.items():
-            blocks = tj.get("column_blocks")
+            blocks, groups = tj.get("column_blocks"), tj.get("column_groups")
             info = TableInfo({k: SlotInfo(s["dtype"], tuple(s["shape"]), s["category"]) for k, s in tj["slots"]},
                              tj["rows"], tj.get("changes", False), tj.get("removed", 0),
                              tj.get("bucket_fn", "hash"), tj.get("num_rows", 0),
                              None if blocks is None else ColumnBlocks(tuple(blocks["slots"]),
                                                                       tuple(tuple(b) for b in blocks["blocks"])),
-                             tj.get("input_size", 0))
+                             tj.get("input_size", 0),
+                             None if groups is None else ColumnGroups(tuple(groups["slots"]), groups["width"]))
             have = m.tables.get(name)
             if have is not None and have.slots != info.slots:
                 raise ValueError(f"table {name!r}: worker {p.worker} wrote slots {info.slots}, "
@@ -278,12 +281,14 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
                 raise ValueError(f"table {name!r}: worker {p.worker} wrote "
                                  f"{'only its changes' if info.changes else 'all its rows'}, another worker the "
                                  f"opposite; an increment needs the same on every worker (save a full checkpoint)")
-            if have is not None and (have.bucket_fn, have.num_rows, have.column_blocks, have.input_size) != (
-                    info.bucket_fn, info.num_rows, info.column_blocks, info.input_size):
+            if have is not None and (have.bucket_fn, have.num_rows, have.column_blocks, have.input_size,
+                                     have.column_groups) != (info.bucket_fn, info.num_rows, info.column_blocks,
+                                                             info.input_size, info.column_groups):
                 raise ValueError(f"table {name!r}: worker {p.worker} saved it bucketed {info.bucket_fn!r} over "
                                  f"{info.num_rows} rows (input size {info.input_size}) with column blocks "
-                                 f"{info.column_blocks}, another worker {have.bucket_fn!r} over {have.num_rows} rows "
-                                 f"(input size {have.input_size}) with {have.column_blocks}")
+                                 f"{info.column_blocks} and groups {info.column_groups}, another worker "
+                                 f"{have.bucket_fn!r} over {have.num_rows} rows (input size {have.input_size}) with "
+                                 f"{have.column_blocks} and {have.column_groups}")
             m.tables[name] = replace(info, rows=info.rows + (have.rows if have else 0),
                                      removed=info.removed + (have.removed if have else 0))
         for rel, (size, crc) in p.files.items():

@@ -69,13 +69,18 @@ def _chunk(segments, table, info, per_block, split, other, c0, c1, r0, r1, nb):
     got: dict[str, list[tuple[int, np.ndarray]]] = {s: [] for s in other}
     have = None
     blo, bhi = r0 * nb // info.num_rows, (r1 - 1) * nb // info.num_rows + 1
+    # Column groups (format version 5): a block's split slots are read in the columns [x0, x1) wanted only,
+    # by the groups that hold them; without, a block's columns are read whole and cut here.
+    grouped = info.column_groups is not None
     for j, names in sorted(per_block.items()):
         a, b = cb.blocks[j]
         x0, x1 = max(a, c0), min(b, c1)
+        ra, rb_ = (x0, x1) if grouped and x1 > x0 else (a, b)   # the columns each row read holds
         mine = {s: np.zeros((n, info.slots[s].row_bytes), dtype=np.uint8) for s in names if s in got}
         seen = np.zeros(n, dtype=bool)
-        rbs = [info.slots[s].row_bytes_for(b - a if s in wide else None) for s in names]
-        for ids, parts in segments.iter_table(table, names, rbs, blo, bhi, block=j):
+        rbs = [info.slots[s].row_bytes_for(rb_ - ra if s in wide else None) for s in names]
+        window = (ra, rb_) if grouped and any(s in wide for s in names) else None
+        for ids, parts in segments.iter_table(table, names, rbs, blo, bhi, block=j, columns=window):
             sel = np.nonzero((ids >= r0) & (ids < r1))[0]
             if not len(sel):
                 continue
@@ -84,8 +89,8 @@ def _chunk(segments, table, info, per_block, split, other, c0, c1, r0, r1, nb):
             for s, raw in zip(names, parts):
                 if s in wide:
                     p, e = wide[s]
-                    rows = raw[sel].reshape(len(sel), p, (b - a) * e)
-                    out[s][local, :, (x0 - c0) * e:(x1 - c0) * e] = rows[:, :, (x0 - a) * e:(x1 - a) * e]
+                    rows = raw[sel].reshape(len(sel), p, (rb_ - ra) * e)
+                    out[s][local, :, (x0 - c0) * e:(x1 - c0) * e] = rows[:, :, (x0 - ra) * e:(x1 - ra) * e]
                 else:
                     mine[s][local] = raw[sel]
         if have is None:

@@ -7,13 +7,15 @@ import re
 from ..errors import InvalidCheckpointIdError
 
 FORMAT_NAME = "recckpt"
-FORMAT_VERSION = 4                   # what this recckpt writes
-READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)  # what it reads: 2 added the slot-column alignment (format/layout.py),
+FORMAT_VERSION = 5                   # what this recckpt writes
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4, 5)  # what it reads: 2 added the slot-column alignment (format/layout.py),
 #                                       3 incremental checkpoints (parent, changed rows, removed ids),
 #                                       4 bucket directories, packed segments, per-table bucket functions,
-#                                       column blocks, a struct-of-arrays index (docs/FORMAT.md)
+#                                       column blocks, a struct-of-arrays index, 5 column groups and
+#                                       id-less row-run segments of row_range tables (docs/FORMAT.md)
 INCREMENTAL_SINCE = 3                # the first version whose manifests may name a parent
 SEGMENT_DIR_SINCE = 4                # the first version with bucket directories and the version 4 index
+COLUMN_GROUPS_SINCE = 5              # the first version with column groups and row-run segments
 
 VERSION_FILE = "checkpoint"          # <output_dir>/checkpoint: committed ids, oldest first
 STAGING_PREFIX = ".staging-"         # <output_dir>/.staging-<ckpt_id>-<nonce>/ while a save is running

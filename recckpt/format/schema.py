@@ -14,8 +14,10 @@ import numpy as np
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes, layout
 from .digest import DIGEST_NAME, DenseDigest, Digest, Digests, TableDigest
+from .geometry import GROUP_WIDTH, TableGeometry
 from .hashing import HASH_NAME, NUM_BUCKETS_LIMIT
 from .names import (
+    COLUMN_GROUPS_SINCE,
     FORMAT_NAME,
     FORMAT_VERSION,
     INCREMENTAL_SINCE,
@@ -78,6 +80,24 @@ class ColumnBlocks:
 
 
 @dataclass(frozen=True)
+class ColumnGroups:
+    """Format version 5: the split slots of a row_range table (each of shape (D,)) stored as one column per
+    group of `width` columns of D (the last group of a column block may be narrower), so that a reader of
+    columns [a, b) reads only the groups overlapping them (docs/FORMAT.md, Column groups)."""
+    slots: tuple[str, ...]
+    width: int
+
+    def to_json(self):
+        return {"slots": list(self.slots), "width": self.width}
+
+
+def column_groups_for(split: tuple[str, ...], dim: int) -> ColumnGroups | None:
+    """The column groups recckpt writes for a fixed-size table whose split slots (shape (dim,)) are `split`:
+    groups of `geometry.GROUP_WIDTH` columns (of `dim`, when that is smaller); None without split slots."""
+    return ColumnGroups(tuple(split), min(GROUP_WIDTH, dim)) if split else None
+
+
+@dataclass(frozen=True)
 class TableInfo:
     slots: dict[str, SlotInfo]  # in column order
     rows: int
@@ -87,6 +107,7 @@ class TableInfo:
     num_rows: int = 0           # row_range: N, the logical rows (ids are 0..N-1)
     column_blocks: ColumnBlocks | None = None  # format version 4: saved column-split
     input_size: int = 0         # id_range: H, ids [0, H) are bucketed by range (the rest: bucket B-1)
+    column_groups: ColumnGroups | None = None  # format version 5: split slots stored by column group
 
     def bucket_args(self) -> dict:
         """The keyword arguments of `_C.bucket_of` that select this table's bucket function."""
@@ -105,13 +126,15 @@ class TableInfo:
                 out["input_size"] = self.input_size
             if self.column_blocks is not None:
                 out["column_blocks"] = self.column_blocks.to_json()
+        if format_version >= COLUMN_GROUPS_SINCE and self.column_groups is not None:
+            out["column_groups"] = self.column_groups.to_json()
         return out
 
-    def slot_row_bytes(self, slots: list[str], block: int = 0) -> list[int]:
-        """Bytes of one row of each of `slots` as a segment of column block `block` stores them."""
-        cb = self.column_blocks
-        return [self.slots[s].row_bytes_for(cb.width(block) if cb is not None and s in cb.slots else None)
-                for s in slots]
+    def geometry(self, format_version: int = FORMAT_VERSION) -> TableGeometry:
+        """Where each slot lies among a segment's columns (format/geometry.py); in format version 5 a
+        row_range table's segments may be row runs."""
+        runs = self.num_rows if self.bucket_fn == "row_range" and format_version >= COLUMN_GROUPS_SINCE else 0
+        return TableGeometry.of(self.slots, self.column_blocks, self.column_groups, runs)
 
 
 @dataclass(frozen=True)
@@ -194,11 +217,17 @@ class Segment:
     last: int = -1
     packed: bool = False      # version 4: no alignment padding
     block: int = 0            # version 4: column block (tables with column_blocks)
+    id0: int = -1             # version 5: >= 0: a row run, ids [id0, id0 + rows), no ids or directory stored
 
     @property
     def offset(self) -> int:
         """Where the segment starts in its file (its first block)."""
         return self.buckets.offset
+
+    @property
+    def is_run(self) -> bool:
+        """Format version 5: the segment's ids are [id0, id0 + rows) in order, stored nowhere."""
+        return self.id0 >= 0
 
     def pad_before(self, k: int, format_version: int) -> int:
         """Zero bytes before column k (the rule: `layout.pad_before`)."""
@@ -210,7 +239,7 @@ class Segment:
     def key(self) -> tuple:
         """Everything the index records of the segment (equality of indexes)."""
         return (self.file, self.rows, self.buckets.offset, self.buckets.length, tuple(self.buckets.crc32c),
-                self.dir_entries, self.first, self.last, self.packed, self.block,
+                self.dir_entries, self.first, self.last, self.packed, self.block, self.id0,
                 tuple((c.offset, c.length, c.step, tuple(int(x) for x in c.crc32c)) for c in self.columns))
 
     def to_json(self):
@@ -230,6 +259,13 @@ class IndexDoc:
     format_version: int = FORMAT_VERSION
     removed: dict[str, list[Segment]] = field(default_factory=dict)  # name -> segments of removed ids (no slots)
     blocked: set[str] = field(default_factory=set)   # version 4: tables whose segments carry a column block
+    geometry: dict[str, TableGeometry] = field(default_factory=dict)   # known tables' columns (version 4+)
+
+    def geometry_of(self, table: str) -> TableGeometry:
+        """Where each slot of `table` lies among its segments' columns (one column each when not known:
+        versions 1 to 3)."""
+        g = self.geometry.get(table)
+        return g if g is not None else TableGeometry.plain(self.tables[table][0])
 
     def to_json(self) -> dict:
         if self.format_version >= SEGMENT_DIR_SINCE:
@@ -247,7 +283,8 @@ class IndexDoc:
         blocked = self.blocked
         tables = {}
         for name, (slots, segs) in self.tables.items():
-            t = {"slots": list(slots), "segments": _segs_to_json(segs, True, name in blocked)}
+            runs = self.format_version >= COLUMN_GROUPS_SINCE and self.geometry_of(name).runs
+            t = {"slots": list(slots), "segments": _segs_to_json(segs, True, name in blocked, runs)}
             if name in self.removed:
                 t["removed"] = _segs_to_json(self.removed[name], False, False)
             tables[name] = t
@@ -268,6 +305,9 @@ class IndexDoc:
             base = len(out.files)
             out.files.extend(p.files)
             out.blocked |= p.blocked
+            for name, g in p.geometry.items():
+                if out.geometry.setdefault(name, g) != g:
+                    raise ValueError(f"table {name!r}: workers wrote it with different columns")
             for name, (slots, segs) in p.tables.items():
                 have = out.tables.setdefault(name, (list(slots), []))
                 if have[0] != list(slots):
@@ -282,17 +322,20 @@ def _hex(crcs) -> str:
     return np.asarray(crcs, dtype=">u4").tobytes().hex()
 
 
-def _segs_to_json(segs: list[Segment], with_packed: bool, with_block: bool) -> dict:
-    """Version 4's SEGS: the segments as parallel lists and one string of CRCs."""
+def _segs_to_json(segs: list[Segment], with_packed: bool, with_block: bool, with_id0: bool = False) -> dict:
+    """Version 4's SEGS (and version 5's, with `id0` for a row_range table): the segments as parallel lists
+    and one string of CRCs."""
     out = {"file": [s.file for s in segs], "offset": [s.offset for s in segs], "rows": [s.rows for s in segs],
            "dir": [s.dir_entries for s in segs], "first": [s.first for s in segs], "last": [s.last for s in segs]}
     if with_packed:
         out["packed"] = [int(s.packed) for s in segs]
     if with_block:
         out["block"] = [s.block for s in segs]
+    if with_id0:
+        out["id0"] = [s.id0 for s in segs]
     parts = []
     for s in segs:
-        parts.append(_hex(s.buckets.crc32c))
+        parts.append(_hex(s.buckets.crc32c))   # a run's directory is empty: no CRC
         parts.extend(_hex(c.crc32c) for c in s.columns)
     out["crc32c"] = "".join(parts)
     return out
@@ -390,8 +433,9 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         if removed and not changes:
             v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
         bucket_fn, num_rows, blocks, input_size = _table_v4_fields(v, t, where, ver, slots)
+        groups = _column_groups(v, t, where, ver, slots, bucket_fn, blocks)
         tables[v.str(name, "tables")] = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"),
-                                                  changes, removed, bucket_fn, num_rows, blocks, input_size)
+                                                  changes, removed, bucket_fn, num_rows, blocks, input_size, groups)
     files = {}
     for rel, f in v.dict(v.get(obj, "files", ""), "files").items():
         v.relpath(rel, "files")
@@ -543,6 +587,33 @@ def _table_v4_fields(v: _V, t: dict, where: str, ver: int, slots: dict[str, Slot
     return fn, num_rows, blocks, input_size
 
 
+def _column_groups(v: _V, t: dict, where: str, ver: int, slots: dict[str, SlotInfo], bucket_fn: str,
+                   blocks: ColumnBlocks | None) -> ColumnGroups | None:
+    """A manifest table's version 5 `column_groups`, validated (docs/FORMAT.md, Column groups)."""
+    if "column_groups" not in t:
+        return None
+    cw = f"{where}.column_groups"
+    if ver < COLUMN_GROUPS_SINCE:
+        v.fail(cw, f"not a field of format version {ver}")
+    if bucket_fn != "row_range":
+        v.fail(cw, "only a row_range table stores column groups")
+    cg = v.dict(t["column_groups"], cw)
+    extra = set(cg) - {"slots", "width"}
+    if extra:
+        v.fail(cw, f"unknown fields {sorted(extra)!r:.80}")
+    names = [v.str(x, f"{cw}.slots") for x in v.list(v.get(cg, "slots", cw), f"{cw}.slots")]
+    if not names or len(set(names)) != len(names) or any(n not in slots for n in names):
+        v.fail(f"{cw}.slots", "expected distinct slots of the table, at least one")
+    dims = {slots[n].shape for n in names}
+    if len(dims) != 1 or len(next(iter(dims))) != 1 or next(iter(dims))[0] < 1:
+        v.fail(f"{cw}.slots", "grouped slots need the same shape (D,) with D >= 1")
+    d = next(iter(dims))[0]
+    width = v.int(v.get(cg, "width", cw), f"{cw}.width", 1, d + 1)
+    if blocks is not None and tuple(blocks.slots) != tuple(names):
+        v.fail(cw, f"slots {names} differ from column_blocks' {list(blocks.slots)}: a table splits one set of slots")
+    return ColumnGroups(tuple(names), width)
+
+
 def index_from_json(obj: dict, path: str, manifest: Manifest | None = None, *, worker: bool = False) -> IndexDoc:
     """Validate an index; with a manifest, also check every column length against the slot specs.
     `worker`: a worker's own index (sparse/worker-W.index.json), whose tables hold that worker's rows
@@ -676,28 +747,34 @@ class _SegArrays:
     a: dict[str, np.ndarray]
     packed: np.ndarray
     block: np.ndarray
+    id0: np.ndarray        # [s] version 5: first id of a row run, -1 for a segment storing its ids
     starts: np.ndarray     # [s, ncols] column offsets
-    lengths: np.ndarray    # [s, ncols]
+    lengths: np.ndarray    # [s, ncols] (columns past a segment's block's count have length 0)
     ends: np.ndarray       # [s] where each segment ends
+    ncols: list[int]       # columns of a segment of each block (ids first)
 
 
-def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, row_bytes: list[list[int]],
+def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, geo: TableGeometry | None,
              with_packed: bool, with_block: bool, nblocks: int) -> _SegArrays:
     """Phase 1 of one table's SEGS, vectorised (no per-segment Python): list lengths, ranges, column
-    positions by the layout rule, each segment inside its file. `row_bytes[block]`: bytes of a row of
-    each column (ids first) per column block."""
+    positions by the layout rule, each segment inside its file. `geo`: the table's columns per column
+    block (format/geometry.py); None for removed ids (one column, the ids). Version 5: a row_range table's
+    segments carry `id0`, and a row run (id0 >= 0) stores no directory and no ids."""
     seg = v.dict(raw, where)
     a = {k: _int_array(v, v.get(seg, k, where), f"{where}.{k}", None if k == "file" else len(seg["file"]))
          for k in _SEG_KEYS}
     s = len(a["file"])
+    runs = geo is not None and geo.runs and doc.format_version >= COLUMN_GROUPS_SINCE
     packed = (_int_array(v, v.get(seg, "packed", where), f"{where}.packed", s) if with_packed
               else np.zeros(s, dtype=np.int64))
     block = (_int_array(v, v.get(seg, "block", where), f"{where}.block", s) if with_block
              else np.zeros(s, dtype=np.int64))
-    for key in ("packed", "block"):
-        if key in seg and not (with_packed if key == "packed" else with_block):
+    id0 = (_int_array(v, v.get(seg, "id0", where), f"{where}.id0", s) if runs
+           else np.full(s, -1, dtype=np.int64))
+    for key, present in (("packed", with_packed), ("block", with_block), ("id0", runs)):
+        if key in seg and not present:
             v.fail(f"{where}.{key}", "not a field of these segments")
-    extra = set(seg) - set(_SEG_KEYS) - {"packed", "block", "crc32c"}
+    extra = set(seg) - set(_SEG_KEYS) - {"packed", "block", "id0", "crc32c"}
     if extra:
         v.fail(where, f"unknown fields {sorted(extra)!r:.80}")
     nb, nfiles = doc.num_buckets, len(doc.files)
@@ -707,36 +784,51 @@ def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, row_bytes: list[list[int]],
             i = int(np.argmin(ok))
             v.fail(f"{where}.{key}[{i}]", f"{rule}")
 
+    run = id0 >= 0
     check((a["file"] >= 0) & (a["file"] < nfiles), "file", f"not a file of the index ({nfiles} files)")
     check(a["offset"] >= 0, "offset", "negative")
     check((a["rows"] >= 1) & (a["rows"] < _U32), "rows", "expected 1 <= rows < 2**32")
-    check((a["dir"] >= 1) & (a["dir"] <= np.minimum(a["rows"], nb)), "dir", "expected 1 <= dir <= min(rows, B)")
+    check(run | ((a["dir"] >= 1) & (a["dir"] <= np.minimum(a["rows"], nb))), "dir",
+          "expected 1 <= dir <= min(rows, B)")
     check((a["first"] >= 0) & (a["first"] <= a["last"]) & (a["last"] < nb), "first",
           "expected 0 <= first <= last < B")
     check(a["last"] - a["first"] + 1 >= a["dir"], "dir", "more directory entries than buckets in [first, last]")
     check((packed == 0) | (packed == 1), "packed", "expected 0 or 1")
     check((block >= 0) & (block < max(nblocks, 1)), "block", "not a column block of the table")
-    ncols = len(row_bytes[0])
-    if any(x * (_U32 - 1) >= (1 << 62) for rbs in row_bytes for x in rbs):
+    if runs:
+        n_rows = geo.num_rows
+        check(id0 >= -1, "id0", "expected -1 (ids stored) or the first id of a row run")
+        check(~run | (a["dir"] == 0), "dir", "a row run (id0 >= 0) has no directory: expected 0")
+        check(~run | (id0 + a["rows"] <= n_rows), "id0", f"the row run passes the table's {n_rows} rows")
+        u0 = np.where(run, id0, 0).astype(np.uint64)
+        last_id = np.where(run, id0 + a["rows"] - 1, 0).astype(np.uint64)
+        b0 = (u0 * np.uint64(nb) // np.uint64(n_rows)).astype(np.int64)   # < 2**64: exact in uint64
+        b1 = (last_id * np.uint64(nb) // np.uint64(n_rows)).astype(np.int64)
+        check(~run | ((a["first"] == b0) & (a["last"] == b1)), "first",
+              "a row run's first and last buckets are those of its first and last ids")
+    widths = [[8]] if geo is None else [geo.widths(j) for j in range(max(nblocks, 1))]
+    aligned = [[False]] if geo is None else [geo.begins_slot(j) for j in range(max(nblocks, 1))]
+    ncols = [len(w) for w in widths]
+    width = max(ncols)
+    if any(x * (_U32 - 1) >= (1 << 62) for rbs in widths for x in rbs):
         v.fail(where, "a slot row is too large for any segment")
-    rb = np.asarray(row_bytes, dtype=np.int64)[block]          # [s, ncols]
+    rb = np.asarray([w + [0] * (width - len(w)) for w in widths], dtype=np.int64)[block]     # [s, ncols]
+    al = np.asarray([x + [False] * (width - len(x)) for x in aligned], dtype=bool)[block]   # [s, ncols]
     lengths = a["rows"][:, None] * rb                          # < 2**62 (checked above)
+    lengths[run, 0] = 0                                        # a run stores no ids
     starts = np.empty_like(lengths)
     pos = a["offset"] + 8 * a["dir"]
     check(pos < (1 << 62), "offset", "beyond any file")
     unpadded = packed.astype(bool)
-    for k in range(ncols):
-        if k == 0:
-            starts[:, 0] = pos
-        else:
-            ln = lengths[:, k]
-            starts[:, k] = np.where(unpadded | (ln == 0), pos, layout.align_up(pos))
+    for k in range(width):
+        ln = lengths[:, k]
+        starts[:, k] = np.where(unpadded | (ln == 0) | ~al[:, k], pos, layout.align_up(pos))
         pos = starts[:, k] + lengths[:, k]
         check(pos < (1 << 62), "offset", "beyond any file")
     sizes = np.asarray([sz for _, sz in doc.files], dtype=np.int64)
     if s:
         check(pos <= sizes[a["file"]], "offset", "the segment ends beyond its file")
-    return _SegArrays(where, seg, a, packed, block, starts, lengths, pos)
+    return _SegArrays(where, seg, a, packed, block, id0, starts, lengths, pos, ncols)
 
 
 def _tiling_v4(v: _V, doc: IndexDoc, parts: list[_SegArrays]) -> None:
@@ -785,7 +877,8 @@ def _tiling_v4(v: _V, doc: IndexDoc, parts: list[_SegArrays]) -> None:
 def _segments_from(v: _V, doc: IndexDoc, p: _SegArrays) -> list[Segment]:
     """Phase 2: decode the table's CRC string and build its Segment records."""
     steps = layout.checksum_steps(p.lengths, doc.chunk_bytes)
-    counts = 1 + layout.crc_count(p.lengths, steps).sum(axis=1)   # the directory's CRC, then the columns'
+    has_dir = (p.id0 < 0).astype(np.int64)   # the directory's CRC (a run has none), then the columns'
+    counts = has_dir + layout.crc_count(p.lengths, steps).sum(axis=1)
     text = v.str(v.get(p.raw, "crc32c", p.where), f"{p.where}.crc32c")
     total = int(counts.sum())
     if len(text) != 8 * total or not _HEX.fullmatch(text):
@@ -793,21 +886,23 @@ def _segments_from(v: _V, doc: IndexDoc, p: _SegArrays) -> list[Segment]:
                                     f"{len(text)} characters")
     crcs = np.frombuffer(bytes.fromhex(text), dtype=">u4").astype(np.uint32)
     a = {k: x.tolist() for k, x in p.a.items()}
-    packed_l, block_l = p.packed.tolist(), p.block.tolist()
+    packed_l, block_l, id0_l, dir_l = p.packed.tolist(), p.block.tolist(), p.id0.tolist(), has_dir.tolist()
     starts_l, lengths_l, steps_l = p.starts.tolist(), p.lengths.tolist(), steps.tolist()
     ends_l = np.cumsum(counts).tolist()
     out = []
     lo = 0
     for i in range(len(a["file"])):
-        c = lo + 1
+        c = lo + dir_l[i]
         cols = []
-        for k, (ln, st) in enumerate(zip(lengths_l[i], steps_l[i])):
+        for k in range(p.ncols[block_l[i]]):
+            ln, st = lengths_l[i][k], steps_l[i][k]
             m = -(-ln // st)
             cols.append(Column(starts_l[i][k], ln, crcs[c:c + m], st))
             c += m
         off, k_dir = a["offset"][i], a["dir"][i]
-        out.append(Segment(a["file"][i], a["rows"][i], Column(off, 8 * k_dir, crcs[lo:lo + 1], 8 * k_dir),
-                           tuple(cols), k_dir, a["first"][i], a["last"][i], bool(packed_l[i]), block_l[i]))
+        out.append(Segment(a["file"][i], a["rows"][i], Column(off, 8 * k_dir, crcs[lo:lo + dir_l[i]], 8 * k_dir),
+                           tuple(cols), k_dir, a["first"][i], a["last"][i], bool(packed_l[i]), block_l[i],
+                           id0_l[i]))
         lo = ends_l[i]
     return out
 
@@ -830,14 +925,14 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
             v.fail(f"{where}.slots", f"{slots} disagree with the manifest's {list(info.slots)}")
         cb = info.column_blocks
         nblocks = len(cb.blocks) if cb is not None else 1
-        row_bytes = [[8] + info.slot_row_bytes(slots, j) for j in range(nblocks)]
-        segs = _segs_v4(v, v.get(t, "segments", where), f"{where}.segments", doc, row_bytes, True,
+        geo = doc.geometry[name] = info.geometry(doc.format_version)
+        segs = _segs_v4(v, v.get(t, "segments", where), f"{where}.segments", doc, geo, True,
                         cb is not None, nblocks)
         removed = None
         if "removed" in t:
             if not info.changes:
                 v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
-            removed = _segs_v4(v, t["removed"], f"{where}.removed", doc, [[8]], False, False, 1)
+            removed = _segs_v4(v, t["removed"], f"{where}.removed", doc, None, False, False, 1)
         if not worker:
             per_block = np.bincount(segs.block, weights=segs.a["rows"], minlength=nblocks)
             if np.any(per_block != info.rows):

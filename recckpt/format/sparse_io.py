@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -25,7 +25,8 @@ from ..storage import Storage
 from . import gcpause, layout, names
 from .catalog import check_inside
 from .digest import TableDigest
-from .schema import Column, ColumnBlocks, IndexDoc, Segment, SlotInfo
+from .geometry import TableGeometry
+from .schema import Column, ColumnBlocks, ColumnGroups, IndexDoc, Segment, SlotInfo
 
 
 class WriteReceipts:
@@ -75,6 +76,7 @@ class TableSource:
     column_blocks: ColumnBlocks | None = None   # saved column-split: the table's blocks ...
     block: int = 0                       # ... and the one these chunks hold (split slots narrowed to it)
     input_size: int = 0                  # > 0: ids in [0, H) bucketed "id_range" (managed-collision tables)
+    column_groups: ColumnGroups | None = None   # format version 5: split slots stored by column group
 
     @property
     def bucket_fn(self) -> str:
@@ -83,6 +85,16 @@ class TableSource:
     @property
     def nbytes(self) -> int:
         return self.rows * (8 + sum(s.row_bytes for s in self.slots.values()))
+
+    def geometry(self) -> TableGeometry:
+        """Where the writer puts each slot among a segment's columns (a row_range table's segments may be
+        row runs: format version 5)."""
+        return TableGeometry.of(self.slots, self.column_blocks, self.column_groups, self.num_rows)
+
+    def group_bytes(self) -> list[int]:
+        """Per slot, the bytes of each row of one column group as the engine cuts them (0: one column)."""
+        places = self.geometry().blocks[self.block]
+        return [p.unit * (p.ranges[0][1] - p.ranges[0][0]) if p.count > 1 else 0 for p in places]
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,7 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     doc = IndexDoc(opts.num_buckets, opts.chunk_bytes)
     for t in tables:
         doc.tables[t.name] = (list(t.slots), [])
+        doc.geometry[t.name] = t.geometry()
         if t.column_blocks is not None:
             doc.blocked.add(t.name)
     for t in removed:
@@ -120,10 +133,12 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
         writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes)
         try:
             for ti, t in enumerate(sources):
+                # column groups and row runs (format version 5): a table's segments; never removed ids
+                groups, runs = (t.group_bytes(), t.num_rows > 0) if ti < len(tables) else ([], False)
                 for ids, cols in t.chunks:
                     if len(ids) == 0:
                         continue   # a segment holds at least one row
-                    segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size)
+                    segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size, groups, runs)
                     if t.receipts is not None:
                         t.receipts.taken(writer, segment)
                     if t.digest is not None:   # while the writer threads write the chunk
@@ -144,9 +159,10 @@ def _add_records(doc: IndexDoc, rels, paths, records, tables: list[TableSource],
         for r in recs:
             b = r["buckets"]
             ti = r["table"]
-            seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], (b["crc32c"],), b["length"]),
+            run = r["id0"] >= 0   # a row run: no directory (and so no CRC of it), no ids
+            seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], () if run else (b["crc32c"],), b["length"]),
                           tuple(Column(c["offset"], c["length"], c["crc32c"], c["step"]) for c in r["columns"]),
-                          r["dir"], r["first"], r["last"], bool(r["packed"]), sources[ti].block)
+                          r["dir"], r["first"], r["last"], bool(r["packed"]), sources[ti].block, r["id0"])
             if ti < len(tables):
                 doc.tables[tables[ti].name][1].append(seg)
             else:
@@ -207,6 +223,80 @@ class ReadRequest:
         c = self.column
         return (path, c.offset, c.length, self.checksum_step, np.asarray(c.crc32c, dtype=np.uint32),
                 self.lo, self.hi, dst, self.pad)
+
+    def rows(self, k0: int, k1: int, row_bytes: int) -> "ReadRequest":
+        """Rows [k0, k1) of the rows this request reads (`row_bytes` bytes each)."""
+        return replace(self, lo=self.lo + k0 * row_bytes, hi=self.lo + k1 * row_bytes)
+
+    def key(self) -> tuple:
+        return (self.file, self.column.offset, self.lo, self.hi, self.pad)
+
+
+@dataclass(frozen=True)
+class RunIds:
+    """The ids [first, first + n) of rows of a row run (format version 5): stored nowhere, read from
+    nothing (the index's `id0` says them)."""
+    file: int
+    first: int
+    n: int
+    what: str = "ids"
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * self.n
+
+    def rows(self, k0: int, k1: int, row_bytes: int = 8) -> "RunIds":
+        return replace(self, first=self.first + k0, n=k1 - k0)
+
+    def key(self) -> tuple:
+        return ("run", self.file, self.first, self.n)
+
+    def fill(self, dst: np.ndarray) -> None:
+        dst.view("<i8")[:] = np.arange(self.first, self.first + self.n, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class GroupedRead:
+    """Rows [r0, r1) of one slot stored in several columns (column groups, format version 5), or a window of
+    its columns: `pieces` (format/geometry.py) of the segment's `columns`, each checked against its chunk
+    checksums, placed side by side in destination rows of `row_bytes`."""
+    file: int
+    columns: tuple[Column, ...]   # per piece: its segment column
+    pieces: tuple[tuple[int, int, int, int], ...]   # per piece: (column row bytes, src, nbytes, dst)
+    pads: tuple[int, ...]         # per piece: zero padding before its column (checked from row 0)
+    r0: int
+    r1: int
+    row_bytes: int
+    what: str
+
+    @property
+    def nbytes(self) -> int:
+        return (self.r1 - self.r0) * self.row_bytes
+
+    def rows(self, k0: int, k1: int, row_bytes: int | None = None) -> "GroupedRead":
+        return replace(self, r0=self.r0 + k0, r1=self.r0 + k1)
+
+    def key(self) -> tuple:
+        return ("grouped", self.file, tuple(c.offset for c in self.columns), self.pieces, self.r0, self.r1)
+
+    def for_engine(self, path: str, dst: np.ndarray) -> tuple:
+        """The engine's request tuple (csrc/io_bindings.cpp, read_strided) for the file at `path`."""
+        return (path, self.r0, self.r1, dst, self.row_bytes,
+                [(c.offset, c.length, c.step, np.asarray(c.crc32c, dtype=np.uint32), w, src, nb, d, pad)
+                 for c, (w, src, nb, d), pad in zip(self.columns, self.pieces, self.pads)])
+
+    def column_reads(self) -> list[ReadRequest]:
+        """The rows of each piece's column as plain reads (a store the engine cannot read directly)."""
+        return [ReadRequest(self.file, c, w * self.r0, w * self.r1, self.what, c.step, pad)
+                for c, (w, _, _, _), pad in zip(self.columns, self.pieces, self.pads)]
+
+    def place(self, raws: list[np.ndarray], dst: np.ndarray) -> None:
+        """Put the pieces of each column's rows (`raws`, as `column_reads` read them) into `dst`."""
+        n = self.r1 - self.r0
+        out = dst.reshape(n, self.row_bytes) if n else dst
+        for raw, (w, src, nb, d) in zip(raws, self.pieces):
+            if n:
+                out[:, d:d + nb] = raw.reshape(n, w)[:, src:src + nb]
 
 
 #: Bytes of verified bucket offsets one SegmentReader keeps for later reads of the same segments
@@ -282,9 +372,10 @@ class SegmentReader:
         need = [0] * len(self.index.files)
         ver = self.index.format_version
         for table, slots in jobs:
-            all_slots, segs = self.index.tables[table]
-            cols = [1 + all_slots.index(s) for s in slots]
+            segs = self.index.tables[table][1]
+            geo = self.index.geometry_of(table)
             for seg in segs:
+                cols = [p.first + k for s in slots for p in [geo.place(s, seg.block)] for k in range(p.count)]
                 need[seg.file] += seg.buckets.length + seg.columns[0].length
                 need[seg.file] += sum(seg.columns[c].length + seg.pad_before(c, ver)
                                       for c in cols if c < len(seg.columns))
@@ -347,10 +438,11 @@ class SegmentReader:
             pos += n
         return out
 
-    def read(self, table: str, reqs: list[ReadRequest], dsts: list[np.ndarray] | None = None,
+    def read(self, table: str, reqs: list, dsts: list[np.ndarray] | None = None,
              map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
-        """The verified bytes [lo, hi) of each request (and, when lo == 0, the zero padding before its
-        column is checked too), written into `dsts` (writable uint8 arrays of hi - lo bytes) or into
+        """The verified bytes of each request (`nbytes` each: a `ReadRequest`'s [lo, hi), and when lo == 0
+        the zero padding before its column is checked too; a `GroupedRead`'s rows placed from its column
+        groups; a `RunIds`'s ids, read from nothing), written into `dsts` (writable uint8 arrays) or into
         fresh arrays. Whole columns whose destination lies in `map_into` at a page-congruent address
         are mapped, not copied."""
         if not self._prefetched:
@@ -362,8 +454,46 @@ class SegmentReader:
                 out = [next(sub) if o is None else o for o in out]
         return out
 
-    def _read_now(self, table: str, reqs: list[ReadRequest], dsts: list[np.ndarray] | None = None,
+    def _read_now(self, table: str, reqs: list, dsts: list[np.ndarray] | None = None,
                   map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
+        out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
+        plain, grouped = [], []
+        for i, r in enumerate(reqs):
+            if isinstance(r, RunIds):
+                r.fill(out[i])   # a row run's ids: nothing to read
+            elif isinstance(r, GroupedRead):
+                grouped.append(i)
+            else:
+                plain.append(i)
+        if plain:
+            self._read_plain(table, [reqs[i] for i in plain], [out[i] for i in plain], map_into)
+        if grouped:
+            self._read_grouped(table, [reqs[i] for i in grouped], [out[i] for i in grouped])
+        return out
+
+    def _read_grouped(self, table: str, reqs: list["GroupedRead"], out: list[np.ndarray]) -> None:
+        """Column groups into row-major rows: by the engine's strided reads (every chunk verified before a
+        byte of it is placed), or through the store as plain reads of each column, placed here."""
+        for r in reqs:
+            self.check_size(r.file)
+        local = [self._engine_path(r.file) for r in reqs]
+        if all(p is not None for p in local):
+            nread, errors = _C.read_strided([r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)],
+                                            self.threads, readahead_bytes=self.options.readahead_bytes)
+            self.bytes_read += nread
+            if errors:
+                i, msg = errors[0]
+                fi, what = reqs[i].file, reqs[i].what
+                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
+                                             f"{what}: {msg}", self._path(fi), table=table)
+            return
+        cols = [r.column_reads() for r in reqs]
+        raws = iter(self._read_plain(table, [c for cs in cols for c in cs], None, None))
+        for r, cs, dst in zip(reqs, cols, out):
+            r.place([next(raws) for _ in cs], dst)
+
+    def _read_plain(self, table: str, reqs: list[ReadRequest], dsts: list[np.ndarray] | None,
+                    map_into: "_C.MappedRegion | None") -> list[np.ndarray]:
         out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
         for r in reqs:
             self.check_size(r.file)
@@ -434,22 +564,20 @@ class SegmentReader:
                 self._offsets_bytes += d.nbytes
             reqs = []
             for t, slots, row_bytes in jobs:
-                all_slots = self.index.tables[t][0]
-                col_of = [1 + all_slots.index(s) for s in slots]
                 for seg, r0, r1 in self.iter_row_ranges(t, self.index.tables[t][1], bucket_lo, hi_b):
-                    reqs += self._row_requests(seg, r0, r1, slots, col_of, row_bytes)
+                    reqs += self._row_requests(t, seg, r0, r1, slots, row_bytes)
             datas = self.read(jobs[0][0], reqs) if reqs else []
         except (CorruptCheckpointError, OSError, KeyError, ValueError):
             self._prefetched.clear()
             return 0
-        self._prefetched = {_prefetch_key(r): d for r, d in zip(reqs, datas)}
+        self._prefetched = {r.key(): d for r, d in zip(reqs, datas)}
         return sum(d.nbytes for d in datas)
 
     def _take_prefetched(self, reqs: list[ReadRequest], dsts: list[np.ndarray] | None):
         """(requests still to read, their destinations, the output with None where still to read)."""
         rest, rest_dst, out = [], [] if dsts is not None else None, []
         for i, r in enumerate(reqs):
-            got = self._prefetched.pop(_prefetch_key(r), None)
+            got = self._prefetched.pop(r.key(), None)
             if got is None:
                 rest.append(r)
                 if dsts is not None:
@@ -495,14 +623,17 @@ class SegmentReader:
         so that no byte goes unchecked; a partial load skips, by the buckets the index records for each
         segment (format version 4), the segments outside its range and the directories of those wholly
         inside it, and reads the directories of the others (docs/FORMAT.md, what a loading rank reads)."""
-        todo, whole = [], {}
+        todo, whole, runs = [], {}, {}
         for seg in segs:
             how = self._dir_use(seg, bucket_lo, bucket_hi)
             if how == "whole":
                 whole[id(seg)] = True
             elif how == "read":
                 todo.append(seg)
+            elif how == "run":   # format version 5: the rows of a row run follow from its ids, nothing is read
+                runs[id(seg)] = self.run_dir(table, seg)
         dirs = {id(seg): off for seg, off in self.iter_bucket_offsets(table, todo)}
+        dirs.update(runs)
         for seg in segs:
             if id(seg) in whole:
                 yield seg, 0, seg.rows
@@ -519,22 +650,34 @@ class SegmentReader:
         """What a read of buckets [lo, hi) does with the segment's directory: "read" it (a full read checks
         every directory), "skip" the segment (no rows in the range) or take it "whole" (version 4: its
         recorded buckets lie inside the range)."""
-        if (bucket_lo, bucket_hi) == (0, self.index.num_buckets):
-            return "read"
-        if seg.last < bucket_lo or seg.first >= bucket_hi:
+        full = (bucket_lo, bucket_hi) == (0, self.index.num_buckets)
+        if not full and (seg.last < bucket_lo or seg.first >= bucket_hi):
             return "skip"
+        if seg.is_run:   # format version 5: no directory; its rows in the range follow from [id0, id0 + rows)
+            return "whole" if full or bucket_lo <= seg.first and seg.last < bucket_hi else "run"
+        if full:
+            return "read"
         if seg.dir_entries and bucket_lo <= seg.first and seg.last < bucket_hi:
             return "whole"
         return "read"
 
-    def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list["BucketDir"]:
+    def run_dir(self, table: str, seg: Segment) -> "RunDir":
+        """The bucket directory a row run implies (format version 5)."""
+        return RunDir(seg.id0, seg.rows, self.index.geometry_of(table).num_rows, self.index.num_buckets)
+
+    def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list["BucketDir | RunDir"]:
         """The verified bucket directory of each of `segs` (format version 4, or versions 1-3's offsets
-        block as a directory), read in one parallel call."""
-        raws = self.read(table, [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
-                                             max(seg.buckets.length, 1)) for seg in segs])
+        block as a directory), read in one parallel call; a row run's is computed (`run_dir`)."""
+        stored = [seg for seg in segs if not seg.is_run]
+        raws = iter(self.read(table, [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
+                                                  max(seg.buckets.length, 1)) for seg in stored]))
         nb = self.index.num_buckets
         out = []
-        for seg, raw in zip(segs, raws):
+        for seg in segs:
+            if seg.is_run:
+                out.append(self.run_dir(table, seg))
+                continue
+            raw = next(raws)
             d = BucketDir.from_bytes(raw, seg, nb)
             if d is None:
                 raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
@@ -543,16 +686,38 @@ class SegmentReader:
             out.append(d)
         return out
 
-    def _row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
-                      row_bytes: list[int]) -> list[ReadRequest]:
-        """`read` requests for rows [r0, r1) of a segment: its ids, then each slot in `slots` (column
-        `col_of[k]`, `row_bytes[k]` bytes a row), slot columns with their alignment padding."""
+    def _row_requests(self, table: str, seg: Segment, r0: int, r1: int, slots: list[str], row_bytes: list[int],
+                      columns: tuple[int, int] | None = None) -> list:
+        """Requests for rows [r0, r1) of a segment: its ids (`RunIds` for a row run), then each slot in
+        `slots` (`row_bytes[k]` bytes a row as delivered): one `ReadRequest` of a slot stored in one column
+        and read whole in width, else a `GroupedRead` of its column groups (format version 5). `columns`:
+        of the split slots, only the columns [a, b) of their last dim (each read delivers the columns the
+        segment's block holds of them); slot columns come with their alignment padding."""
         ver = self.index.format_version
+        geo = self.index.geometry_of(table)
         ids = seg.columns[0]
-        return [ReadRequest(seg.file, ids, 8 * r0, 8 * r1, "ids", ids.step)] + [
-            ReadRequest(seg.file, seg.columns[c], rb * r0, rb * r1, f"slot {s!r}", seg.columns[c].step,
-                        seg.pad_before(c, ver))
-            for s, c, rb in zip(slots, col_of, row_bytes)]
+        out: list = [RunIds(seg.file, seg.id0 + r0, r1 - r0) if seg.is_run
+                     else ReadRequest(seg.file, ids, 8 * r0, 8 * r1, "ids", ids.step)]
+        for s, rb in zip(slots, row_bytes):
+            place = geo.place(s, seg.block)
+            pieces = place.pieces(columns if place.ranges is not None else None)
+            if place.unit and place.row_bytes(columns if place.ranges is not None else None) != rb:
+                raise ValueError(f"table {table!r}, slot {s!r}: {rb} bytes a row asked, the segment holds "
+                                 f"{place.row_bytes(columns)} of the columns read")
+            if not pieces:
+                raise ValueError(f"table {table!r}, slot {s!r}: columns {columns} lie outside column block "
+                                 f"{seg.block} {place.span}")
+            col = seg.columns[pieces[0].column]
+            if len(pieces) == 1 and pieces[0].src == 0 and (not place.unit or pieces[0].nbytes == rb):
+                out.append(ReadRequest(seg.file, col, rb * r0, rb * r1, f"slot {s!r}", col.step,
+                                       seg.pad_before(pieces[0].column, ver)))
+                continue
+            widths = place.widths()
+            out.append(GroupedRead(
+                seg.file, tuple(seg.columns[p.column] for p in pieces),
+                tuple((widths[p.column - place.first], p.src, p.nbytes, p.dst) for p in pieces),
+                tuple(seg.pad_before(p.column, ver) for p in pieces), r0, r1, rb, f"slot {s!r}"))
+        return out
 
     def table_segments(self, table: str, block: int | None = None, ids_only: bool = False
                        ) -> tuple[list[str], list[Segment]]:
@@ -578,18 +743,19 @@ class SegmentReader:
 
     def batches(self, table: str, slots: list[str], row_bytes: list[int],
                 bucket_lo: int = 0, bucket_hi: int | None = None, block: int | None = None,
-                batch_bytes: float | None = None) -> Iterator["ReadBatch"]:
+                batch_bytes: float | None = None, columns: tuple[int, int] | None = None) -> Iterator["ReadBatch"]:
         """Plan the reads of buckets [lo, hi) of `table` in batches of about `batch_bytes` (default
         `options.batch_bytes`; `math.inf`: one batch): each batch is one or more segments' row ranges,
         read together so the engine's threads share the work. `block`: of a column-split table, the
-        column block read (see `table_segments`)."""
-        all_slots, segs = self.table_segments(table, block, ids_only=not slots)
-        col_of = [1 + all_slots.index(s) for s in slots]
+        column block read (see `table_segments`). `columns`: of a table with column groups, read only the
+        columns [a, b) of its split slots that the block holds (`row_bytes` for those slots: that width;
+        format/geometry.py)."""
+        _, segs = self.table_segments(table, block, ids_only=not slots)
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
         limit = self.options.batch_bytes if batch_bytes is None else batch_bytes
         batch = ReadBatch(table, row_bytes)
         for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
-            batch.add(r1 - r0, self._row_requests(seg, r0, r1, slots, col_of, row_bytes))
+            batch.add(r1 - r0, self._row_requests(table, seg, r0, r1, slots, row_bytes, columns))
             if batch.nbytes >= limit:
                 yield batch
                 batch = ReadBatch(table, row_bytes)
@@ -623,8 +789,7 @@ class SegmentReader:
         storage has room for `spare_rows` more rows. Needs local storage."""
         if self.storage.engine_path(self.ckpt_dir) is None:
             raise ValueError(f"{self.storage.describe(self.ckpt_dir)}: mapped loads need a local filesystem")
-        all_slots, segs = self.table_segments(table)
-        col_of = [1 + all_slots.index(s) for s in slots]
+        _, segs = self.table_segments(table)
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
         parts = list(self.iter_row_ranges(table, segs, bucket_lo, hi_b))
         # Whole segments of whole granules first: each then starts on the page offset of its file column.
@@ -644,7 +809,7 @@ class SegmentReader:
         reqs, dsts, pos = [], [], 0
         for seg, r0, r1 in parts:
             n = r1 - r0
-            reqs += self._row_requests(seg, r0, r1, slots, col_of, row_bytes)
+            reqs += self._row_requests(table, seg, r0, r1, slots, row_bytes)
             dsts.append(ids_bytes[8 * pos:8 * (pos + n)])
             dsts += [whole[st + rb * pos:st + rb * (pos + n)] for rb, st in zip(row_bytes, starts)]
             pos += n
@@ -685,18 +850,14 @@ class SegmentReader:
 
     def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
                    bucket_lo: int = 0, bucket_hi: int | None = None, *, with_file: bool = False,
-                   block: int | None = None) -> Iterator[tuple]:
+                   block: int | None = None, columns: tuple[int, int] | None = None) -> Iterator[tuple]:
         """Yield (ids, [uint8[n, row_bytes] per requested slot]) per segment, for buckets [lo, hi);
         with_file=True adds a third element, the segment's position in `index.files`. Segments are
         read in batches; the arrays are views of a reused buffer: consume (copy) them before the next.
-        `block`: of a column-split table, the column block read (see `table_segments`)."""
-        for batch in self.batches(table, slots, row_bytes, bucket_lo, bucket_hi, block):
+        `block`, `columns`: as `batches`."""
+        for batch in self.batches(table, slots, row_bytes, bucket_lo, bucket_hi, block, columns=columns):
             for ids, parts, reqs in batch.split(self.read_batch(batch)):
                 yield (ids, parts, reqs[0].file) if with_file else (ids, parts)
-
-
-def _prefetch_key(r: ReadRequest) -> tuple:
-    return (r.file, r.column.offset, r.lo, r.hi, r.pad)
 
 
 @dataclass
@@ -732,6 +893,26 @@ class ReadBatch:
             slots = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols[1:], self.row_bytes)]
             pos += n
             yield ids, slots, reqs
+
+
+class RunDir:
+    """Where each bucket's rows lie in a row run (format version 5): ids [id0, id0 + rows) of a "row_range"
+    table of N rows, so bucket(id) = id * B // N and the first id of bucket b is ceil(b * N / B). Answers
+    as BucketDir does, from four integers (nothing is stored or read)."""
+
+    __slots__ = ("id0", "rows", "num_rows", "num_buckets")
+    nbytes = 0
+
+    def __init__(self, id0: int, rows: int, num_rows: int, num_buckets: int):
+        self.id0, self.rows, self.num_rows, self.num_buckets = id0, rows, num_rows, num_buckets
+
+    def __getitem__(self, b: int) -> int:
+        first_id = -(-b * self.num_rows // self.num_buckets)
+        return min(self.rows, max(0, first_id - self.id0))
+
+    def bucket_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        ids = (self.id0 + np.asarray(rows, dtype=np.int64)).astype(np.uint64)   # id * B < 2**64
+        return (ids * np.uint64(self.num_buckets) // np.uint64(self.num_rows)).astype(np.int64)
 
 
 class BucketDir:

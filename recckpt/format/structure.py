@@ -57,9 +57,13 @@ def tiling_problems(index: IndexDoc, describe: Callable[[str], str]) -> dict[int
     nfiles = len(index.files)
     fis, offs, lens, aligned = [], [], [], []
     ver = index.format_version
-    # Table segments and an incremental checkpoint's removed-id segments share the shard files.
-    for segs in [segs for _, segs in index.tables.values()] + list(index.removed.values()):
+    # Table segments and an incremental checkpoint's removed-id segments share the shard files; a column
+    # that begins a slot is aligned (format/geometry.py: the other column groups of a slot follow directly).
+    begins = {name: index.geometry_of(name) for name in index.tables}
+    for name, segs in [(name, segs) for name, (_, segs) in index.tables.items()] + [
+            (None, segs) for segs in index.removed.values()]:
         for s in segs:
+            first = begins[name].begins_slot(s.block) if name is not None else [False]
             fis.append(s.file)
             offs.append(s.buckets.offset)
             lens.append(s.buckets.length)
@@ -68,7 +72,7 @@ def tiling_problems(index: IndexDoc, describe: Callable[[str], str]) -> dict[int
                 fis.append(s.file)
                 offs.append(c.offset)
                 lens.append(c.length)
-                aligned.append(layout.is_aligned(k, c.length, ver) and not s.packed)
+                aligned.append(layout.is_aligned(k, c.length, ver) and first[k] and not s.packed)
     fi = np.asarray(fis, dtype=np.int64)
     off = np.asarray(offs, dtype=np.int64)   # schema validation: 0 <= offset + length <= size < 2**63
     ln = np.asarray(lens, dtype=np.int64)

@@ -35,10 +35,9 @@ _SAME_AS_MERGED = IndexDoc(0, 0)   # a worker index whose bytes are the merged i
 
 @dataclass(frozen=True)
 class _Seg:
-    """A segment to check: its table, the row bytes of its columns, whether its rows count as the table's."""
+    """A segment to check: its table, whether its rows count as the table's."""
     table: str
     seg: object
-    rbs: list
     counted: bool
 
 
@@ -234,11 +233,9 @@ class _Checker:
         group: list[_Seg] = []
         nbytes = 0
         for table, (slots, segs) in index.tables.items():
-            info = self.m.tables[table]
-            rbs = [8] + [info.slots[s].row_bytes for s in slots]
             self.report.tables[table] = 0
-            items = [_Seg(table, seg, [8], False) for seg in index.removed.get(table, [])]
-            items += [_Seg(table, seg, rbs, seg.block == 0) for seg in segs]   # column blocks repeat the rows
+            items = [_Seg(table, seg, False) for seg in index.removed.get(table, [])]
+            items += [_Seg(table, seg, seg.block == 0) for seg in segs]   # column blocks repeat the rows
             for it in items:
                 size = it.seg.buckets.length + sum(c.length for c in it.seg.columns)
                 if size > _GROUP_BYTES:
@@ -257,7 +254,7 @@ class _Checker:
         if it.seg.file in bad_files:
             return
         try:
-            self.check_segment(seg_reader, index, it.table, it.seg, it.rbs)
+            self.check_segment(seg_reader, index, it.table, it.seg)
         except CorruptCheckpointError as e:
             self.problem(e)
             bad_files.add(it.seg.file)
@@ -288,7 +285,7 @@ class _Checker:
         for it in group:
             seg = it.seg
             ok = datas is not None
-            if ok:
+            if ok and not seg.is_run:   # a row run stores no directory and no ids (its index entry says them)
                 off = BucketDir.from_bytes(datas[pos], seg, index.num_buckets)
                 ok = off is not None and self.ids_match(it.table, datas[pos + 1].view("<i8"), off, 0, index)
             pos += 1 + len(seg.columns)
@@ -304,10 +301,11 @@ class _Checker:
                 self.problem(e)
                 bad_files.add(fi)
 
-    def check_segment(self, seg_reader, index: IndexDoc, table: str, seg, rbs: list[int]) -> None:
-        off = seg_reader.bucket_offsets(table, seg)  # CRC + partition check
-        for k, (col, rb) in enumerate(zip(seg.columns, rbs)):
-            what = "ids" if k == 0 else f"column {k}"
+    def check_segment(self, seg_reader, index: IndexDoc, table: str, seg) -> None:
+        off = seg_reader.bucket_offsets(table, seg)  # CRC + partition check (a row run's: its ids, by rule)
+        geo = index.geometry_of(table) if table in index.tables else None
+        for k, col in enumerate(seg.columns):
+            what = geo.column_name(k, seg.block) if geo is not None else "ids" if k == 0 else f"column {k}"
             step = col.step or index.chunk_bytes
             window = max(step, _WINDOW // step * step)
             for lo in range(0, col.length, window):

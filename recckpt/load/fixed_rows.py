@@ -7,7 +7,6 @@ gives this process (all of them when replicated) and, for column-split slots, it
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -112,7 +111,7 @@ class DirectRows:
                 if i1 <= i0:
                     continue
                 for r, rb, dst in zip(preqs[1:], batch.row_bytes, flat):
-                    reqs.append(replace(r, lo=r.lo + (i0 - a) * rb, hi=r.lo + (i1 - a) * rb))
+                    reqs.append(r.rows(i0 - a, i1 - a, rb))
                     dsts.append(dst[(i0 - b0) * rb:(i1 - b0) * rb])
                 done.append((i0, i1 - i0))
         if reqs:

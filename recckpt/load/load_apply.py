@@ -664,21 +664,40 @@ class LoadPlan:
         split = set(column_split_slots(table.sparse_meta()))
         c0, c1 = layout.columns or (0, None)
         names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
+        window = self._column_window(name, layout, split, names)
+        if window is not None:   # the columns this process holds of the split slots, read alone
+            geo = self.m.tables[name].geometry(self.m.format_version)
+            rbs = [geo.place(s).row_bytes(window) for s in names]
         segments, where = self.reader.segments, self.reader.describe()
         direct = DirectRows.of(table, slots, lambda si: dtypes.torch_dtype(si.dtype))
         rows = 0
-        for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi):
-            if direct is not None:
+        for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi, columns=window):
+            if direct is not None and window is None:
                 n = direct.load_batch(segments, batch, name, target, where)
                 if n is not None:
                     rows += n
                     continue
             for ids, cols, _ in batch.split(segments.read_batch(batch)):
-                rows += self._import_owned(name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1)
+                rows += self._import_owned(name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1,
+                                           window is not None)
         return rows
 
-    def _import_owned(self, name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1) -> int:
-        """One segment's rows (`ids`, raw slot columns) into a fixed-size table: the owned rows only."""
+    def _column_window(self, name: str, layout, split: set, names: list[str]) -> "tuple[int, int] | None":
+        """The columns [c0, c1) to read of a table saved with column groups (format version 5) when this
+        process holds only those of its split slots: then a read takes only the groups holding them
+        (docs/FORMAT.md, what a loading rank reads). None: read whole rows (and keep the columns held)."""
+        groups = self.m.tables[name].column_groups
+        if layout.columns is None or groups is None:
+            return None
+        grouped = [s for s in names if s in groups.slots]
+        if not grouped or any(s not in split for s in grouped):
+            return None   # the model splits other slots than the checkpoint grouped: whole rows, cut below
+        return layout.columns
+
+    def _import_owned(self, name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1,
+                      narrowed: bool = False) -> int:
+        """One segment's rows (`ids`, raw slot columns) into a fixed-size table: the owned rows only.
+        `narrowed`: the split slots were read in this process's columns only."""
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
             bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
             raise IncompatibleCheckpointError(
@@ -695,9 +714,13 @@ class LoadPlan:
             return 0
         tensors = {}
         for (slot, si, spec), raw in zip(slots, cols):
-            t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-            if slot in split and layout.columns is not None:
-                t = t[:, c0:c1]
+            t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype))
+            if narrowed and slot in split:
+                t = t.reshape(n, -1)
+            else:
+                t = t.reshape(n, *si.shape)
+                if slot in split and layout.columns is not None:
+                    t = t[:, c0:c1]
             tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
         table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
         return n

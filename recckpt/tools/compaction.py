@@ -175,11 +175,12 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
             receipts = WriteReceipts()
             # Two bucket groups are held at once (one folding, one being written): half the memory each.
             rows_iter = _pieces(tl, name, slots, rbs, seg_rows, row_granule(rbs), memory_bytes // 2, receipts)
-            # a fixed-size table keeps its "row_range" buckets, an MCH table its "id_range" ones: loads stay
-            # bounded by the shard after compaction
+            # a fixed-size table keeps its "row_range" buckets (and column groups), an MCH table its "id_range"
+            # ones: loads stay bounded by the shard, rows and columns, after compaction
             args = info.bucket_args()
             sources.append(TableSource(name, dict(info.slots), upper, rows_iter, receipts,
-                                       num_rows=args["num_rows"], input_size=args["id_range"]))
+                                       num_rows=args["num_rows"], input_size=args["id_range"],
+                                       column_groups=info.column_groups))
         parts = []
         for w in range(m.shard_num):
             part = write_worker_part(store, stage, w, tables=sources if w == 0 else [], dense=None, extras=None,

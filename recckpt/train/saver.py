@@ -28,7 +28,7 @@ from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_wo
 from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.retention import META_EPHEMERAL, recorded_step, restore_order
-from ..format.schema import ColumnBlocks, ParentRef, SlotInfo
+from ..format.schema import ColumnBlocks, ParentRef, SlotInfo, column_groups_for
 from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
 from ..load.load_config import LoadConfig
@@ -207,10 +207,13 @@ class Saver:
         meta = table.sparse_meta()
         num_rows = 0   # "hash" buckets; a fixed-size table's rows are bucketed "row_range" (docs/FORMAT.md)
         blocks, block = None, 0   # a column-split table: its column blocks and the one this process writes
+        groups = None             # a fixed-size table's split slots are stored by column group (format v5)
         input_size = table.id_space() if implements(table, RoutedRows) else 0   # > 0: "id_range" buckets
         if implements(table, FixedSize):
             layout = table.row_layout()
             num_rows = layout.num_rows
+            split = column_split_slots(meta)
+            groups = column_groups_for(split, meta.slots[split[0]].shape[0] if split else 0)
             if layout.columns is not None and layout.column_blocks is None:
                 raise CheckpointSaveError(
                     f"table {meta.name!r} is split by columns on this process (columns {layout.columns}) but "
@@ -223,7 +226,7 @@ class Saver:
             if layout.replicated and shard_id != 0:
                 slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category)
                          for k, s in meta.slots.items()}
-                return TableSource(meta.name, slots, 0, iter(()), num_rows=num_rows), None
+                return TableSource(meta.name, slots, 0, iter(()), num_rows=num_rows, column_groups=groups), None
         slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
         names = list(slots)
         split = set(blocks.slots) if blocks is not None else set()
@@ -284,10 +287,11 @@ class Saver:
 
         if changes is None:
             return TableSource(meta.name, slots, meta.num_rows, chunks(), num_rows=num_rows,
-                               column_blocks=blocks, block=block, input_size=input_size), None
+                               column_blocks=blocks, block=block, input_size=input_size, column_groups=groups), None
         removed = changes.removed.detach().cpu().to(torch.int64).contiguous().numpy()
         per = max(1, self.options.segment_bytes // 8)   # removed ids per segment
-        return (TableSource(meta.name, slots, changes.rows, chunks(), num_rows=num_rows, input_size=input_size),
+        return (TableSource(meta.name, slots, changes.rows, chunks(), num_rows=num_rows, input_size=input_size,
+                            column_groups=groups),
                 TableSource(meta.name, {}, len(removed),
                             ((removed[i:i + per], []) for i in range(0, len(removed), per)), num_rows=num_rows,
                             input_size=input_size))

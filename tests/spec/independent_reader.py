@@ -343,7 +343,7 @@ def read_checked_json(path: str, limit: int = INDEX_LIMIT, _counter: Optional[li
 
 # ------------------------------------------------------------------------------------ manifest
 
-READABLE = (1, 2, 3, 4)
+READABLE = (1, 2, 3, 4, 5)
 
 _MANIFEST_FIELDS = {
     "format": str, "format_version": int, "ckpt_id": str, "created_ns": int, "writer": str,
@@ -448,8 +448,30 @@ def validate_manifest(m: dict, where: str) -> dict:
                 blocks = (tuple(split), [tuple(b) for b in bl])
         elif any(k in t for k in ("bucket_fn", "num_rows", "column_blocks", "input_size")):
             _fail(tw, "version 4 table fields in an older manifest")
+        groups = None
+        if "column_groups" in t:
+            # FORMAT.md "Column groups" (version 5): split slots of one shape (D,) in groups of `width` columns
+            if fv < 5 or fn != "row_range":
+                _fail(tw, "column_groups need format version 5 and a row_range table")
+            cg = _req(t, "column_groups", dict, tw)
+            if set(cg) != {"slots", "width"}:
+                _fail(tw, f"column_groups fields {sorted(cg)}")
+            gs = _req(cg, "slots", list, tw)
+            spec_of = dict(specs)
+            if not gs or len(set(gs)) != len(gs) or any(x not in spec_of for x in gs):
+                _fail(tw, f"column_groups slots {gs!r} are not distinct slots of the table")
+            shapes = {spec_of[x]["shape"] for x in gs}
+            if len(shapes) != 1 or len(next(iter(shapes))) != 1 or next(iter(shapes))[0] < 1:
+                _fail(tw, "grouped slots need one shape (D,), D >= 1")
+            width = _req(cg, "width", int, tw)
+            if not 1 <= width <= next(iter(shapes))[0]:
+                _fail(tw, f"column group width {width} outside [1, D]")
+            if blocks is not None and list(blocks[0]) != gs:
+                _fail(tw, "column_groups and column_blocks split different slots")
+            groups = (tuple(gs), width)
         tables[tname] = {"slots": specs, "rows": rows, "changes": changes, "removed": removed,
-                         "bucket_fn": fn, "num_rows": nrows, "blocks": blocks, "input_size": hsize}
+                         "bucket_fn": fn, "num_rows": nrows, "blocks": blocks, "input_size": hsize,
+                         "groups": groups, "fv": fv}
     files = {}
     for p, e in m["files"].items():
         _check_relpath(p, where)
@@ -604,12 +626,12 @@ def validate_index(ix: dict, where: str, mv: dict, manifest: dict, ckpt_dir: Opt
             if _req(t, "slots", list, tw) != [x for x, _ in info["slots"]]:
                 _fail(tw, "slots differ from the manifest's order")
             out_tables[tname] = _v4_segments(_req(t, "segments", dict, tw), tw, files, info["slots"], B, C,
-                                             True, info["blocks"])
+                                             True, info["blocks"], info)
             if "removed" in t:
                 if not info["changes"]:
                     _fail(tw, "'removed' only in a table that holds changes")
                 out_removed[tname] = _v4_segments(_req(t, "removed", dict, tw), tw + " removed", files, [], B, C,
-                                                  False, None)
+                                                  False, None, None)
             else:
                 out_removed[tname] = []
             if sum(sg["rows"] for sg in out_removed[tname]) != info["removed"]:
@@ -677,11 +699,33 @@ def _step(length: int, C: int) -> int:
     return min(C, max(512, p))
 
 
-def _v4_segments(sg: dict, tw: str, files, specs, B: int, C: int, with_packed: bool, blocks) -> list:
-    """FORMAT.md "Index, version 4": SEGS (parallel lists + one CRC string) -> one dict per segment
-    with every block's offset, length and CRCs, positions computed from the rules."""
+def _slot_columns(specs, info, block: int):
+    """FORMAT.md "Column groups": per slot (in order) the list of its columns in a segment of column block
+    `block`, each as (row bytes, [c0, c1) of the last dim or None for a whole-row column)."""
+    out = []
+    blocks = info["blocks"] if info else None
+    groups = info["groups"] if info else None
+    for sname, sp in specs:
+        item = _DTYPES[sp["dtype"]].itemsize
+        shape = list(sp["shape"])
+        split = (blocks is not None and sname in blocks[0]) or (groups is not None and sname in groups[0])
+        if not split:
+            out.append([(item * int(np.prod(shape, dtype=np.int64)), None)])
+            continue
+        unit = item * int(np.prod(shape[:-1], dtype=np.int64))
+        c0, c1 = blocks[1][block] if blocks is not None else (0, shape[-1])
+        g = groups[1] if groups is not None else c1 - c0
+        out.append([(unit * (min(c1, a + g) - a), (a, min(c1, a + g))) for a in range(c0, c1, g)])
+    return out
+
+
+def _v4_segments(sg: dict, tw: str, files, specs, B: int, C: int, with_packed: bool, blocks, info) -> list:
+    """FORMAT.md "Index, version 4" (and version 5's row runs and column groups): SEGS (parallel lists + one
+    CRC string) -> one dict per segment with every block's offset, length and CRCs, positions computed
+    from the rules."""
+    runs = info is not None and info["fv"] >= 5 and info["bucket_fn"] == "row_range"
     keys = ["file", "offset", "rows", "dir", "first", "last"] + (["packed"] if with_packed else []) + (
-        ["block"] if blocks is not None else [])
+        ["block"] if blocks is not None else []) + (["id0"] if runs else [])
     extra = set(sg) - set(keys) - {"crc32c"}
     if extra:
         _fail(tw, f"unexpected SEGS fields {sorted(extra)}")
@@ -701,41 +745,54 @@ def _v4_segments(sg: dict, tw: str, files, specs, B: int, C: int, with_packed: b
         fi, off, rows, k, first, last = (lists[x][i] for x in ("file", "offset", "rows", "dir", "first", "last"))
         packed = lists["packed"][i] if with_packed else 0
         block = lists["block"][i] if blocks is not None else 0
+        id0 = lists["id0"][i] if runs else -1
         if not 0 <= fi < len(files):
             _fail(sw, f"file index {fi} out of range")
-        if not (off >= 0 and 1 <= rows < 1 << 32 and 1 <= k <= min(rows, B) and 0 <= first <= last < B
+        run = id0 >= 0
+        if id0 < -1:
+            _fail(sw, f"id0 {id0} is neither -1 nor a first id")
+        if run:
+            # a row run: ids [id0, id0 + rows) of the table's N rows, no directory, no ids column
+            nrows = info["num_rows"]
+            if not (k == 0 and id0 + rows <= nrows and first == id0 * B // nrows
+                    and last == (id0 + rows - 1) * B // nrows):
+                _fail(sw, f"bad row run id0={id0} rows={rows} dir={k} first={first} last={last}")
+        if not (off >= 0 and 1 <= rows < 1 << 32 and (run or 1 <= k <= min(rows, B)) and 0 <= first <= last < B
                 and packed in (0, 1)):
             _fail(sw, f"bad segment fields offset={off} rows={rows} dir={k} first={first} last={last} packed={packed}")
         if blocks is not None and not 0 <= block < len(blocks[1]):
             _fail(sw, f"block {block} out of range")
-        rowbytes = [8]
-        for sname, sp in specs:
-            shape = list(sp["shape"])
-            if blocks is not None and sname in blocks[0]:
-                c0, c1 = blocks[1][block]
-                shape[-1] = c1 - c0
-            rowbytes.append(_DTYPES[sp["dtype"]].itemsize * int(np.prod(shape, dtype=np.int64)))
-        if pos_crc >= len(crcs):
+        slot_cols = _slot_columns(specs, info, block) if specs else []
+        rowbytes = [8] + [sum(w for w, _ in cols) for cols in slot_cols]
+        if pos_crc + (0 if run else 1) > len(crcs):
             _fail(sw, "crc32c string too short")
-        bk = {"offset": off, "length": 8 * k, "crc32c": crcs[pos_crc]}
-        pos_crc += 1
+        bk = {"offset": off, "length": 8 * k, "crc32c": None if run else crcs[pos_crc]}
+        pos_crc += 0 if run else 1
         pos = off + 8 * k
-        cols = []
-        for ci, rb in enumerate(rowbytes):
-            length = rows * rb
-            if ci > 0 and length > 0 and not packed:
+        cols, aligned, col_widths, col_ranges = [], [], [8], [None]
+        layout = [(8, False, None, True)] + [(w, j == 0, rng, False) for slot in slot_cols
+                                              for j, (w, rng) in enumerate(slot)]
+        for ci, (rb, begins, rng, is_ids) in enumerate(layout):
+            length = 0 if (is_ids and run) else rows * rb
+            if begins and length > 0 and not packed:
                 pos += -pos % 4096
             st = _step(length, C)
             m = -(-length // st)
             if pos_crc + m > len(crcs):
                 _fail(sw, "crc32c string too short")
             cols.append({"offset": pos, "length": length, "crc32c": crcs[pos_crc:pos_crc + m], "step": st})
+            aligned.append(begins)
+            if ci:
+                col_widths.append(rb)
+                col_ranges.append(rng)
             pos_crc += m
             pos += length
         if pos > files[fi][1]:
             _fail(sw, f"segment ends at {pos}, beyond its file of {files[fi][1]} bytes")
         out.append({"file": fi, "rows": rows, "buckets": bk, "columns": cols, "rowbytes": rowbytes,
-                    "dir": k, "first": first, "last": last, "packed": packed, "block": block})
+                    "dir": k, "first": first, "last": last, "packed": packed, "block": block, "id0": id0,
+                    "aligned": aligned, "colwidths": col_widths, "colranges": col_ranges,
+                    "slotcols": [len(c) for c in slot_cols]})
     if pos_crc != len(crcs):
         _fail(tw, f"crc32c string has {len(crcs)} CRCs, the segments need {pos_crc}")
     return out
@@ -752,7 +809,9 @@ def _check_file_layout(ix: dict, where: str):
         for si, s in enumerate(segs):
             pos = s["buckets"]["offset"] + s["buckets"]["length"]
             for ci, c in enumerate(s["columns"]):
-                if ci > 0 and c["length"] > 0 and not s.get("packed"):
+                # a column that begins a slot is aligned (version 5: a slot's later column groups are not)
+                begins = s["aligned"][ci] if "aligned" in s else ci > 0
+                if begins and c["length"] > 0 and not s.get("packed"):
                     pos += -pos % align
                 if c["offset"] != pos:
                     _fail(f"{where} table {tname!r} segment {si}",
@@ -851,8 +910,13 @@ class _Reader:
             h.close()
 
 
-def _read_buckets(r: _Reader, seg: dict, B: int, where: str) -> np.ndarray:
-    """The segment's bucket offsets as B+1 row offsets (a version 4 directory expanded)."""
+def _read_buckets(r: _Reader, seg: dict, B: int, where: str, table: Optional[dict] = None) -> np.ndarray:
+    """The segment's bucket offsets as B+1 row offsets (a version 4 directory expanded; a version 5 row
+    run's computed from its ids, which are stored nowhere)."""
+    if seg.get("id0", -1) >= 0:
+        n, id0, nrows = seg["rows"], seg["id0"], table["num_rows"]
+        first_id = np.array([-(-b * nrows // B) for b in range(B + 1)], dtype=np.int64)  # first id of bucket b
+        return np.clip(first_id - id0, 0, n)
     bk = seg["buckets"]
     raw = r.read(seg["file"], bk["offset"], bk["length"])
     if crc32c(raw) != bk["crc32c"]:
@@ -877,7 +941,7 @@ def _read_buckets(r: _Reader, seg: dict, B: int, where: str) -> np.ndarray:
 def _read_column_rows(r: _Reader, seg: dict, ci: int, r0: int, r1: int, C: int, where: str) -> np.ndarray:
     """Bytes of rows [r0, r1) of column ci, reading whole checksum chunks and verifying them."""
     col = seg["columns"][ci]
-    rb = seg["rowbytes"][ci]
+    rb = seg.get("colwidths", seg["rowbytes"])[ci]
     C = col.get("step", C)
     start, end = r0 * rb, r1 * rb
     if end <= start:
@@ -909,9 +973,14 @@ def table_bucket_of(ids, B: int, table: dict) -> np.ndarray:
     return bucket_of(ids, B)
 
 
-def _decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, where, bf16, table=None):
-    ids_raw = _read_column_rows(r, seg, 0, r0, r1, C, where)
-    ids = ids_raw.view("<i8").astype(np.int64)
+def _decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, where, bf16, table=None, columns=None):
+    """Rows [r0, r1) of a segment (of buckets [lo, hi), `b` its bucket offsets): ids and every slot of
+    `specs`, a slot stored as column groups read group by group and its groups put side by side; with
+    `columns` (a, b), a split slot's columns [a, b) only, reading only the groups that hold any."""
+    if seg.get("id0", -1) >= 0:   # a row run: ids [id0, id0 + rows), stored nowhere
+        ids = np.arange(seg["id0"] + r0, seg["id0"] + r1, dtype=np.int64)
+    else:
+        ids = _read_column_rows(r, seg, 0, r0, r1, C, where).view("<i8").astype(np.int64)
     expect = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(b[lo:hi + 1]))
     got = table_bucket_of(ids, B, table or {})
     if not np.array_equal(got, expect):
@@ -920,13 +989,31 @@ def _decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, where, bf16, ta
     if np.unique(ids).size != ids.size:
         _fail(where, "segment repeats an id")
     slots = {}
-    for ci, (sname, sp) in enumerate(specs, start=1):
-        raw = _read_column_rows(r, seg, ci, r0, r1, C, where)
+    n = r1 - r0
+    ci = 1
+    for k, (sname, sp) in enumerate(specs):
+        ncols = seg["slotcols"][k] if "slotcols" in seg else 1
+        ranges = seg["colranges"][ci:ci + ncols] if "colranges" in seg else [None]
+        widths = seg["colwidths"][ci:ci + ncols] if "colwidths" in seg else [seg["rowbytes"][ci]]
+        item = _DTYPES[sp["dtype"]].itemsize
+        unit = item * int(np.prod(sp["shape"][:-1], dtype=np.int64)) if sp["shape"] else item
+        pieces = []
+        for j, (rng, w) in enumerate(zip(ranges, widths)):
+            if columns is not None and rng is not None:
+                x0, x1 = max(rng[0], columns[0]), min(rng[1], columns[1])
+                if x1 <= x0:
+                    continue   # a group outside the columns asked for: not read
+                raw = _read_column_rows(r, seg, ci + j, r0, r1, C, where).reshape(n, w)
+                pieces.append(raw[:, (x0 - rng[0]) * unit:(x1 - rng[0]) * unit])
+            else:
+                pieces.append(_read_column_rows(r, seg, ci + j, r0, r1, C, where).reshape(n, w))
+        ci += ncols
+        raw = np.ascontiguousarray(np.concatenate(pieces, axis=1)) if pieces else np.zeros((n, 0), np.uint8)
         shape = sp["shape"]
-        if seg["rowbytes"][ci] != _DTYPES[sp["dtype"]].itemsize * int(np.prod(shape, dtype=np.int64)):
-            shape = shape[:-1] + (seg["rowbytes"][ci] // (_DTYPES[sp["dtype"]].itemsize
-                                                          * int(np.prod(shape[:-1], dtype=np.int64))),)
-        slots[sname] = _decode_elements(raw, sp["dtype"], (r1 - r0,) + shape, f"{where} slot {sname!r}", bf16)
+        full = item * int(np.prod(shape, dtype=np.int64))
+        if raw.shape[1] != full:   # the columns a block (or a window) holds of a split slot
+            shape = shape[:-1] + (raw.shape[1] // unit,)
+        slots[sname] = _decode_elements(raw.reshape(-1), sp["dtype"], (n,) + shape, f"{where} slot {sname!r}", bf16)
     return ids, slots
 
 
@@ -1171,7 +1258,7 @@ def read_checkpoint(ckpt_dir: str, bf16: str = "float32") -> dict:
                 parts: Dict[int, list] = {}
                 for si, seg in enumerate(segs):
                     w = f"{ix['files'][seg['file']][0]} (table {tname!r}, segment {si})"
-                    b = _read_buckets(r, seg, B, w)
+                    b = _read_buckets(r, seg, B, w, info)
                     parts.setdefault(seg.get("block", 0), []).append(
                         _decode_segment_rows(r, seg, specs, 0, seg["rows"], b, 0, B, B, C, w, bf16, info))
                 for j in range(len(info["blocks"][1]) if info.get("blocks") else 1):
@@ -1222,9 +1309,12 @@ def read_checkpoint(ckpt_dir: str, bf16: str = "float32") -> dict:
             "io_state": io_state, "bytes_read": shard_bytes}
 
 
-def read_bucket_range(ckpt_dir: str, table: str, lo: int, hi: int, bf16: str = "float32") -> dict:
+def read_bucket_range(ckpt_dir: str, table: str, lo: int, hi: int, bf16: str = "float32",
+                      columns: Optional[Tuple[int, int]] = None) -> dict:
     """Rows of buckets [lo, hi) of one table, reading only those byte ranges of each column
     (widened to whole checksum chunks, every chunk read is verified) plus each segment's buckets block.
+    `columns` (a, b): of a table with column groups, the columns [a, b) of its split slots only, reading
+    only the groups that hold any of them (FORMAT.md, what a loading rank reads).
 
     Returns {"ids", "slots", "bytes_read" (shard-file bytes), "meta_bytes_read" (manifest + index),
     "reads"}.
@@ -1249,9 +1339,9 @@ def read_bucket_range(ckpt_dir: str, table: str, lo: int, hi: int, bf16: str = "
             if "dir" in seg and (seg["last"] < lo or seg["first"] >= hi):
                 continue   # FORMAT.md: nothing of a segment whose [first, last] is outside the range
             w = f"{ix['files'][seg['file']][0]} (table {table!r}, segment {si})"
-            b = _read_buckets(r, seg, B, w)
+            b = _read_buckets(r, seg, B, w, info)
             r0, r1 = int(b[lo]), int(b[hi])
-            parts.append(_decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, w, bf16, info))
+            parts.append(_decode_segment_rows(r, seg, specs, r0, r1, b, lo, hi, B, C, w, bf16, info, columns))
     finally:
         r.close()
     out = _assemble(parts, specs, table, ckpt_dir, bf16)

@@ -160,7 +160,7 @@ def test_full_read_matches_model(tmp_path):
     saver.save("ckpt_1")
     ck = R.read_checkpoint(str(tmp_path / "ckpt_1"))
     man = ck["manifest"]
-    assert man["format"] == "recckpt" and man["format_version"] == 4 and man["ckpt_id"] == "ckpt_1"
+    assert man["format"] == "recckpt" and man["format_version"] == 5 and man["ckpt_id"] == "ckpt_1"
     assert man["num_buckets"] == 64 and man["chunk_bytes"] == 256
     assert set(ck["tables"]) == {"user", "item"}
     assert man["tables"]["item"]["slots"][0][1]["dtype"] == "BF16"
@@ -474,7 +474,7 @@ def test_unknown_format_version_is_incompatible(tmp_path):
     import json
     obj = json.loads(mp.read_bytes())
     obj.pop("crc32c")
-    obj["format_version"] = 5
+    obj["format_version"] = 6
     obj["crc32c"] = R.crc32c(R.canonical_json(obj))
     mp.write_text(json.dumps(obj))
     with pytest.raises(R.IncompatibleError):

@@ -61,7 +61,7 @@ def test_row_range_save_2_load_3_exact_and_bounded(tmp_path):
         # both shards saved from this process: the checkpoint commits at the last one
         Saver(Holder(t), output_dir=str(tmp_path), options=opts).save("c", shard_id=w, shard_num=2)
     man = json.load(open(tmp_path / "c" / "manifest.json"))
-    assert man["format_version"] == 4
+    assert man["format_version"] == 5
     assert man["tables"]["fixed"]["bucket_fn"] == "row_range" and man["tables"]["fixed"]["num_rows"] == N
     ids_all, cols_all = full_rows()
     row_bytes = 8 + 4 * D + 4 * D + 4

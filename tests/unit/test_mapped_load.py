@@ -178,7 +178,7 @@ def test_saved_segments_are_whole_granules_and_slot_columns_aligned(tmp_path):
     t = filled("t", 5000, dim=16, extra_slot=False)  # 64-byte rows: granule 64
     ckpt = save(tmp_path, t, opts=SaveOptions(num_buckets=8, segment_bytes=100_000, fsync=False))
     idx = _index(ckpt)
-    assert idx.format_version == 4
+    assert idx.format_version == 5
     segs = idx.tables["t"][1]
     rows = [s.rows for s in segs]
     assert sum(rows) == 5000 and len(rows) > 3

@@ -32,10 +32,12 @@ def _git(*args) -> str:
 def _old_recckpt(dst: str, version: int) -> str:
     """recckpt as it was when it wrote format `version`, extracted into `dst`."""
     try:
-        first_newer = _git("log", "-n1", "--format=%H", "-S", f"FORMAT_VERSION = {version + 1}", "--",
-                           "recckpt/format/names.py")
+        # every commit that added or removed the line; the oldest one introduced the version
+        changed = _git("log", "--format=%H", "-S", f"FORMAT_VERSION = {version + 1}", "--",
+                       "recckpt/format/names.py").split()
     except (OSError, subprocess.CalledProcessError) as e:
         pytest.skip(f"needs the git history of the repository: {e}")
+    first_newer = changed[-1] if changed else ""
     if not first_newer:
         pytest.skip(f"the history has no commit that introduced format version {version + 1} (a shallow clone?)")
     old = f"{first_newer}^"

@@ -806,6 +806,15 @@ def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, geo: TableGeometry | None,
         b1 = (last_id * np.uint64(nb) // np.uint64(n_rows)).astype(np.int64)
         check(~run | ((a["first"] == b0) & (a["last"] == b1)), "first",
               "a row run's first and last buckets are those of its first and last ids")
+        # Each id once per column block: the runs of a block must not overlap (explicit ids are checked
+        # by the loaders, which read them).
+        r = np.nonzero(run)[0]
+        order = r[np.lexsort((id0[r], block[r]))]
+        same = block[order][1:] == block[order][:-1]
+        ends = id0[order][:-1] + a["rows"][order][:-1]
+        if np.any(same & (id0[order][1:] < ends)):
+            i = int(order[1:][np.argmax(same & (id0[order][1:] < ends))])
+            v.fail(f"{where}.id0[{i}]", "row runs of one column block overlap: each row is stored once")
     widths = [[8]] if geo is None else [geo.widths(j) for j in range(max(nblocks, 1))]
     aligned = [[False]] if geo is None else [geo.begins_slot(j) for j in range(max(nblocks, 1))]
     ncols = [len(w) for w in widths]

@@ -339,7 +339,7 @@ def resign_segment_crcs(ckpt: str, table: str) -> None:
         write_json(ckpt, rel, idx)
 
 
-_SEG_LISTS = ("file", "offset", "rows", "dir", "first", "last", "packed", "block")
+_SEG_LISTS = ("file", "offset", "rows", "dir", "first", "last", "packed", "block", "id0")
 
 
 def _append_copies(idx: dict, table: str, i: int, seg_obj, times: int) -> None:
@@ -668,6 +668,116 @@ def gen_id_flood_1m(work):
 def gen_id_flood_chain_200k(work):
     return Case("id_flood_chain_200k", _flooded(work, 200_000, chain=True), "load_id", "c", seconds=10,
                 expect_step=5)
+
+
+# ---- format version 5: column groups and row runs of a fixed-size (TorchRec) table
+def _fixed_checkpoints(work) -> tuple[str, str]:
+    """Like _two_checkpoints, with a fixed-size table 'fixed' (5000 x 24, embedding and Adagrad state: row
+    runs, 6 column groups a slot) in "b"."""
+    from helpers import stress_harness as h
+    from helpers.fake_tables import FixedRows
+    out = os.path.join(work, "out")
+    m, e, r = h.Model(), {}, h.Reader()
+    for step, cid in ((3, "a"), (4, "b")):
+        h.set_step_state(m, e, r, step)
+        if cid == "b":
+            m.fixed = FixedRows("fixed", 5000, 24)
+        h.make_saver(out, m, e, r, max_keep=None).save(cid)
+    return out, os.path.join(out, "b")
+
+
+def _edit_segs(b: str, table: str, edit) -> None:
+    """Apply `edit(SEGS dict)` to `table`'s segments in index.json and the worker index (re-signed)."""
+    for rel in ("index.json", "sparse/worker-00000.index.json"):
+        idx = read_json(b, rel)
+        edit(idx["tables"][table]["segments"])
+        write_json(b, rel, idx)
+
+
+def gen_row_run_past_the_table(work):
+    """A row run whose ids [id0, id0 + rows) pass the table's N rows (first/last moved along): a load
+    would write rows the table does not have."""
+    out, b = _fixed_checkpoints(work)
+
+    def edit(segs):
+        segs["id0"][-1] += 100
+        segs["first"][-1] = segs["id0"][-1] * 16 // 5000
+        segs["last"][-1] = 15
+    _edit_segs(b, "fixed", edit)
+    return Case("row_run_past_the_table", out, "load_id", "b", "CorruptCheckpointError", "index.json")
+
+
+def gen_row_runs_overlap(work):
+    """Two row runs holding the same rows (the second's id0 moved onto the first's): each id once per table
+    is the rule; a load would write those rows twice, the rows between never."""
+    out, b = _fixed_checkpoints(work)
+
+    def edit(segs):
+        id0 = segs["id0"][1] = segs["id0"][0]
+        segs["first"][1], segs["last"][1] = id0 * 16 // 5000, (id0 + segs["rows"][1] - 1) * 16 // 5000
+    _edit_segs(b, "fixed", edit)
+    return Case("row_runs_overlap", out, "verify", "b", "CorruptCheckpointError", "index.json")
+
+
+def gen_row_run_in_a_hash_table(work):
+    """`id0` on a hash table's segments: only a row_range table's segments may be runs."""
+    out, b = _fixed_checkpoints(work)
+    _edit_segs(b, "user", lambda segs: segs.__setitem__("id0", [0] * len(segs["file"])))
+    return Case("row_run_in_a_hash_table", out, "load_id", "b", "CorruptCheckpointError", "index.json")
+
+
+def gen_row_run_with_a_directory(work):
+    """A row run (id0 >= 0) that claims a directory of one entry: its bytes would be read as rows."""
+    out, b = _fixed_checkpoints(work)
+    _edit_segs(b, "fixed", lambda segs: segs["dir"].__setitem__(0, 1))
+    return Case("row_run_with_a_directory", out, "verify", "b", "CorruptCheckpointError", "index.json")
+
+
+def gen_column_group_width_changed(work):
+    """The manifest's column group width changed from 4 to 5 (re-signed): every group column's length by
+    the rule changes, so the index's columns no longer match the files (a group of the wrong length)."""
+    out, b = _fixed_checkpoints(work)
+    _edit_manifest(b, lambda m: m["tables"]["fixed"]["column_groups"].__setitem__("width", 5))
+    return Case("column_group_width_changed", out, "load_id", "b", "CorruptCheckpointError", "index.json")
+
+
+def gen_column_group_width_zero(work):
+    """A column group width of 0 (or past D): no group can be cut; refused from the manifest."""
+    out, b = _fixed_checkpoints(work)
+    _edit_manifest(b, lambda m: m["tables"]["fixed"]["column_groups"].__setitem__("width", 0))
+    return Case("column_group_width_zero", out, "load_id", "b", "CorruptCheckpointError", "manifest.json")
+
+
+def gen_column_groups_of_different_shapes(work):
+    """column_groups naming slots of different shapes (only slots of one shape (D,) split into groups)."""
+    out, b = _fixed_checkpoints(work)
+
+    def edit(m):
+        t = m["tables"]["fixed"]
+        t["slots"][1][1]["shape"] = [12]
+    _edit_manifest(b, edit)
+    return Case("column_groups_of_different_shapes", out, "verify", "b", "CorruptCheckpointError", "manifest.json")
+
+
+def gen_column_groups_on_a_hash_table(work):
+    """column_groups on a hash table (only a row_range table stores them)."""
+    out, b = _fixed_checkpoints(work)
+    _edit_manifest(b, lambda m: m["tables"]["user"].__setitem__("column_groups", {"slots": ["embedding"], "width": 4}))
+    return Case("column_groups_on_a_hash_table", out, "load_id", "b", "CorruptCheckpointError", "manifest.json")
+
+
+def gen_group_column_crc_flipped(work):
+    """One byte of a column group flipped (its CRC left as it was): a whole-row load, which places every
+    group into rows, must fail naming the shard file, never load the byte."""
+    out, b = _fixed_checkpoints(work)
+    doc = _parsed_index(b)
+    seg = doc.tables["fixed"][1][0]
+    col = seg.columns[3]   # the embedding's third group
+    path = os.path.join(b, doc.files[seg.file][0])
+    data = bytearray(open(path, "rb").read())
+    data[col.offset + col.length // 2] ^= 0x40
+    open(path, "wb").write(bytes(data))
+    return Case("group_column_crc_flipped", out, "verify", "b", "CorruptCheckpointError", doc.files[seg.file][0])
 
 
 GENERATORS = [v for k, v in sorted(globals().items()) if k.startswith("gen_")]

@@ -10,7 +10,7 @@ import pytest
 from helpers import hostile
 
 SAMPLE = {"listing_worker_steps_superscript", "manifest_deep_nesting", "version_file_fifo", "overlapping_segments",
-          "id_flood_200k"}
+          "id_flood_200k", "row_runs_overlap"}
 ALL = {g.__name__[len("gen_"):]: g for g in hostile.GENERATORS}
 
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from recckpt import HashTable, SaveOptions, Saver
+from helpers.fake_tables import FixedRows
 from recckpt.format.names import FORMAT_VERSION
-from recckpt.state.protocol import RowRangeLayout, SlotSpec, SparseTableMeta
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -77,45 +77,13 @@ print("RESULT " + json.dumps(out))
 """
 
 
-class Fixed(torch.nn.Module):
-    """A fixed-size table (the protocol TorchRec tables implement): rows 0..N-1, one process."""
-
-    def __init__(self, n: int = 500, d: int = 8):
-        super().__init__()
-        self.layout = RowRangeLayout(n, ((0, n),))
-        self.emb = torch.randn(n, d)
-
-    def row_layout(self):
-        return self.layout
-
-    def sparse_meta(self):
-        return SparseTableMeta("fixed", {"embedding": SlotSpec(torch.float32, tuple(self.emb.shape[1:]), "sparse")},
-                               self.emb.shape[0])
-
-    def export_chunks(self, slots, max_rows):
-        for s in range(0, self.emb.shape[0], max_rows):
-            yield torch.arange(s, min(self.emb.shape[0], s + max_rows)), {"embedding": self.emb[s:s + max_rows]}
-
-    def import_rows(self, ids, columns):
-        self.emb[ids] = columns["embedding"]
-
-    def clear_rows(self):
-        pass
-
-    def get_extra_state(self):
-        return self
-
-    def set_extra_state(self, state):
-        pass
-
-
 @pytest.mark.parametrize("old_version", [3, 4])
 def test_an_older_reader_refuses_todays_checkpoint(tmp_path, old_version):
     old = _old_recckpt(str(tmp_path / "old"), old_version)
     m = torch.nn.Module()
     m.t = HashTable("t", 4)
     m.t.import_rows(torch.arange(100), {"embedding": torch.randn(100, 4)})
-    m.fixed = Fixed()
+    m.fixed = FixedRows()
     Saver(m, output_dir=str(tmp_path / "out"), options=SaveOptions(fsync=False)).save("c")
     ckpt = str(tmp_path / "out" / "c")
     man = json.load(open(os.path.join(ckpt, "manifest.json")))

@@ -1,0 +1,220 @@
+"""The engine's format version 5 pieces (docs/ENGINE.md): ShardWriter's column groups and row runs, and
+read_strided, which places column groups (or a window of their columns) into rows. Every byte written is
+compared with a numpy expectation; every read with the source rows."""
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from recckpt import _C
+
+B = 64
+
+
+def groups_of(rb: int, gb: int) -> list[tuple[int, int]]:
+    """[start, end) bytes of each column group of a row of rb bytes (groups of gb, the last narrower)."""
+    return [(g, min(rb, g + gb)) for g in range(0, rb, gb)]
+
+
+def write(path, segments, *, num_rows=0, runs=False, group_bytes=(), chunk_bytes=1 << 18):
+    """segments: [(ids, [uint8 [n, rb] columns])]; returns the writer's records of the one file."""
+    w = _C.ShardWriter([path], B, chunk_bytes, 1 << 30)
+    for t, (ids, cols) in enumerate(segments):
+        w.submit(t, ids, cols, num_rows, 0, list(group_bytes), runs)
+    return w.finish(False)[0]
+
+
+def rows(n, rb, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, size=(n, rb), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("n,rb,gb", [(10, 24, 16), (3000, 96, 16), (40_000, 256, 16), (9000, 40, 12),
+                                     (50_000, 96, 32)])
+@pytest.mark.parametrize("in_order", [True, False])
+def test_grouped_columns_hold_each_group_of_each_row(tmp_path, n, rb, gb, in_order):
+    """Small slots go group by group through the staging buffer, slots of 1 MiB or more by blocks of rows
+    (40 000 x 256 and 50 000 x 96): either way group k's column is bytes [k*gb, ...) of every row in
+    bucket order, checksummed in its own steps, and only the slot's first group is padded."""
+    ids = np.arange(5, 5 + n, dtype=np.int64)
+    if not in_order:
+        ids = np.random.default_rng(1).permutation(ids)
+    emb, acc = rows(n, rb, 1), rows(n, 4, 2)
+    path = str(tmp_path / "f.bin")
+    (r,) = write(path, [(ids, [emb, acc])], num_rows=n + 10, group_bytes=[gb, 0])
+    data = open(path, "rb").read()
+    order = np.argsort(ids * B // (n + 10), kind="stable")
+    cols = r["columns"]
+    gs = groups_of(rb, gb)
+    assert len(cols) == 1 + len(gs) + 1
+    np.testing.assert_array_equal(np.frombuffer(data[cols[0]["offset"]:cols[0]["offset"] + 8 * n], "<i8"), ids[order])
+    want = [emb[order][:, a:b] for a, b in gs] + [acc[order]]
+    pos = cols[0]["offset"] + cols[0]["length"]
+    for k, (c, exp) in enumerate(zip(cols[1:], want)):
+        if k in (0, len(gs)) and not r["packed"]:   # a slot's first column is aligned, the other groups are not
+            pos += -pos % 4096
+        assert c["offset"] == pos, k
+        got = data[c["offset"]:c["offset"] + c["length"]]
+        assert got == exp.tobytes(), k
+        step = _C.column_step(len(got), 1 << 18)
+        assert c["step"] == step
+        assert list(c["crc32c"]) == [_C.crc32c(got[i:i + step]) for i in range(0, len(got), step)]
+        pos += c["length"]
+    assert pos == len(data)
+
+
+def test_row_runs_store_no_ids_and_no_directory(tmp_path):
+    """A row_range segment whose ids are [id0, id0 + n) in order is a run (with runs=True): no directory,
+    no ids, the buckets of its first and last ids recorded. Anything else stores both."""
+    n, N = 1000, 100_000
+    emb = rows(n, 8)
+    path = str(tmp_path / "f.bin")
+    run = np.arange(777, 777 + n, dtype=np.int64)
+    gap = run.copy()
+    gap[500:] += 1
+    recs = write(path, [(run, [emb]), (gap, [emb]), (run[::-1].copy(), [emb])], num_rows=N, runs=True)
+    plain = write(str(tmp_path / "g.bin"), [(run, [emb])], num_rows=N, runs=False)
+    hashed = write(str(tmp_path / "h.bin"), [(run, [emb])], runs=True)
+    r = recs[0]
+    assert r["id0"] == 777 and r["dir"] == 0 and r["buckets"]["length"] == 0
+    assert (r["first"], r["last"]) == (777 * B // N, (777 + n - 1) * B // N)
+    assert r["columns"][0]["length"] == 0 and r["columns"][1]["offset"] == r["offset"]
+    data = open(path, "rb").read()
+    assert data[r["columns"][1]["offset"]:r["columns"][1]["offset"] + 8 * n] == emb.tobytes()
+    for other in (recs[1], recs[2], plain[0], hashed[0]):
+        assert other["id0"] == -1 and other["dir"] >= 1 and other["columns"][0]["length"] == 8 * n
+
+
+def _parts(r, gs, take=None):
+    """read_strided parts placing `gs` groups (of columns 1..) side by side; `take`: (a, b) bytes of a row."""
+    out = []
+    a, b = take or (0, gs[-1][1])
+    for k, (g0, g1) in enumerate(gs):
+        x0, x1 = max(a, g0), min(b, g1)
+        if x1 <= x0:
+            continue
+        c = r["columns"][1 + k]
+        out.append((c["offset"], c["length"], c["step"], c["crc32c"], g1 - g0, x0 - g0, x1 - x0, x0 - a, 0))
+    return out
+
+
+@pytest.mark.parametrize("chunk_bytes", [512, 1 << 18])
+@pytest.mark.parametrize("r0,r1,take", [(0, 50_000, None), (0, 50_000, (24, 56)), (3, 49_999, (20, 61)),
+                                        (12_345, 12_346, None), (100, 40_000, (0, 4))])
+def test_read_strided_places_groups_into_rows(tmp_path, chunk_bytes, r0, r1, take):
+    """Rows [r0, r1) of every group (or of the groups holding bytes [a, b) of a row, cut at their edges)
+    come back as rows, whatever chunk steps, blocks and thread split."""
+    n, rb, gb = 50_000, 96, 16
+    emb = rows(n, rb)
+    path = str(tmp_path / "f.bin")
+    (r,) = write(path, [(np.arange(n, dtype=np.int64), [emb])], num_rows=n, runs=True, group_bytes=[gb],
+                 chunk_bytes=chunk_bytes)
+    a, b = take or (0, rb)
+    dst = np.full((r1 - r0, b - a), 7, np.uint8)
+    nread, errors = _C.read_strided([(path, r0, r1, dst.reshape(-1), b - a, _parts(r, groups_of(rb, gb), take))], 3)
+    assert errors == []
+    np.testing.assert_array_equal(dst, emb[r0:r1, a:b])
+    touched = sum(1 for g0, g1 in groups_of(rb, gb) if g0 < b and g1 > a) * gb * (r1 - r0)
+    assert touched <= nread <= touched + 2 * len(groups_of(rb, gb)) * max(r["columns"][1]["step"], 512)
+
+
+def test_read_strided_into_a_wider_destination(tmp_path):
+    """dst_stride larger than the bytes placed: the rest of each destination row is left alone."""
+    n, rb = 1000, 32
+    emb = rows(n, rb)
+    path = str(tmp_path / "f.bin")
+    (r,) = write(path, [(np.arange(n, dtype=np.int64), [emb])], num_rows=n, runs=True, group_bytes=[8])
+    dst = np.full((n, 40), 9, np.uint8)
+    parts = [(c, ln, st, crc, w, s, nb, d + 4, p) for c, ln, st, crc, w, s, nb, d, p in _parts(r, groups_of(rb, 8))]
+    _, errors = _C.read_strided([(path, 0, n, dst.reshape(-1), 40, parts)], 2)
+    assert errors == []
+    np.testing.assert_array_equal(dst[:, 4:36], emb)
+    assert (dst[:, :4] == 9).all() and (dst[:, 36:] == 9).all()
+
+
+def test_read_strided_never_places_unverified_bytes(tmp_path):
+    """A flipped byte in one group: the error names the part, the chunk and the file offset, and the rows of
+    the failing block are not written (blocks read and checked before placing)."""
+    n, rb, gb = 2000, 32, 16
+    emb = rows(n, rb)
+    path = str(tmp_path / "f.bin")
+    (r,) = write(path, [(np.arange(n, dtype=np.int64), [emb])], num_rows=n, runs=True, group_bytes=[gb],
+                 chunk_bytes=1024)
+    bad = r["columns"][2]
+    with open(path, "r+b") as f:
+        f.seek(bad["offset"] + 100)
+        x = f.read(1)
+        f.seek(bad["offset"] + 100)
+        f.write(bytes([x[0] ^ 1]))
+    dst = np.full((n, rb), 7, np.uint8)
+    _, errors = _C.read_strided([(path, 0, n, dst.reshape(-1), rb, _parts(r, groups_of(rb, gb)))], 1)
+    assert len(errors) == 1 and errors[0][0] == 0
+    msg = errors[0][1]
+    assert "part 1" in msg and "CRC mismatch in chunk 0" in msg and f"file offset {bad['offset']}" in msg
+    assert (dst[:64] == 7).all(), "rows of the failing block were placed"
+
+
+def test_read_strided_checks_padding_from_row_0(tmp_path):
+    n = 5000
+    emb = rows(n, 32)
+    path = str(tmp_path / "f.bin")
+    (r,) = write(path, [(np.arange(n, dtype=np.int64), [emb])], num_rows=n, runs=False, group_bytes=[16])
+    c = r["columns"][1]
+    pad = c["offset"] - (r["columns"][0]["offset"] + r["columns"][0]["length"])
+    assert pad > 0
+    with open(path, "r+b") as f:
+        f.seek(c["offset"] - 1)
+        f.write(b"\x01")
+    parts = [p[:-1] + (pad if k == 0 else 0,) for k, p in enumerate(_parts(r, groups_of(32, 16)))]
+    dst = np.zeros((n, 32), np.uint8)
+    _, errors = _C.read_strided([(path, 0, n, dst.reshape(-1), 32, parts)], 2)
+    assert errors and "non-zero byte in the padding" in errors[0][1]
+    dst = np.zeros((n - 1, 32), np.uint8)   # not from row 0: the padding is not read
+    _, errors = _C.read_strided([(path, 1, n, dst.reshape(-1), 32, parts)], 2)
+    assert errors == []
+
+
+def test_read_strided_reports_bad_requests_and_files(tmp_path):
+    n = 100
+    emb = rows(n, 32)
+    path = str(tmp_path / "f.bin")
+    (r,) = write(path, [(np.arange(n, dtype=np.int64), [emb])], num_rows=n, runs=True, group_bytes=[16])
+    good = _parts(r, groups_of(32, 16))
+    os.symlink(path, str(tmp_path / "link.bin"))
+    short = str(tmp_path / "short.bin")
+    open(short, "wb").write(open(path, "rb").read()[:-10])
+    dst = np.zeros(n * 32, np.uint8)
+    cases = [
+        ((path, 0, n, dst[:-1], 32, good), "dst has"),
+        ((path, 0, n + 1, np.zeros((n + 1) * 32, np.uint8), 32, good), "rows up to"),
+        ((path, 0, n, dst, 32, [good[0][:4] + (15,) + good[0][5:], good[1]]), "width must"),
+        ((path, 0, n, dst, 32, [good[0][:3] + (good[0][3][:-1],) + good[0][4:], good[1]]), "crcs has"),
+        ((path, 0, n, dst, 32, [good[0][:7] + (20,) + good[0][8:]]), "dst <= dst + nbytes"),
+        ((path, 0, n, dst, 32, []), "no parts"),
+        ((str(tmp_path / "link.bin"), 0, n, dst, 32, good), "symbolic links"),   # never followed
+        ((short, 0, n, dst, 32, good), "file too small"),
+        ((str(tmp_path / "missing.bin"), 0, n, dst, 32, good), "open error"),
+    ]
+    _, errors = _C.read_strided([c for c, _ in cases], 2)
+    assert [i for i, _ in errors] == list(range(len(cases)))
+    for (i, msg), (_, want) in zip(errors, cases):
+        assert want in msg, (i, msg)
+    with pytest.raises(TypeError, match="must be a tuple"):
+        _C.read_strided([(path, 0, n, dst, 32)])
+
+
+def test_a_failed_write_of_groups_is_raised_naming_the_file(tmp_path):
+    """A pwrite failure while a large grouped slot is written by blocks of rows surfaces from finish()."""
+    n = 60_000
+    path = str(tmp_path / "f.bin")
+    w = _C.ShardWriter([path], B, 1 << 18, 1 << 30)
+    _C._inject_fault("write", 3, errno.EIO)
+    try:
+        w.submit(0, np.arange(n, dtype=np.int64), [rows(n, 64)], n, 0, [16], True)
+        with pytest.raises(OSError, match="f.bin") as e:
+            w.finish(False)
+        assert e.value.errno == errno.EIO
+    finally:
+        _C._inject_fault("write", 0)

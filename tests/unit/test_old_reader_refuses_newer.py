@@ -18,8 +18,8 @@ import sys
 import pytest
 import torch
 
-from recckpt import HashTable, SaveOptions, Saver
 from helpers.fake_tables import FixedRows
+from recckpt import HashTable, SaveOptions, Saver
 from recckpt.format.names import FORMAT_VERSION
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

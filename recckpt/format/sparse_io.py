@@ -700,17 +700,20 @@ class SegmentReader:
                      else ReadRequest(seg.file, ids, 8 * r0, 8 * r1, "ids", ids.step)]
         for s, rb in zip(slots, row_bytes):
             place = geo.place(s, seg.block)
-            pieces = place.pieces(columns if place.ranges is not None else None)
-            if place.unit and place.row_bytes(columns if place.ranges is not None else None) != rb:
-                raise ValueError(f"table {table!r}, slot {s!r}: {rb} bytes a row asked, the segment holds "
-                                 f"{place.row_bytes(columns)} of the columns read")
-            if not pieces:
-                raise ValueError(f"table {table!r}, slot {s!r}: columns {columns} lie outside column block "
-                                 f"{seg.block} {place.span}")
-            col = seg.columns[pieces[0].column]
-            if len(pieces) == 1 and pieces[0].src == 0 and (not place.unit or pieces[0].nbytes == rb):
+            if place.count == 1 and (place.ranges is None or columns is None):   # one column, read whole in width
+                col = seg.columns[place.first]
                 out.append(ReadRequest(seg.file, col, rb * r0, rb * r1, f"slot {s!r}", col.step,
-                                       seg.pad_before(pieces[0].column, ver)))
+                                       seg.pad_before(place.first, ver)))
+                continue
+            # a split slot in several column groups, or a window of its columns
+            pieces = place.pieces(columns)
+            if place.row_bytes(columns) != rb or not pieces:
+                raise ValueError(f"table {table!r}, slot {s!r}: {rb} bytes a row asked; column block {seg.block} "
+                                 f"holds {place.row_bytes(columns)} of columns {columns} ({place.span} stored)")
+            col = seg.columns[pieces[0].column]
+            if len(pieces) == 1 and pieces[0].src == 0 and pieces[0].nbytes == col.length // max(seg.rows, 1):
+                out.append(ReadRequest(seg.file, col, rb * r0, rb * r1, f"slot {s!r}", col.step,
+                                       seg.pad_before(pieces[0].column, ver)))   # exactly one whole group
                 continue
             widths = place.widths()
             out.append(GroupedRead(

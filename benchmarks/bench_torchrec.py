@@ -270,17 +270,32 @@ def _same(a: dict, b: dict) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ worker
+LAST_CPU: list[float] = [0.0]   # CPU seconds of the last _timed operation, all ranks together
+
+
+def _cpu_seconds() -> float:
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def _timed(fn, rank: int) -> tuple:
-    """(seconds of the slowest rank, RSS growth peak of the worse rank, fn's result)."""
+    """(seconds of the slowest rank, RSS growth peak of the worse rank, fn's result); the CPU seconds every
+    rank's process spent on it (getrusage, all threads, summed over ranks) go to LAST_CPU[0]."""
     import torch
     import torch.distributed as dist
     dist.barrier()
     with PeakRSS() as p:
+        c0 = _cpu_seconds()
         t0 = time.perf_counter()
         res = fn()
         dt = time.perf_counter() - t0
+        cpu = _cpu_seconds() - c0
     both = torch.tensor([dt, float(p.growth)], dtype=torch.float64)
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    total = torch.tensor([cpu], dtype=torch.float64)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    LAST_CPU[0] = float(total[0])
     return float(both[0]), int(both[1]), res
 
 
@@ -308,6 +323,7 @@ def _phase_save(a, rank: int, world: int, opt: str, res: dict) -> None:
         for name, fn in (order if rnd % 2 == 0 else order[::-1]):
             t, mem, _ = _timed(fn, rank)
             r.setdefault(f"save_{name}", []).append(t)
+            r.setdefault(f"save_cpu_{name}", []).append(LAST_CPU[0])
             r.setdefault(f"save_mem_{name}", []).append(mem)
         if rank == 0:
             r["bytes_recckpt"] = _dir_bytes(rk)
@@ -322,6 +338,7 @@ def _phase_save(a, rank: int, world: int, opt: str, res: dict) -> None:
                         _drop_cache(rk, dc)
                 t, mem, _ = _timed(fn, rank)
                 r.setdefault(f"load_{temp}_{name}", []).append(t)
+                r.setdefault(f"load_{temp}_cpu_{name}", []).append(LAST_CPU[0])
                 r.setdefault(f"load_mem_{temp}_{name}", []).append(mem)
                 ok = _same(_shards(dmp), trained)
                 r.setdefault("loads_exact", []).append(ok)
@@ -371,6 +388,7 @@ def _phase_reshard(a, rank: int, world: int, opt: str, plan_kind: str, res: dict
                 dist.barrier()
                 continue
             r.setdefault(f"{key}_{name}", []).append(t)
+            r.setdefault(f"{key}_cpu_{name}", []).append(LAST_CPU[0])
             r.setdefault(f"{key}_mem_{name}", []).append(mem)
             got[name] = _shards(dmp)
     if "recckpt" in got and "dcp" in got:
@@ -460,8 +478,8 @@ def report(a, res: dict) -> dict:
 
         def row(label, key, unit="s", scale=1.0):
             xs, ys = r.get(f"{key}_recckpt", []), r.get(f"{key}_dcp", [])
-            x, y = _median(xs), _median(ys)
-            err = r.get(f"{key}_dcp_error")
+            err = r.get(f"{key}_dcp_error") or (not ys and "no DCP run")
+            x, y = _median(xs), (None if err else _median(ys))
 
             def cell(v, m):
                 return f"{m / scale:.3f}{unit.strip()}" + (f" [{min(v) / scale:.2f}-{max(v) / scale:.2f}]" if len(v) > 1 else "")
@@ -474,12 +492,16 @@ def report(a, res: dict) -> dict:
                      f"{r['bytes_dcp'] / r['bytes_recckpt']:>12.2f}x")
         targets[f"{opt}.bytes_vs_dcp"] = (r["bytes_recckpt"] / r["bytes_dcp"], "<=", 1.05)
         targets[f"{opt}.save_speedup"] = (row("save", "save"), ">=", 1.5)
+        row("  CPU s, all ranks", "save_cpu")
         targets[f"{opt}.load_warm_speedup"] = (row("load @2, warm", "load_warm"), ">=", 1.2)
+        row("  CPU s, all ranks", "load_warm_cpu")
         targets[f"{opt}.load_cold_speedup"] = (row("load @2, cold (cache dropped)", "load_cold"), ">=", 1.2)
+        row("  CPU s, all ranks", "load_cold_cpu")
         for kind in ("rw", "cw"):
             key = f"reshard_{kind}3"
             if f"{key}_recckpt" in r or f"{key}_recckpt_error" in r:
                 s = row(f"load TW@2 -> {kind.upper()}@3", key)
+                row("  CPU s, all ranks", f"{key}_cpu")
                 if kind == "rw":
                     targets[f"{opt}.reshard_speedup"] = (s, ">=", 1.5)
                 if r.get(f"{key}_dcp_error"):

@@ -471,21 +471,31 @@ class SegmentReader:
             self._read_grouped(table, [reqs[i] for i in grouped], [out[i] for i in grouped])
         return out
 
-    def _read_grouped(self, table: str, reqs: list["GroupedRead"], out: list[np.ndarray]) -> None:
-        """Column groups into row-major rows: by the engine's strided reads (every chunk verified before a
-        byte of it is placed), or through the store as plain reads of each column, placed here."""
+    def _engine_paths(self, reqs: list) -> list[str] | None:
+        """Each request's file as the engine opens it (sizes checked first), or None when some file is only
+        in a store the engine cannot read."""
         for r in reqs:
             self.check_size(r.file)
         local = [self._engine_path(r.file) for r in reqs]
-        if all(p is not None for p in local):
-            nread, errors = _C.read_strided([r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)],
-                                            self.threads, readahead_bytes=self.options.readahead_bytes)
-            self.bytes_read += nread
-            if errors:
-                i, msg = errors[0]
-                fi, what = reqs[i].file, reqs[i].what
-                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
-                                             f"{what}: {msg}", self._path(fi), table=table)
+        return local if all(p is not None for p in local) else None
+
+    def _engine_done(self, table: str, reqs: list, nread: int, errors: list) -> None:
+        """Count an engine call's bytes and raise its first error, naming file, table and column."""
+        self.bytes_read += nread
+        if errors:
+            i, msg = errors[0]
+            fi, what = reqs[i].file, reqs[i].what
+            raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
+                                         f"{what}: {msg}", self._path(fi), table=table)
+
+    def _read_grouped(self, table: str, reqs: list["GroupedRead"], out: list[np.ndarray]) -> None:
+        """Column groups into row-major rows: by the engine's strided reads (every chunk verified before a
+        byte of it is placed), or through the store as plain reads of each column, placed here."""
+        local = self._engine_paths(reqs)
+        if local is not None:
+            self._engine_done(table, reqs, *_C.read_strided(
+                [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)], self.threads,
+                readahead_bytes=self.options.readahead_bytes))
             return
         cols = [r.column_reads() for r in reqs]
         raws = iter(self._read_plain(table, [c for cs in cols for c in cs], None, None))
@@ -495,19 +505,11 @@ class SegmentReader:
     def _read_plain(self, table: str, reqs: list[ReadRequest], dsts: list[np.ndarray] | None,
                     map_into: "_C.MappedRegion | None") -> list[np.ndarray]:
         out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
-        for r in reqs:
-            self.check_size(r.file)
-        local = [self._engine_path(r.file) for r in reqs]
-        if all(p is not None for p in local):
-            engine_reqs = [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)]
-            nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=self.options.readahead_bytes,
-                                           map_into=map_into)
-            self.bytes_read += nread
-            if errors:
-                i, msg = errors[0]
-                fi, what = reqs[i].file, reqs[i].what
-                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
-                                             f"{what}: {msg}", self._path(fi), table=table)
+        local = self._engine_paths(reqs)
+        if local is not None:
+            self._engine_done(table, reqs, *_C.read_ranges(
+                [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)], self.threads,
+                readahead_bytes=self.options.readahead_bytes, map_into=map_into))
             return out
         # Through the store: every range (and padding) the requests need, exactly, in one concurrent call.
         ranges, spans = [], []

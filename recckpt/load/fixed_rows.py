@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import IncompatibleCheckpointError
+from ..format.sparse_io import RunIds
 from ..state.protocol import LendsRows, column_split_slots
 
 
@@ -52,12 +53,14 @@ class OwnedRows:
 
 class DirectRows:
     """Reads a fixed-size table's rows from the shard files straight into the storage it lends
-    (`LendsRows`): one parallel read of a batch's ids, then one of its slot columns, each range of
-    rows landing at its place in the live storage. Format version 4 writes a fixed-size table's rows
-    in row order ("row_range" buckets over exported row ranges), so a segment's ids are a run
-    [a, a + n) and the rows of an owned range are one byte range per column: no scatter, no filter,
-    no copy out of a staging buffer. A batch whose ids are not such runs (another writer, an old
-    format) is left to the caller's importing path (`load_batch` returns None before writing)."""
+    (`LendsRows`): one parallel read of its slot columns (after one of its ids, where they are stored),
+    each range of rows landing at its place in the live storage. Format version 4 writes a fixed-size
+    table's rows in row order ("row_range" buckets over exported row ranges), so a segment's ids are a run
+    [a, a + n), which version 5 stores as a row run (no ids: nothing to read), and the rows of an owned
+    range are one byte range per column (per column group in version 5, placed into the rows by the
+    engine): no filter, no copy out of a staging buffer. A batch whose ids are not such runs (another
+    writer, an old format) is left to the caller's importing path (`load_batch` returns None before
+    writing)."""
 
     def __init__(self, blocks: List[Tuple[int, int, List[np.ndarray]]], num_rows: int, table):
         self.blocks, self.num_rows, self.table = blocks, num_rows, table
@@ -91,13 +94,18 @@ class DirectRows:
     def load_batch(self, segments, batch, name: str, target: str, where: str) -> "int | None":
         """Read `batch` (a `SegmentReader.batches` batch of checkpoint table `name`) into the lent storage;
         the number of rows written, or None (nothing written) when its ids are not runs of rows."""
-        ids_all = segments.read(name, [reqs[0] for _, reqs in batch.parts])
+        # A row run's ids (format version 5) are its index entry's: only stored ids are read and checked.
+        stored = [reqs[0] for _, reqs in batch.parts if not isinstance(reqs[0], RunIds)]
+        read = iter(segments.read(name, stored) if stored else ())
         runs = []
-        for (n, _), raw in zip(batch.parts, ids_all):
-            ids = raw.view("<i8")
-            a = int(ids[0])
-            if n > 1 and (int(ids[-1]) - a != n - 1 or not bool(np.all(np.diff(ids) == 1))):
-                return None
+        for n, reqs in batch.parts:
+            if isinstance(reqs[0], RunIds):
+                a = reqs[0].first
+            else:
+                ids = next(read).view("<i8")
+                a = int(ids[0])
+                if n > 1 and (int(ids[-1]) - a != n - 1 or not bool(np.all(np.diff(ids) == 1))):
+                    return None
             if a < 0 or a + n > self.num_rows:
                 bad = a if a < 0 else a + n - 1
                 raise IncompatibleCheckpointError(

@@ -179,6 +179,11 @@ def test_compaction_keeps_a_fixed_size_tables_row_range_buckets(tmp_path):
     compact(str(tmp_path / "c"), str(tmp_path / "d"), fsync=False)
     t = json.load(open(tmp_path / "d" / "manifest.json"))["tables"]["cw"]
     assert t["bucket_fn"] == "row_range" and t["num_rows"] == N and "column_blocks" not in t
+    # and its column groups and row runs (format version 5): column-wise loads of it stay bounded in columns
+    assert t["column_groups"] == {"slots": ["embedding", "momentum"], "width": 4}
+    from recckpt.format.checkpoint import CheckpointReader
+    from recckpt.storage import open_storage
+    assert all(seg.is_run for seg in CheckpointReader(open_storage(str(tmp_path)), "d").index.tables["cw"][1])
     dst = FakeCW(((0, 5_000),))
     res = Saver(Holder(dst), output_dir=str(tmp_path)).load(ckpt_id="d")
     assert sorted(dst.rows) == list(range(5_000))

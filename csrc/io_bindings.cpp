@@ -347,7 +347,7 @@ uint8_t* writable_dst(const py::object& dst, size_t i, const char* fn, std::vect
   return p;
 }
 
-py::tuple py_read_strided(const py::sequence& requests, int threads, int64_t readahead_bytes) {
+py::tuple py_read_strided(const py::sequence& requests, int threads, int64_t readahead_bytes, int64_t block_bytes) {
   const size_t n = py::len(requests);
   std::vector<StridedRequest> reqs(n);
   std::vector<py::buffer_info> dsts;
@@ -390,7 +390,7 @@ py::tuple py_read_strided(const py::sequence& requests, int threads, int64_t rea
   ReadResult res;
   {
     py::gil_scoped_release nogil;
-    res = read_strided(reqs, threads, readahead_bytes);
+    res = read_strided(reqs, threads, readahead_bytes, block_bytes);
   }
   py::list errs;
   for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
@@ -465,7 +465,7 @@ void bind_io(py::module_& m) {
   m.def("column_step", &column_step, py::arg("length"), py::arg("chunk_bytes"),
         "format version 4: bytes per checksum of a column of `length` bytes");
   m.def("read_strided", &py_read_strided, py::arg("requests"), py::arg("threads") = 4,
-        py::arg("readahead_bytes") = kDefaultReadaheadBytes,
+        py::arg("readahead_bytes") = kDefaultReadaheadBytes, py::arg("block_bytes") = kStridedBlockBytes,
         "verified parallel reads of rows of several columns (a slot's column groups, format version 5) into "
         "row-major destinations, in blocks of rows: returns (bytes_read, [(request_index, message), ...]); "
         "see docs/ENGINE.md");

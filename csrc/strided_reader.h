@@ -28,12 +28,13 @@ struct StridedRequest {
 };
 
 // Validates every request, opens each path once (regular files only, as read_ranges), then reads the rows
-// in blocks of about 1 MiB of every part together with `threads` threads: each block's chunks of every part
+// in blocks of about `block_bytes` of every part together with `threads` threads: each block's chunks of every part
 // are read, their CRCs checked, and only then are the block's rows placed in the destination, a few rows at
 // a time across the parts, so a row-major destination is written while in cache. Bytes of a destination
 // are written only from verified chunks. Never throws for data errors; errors name the part (column) and
 // the file offset. `readahead_bytes` as read_ranges.
+constexpr int64_t kStridedBlockBytes = int64_t(1) << 20;
 ReadResult read_strided(const std::vector<StridedRequest>& requests, int threads,
-                        int64_t readahead_bytes = kDefaultReadaheadBytes);
+                        int64_t readahead_bytes = kDefaultReadaheadBytes, int64_t block_bytes = kStridedBlockBytes);
 
 }  // namespace recckpt

@@ -271,7 +271,9 @@ void crcs_of(const py::handle& obj, ReadRequest& r, size_t i) {
 }
 
 py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t readahead_bytes,
-                         std::shared_ptr<MappedRegion> map_into) {
+                         std::shared_ptr<MappedRegion> map_into, int direct) {
+  if (direct != kDirectNever && direct != kDirectAuto && direct != kDirectAlways)
+    throw py::value_error("read_ranges: direct must be 0 (never), 1 (auto) or 2 (always), got " + std::to_string(direct));
   const size_t n = py::len(requests);
   std::vector<ReadRequest> reqs(n);
   std::vector<py::buffer_info> dsts;
@@ -311,7 +313,7 @@ py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t read
   ReadResult res;
   {
     py::gil_scoped_release nogil;
-    res = read_ranges(reqs, threads, readahead_bytes, map_into.get());
+    res = read_ranges(reqs, threads, readahead_bytes, map_into.get(), direct);
   }
   py::list errs;
   for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
@@ -382,10 +384,15 @@ void bind_io(py::module_& m) {
   m.attr("PACK_BELOW") = kPackBelow;
   m.def("column_step", &column_step, py::arg("length"), py::arg("chunk_bytes"),
         "format version 4: bytes per checksum of a column of `length` bytes");
+  m.attr("DIRECT_NEVER") = (int)kDirectNever;
+  m.attr("DIRECT_AUTO") = (int)kDirectAuto;
+  m.attr("DIRECT_ALWAYS") = (int)kDirectAlways;
   m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
         py::arg("readahead_bytes") = kDefaultReadaheadBytes, py::arg("map_into") = nullptr,
+        py::arg("direct") = (int)kDirectAuto,
         "verified parallel reads: returns (bytes_read, [(request_index, message), ...]); the kernel is told "
         "to start reading up to readahead_bytes ahead of the threads (0: off). With map_into (a MappedRegion), "
         "whole columns read into that region at page-congruent addresses are mapped copy-on-write instead of "
-        "copied (docs/ENGINE.md)");
+        "copied. direct: DIRECT_NEVER, DIRECT_AUTO (O_DIRECT for pieces not in the page cache) or "
+        "DIRECT_ALWAYS (docs/ENGINE.md)");
 }

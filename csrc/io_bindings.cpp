@@ -31,9 +31,9 @@ struct Held {
 class PyShardWriter {
  public:
   PyShardWriter(const std::vector<std::string>& paths, int64_t num_buckets, int64_t chunk_bytes,
-                int64_t max_inflight_bytes) {
+                int64_t max_inflight_bytes, bool writeback) {
     py::gil_scoped_release nogil;  // creating files can block
-    w_ = std::make_unique<ShardWriter>(paths, num_buckets, chunk_bytes, max_inflight_bytes);
+    w_ = std::make_unique<ShardWriter>(paths, num_buckets, chunk_bytes, max_inflight_bytes, writeback);
   }
   ~PyShardWriter() {
     if (w_) {
@@ -340,15 +340,17 @@ void bind_io(py::module_& m) {
   py::class_<PyShardWriter>(m, "ShardWriter",
                             "Writes bucket-sorted segments to files in parallel, one worker thread per file.")
       .def(py::init([](const py::sequence& paths, int64_t num_buckets, int64_t chunk_bytes,
-                       int64_t max_inflight_bytes) {
+                       int64_t max_inflight_bytes, bool writeback) {
              if (py::isinstance<py::str>(paths) || py::isinstance<py::bytes>(paths))
                throw py::type_error("ShardWriter: paths must be a list of paths, not a single path");
              std::vector<std::string> ps;
              for (const auto& p : paths) ps.push_back(path_of(p));
-             return std::make_unique<PyShardWriter>(ps, num_buckets, chunk_bytes, max_inflight_bytes);
+             return std::make_unique<PyShardWriter>(ps, num_buckets, chunk_bytes, max_inflight_bytes, writeback);
            }),
            py::arg("paths"),
-           py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"))
+           py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"), py::arg("writeback") = false,
+           "writeback: start writing each block back to the device once written (sync_file_range), for "
+           "writers that finish(fsync=True): the fsync then has little left to do")
       .def("submit", &PyShardWriter::submit, py::arg("table"), py::arg("ids"), py::arg("columns"),
            py::arg("num_rows") = 0, py::arg("id_range") = 0,
            "queue a segment (1 to 2**32-1 rows); blocks (GIL released) while too many bytes are in flight; returns "

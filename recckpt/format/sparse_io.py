@@ -117,7 +117,9 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
     # The store says where the engine writes (the files themselves, or local files it uploads after).
     with storage.engine_outputs(stage, rels) as paths:
-        writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes)
+        # A save that fsyncs its local files starts their writeback as it writes (the engine's PwriteThread).
+        writeback = opts.fsync and storage.engine_path(stage) is not None
+        writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes, writeback)
         try:
             for ti, t in enumerate(sources):
                 for ids, cols in t.chunks:

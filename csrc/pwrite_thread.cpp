@@ -1,5 +1,6 @@
 #include "pwrite_thread.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,7 +28,8 @@ void pwrite_all(int fd, const std::string& path, const void* data, size_t n, int
   }
 }
 
-PwriteThread::PwriteThread(int fd, std::string path) : fd_(fd), path_(std::move(path)) {
+PwriteThread::PwriteThread(int fd, std::string path, bool writeback)
+    : fd_(fd), path_(std::move(path)), writeback_(writeback) {
   thread_ = std::thread(&PwriteThread::run, this);
 }
 
@@ -50,7 +52,13 @@ void PwriteThread::run() {
     lk.unlock();
     std::optional<OsError> err;
     try {
-      for (const Op& op : ops) pwrite_all(fd_, path_, op.data, op.n, op.off);
+      for (const Op& op : ops) {
+        pwrite_all(fd_, path_, op.data, op.n, op.off);
+#ifdef SYNC_FILE_RANGE_WRITE
+        // Advice only: a failure to start the writeback (or of the writeback itself) is the final fsync's to report.
+        if (writeback_) (void)::sync_file_range(fd_, (off_t)op.off, (off_t)op.n, SYNC_FILE_RANGE_WRITE);
+#endif
+      }
     } catch (const OsError& e) {
       err.emplace(e);
     }

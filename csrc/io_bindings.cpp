@@ -349,7 +349,10 @@ uint8_t* writable_dst(const py::object& dst, size_t i, const char* fn, std::vect
   return p;
 }
 
-py::tuple py_read_strided(const py::sequence& requests, int threads, int64_t readahead_bytes, int64_t block_bytes) {
+py::tuple py_read_strided(const py::sequence& requests, int threads, int64_t readahead_bytes, int64_t block_bytes,
+                          int direct) {
+  if (direct != kDirectNever && direct != kDirectAuto && direct != kDirectAlways)
+    throw py::value_error("read_strided: direct must be 0 (never), 1 (auto) or 2 (always), got " + std::to_string(direct));
   const size_t n = py::len(requests);
   std::vector<StridedRequest> reqs(n);
   std::vector<py::buffer_info> dsts;
@@ -392,7 +395,7 @@ py::tuple py_read_strided(const py::sequence& requests, int threads, int64_t rea
   ReadResult res;
   {
     py::gil_scoped_release nogil;
-    res = read_strided(reqs, threads, readahead_bytes, block_bytes);
+    res = read_strided(reqs, threads, readahead_bytes, block_bytes, direct);
   }
   py::list errs;
   for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
@@ -473,9 +476,10 @@ void bind_io(py::module_& m) {
   m.attr("DIRECT_ALWAYS") = (int)kDirectAlways;
   m.def("read_strided", &py_read_strided, py::arg("requests"), py::arg("threads") = 4,
         py::arg("readahead_bytes") = kDefaultReadaheadBytes, py::arg("block_bytes") = kStridedBlockBytes,
+        py::arg("direct") = (int)kDirectAuto,
         "verified parallel reads of rows of several columns (a slot's column groups, format version 5) into "
         "row-major destinations, in blocks of rows: returns (bytes_read, [(request_index, message), ...]); "
-        "see docs/ENGINE.md");
+        "direct as read_ranges; see docs/ENGINE.md");
   m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
         py::arg("readahead_bytes") = kDefaultReadaheadBytes, py::arg("map_into") = nullptr,
         py::arg("direct") = (int)kDirectAuto,

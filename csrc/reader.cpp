@@ -20,60 +20,23 @@
 
 #include "crc32c.h"
 #include "fault.h"
+#include "read_files.h"
 
 namespace recckpt {
 namespace {
 
 constexpr int64_t kPieceBytes = 8 << 20;  // a worker takes about this many bytes of chunks at a time
-constexpr size_t kMaxIo = size_t(1) << 30;
 
-// Direct reads (O_DIRECT): offsets, lengths and buffers aligned to kAlign (a multiple of every common
-// logical block size); through the bounce buffer at most kDirectBlock bytes a read, checked and copied in
-// kCheckBlock steps while they are in the CPU's cache. kDirectThreads: reads in flight on a cold load
-// (each thread waits on the device, using little CPU).
-constexpr int64_t kAlign = 4096;
-constexpr int64_t kDirectBlock = 8 << 20;
+// Direct reads (read_files.h): through the bounce buffer at most kDirectBlock bytes a read, checked and
+// copied in kCheckBlock steps while they are in the CPU's cache. kDirectThreads: reads in flight on a cold
+// load (each thread waits on the device, using little CPU).
 constexpr int64_t kCheckBlock = 256 << 10;
 constexpr int kDirectThreads = 4;
-
-
-// A thread's aligned buffer for direct reads into destinations that are not block-aligned.
-class AlignedBuffer {
- public:
-  ~AlignedBuffer() { std::free(p_); }
-  uint8_t* get() {
-    if (p_ == nullptr && ::posix_memalign((void**)&p_, (size_t)kAlign, (size_t)(kDirectBlock + 2 * kAlign)) != 0)
-      p_ = nullptr;
-    return p_;
-  }
-
- private:
-  uint8_t* p_ = nullptr;
-};
-
-std::string hex32(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%08x", v);
-  return buf;
-}
 
 struct Piece {
   int64_t req;
   int64_t j0, j1;  // chunk range [j0, j1)
   int64_t begin;   // bytes of all pieces before this one (read-ahead bookkeeping)
-};
-
-struct OpenFile {
-  int fd = -1;
-  int err = 0;
-  bool not_regular = false;
-  int64_t size = 0;
-  int dfd = -1;      // the same file opened with O_DIRECT, once a piece wants it
-  int dstate = 0;    // 0: not tried, 1: dfd usable, -1: no direct reads of this file (guarded by dmu_)
-  dev_t dev = 0;
-  ino_t ino = 0;
-  uint8_t* map = nullptr;   // for mincore (piece_cached), where cachestat is missing
-  bool map_failed = false;
 };
 
 // Pages [a, b) of a request's destination that map its file (a == b: the request is copied).
@@ -95,14 +58,6 @@ class Reader {
         mapped_(reqs.size()), err_chunk_(reqs.size()), err_msg_(reqs.size()) {
     for (auto& c : err_chunk_) c = std::numeric_limits<int64_t>::max();
   }
-  ~Reader() {
-    for (auto& kv : files_) {
-      if (kv.second.map != nullptr) ::munmap(kv.second.map, (size_t)kv.second.size);
-      if (kv.second.fd >= 0) ::close(kv.second.fd);
-      if (kv.second.dfd >= 0) ::close(kv.second.dfd);
-    }
-  }
-
   ReadResult run(int threads, int64_t readahead_bytes) {
     std::vector<char> ok(reqs_.size(), 0);
     for (size_t i = 0; i < reqs_.size(); i++) ok[i] = validate(i);
@@ -175,34 +130,9 @@ class Reader {
       return report(i, -1, "invalid request: dst has " + std::to_string(r.dst_len) +
                                " bytes, expected hi - lo = " + std::to_string(r.hi - r.lo)),
              false;
-    auto it = files_.find(r.path);
-    if (it == files_.end()) {
-      OpenFile of;
-      // Only regular files, checked on the opened file (docs/SAFETY.md): a link is not followed, a
-      // FIFO does not block the open, and a device (/dev/zero) is refused before any read.
-      of.fd = ::open(r.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-      if (of.fd < 0) {
-        of.err = errno;
-      } else {
-        struct stat st;
-        const bool stat_ok = ::fstat(of.fd, &st) == 0;
-        if (!stat_ok || !S_ISREG(st.st_mode)) {
-          of.err = stat_ok ? 0 : errno;
-          of.not_regular = stat_ok;
-          ::close(of.fd);
-          of.fd = -1;
-        } else {
-          of.size = (int64_t)st.st_size;
-          of.dev = st.st_dev;
-          of.ino = st.st_ino;
-        }
-      }
-      it = files_.emplace(r.path, of).first;
-    }
-    OpenFile& f = it->second;
+    OpenFile& f = files_.open(r.path);
     file_of_[i] = &f;
-    if (f.fd < 0 && f.not_regular) return report(i, -1, "not a regular file (a link, FIFO or device)"), false;
-    if (f.fd < 0) return report(i, -1, std::string("open error: ") + std::strerror(f.err)), false;
+    if (f.fd < 0) return report(i, -1, f.open_error()), false;
     if (f.size < r.col_offset + r.col_length)
       return report(i, -1, "file too small: " + std::to_string(f.size) +
                                " bytes, the column needs col_offset + col_length = " +
@@ -350,21 +280,6 @@ class Reader {
     return false;
   }
 
-  // Reads n bytes at off; returns bytes read (short on EOF); -errno on error.
-  static int64_t pread_all(int fd, uint8_t* p, int64_t n, int64_t off) {
-    int64_t got = 0;
-    while (got < n) {
-      ssize_t r = ::pread(fd, p + got, (size_t)std::min<int64_t>(n - got, (int64_t)kMaxIo), (off_t)(off + got));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        return -errno;
-      }
-      if (r == 0) break;
-      got += r;
-    }
-    return got;
-  }
-
   // Reads column bytes [a, b) (chunk-aligned: covering chunks jfirst..) into buf, checks crcs.
   bool read_checked(size_t i, int64_t jfirst, int64_t a, int64_t b, uint8_t* buf) {
     const ReadRequest& r = reqs_[i];
@@ -434,106 +349,13 @@ class Reader {
   }
 
   // ----------------------------------------------------------------------------------- direct reads
-  // Whether most of piece p's bytes are in the page cache, asked without touching the device: the
-  // cachestat system call (Linux 6.5) counts the cached pages of the range; older kernels answer with
-  // mincore on a mapping of the file (opened lazily, never read through). Probing with a read would not
-  // do: even preadv2(RWF_NOWAIT) starts the kernel's read-ahead of a page it does not find. Where neither
-  // works, every piece counts as cached (read through the page cache, as before).
+  // Whether most of piece p's bytes are in the page cache (ReadFiles::cached: asked without touching the
+  // device; every piece counts as cached where that cannot be told).
   bool piece_cached(const Piece& p) {
-    if (!probe_ok_.load(std::memory_order_relaxed)) return true;
-    const size_t i = (size_t)p.req;
-    const ReadRequest& r = reqs_[i];
-    const int64_t a = (r.col_offset + p.j0 * r.chunk_bytes) / kAlign * kAlign;
-    const int64_t b = r.col_offset + std::min(p.j1 * r.chunk_bytes, r.col_length);
-    const int64_t pages = (b - a + kAlign - 1) / kAlign;
-    const int64_t have = cached_pages(i, a, b - a);
-    if (have < 0) {
-      probe_ok_.store(false, std::memory_order_relaxed);
-      return true;
-    }
-    return 2 * have >= pages;
+    const ReadRequest& r = reqs_[(size_t)p.req];
+    const int64_t s = p.j0 * r.chunk_bytes, e = std::min(p.j1 * r.chunk_bytes, r.col_length);
+    return files_.cached(*file_of_[(size_t)p.req], r.col_offset + s, e - s);
   }
-
-  // Pages of [off, off + n) of request i's file in the page cache, or -1 when it cannot be told.
-  int64_t cached_pages(size_t i, int64_t off, int64_t n) {
-#ifdef __NR_cachestat
-    static constexpr long kCachestat = __NR_cachestat;
-#elif defined(__x86_64__) || defined(__aarch64__)
-    static constexpr long kCachestat = 451;  // the same number on every architecture since Linux 6.5
-#else
-    static constexpr long kCachestat = -1;
-#endif
-    if (kCachestat > 0 && cachestat_ok_.load(std::memory_order_relaxed)) {
-      struct { uint64_t off, len; } range{(uint64_t)off, (uint64_t)n};
-      struct { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; } cs{};
-      if (fault::check(fault::kCachestat) == 0 && ::syscall(kCachestat, fds_[i], &range, &cs, 0) == 0)
-        return (int64_t)cs.nr_cache;
-      cachestat_ok_.store(false, std::memory_order_relaxed);  // ENOSYS, or a file system without it
-    }
-    const uint8_t* base = probe_map(i);
-    if (base == nullptr) return -1;
-    const int64_t a = off / kAlign * kAlign, pages = (off + n - a + kAlign - 1) / kAlign;
-    std::vector<unsigned char> vec((size_t)pages);
-    if (::mincore((void*)(base + a), (size_t)(off + n - a), vec.data()) != 0) return -1;
-    int64_t have = 0;
-    for (unsigned char v : vec) have += v & 1;
-    return have;
-  }
-
-  // A read-only shared mapping of request i's whole file, for mincore only (never read through: a page
-  // of it is never touched), made once per file; nullptr when it cannot be made.
-  const uint8_t* probe_map(size_t i) {
-    OpenFile& f = *file_of_[i];
-    std::lock_guard<std::mutex> lk(dmu_);
-    if (f.map == nullptr && !f.map_failed) {
-      void* m = f.size > 0 ? ::mmap(nullptr, (size_t)f.size, PROT_READ, MAP_SHARED, f.fd, 0) : MAP_FAILED;
-      if (m == MAP_FAILED) f.map_failed = true;
-      else f.map = (uint8_t*)m;
-    }
-    return f.map;
-  }
-
-  // The O_DIRECT descriptor of request i's file (opened once, checked to be the same file), or -1.
-  int direct_fd(size_t i) {
-    OpenFile& f = *file_of_[i];
-    std::lock_guard<std::mutex> lk(dmu_);
-    if (f.dstate == 0) {
-      f.dstate = -1;
-      const int fd = ::open(reqs_[i].path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_DIRECT);
-      struct stat st;
-      if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == f.dev && st.st_ino == f.ino) {
-        f.dfd = fd;
-        f.dstate = 1;
-      } else if (fd >= 0) {
-        ::close(fd);
-      }
-    }
-    return f.dstate == 1 ? f.dfd : -1;
-  }
-
-  void refuse_direct(size_t i) {
-    std::lock_guard<std::mutex> lk(dmu_);
-    file_of_[i]->dstate = -1;  // the descriptor stays open until the reader ends: other threads may hold it
-  }
-
-  // Reads n bytes (a multiple of kAlign, or fewer at the end of the file) at off into p with O_DIRECT.
-  // Returns the bytes read (short only at the end of the file) or -errno.
-  static int64_t pread_direct(int fd, uint8_t* p, int64_t n, int64_t off) {
-    if (const int injected = fault::check(fault::kDirect)) return -injected;
-    int64_t got = 0;
-    while (got < n) {
-      const ssize_t r = ::pread(fd, p + got, (size_t)std::min<int64_t>(n - got, (int64_t)kMaxIo), (off_t)(off + got));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        return -errno;
-      }
-      got += r;
-      if (r == 0 || r % kAlign != 0) break;  // the end of the file
-    }
-    return got;
-  }
-
-  bool direct_refused(int64_t err) { return err == -EINVAL || err == -EOPNOTSUPP || err == -ENOTSUP; }
 
   // Piece p with O_DIRECT: straight into the destination when its chunks lie inside [lo, hi) at a
   // block-aligned address and file offset, else through `bounce` in blocks, each checked and copied in
@@ -542,7 +364,7 @@ class Reader {
   bool read_direct(const Piece& p, AlignedBuffer& bounce) {
     const size_t i = (size_t)p.req;
     const ReadRequest& r = reqs_[i];
-    const int dfd = direct_fd(i);
+    const int dfd = files_.direct_fd(*file_of_[i], r.path);
     if (dfd < 0) return false;
     const int64_t cb = r.chunk_bytes, L = r.col_length;
     const int64_t s = p.j0 * cb, e = std::min(p.j1 * cb, L);
@@ -552,7 +374,7 @@ class Reader {
       prefault(d, e - s);
       if (body > 0) {
         const int64_t got = pread_direct(dfd, d, body, r.col_offset + s);
-        if (direct_refused(got)) return refuse_direct(i), false;
+        if (direct_refused(got)) return files_.refuse_direct(*file_of_[i]), false;
         if (got != body) return short_or_failed(i, p.j0 + std::max<int64_t>(got, 0) / cb, got, r.col_offset + s), true;
       }
       if (e - s > body && !read_exact(i, p.j0 + body / cb, d + body, e - s - body, r.col_offset + s + body,
@@ -574,7 +396,7 @@ class Reader {
       const int64_t be = std::min(e, bs + kDirectBlock - ((r.col_offset + bs) - fa));
       const int64_t fb = (r.col_offset + be + kAlign - 1) / kAlign * kAlign;
       const int64_t got = pread_direct(dfd, bb, fb - fa, fa);
-      if (direct_refused(got)) return refuse_direct(i), false;
+      if (direct_refused(got)) return files_.refuse_direct(*file_of_[i]), false;
       if (got < (r.col_offset + be) - fa)
         return short_or_failed(i, j, got < 0 ? got : 0, fa), true;
       const uint8_t* src = bb + ((r.col_offset + bs) - fa);  // column byte bs
@@ -643,14 +465,11 @@ class Reader {
   static constexpr int kPopulateWrite = 23;
 #endif
   std::atomic<bool> prefault_ok_{true};  // false once the kernel refused MADV_POPULATE_WRITE (EINVAL)
-  std::atomic<bool> probe_ok_{true};      // false once the page cache could not be asked: no probes
-  std::atomic<bool> cachestat_ok_{true};  // false once cachestat failed: mincore instead
 
   const std::vector<ReadRequest>& reqs_;
   MappedRegion* region_;
   const int direct_;
-  std::map<std::string, OpenFile> files_;
-  std::mutex dmu_;  // OpenFile::dfd / dstate
+  ReadFiles files_;
   std::vector<int> fds_;
   std::vector<OpenFile*> file_of_;
   std::vector<MappedSpan> mapped_;

@@ -18,6 +18,7 @@
 
 #include "crc32c.h"
 #include "mapped_region.h"
+#include "read_files.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -30,26 +31,14 @@ constexpr int64_t kPlaceBytes = 16 << 10;     // destination bytes placed part b
 constexpr int64_t kStreamMin = 1 << 20;       // a destination of at least this is written with streaming stores
 constexpr int64_t kAdviseBytes = 256 << 10;   // read-ahead asks for at least this much of each part at a time
 constexpr int64_t kMaxAlignedBlock = 64 << 20;  // past this, blocks are not cut on every part's chunk edges
-constexpr size_t kMaxIo = size_t(1) << 30;
-
-std::string hex32(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%08x", v);
-  return buf;
-}
+constexpr int64_t kDirectBlockBytes = 8 << 20;  // blocks of a direct (cold) read: >= 256 KiB of each of 32 groups
+constexpr int kDirectThreads = 8;               // direct reads in flight (each thread waits on the device)
 
 // Rows [b0, b1) of request `req` (a work item); `begin`: bytes of the items before it (read-ahead).
 struct Block {
   size_t req;
   int64_t b0, b1;
   int64_t begin;
-};
-
-struct OpenFile {
-  int fd = -1;
-  int err = 0;
-  bool not_regular = false;
-  int64_t size = 0;
 };
 
 // dst row i = bytes of src row i, `n` of them, rows `dst_stride` / `src_stride` apart.
@@ -102,36 +91,27 @@ void stream_fence() {
 #endif
 }
 
-int64_t pread_all(int fd, uint8_t* p, int64_t n, int64_t off) {
-  int64_t got = 0;
-  while (got < n) {
-    ssize_t r = ::pread(fd, p + got, (size_t)std::min<int64_t>(n - got, (int64_t)kMaxIo), (off_t)(off + got));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return -errno;
-    }
-    if (r == 0) break;
-    got += r;
-  }
-  return got;
-}
-
 class StridedReader {
  public:
-  StridedReader(const std::vector<StridedRequest>& reqs, int64_t block_bytes)
-      : reqs_(reqs), block_bytes_(std::max<int64_t>(1, block_bytes)), fds_(reqs.size(), -1), covers_(reqs.size(), 0),
+  StridedReader(const std::vector<StridedRequest>& reqs, int64_t block_bytes, int direct)
+      : reqs_(reqs), block_bytes_(std::max<int64_t>(1, block_bytes)), direct_(direct), fds_(reqs.size(), -1),
+        file_of_(reqs.size(), nullptr), covers_(reqs.size(), 0),
         err_row_(reqs.size(), std::numeric_limits<int64_t>::max()), err_msg_(reqs.size()) {}
-  ~StridedReader() {
-    for (auto& kv : files_)
-      if (kv.second.fd >= 0) ::close(kv.second.fd);
-  }
 
   ReadResult run(int threads, int64_t readahead_bytes) {
+    std::vector<char> ok(reqs_.size(), 0);
+    for (size_t i = 0; i < reqs_.size(); i++) ok[i] = validate(i);
+    // As read_ranges: a cold start (the first rows not in the page cache) reads past the page cache
+    // (O_DIRECT), with no read-ahead hints (they would fill the cache), more threads to keep the device
+    // busy, and larger blocks (the device wants large reads, and a block reads a piece of every group).
+    direct_start_ = direct_ == kDirectAlways || (direct_ == kDirectAuto && first_rows_cold(ok));
+    if (direct_start_) block_bytes_ = std::max(block_bytes_, kDirectBlockBytes);
     for (size_t i = 0; i < reqs_.size(); i++)
-      if (validate(i)) plan(i);
-    readahead_ = std::max<int64_t>(0, readahead_bytes);
+      if (ok[i]) plan(i);
+    readahead_ = direct_start_ ? 0 : std::max<int64_t>(0, readahead_bytes);
     advise_up_to(0);
-    const int64_t nthreads = std::min<int64_t>(std::max(threads, 1), (int64_t)blocks_.size());
+    const int want = direct_start_ ? std::max(threads, kDirectThreads) : threads;
+    const int64_t nthreads = std::min<int64_t>(std::max(want, 1), (int64_t)blocks_.size());
     if (nthreads <= 1) {
       work();
     } else {
@@ -196,30 +176,9 @@ class StridedReader {
       if ((int64_t)p.crcs.size() != nc)
         return invalid(i, w + "crcs has " + std::to_string(p.crcs.size()) + " entries, expected " + std::to_string(nc));
     }
-    auto it = files_.find(r.path);
-    if (it == files_.end()) {
-      OpenFile of;
-      // As read_ranges: only regular files, checked on the opened file (docs/SAFETY.md).
-      of.fd = ::open(r.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-      if (of.fd < 0) {
-        of.err = errno;
-      } else {
-        struct stat st;
-        const bool stat_ok = ::fstat(of.fd, &st) == 0;
-        if (!stat_ok || !S_ISREG(st.st_mode)) {
-          of.err = stat_ok ? 0 : errno;
-          of.not_regular = stat_ok;
-          ::close(of.fd);
-          of.fd = -1;
-        } else {
-          of.size = (int64_t)st.st_size;
-        }
-      }
-      it = files_.emplace(r.path, of).first;
-    }
-    const OpenFile& f = it->second;
-    if (f.fd < 0 && f.not_regular) return report(i, -1, "not a regular file (a link, FIFO or device)"), false;
-    if (f.fd < 0) return report(i, -1, std::string("open error: ") + std::strerror(f.err)), false;
+    OpenFile& f = files_.open(r.path);   // as read_ranges: regular files only (docs/SAFETY.md)
+    file_of_[i] = &f;
+    if (f.fd < 0) return report(i, -1, f.open_error()), false;
     for (size_t k = 0; k < r.parts.size(); k++) {
       const StridedPart& p = r.parts[k];
       if (f.size < p.col_offset + p.col_length)
@@ -329,32 +288,81 @@ class StridedReader {
     return true;
   }
 
+  // Whether the first rows to read are not in the page cache (a cold load: see run()).
+  bool first_rows_cold(const std::vector<char>& ok) {
+    for (size_t i = 0; i < reqs_.size(); i++) {
+      const StridedRequest& r = reqs_[i];
+      if (!ok[i] || r.r0 == r.r1) continue;
+      const StridedPart& p = r.parts[0];
+      const auto span = chunk_span(p, r.r0, std::min(r.r1, r.r0 + std::max<int64_t>(1, (256 << 10) / p.width)));
+      return !files_.cached(*file_of_[i], p.col_offset + span.first, span.second - span.first);
+    }
+    return false;
+  }
+
+  // Reads part k's chunks of block b (column bytes `span`) into `region` (kAlign-aligned, room for the whole
+  // kAlign blocks around them), with O_DIRECT when `dfd` >= 0, else through the page cache; the column's first
+  // byte of the span is then at the returned pointer; nullptr when it failed (reported). A file system that
+  // refuses direct reads sets dfd to -1 (and is read through the cache from then on).
+  const uint8_t* read_part(const Block& b, size_t k, std::pair<int64_t, int64_t> span, uint8_t* region, int& dfd) {
+    const StridedRequest& r = reqs_[b.req];
+    const StridedPart& p = r.parts[k];
+    const int64_t lo = p.col_offset + span.first, hi = p.col_offset + span.second;
+    const int64_t fa = lo / kAlign * kAlign;
+    if (dfd >= 0) {
+      const int64_t fb = (hi + kAlign - 1) / kAlign * kAlign;
+      const int64_t got = pread_direct(dfd, region, fb - fa, fa);
+      if (direct_refused(got)) {
+        files_.refuse_direct(*file_of_[b.req]);
+        dfd = -1;
+      } else if (got < hi - fa) {
+        report(b.req, b.b0, part_name(k) + ": " + (got < 0 ? std::string("read error: ") + std::strerror((int)-got)
+                                                          : "short read (file truncated?)") +
+                                " at file offset " + std::to_string(fa) + " (direct read)");
+        return nullptr;
+      } else {
+        bytes_read_.fetch_add(hi - lo, std::memory_order_relaxed);
+        return region + (lo - fa);
+      }
+    }
+    uint8_t* buf = region + (lo - fa);   // the same place as a direct read would have put it
+    const int64_t got = pread_all(fds_[b.req], buf, hi - lo, lo);
+    if (got > 0) bytes_read_.fetch_add(got, std::memory_order_relaxed);
+    if (got != hi - lo) {
+      report(b.req, b.b0, part_name(k) + ": " + (got < 0 ? std::string("read error: ") + std::strerror((int)-got)
+                                                        : "short read (file truncated?)") +
+                              " at file offset " + std::to_string(lo));
+      return nullptr;
+    }
+    return buf;
+  }
+
   // Reads and checks every part's chunks of the block into scratch; then places its rows.
-  void do_block(const Block& b, std::vector<uint8_t>& scratch, std::vector<int64_t>& at, std::vector<uint8_t>& tmp) {
+  void do_block(const Block& b, AlignedBuffer& scratch, std::vector<const uint8_t*>& data, std::vector<uint8_t>& tmp) {
     const StridedRequest& r = reqs_[b.req];
     const size_t np = r.parts.size();
-    int64_t total = 0;
-    at.assign(np + 1, 0);
-    for (size_t k = 0; k < np; k++) {
+    std::vector<int64_t> at(np + 1, 0);
+    for (size_t k = 0; k < np; k++) {   // each part's region: the whole kAlign blocks around its chunks
       const auto span = chunk_span(r.parts[k], b.b0, b.b1);
-      at[k] = total;
-      total += span.second - span.first;
+      const int64_t lo = r.parts[k].col_offset + span.first, hi = r.parts[k].col_offset + span.second;
+      at[k + 1] = at[k] + (hi + kAlign - 1) / kAlign * kAlign - lo / kAlign * kAlign;
     }
-    if ((int64_t)scratch.size() < total) scratch.resize((size_t)total);
+    uint8_t* region = scratch.get(std::max<int64_t>(at[np], kAlign));
+    if (region == nullptr) return report(b.req, b.b0, "out of memory for the scratch of a block of rows");
+    int dfd = -1;
+    if (direct_ != kDirectNever) {
+      const StridedPart& p = r.parts[0];
+      const auto span = chunk_span(p, b.b0, b.b1);
+      if (direct_ == kDirectAlways || !files_.cached(*file_of_[b.req], p.col_offset + span.first, span.second - span.first))
+        dfd = files_.direct_fd(*file_of_[b.req], r.path);
+    }
+    data.assign(np, nullptr);
     for (size_t k = 0; k < np; k++) {
       const StridedPart& p = r.parts[k];
       if (b.b0 == 0 && p.pad_before > 0 && !check_padding(b.req, k, b.b0)) return;
       const auto span = chunk_span(p, b.b0, b.b1);
-      uint8_t* buf = scratch.data() + at[k];
-      const int64_t want = span.second - span.first, off = p.col_offset + span.first;
-      const int64_t got = pread_all(fds_[b.req], buf, want, off);
-      if (got > 0) bytes_read_.fetch_add(got, std::memory_order_relaxed);
-      if (got != want) {
-        report(b.req, b.b0, part_name(k) + ": " + (got < 0 ? std::string("read error: ") + std::strerror((int)-got)
-                                                          : "short read (file truncated?)") +
-                                " at file offset " + std::to_string(off));
-        return;
-      }
+      const uint8_t* buf = read_part(b, k, span, region + at[k], dfd);
+      if (buf == nullptr) return;
       int64_t j = span.first / p.chunk_bytes;
       for (int64_t s = span.first; s < span.second; s += p.chunk_bytes, j++) {
         const int64_t e = std::min(s + p.chunk_bytes, span.second);
@@ -367,6 +375,7 @@ class StridedReader {
           return;
         }
       }
+      data[k] = buf - span.first;   // column byte 0, as if the whole column were there
     }
     uint8_t* dst = r.dst + (b.b0 - r.r0) * r.dst_stride;
     prefault(dst, (b.b1 - b.b0) * r.dst_stride);
@@ -382,8 +391,7 @@ class StridedReader {
       uint8_t* d = whole ? tmp.data() : out;
       for (size_t k = 0; k < np; k++) {
         const StridedPart& p = r.parts[k];
-        const uint8_t* src = scratch.data() + at[k] + (s0 * p.width - chunk_span(p, b.b0, b.b1).first) + p.src;
-        place(d + p.dst, r.dst_stride, src, p.width, p.nbytes, rows);
+        place(d + p.dst, r.dst_stride, data[k] + s0 * p.width + p.src, p.width, p.nbytes, rows);
       }
       if (whole) stream_copy(out, d, rows * r.dst_stride);
     }
@@ -407,14 +415,15 @@ class StridedReader {
   }
 
   void work() {
-    std::vector<uint8_t> scratch, tmp;
-    std::vector<int64_t> at;
+    AlignedBuffer scratch;
+    std::vector<uint8_t> tmp;
+    std::vector<const uint8_t*> data;
     for (;;) {
       const size_t k = next_.fetch_add(1, std::memory_order_relaxed);
       if (k >= blocks_.size()) return;
       advise_up_to(k);
       try {
-        do_block(blocks_[k], scratch, at, tmp);
+        do_block(blocks_[k], scratch, data, tmp);
       } catch (const std::bad_alloc&) {
         report(blocks_[k].req, blocks_[k].b0, "out of memory for the scratch of a block of rows");
       }
@@ -422,9 +431,12 @@ class StridedReader {
   }
 
   const std::vector<StridedRequest>& reqs_;
-  const int64_t block_bytes_;  // column bytes (all parts) a worker reads, checks and places at once
-  std::map<std::string, OpenFile> files_;
+  int64_t block_bytes_;  // column bytes (all parts) a worker reads, checks and places at once
+  const int direct_;     // kDirectNever / kDirectAuto / kDirectAlways (reader.h)
+  bool direct_start_ = false;
+  ReadFiles files_;
   std::vector<int> fds_;
+  std::vector<OpenFile*> file_of_;
   std::vector<char> covers_;   // per request: its parts write every byte of a destination row
   std::vector<Block> blocks_;
   int64_t planned_bytes_ = 0;
@@ -442,8 +454,8 @@ class StridedReader {
 }  // namespace
 
 ReadResult read_strided(const std::vector<StridedRequest>& requests, int threads, int64_t readahead_bytes,
-                        int64_t block_bytes) {
-  StridedReader r(requests, block_bytes);
+                        int64_t block_bytes, int direct) {
+  StridedReader r(requests, block_bytes, direct);
   return r.run(threads, readahead_bytes);
 }
 

@@ -32,9 +32,12 @@ struct StridedRequest {
 // are read, their CRCs checked, and only then are the block's rows placed in the destination, a few rows at
 // a time across the parts, so a row-major destination is written while in cache. Bytes of a destination
 // are written only from verified chunks. Never throws for data errors; errors name the part (column) and
-// the file offset. `readahead_bytes` as read_ranges.
+// the file offset. `readahead_bytes` and `direct` as read_ranges: on a cold start (the first rows not in the
+// page cache, or kDirectAlways) blocks are read with O_DIRECT (the whole kAlign blocks around each part's
+// chunks, into an aligned scratch), in blocks of at least 8 MiB, by at least 8 threads, with no hints.
 constexpr int64_t kStridedBlockBytes = int64_t(1) << 20;
 ReadResult read_strided(const std::vector<StridedRequest>& requests, int threads,
-                        int64_t readahead_bytes = kDefaultReadaheadBytes, int64_t block_bytes = kStridedBlockBytes);
+                        int64_t readahead_bytes = kDefaultReadaheadBytes, int64_t block_bytes = kStridedBlockBytes,
+                        int direct = kDirectAuto);
 
 }  // namespace recckpt

@@ -515,7 +515,7 @@ class SegmentReader:
         if local is not None:
             self._engine_done(table, reqs, *_C.read_strided(
                 [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)], self.threads,
-                readahead_bytes=self.options.readahead_bytes))
+                readahead_bytes=self.options.readahead_bytes, direct=self.options.engine_direct))
             return
         cols = [r.column_reads() for r in reqs]
         raws = iter(self._read_plain(table, [c for cs in cols for c in cs], None, None))

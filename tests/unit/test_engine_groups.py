@@ -218,3 +218,131 @@ def test_a_failed_write_of_groups_is_raised_naming_the_file(tmp_path):
         assert e.value.errno == errno.EIO
     finally:
         _C._inject_fault("write", 0)
+
+
+# ------------------------------------------------------------------ read_strided with direct (O_DIRECT) reads
+NEVER, AUTO, ALWAYS = _C.DIRECT_NEVER, _C.DIRECT_AUTO, _C.DIRECT_ALWAYS
+
+
+def _drop_cache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _strided(path, r, n, rb, gb, direct, r0=0, r1=None, take=None, threads=3):
+    """read_strided of rows [r0, r1) (columns `take`) with `direct`: (dst, bytes read, errors, direct reads)."""
+    r1 = n if r1 is None else r1
+    a, b = take or (0, rb)
+    dst = np.full((r1 - r0, b - a), 7, np.uint8)
+    _C._inject_fault("direct", 0)   # resets the count of direct reads
+    nread, errors = _C.read_strided([(path, r0, r1, dst.reshape(-1), b - a, _parts(r, groups_of(rb, gb), take))],
+                                    threads, direct=direct)
+    return dst, nread, errors, _C._fault_seen("direct")
+
+
+@pytest.fixture(scope="module")
+def grouped_file(tmp_path_factory):
+    """60 000 rows of 96 bytes in groups of 16, one row run; chunks of 64 KiB (group columns start unaligned)."""
+    n, rb, gb = 60_000, 96, 16
+    emb = rows(n, rb, 5)
+    path = str(tmp_path_factory.mktemp("strided") / "f.bin")
+    (r,) = write(path, [(np.arange(n, dtype=np.int64), [emb])], num_rows=n, runs=True, group_bytes=[gb],
+                 chunk_bytes=64 << 10)
+    return path, r, emb, n, rb, gb
+
+
+@pytest.mark.parametrize("r0,r1,take", [(0, None, None), (3, 59_999, (20, 61)), (12_345, 12_346, (0, 16)),
+                                        (100, 40_000, (32, 96))])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_read_strided_direct_reads_return_what_the_page_cache_returns(grouped_file, r0, r1, take, threads):
+    """Past the page cache (whole 4 KiB blocks around each group's chunks, into an aligned scratch) the rows,
+    the bytes counted and the (absent) errors are those of a read through the cache."""
+    path, r, emb, n, rb, gb = grouped_file
+    ref, n_ref, e_ref, seen_ref = _strided(path, r, n, rb, gb, NEVER, r0, r1, take, threads)
+    got, n_got, e_got, seen = _strided(path, r, n, rb, gb, ALWAYS, r0, r1, take, threads)
+    a, b = take or (0, rb)
+    assert e_ref == e_got == []
+    np.testing.assert_array_equal(ref, emb[r0:(n if r1 is None else r1), a:b])
+    np.testing.assert_array_equal(got, ref)
+    assert n_got == n_ref
+    assert seen_ref == 0 and seen >= 1   # the direct path ran, not a silent fallback
+
+
+def test_read_strided_refused_direct_reads_go_through_the_page_cache(grouped_file):
+    path, r, emb, n, rb, gb = grouped_file
+    _C._inject_fault("direct", 1, errno.EINVAL)   # a file system whose O_DIRECT wants another alignment
+    try:
+        dst = np.zeros((n, rb), np.uint8)
+        nread, errors = _C.read_strided([(path, 0, n, dst.reshape(-1), rb, _parts(r, groups_of(rb, gb)))], 2,
+                                        direct=ALWAYS)
+    finally:
+        _C._inject_fault("direct", 0)
+    assert errors == [] and nread >= n * rb
+    np.testing.assert_array_equal(dst, emb)
+
+
+def test_read_strided_direct_read_errors_name_the_part_and_leave_the_block_alone(grouped_file):
+    path, r, emb, n, rb, gb = grouped_file
+    _C._inject_fault("direct", 2, errno.EIO)
+    dst = np.full((n, rb), 7, np.uint8)
+    try:
+        _, errors = _C.read_strided([(path, 0, n, dst.reshape(-1), rb, _parts(r, groups_of(rb, gb)))], 1,
+                                    direct=ALWAYS)
+    finally:
+        _C._inject_fault("direct", 0)
+    assert len(errors) == 1 and errors[0][0] == 0
+    msg = errors[0][1]
+    assert "part 1" in msg and "read error" in msg and "Input/output error" in msg and "direct read" in msg
+    assert (dst[:1000] == 7).all(), "rows of the failing block were placed"
+
+
+def test_read_strided_a_corrupt_chunk_fails_direct_reads_as_it_fails_cached_ones(grouped_file, tmp_path):
+    path, r, emb, n, rb, gb = grouped_file
+    bad = str(tmp_path / "bad.bin")
+    data = bytearray(open(path, "rb").read())
+    col = r["columns"][3]   # group 2
+    data[col["offset"] + 70_000] ^= 0x04
+    open(bad, "wb").write(bytes(data))
+    want = f"part 2: CRC mismatch in chunk {70_000 // col['step']} "
+    msgs = []
+    for direct in (NEVER, ALWAYS):
+        _, _, errors, _ = _strided(bad, r, n, rb, gb, direct, threads=1)
+        assert len(errors) == 1 and want in errors[0][1], errors
+        msgs.append(errors[0][1])
+    assert msgs[0] == msgs[1]   # the same words, chunk and offset, whichever way the bytes came
+
+
+@pytest.mark.parametrize("no_cachestat", [False, True])
+def test_read_strided_auto_reads_directly_only_when_cold(grouped_file, tmp_path, no_cachestat):
+    """direct=auto: a file not in the page cache is read past it, a cached one through it (asked with cachestat,
+    or mincore where the kernel has none)."""
+    path, r, emb, n, rb, gb = grouped_file
+    copy = str(tmp_path / "copy.bin")
+    open(copy, "wb").write(open(path, "rb").read())
+
+    def auto_read():
+        if no_cachestat:
+            _C._inject_fault("cachestat", 1, errno.ENOSYS)
+        try:
+            dst, _, errors, seen = _strided(copy, r, n, rb, gb, AUTO)
+        finally:
+            _C._inject_fault("cachestat", 0)
+        assert errors == []
+        np.testing.assert_array_equal(dst, emb)
+        return seen
+
+    _drop_cache(copy)
+    assert auto_read() >= 1
+    with open(copy, "rb") as f:   # every page cached
+        while f.read(8 << 20):
+            pass
+    assert auto_read() == 0
+
+
+def test_read_strided_direct_is_checked():
+    with pytest.raises(ValueError, match="direct"):
+        _C.read_strided([], 1, direct=7)

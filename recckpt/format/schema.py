@@ -818,8 +818,72 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
         if tables:
             v.fail("tables", "a version 4 index is validated against its manifest (its slot specs)")
         return doc
-    # Phase 1, vectorised per table: fields, ranges, where every segment ends, row counts.
-    phase1 = []   # (name, slots, table segs, removed segs or None)
+    # Phase 1: fields, ranges, where every segment ends, row counts; every table at once, or (when
+    # anything is wrong) table by table, which finds and words the first problem.
+    phase1 = _phase1_all_tables(tables, doc, manifest, worker)
+    if phase1 is None:
+        phase1 = _phase1_by_table(v, tables, doc, manifest, worker)
+    if not worker:
+        for name in manifest.tables:
+            if name not in tables:
+                v.fail("tables", f"table {name!r} of the manifest has no index entry")
+        _check_shard_bytes(v, doc, manifest)
+    _tiling_v4(v, doc, [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None])
+    # Phase 2: the CRCs, and the records the readers use.
+    from . import index_batch   # (it builds on this module's records)
+    parts = [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None]
+    built = iter(index_batch.phase2(parts, doc) or [_segments_from(v, doc, p) for p in parts])
+    for name, slots, segs, removed, blocked in phase1:
+        doc.tables[name] = (slots, next(built))
+        if removed is not None:
+            doc.removed[name] = next(built)
+        if blocked:
+            doc.blocked.add(name)
+    return doc
+
+
+def _phase1_all_tables(tables: dict, doc: IndexDoc, manifest: Manifest, worker: bool) -> list | None:
+    """`_phase1_by_table`'s result with every table's segments checked at once (index_batch), or None
+    when anything would fail (the caller then runs `_phase1_by_table` for the exact finding)."""
+    from . import index_batch   # (it builds on this module's records)
+    items, tabs = [], []
+    for name, t in tables.items():
+        info = manifest.tables.get(name)
+        if type(t) is not dict or info is None or "segments" not in t or t.get("slots") != list(info.slots):
+            return None
+        where = f"tables[{name!r}]"
+        cb = info.column_blocks
+        nblocks = len(cb.blocks) if cb is not None else 1
+        row_bytes = [[8] + info.slot_row_bytes(list(info.slots), j) for j in range(nblocks)]
+        items.append(index_batch.SegsInput(f"{where}.segments", t["segments"], row_bytes, True, cb is not None,
+                                           nblocks))
+        if "removed" in t:
+            if not info.changes:
+                return None
+            items.append(index_batch.SegsInput(f"{where}.removed", t["removed"], [[8]], False, False, 1))
+        tabs.append((name, info, "removed" in t, nblocks))
+    parts = index_batch.phase1(items, doc)
+    if parts is None:
+        return None
+    out, k = [], 0
+    for name, info, has_removed, nblocks in tabs:
+        segs = parts[k]
+        removed = parts[k + 1] if has_removed else None
+        k += 2 if has_removed else 1
+        if not worker:
+            per_block = (np.bincount(segs.block, weights=segs.a["rows"], minlength=nblocks) if nblocks > 1
+                         else [int(segs.a["rows"].sum())])
+            gone = int(removed.a["rows"].sum()) if removed is not None else 0
+            if any(r != info.rows for r in per_block) or gone != info.removed:
+                return None
+        out.append((name, list(info.slots), segs, removed, info.column_blocks is not None))
+    return out
+
+
+def _phase1_by_table(v: _V, tables: dict, doc: IndexDoc, manifest: Manifest, worker: bool) -> list:
+    """Phase 1 of `_index_v4`, vectorised per table: [(name, slots, table segs, removed segs or None,
+    column-split)]; raises at the first problem."""
+    phase1 = []
     for name, t in tables.items():
         where = f"tables[{name!r}]"
         slots = [v.str(x, f"{where}.slots") for x in v.list(v.get(t, "slots", where), f"{where}.slots")]
@@ -847,17 +911,4 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
             if gone != info.removed:
                 v.fail(f"{where}.removed", f"segments hold {gone} removed ids, the manifest says {info.removed}")
         phase1.append((name, slots, segs, removed, cb is not None))
-    if not worker:
-        for name in manifest.tables:
-            if name not in tables:
-                v.fail("tables", f"table {name!r} of the manifest has no index entry")
-        _check_shard_bytes(v, doc, manifest)
-    _tiling_v4(v, doc, [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None])
-    # Phase 2: the CRCs, and the records the readers use.
-    for name, slots, segs, removed, blocked in phase1:
-        doc.tables[name] = (slots, _segments_from(v, doc, segs))
-        if removed is not None:
-            doc.removed[name] = _segments_from(v, doc, removed)
-        if blocked:
-            doc.blocked.add(name)
-    return doc
+    return phase1

@@ -41,9 +41,30 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
         raise CorruptCheckpointError(f"{where}: more than {names.MAX_MANIFEST_BYTES} bytes exceeds the manifest "
                                      f"size cap", where)
     check_inside(storage, path, ckpt_dir, where)
-    with gcpause.paused():   # a thousand tables' entries
-        m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
-    m.content_sha256 = hashlib.sha256(data).hexdigest()  # what an increment on it names as its parent
+    sha = hashlib.sha256(data).hexdigest()   # what an increment on it names as its parent
+    m = _recent.get(sha)
+    if m is None:
+        with gcpause.paused():   # a thousand tables' entries
+            m = parse_manifest(data, where, sha)
+    return m
+
+
+#: Manifests parsed lately, by the SHA-256 of their bytes: the same bytes always parse to the same
+#: manifest (only error messages name the file), and a load reads the newest one twice (the listing
+#: checks it against the catalog, then the reader opens it), which for a thousand tables cost as much as
+#: the rest of the metadata. Readers never change a manifest they are given.
+_recent: dict[str, Manifest] = {}
+_RECENT_MAX = 4
+
+
+def parse_manifest(data: bytes, where: str, sha256: str | None = None) -> Manifest:
+    """The manifest in `data` (a manifest.json's bytes), validated; remembered for the next read of the
+    same bytes."""
+    m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
+    m.content_sha256 = sha256 or hashlib.sha256(data).hexdigest()
+    while len(_recent) >= _RECENT_MAX:
+        _recent.pop(next(iter(_recent)), None)
+    _recent[m.content_sha256] = m
     return m
 
 

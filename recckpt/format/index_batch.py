@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import layout
-from .schema import _HEX, _I63, _SEG_KEYS, _U32, Column, IndexDoc, Segment, _SegArrays
+from .schema import _HEX, _SEG_KEYS, _U32, Column, IndexDoc, Segment, _SegArrays
 
 _LIMIT = 1 << 62
 #: The keys a table's SEGS holds: (with packed, with block) -> keys.

@@ -830,7 +830,7 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
         _check_shard_bytes(v, doc, manifest)
     _tiling_v4(v, doc, [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None])
     # Phase 2: the CRCs, and the records the readers use.
-    from . import index_batch   # (it builds on this module's records)
+    from . import index_batch  # (it builds on this module's records)
     parts = [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None]
     built = iter(index_batch.phase2(parts, doc) or [_segments_from(v, doc, p) for p in parts])
     for name, slots, segs, removed, blocked in phase1:
@@ -845,7 +845,7 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
 def _phase1_all_tables(tables: dict, doc: IndexDoc, manifest: Manifest, worker: bool) -> list | None:
     """`_phase1_by_table`'s result with every table's segments checked at once (index_batch), or None
     when anything would fail (the caller then runs `_phase1_by_table` for the exact finding)."""
-    from . import index_batch   # (it builds on this module's records)
+    from . import index_batch  # (it builds on this module's records)
     items, tabs = [], []
     for name, t in tables.items():
         info = manifest.tables.get(name)

@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from recckpt import HashTable, SaveOptions, Saver, SparseAdam, _C
+from recckpt import _C, HashTable, SaveOptions, Saver, SparseAdam
 from recckpt.errors import CorruptCheckpointError
 from recckpt.format import checked_json, index_batch, names
 from recckpt.format.checkpoint import CheckpointReader, parse_index_bytes
-from recckpt.format.schema import IndexDoc, _phase1_by_table, _segments_from, _V, index_from_json
+from recckpt.format.schema import _V, IndexDoc, _phase1_by_table, _segments_from, index_from_json
 from recckpt.storage import open_storage
 
 

@@ -423,7 +423,7 @@ class SegmentReader:
         try:
             segs = [(t, seg) for t, _, _ in jobs for seg in self.index.tables[t][1]]
             need = [(t, seg) for t, seg in segs if (t, seg.file, seg.buckets.offset) not in self._offsets
-                    and self._dir_use(seg, bucket_lo, hi_b) == "read"]
+                    and self.dir_use(seg, bucket_lo, hi_b) == "read"]
             reqs = [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
                                 max(seg.buckets.length, 1)) for _, seg in need]
             for (t, seg), raw in zip(need, self.read(jobs[0][0], reqs) if reqs else []):
@@ -437,7 +437,7 @@ class SegmentReader:
                 all_slots = self.index.tables[t][0]
                 col_of = [1 + all_slots.index(s) for s in slots]
                 for seg, r0, r1 in self.iter_row_ranges(t, self.index.tables[t][1], bucket_lo, hi_b):
-                    reqs += self._row_requests(seg, r0, r1, slots, col_of, row_bytes)
+                    reqs += self.row_requests(seg, r0, r1, slots, col_of, row_bytes)
             datas = self.read(jobs[0][0], reqs) if reqs else []
         except (CorruptCheckpointError, OSError, KeyError, ValueError):
             self._prefetched.clear()
@@ -497,7 +497,7 @@ class SegmentReader:
         inside it, and reads the directories of the others (docs/FORMAT.md, what a loading rank reads)."""
         todo, whole = [], {}
         for seg in segs:
-            how = self._dir_use(seg, bucket_lo, bucket_hi)
+            how = self.dir_use(seg, bucket_lo, bucket_hi)
             if how == "whole":
                 whole[id(seg)] = True
             elif how == "read":
@@ -515,7 +515,7 @@ class SegmentReader:
             if r1 > r0:
                 yield seg, r0, r1
 
-    def _dir_use(self, seg: Segment, bucket_lo: int, bucket_hi: int) -> str:
+    def dir_use(self, seg: Segment, bucket_lo: int, bucket_hi: int) -> str:
         """What a read of buckets [lo, hi) does with the segment's directory: "read" it (a full read checks
         every directory), "skip" the segment (no rows in the range) or take it "whole" (version 4: its
         recorded buckets lie inside the range)."""
@@ -543,8 +543,8 @@ class SegmentReader:
             out.append(d)
         return out
 
-    def _row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
-                      row_bytes: list[int]) -> list[ReadRequest]:
+    def row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
+                     row_bytes: list[int]) -> list[ReadRequest]:
         """`read` requests for rows [r0, r1) of a segment: its ids, then each slot in `slots` (column
         `col_of[k]`, `row_bytes[k]` bytes a row), slot columns with their alignment padding."""
         ver = self.index.format_version
@@ -589,7 +589,7 @@ class SegmentReader:
         limit = self.options.batch_bytes if batch_bytes is None else batch_bytes
         batch = ReadBatch(table, row_bytes)
         for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
-            batch.add(r1 - r0, self._row_requests(seg, r0, r1, slots, col_of, row_bytes))
+            batch.add(r1 - r0, self.row_requests(seg, r0, r1, slots, col_of, row_bytes))
             if batch.nbytes >= limit:
                 yield batch
                 batch = ReadBatch(table, row_bytes)
@@ -644,7 +644,7 @@ class SegmentReader:
         reqs, dsts, pos = [], [], 0
         for seg, r0, r1 in parts:
             n = r1 - r0
-            reqs += self._row_requests(seg, r0, r1, slots, col_of, row_bytes)
+            reqs += self.row_requests(seg, r0, r1, slots, col_of, row_bytes)
             dsts.append(ids_bytes[8 * pos:8 * (pos + n)])
             dsts += [whole[st + rb * pos:st + rb * (pos + n)] for rb, st in zip(row_bytes, starts)]
             pos += n

@@ -19,12 +19,14 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .. import _C
 from ..errors import DuplicateIdsError, InvalidArgumentError
 from ..format import dtypes
 from ..format.schema import SlotInfo
+from ..format.segment_groups import TableRows
 from ..format.sparse_io import SegmentReader
 from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState
 from ..state.staging import HostToDevice, needs_staging
@@ -124,3 +126,18 @@ def load_table_rows(segments: SegmentReader, name: str, target: str, table: Spar
     finally:
         upload.finish()
     return rows
+
+
+def put_rows(table: SparseState, got: TableRows, names: Sequence[str], target: str, where: str, name: str) -> int:
+    """Append the rows of checkpoint table `name` that `segment_groups.read_rows` read for slots `names`
+    (a group of small tables read in one pass) to `table` (model name `target`), which
+    `direct_load_possible` accepted and which lends host memory; returns the rows loaded. One
+    `append_views`, a copy per column (from the group's buffer), `commit_append`."""
+    ids_t, cols_t = table.append_views(got.rows, names)
+    for t, src in zip([ids_t] + [cols_t[s] for s in names], got.columns):
+        np.copyto(_bytes_of(t, f"table {target!r}"), src)
+    try:
+        table.commit_append()
+    except ValueError as e:
+        raise duplicate_ids_error(where, name, e) from e
+    return got.rows

@@ -171,10 +171,12 @@ class RowStore:
         with torch.inference_mode(False):
             for k, t in self.columns.items():
                 nt = torch.empty((cap, *t.shape[1:]), dtype=t.dtype, device=t.device)
-                nt[:n].copy_(t[:n])
+                if n:   # (an emptied table being loaded: nothing to copy, a call per slot saved)
+                    nt[:n].copy_(t[:n])
                 new_columns[k] = nt
             new_ids = torch.empty(cap, dtype=torch.int64)
-            new_ids[:n].copy_(self.ids[:n])
+            if n:
+                new_ids[:n].copy_(self.ids[:n])
             self.change_log.resize(cap, n)
         self.map.reserve(cap)
         self.columns, self.ids, self.capacity = new_columns, new_ids, cap

@@ -235,7 +235,7 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         data = checked_json.dumps(m.to_json(), check=False)   # parsed back, with every rule, below
         # The writer refuses what every reader would: a manifest that fails the reader's validation (e.g.
         # a table or slot name with a NUL) would commit a checkpoint that listings skip and loads refuse.
-        try:   # (and kept for a load of it in this process: catalog.read_manifest)
+        try:
             sha256 = catalog.parse_manifest(data, names.MANIFEST).content_sha256
         except CorruptCheckpointError as e:
             raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest "

@@ -351,6 +351,8 @@ class _V:
 
 
 def manifest_from_json(obj: dict, path: str) -> Manifest:
+    """A manifest, validated (tables in the common form through manifest_batch: the same rules, checked
+    once per distinct slot layout)."""
     v = _V(path)
     if v.get(obj, "format", "") != FORMAT_NAME:
         v.fail("format", f"expected {FORMAT_NAME!r}; this is not a recckpt checkpoint")
@@ -362,36 +364,11 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
     for key, want in (("hash", HASH_NAME), ("checksum", "crc32c")):
         if v.get(obj, key, "") != want:
             v.fail(key, f"expected {want!r}")
-    tables = {}
+    from . import manifest_batch  # (it builds on this module's records)
+    tables, layouts = {}, manifest_batch.SlotLayouts()
     for name, t in v.dict(v.get(obj, "tables", ""), "tables").items():
-        where = f"tables[{name!r}]"
-        slots = {}
-        for i, pair in enumerate(v.list(v.get(t, "slots", where), f"{where}.slots")):
-            if not (isinstance(pair, list) and len(pair) == 2):
-                v.fail(f"{where}.slots[{i}]", "expected [name, spec]")
-            sname, spec = v.str(pair[0], f"{where}.slots[{i}]"), v.dict(pair[1], f"{where}.slots[{i}]")
-            dt = v.get(spec, "dtype", f"{where}.{sname}")
-            if dt not in dtypes.names():
-                v.fail(f"{where}.{sname}.dtype", f"unknown dtype {dt!r:.40}")
-            shape = tuple(v.int(d, f"{where}.{sname}.shape", 0, 1 << 31)
-                          for d in v.list(v.get(spec, "shape", f"{where}.{sname}"), f"{where}.{sname}.shape"))
-            if len(shape) > 8:
-                v.fail(f"{where}.{sname}.shape", "more than 8 dimensions")
-            cat = v.get(spec, "category", f"{where}.{sname}")
-            if cat not in CATEGORIES:
-                v.fail(f"{where}.{sname}.category", f"expected one of {CATEGORIES}")
-            if sname in slots:
-                v.fail(f"{where}.slots", f"slot {sname!r} listed twice")
-            slots[sname] = SlotInfo(dt, shape, cat)
-        changes = t.get("changes", False)
-        if changes is not False and changes is not True:
-            v.fail(f"{where}.changes", "expected true or false")
-        removed = v.int(t.get("removed", 0), f"{where}.removed")
-        if removed and not changes:
-            v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
-        bucket_fn, num_rows, blocks, input_size = _table_v4_fields(v, t, where, ver, slots)
-        tables[v.str(name, "tables")] = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"),
-                                                  changes, removed, bucket_fn, num_rows, blocks, input_size)
+        info = manifest_batch.table_info(name, t, ver, layouts)   # the common form, or None: the rules
+        tables[name] = info if info is not None else _table_from_json(v, name, t, ver)
     files = {}
     for rel, f in v.dict(v.get(obj, "files", ""), "files").items():
         v.relpath(rel, "files")
@@ -449,6 +426,40 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
     return m
 
 
+def _table_from_json(v: _V, name, t, ver: int) -> TableInfo:
+    """One table of a manifest, field by field."""
+    where = f"tables[{name!r}]"
+    slots = {}
+    for i, pair in enumerate(v.list(v.get(t, "slots", where), f"{where}.slots")):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            v.fail(f"{where}.slots[{i}]", "expected [name, spec]")
+        sname, spec = v.str(pair[0], f"{where}.slots[{i}]"), v.dict(pair[1], f"{where}.slots[{i}]")
+        dt = v.get(spec, "dtype", f"{where}.{sname}")
+        if dt not in dtypes.names():
+            v.fail(f"{where}.{sname}.dtype", f"unknown dtype {dt!r:.40}")
+        shape = tuple(v.int(d, f"{where}.{sname}.shape", 0, 1 << 31)
+                      for d in v.list(v.get(spec, "shape", f"{where}.{sname}"), f"{where}.{sname}.shape"))
+        if len(shape) > 8:
+            v.fail(f"{where}.{sname}.shape", "more than 8 dimensions")
+        cat = v.get(spec, "category", f"{where}.{sname}")
+        if cat not in CATEGORIES:
+            v.fail(f"{where}.{sname}.category", f"expected one of {CATEGORIES}")
+        if sname in slots:
+            v.fail(f"{where}.slots", f"slot {sname!r} listed twice")
+        slots[sname] = SlotInfo(dt, shape, cat)
+    changes = t.get("changes", False)
+    if changes is not False and changes is not True:
+        v.fail(f"{where}.changes", "expected true or false")
+    removed = v.int(t.get("removed", 0), f"{where}.removed")
+    if removed and not changes:
+        v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
+    bucket_fn, num_rows, blocks, input_size = _table_v4_fields(v, t, where, ver, slots)
+    info = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"), changes, removed, bucket_fn,
+                     num_rows, blocks, input_size)
+    v.str(name, "tables")
+    return info
+
+
 def _digests_from_json(v: _V, d: dict, tables: dict[str, TableInfo]) -> Digests | None:
     """The manifest's `digests`; None when they use an algorithm this recckpt does not know (a newer
     writer's: the checkpoint stays readable, its contents are just not comparable by digest)."""
@@ -461,8 +472,11 @@ def _digests_from_json(v: _V, d: dict, tables: dict[str, TableInfo]) -> Digests 
         except ValueError as e:
             v.fail(where, str(e))
 
+    from . import manifest_batch  # (it builds on this module's records)
     out = Digests()
-    for name, t in v.dict(v.get(d, "tables", "digests"), "digests.tables").items():
+    raw = v.dict(v.get(d, "tables", "digests"), "digests.tables")
+    fast = manifest_batch.table_digests(raw, tables)   # the common form, or None: the rules below
+    for name, t in raw.items() if fast is None else ():
         where = f"digests.tables[{name!r}]"
         info = tables.get(name)
         if info is None:
@@ -475,6 +489,8 @@ def _digests_from_json(v: _V, d: dict, tables: dict[str, TableInfo]) -> Digests 
             v.fail(f"{where}.slots", f"{sorted(slots)} differ from the table's slots {sorted(info.slots)}")
         out.tables[name] = TableDigest(list(info.slots), rows, hex_(v.get(t, "ids", where), f"{where}.ids"),
                                        {s: hex_(slots[s], f"{where}.slots[{s!r}]") for s in info.slots})
+    if fast is not None:
+        out.tables = fast
     if "dense" in d:
         out.dense = {}
         for key, e in v.dict(d["dense"], "digests.dense").items():

@@ -538,8 +538,8 @@ class LoadPlan:
             return groups
         index = self.reader.index
         for name, _, table, slots in self.sparse_jobs:
-            if not slots or name in self.chain_plans or implements(table, FixedSize) or implements(table, RoutedRows) \
-                    or name in exclude:
+            if not slots or name in exclude or name in self.chain_plans or implements(table, FixedSize) \
+                    or implements(table, RoutedRows):
                 continue
             if self.conf.mmap and not all(seg.packed for seg in index.tables.get(name, ((), ()))[1]):
                 continue
@@ -570,14 +570,14 @@ class LoadPlan:
                 [(name, [s for s, _, _ in slots]) for name, _, _, slots in self.sparse_jobs
                  if slots and name not in self.chain_plans], lo, hi)
         self._apply_objects()
-        direct = self._direct_groups(lo, hi, world)
-        prefetch = self._prefetch_groups(lo, hi, {t for run in direct.values() for t, _, _ in run})
+        groups = self._direct_groups(lo, hi, world)
+        prefetch = self._prefetch_groups(lo, hi, {t for run in groups.values() for t, _, _ in run})
         ready = {}   # table -> its rows, read with its group and not yet put into it
         for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue
-            if name in direct:   # the first of a run of small tables: read them all, then fill them one by one
-                ready = read_rows(self.reader.segments, direct[name], lo, hi) or {}
+            if name in groups:   # the first of a run of small tables: read them all, then fill them one by one
+                ready = read_rows(self.reader.segments, groups[name], lo, hi) or {}
             if name in prefetch:   # the first of a run of small tables: their reads in one engine pass
                 self.reader.segments.prefetch(prefetch[name], lo, hi)
             left = "partially loaded"
@@ -604,11 +604,11 @@ class LoadPlan:
                     self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, direct)
                     applied.append(target)
                     continue
-                if implements(table, RoutedRows):
+                if name not in ready and implements(table, RoutedRows):   # (a ready table is neither)
                     self.result.sparse_rows += self._load_routed(name, table, slots)
                     applied.append(target)
                     continue
-                if implements(table, FixedSize):
+                if name not in ready and implements(table, FixedSize):
                     self.result.sparse_rows += self._load_fixed(name, target, table, slots)
                     applied.append(target)
                     continue

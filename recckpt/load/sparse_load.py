@@ -28,7 +28,7 @@ from ..format import dtypes
 from ..format.schema import SlotInfo
 from ..format.segment_groups import TableRows
 from ..format.sparse_io import SegmentReader
-from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState
+from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState, implements
 from ..state.staging import HostToDevice, needs_staging
 
 
@@ -41,7 +41,7 @@ def _bytes_of(t: torch.Tensor, what: str):
 
 def direct_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo, SlotSpec]],
                          cleared: bool) -> bool:
-    return cleared and isinstance(table, BulkAppend) and _same_dtypes(slots)
+    return cleared and implements(table, BulkAppend) and _same_dtypes(slots)
 
 
 def _same_dtypes(slots: Sequence[tuple[str, SlotInfo, SlotSpec]]) -> bool:
@@ -50,7 +50,7 @@ def _same_dtypes(slots: Sequence[tuple[str, SlotInfo, SlotSpec]]) -> bool:
 
 def mapped_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo, SlotSpec]],
                          cleared: bool, local: bool) -> bool:
-    return cleared and local and isinstance(table, AdoptStorage) and _same_dtypes(slots)
+    return cleared and local and implements(table, AdoptStorage) and _same_dtypes(slots)
 
 
 def duplicate_ids_error(where: str, name: str, e: Exception) -> DuplicateIdsError:

@@ -172,3 +172,59 @@ def test_a_manifest_round_trips_through_the_fast_checks(tmp_path):
     parsed = checked_json.loads(data, "m", names.MAX_MANIFEST_BYTES)
     assert _C.json_follows_rules(data, checked_json.MAX_DEPTH, checked_json.MAX_NUMBER_CHARS)
     assert parsed["ckpt_id"] == ckpt and len(parsed["tables"]) == 12
+
+
+def _manifest_obj(tmp_path, incremental=False):
+    out, ckpt = _checkpoint(tmp_path, incremental=incremental)
+    data = open(os.path.join(out, ckpt, names.MANIFEST), "rb").read()
+    return checked_json.loads(data, "manifest.json", names.MAX_MANIFEST_BYTES)
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_manifest_tables_and_digests_read_as_the_rules_read_them(tmp_path, incremental):
+    from recckpt.format import manifest_batch
+    from recckpt.format.schema import _digests_from_json, _table_from_json, manifest_from_json
+    obj = _manifest_obj(tmp_path, incremental)
+    m = manifest_from_json(copy.deepcopy(obj), "manifest.json")
+    v = _V("manifest.json")
+    want = {n: _table_from_json(v, n, t, m.format_version) for n, t in obj["tables"].items()}
+    assert m.tables == want
+    assert all(manifest_batch.table_info(n, t, m.format_version, manifest_batch.SlotLayouts()) is not None
+               for n, t in obj["tables"].items())   # the fast path read them
+    if not incremental:
+        assert manifest_batch.table_digests(obj["digests"]["tables"], m.tables) is not None
+    slow = _digests_from_json(v, dict(obj["digests"], hash="rowsum128"), want)
+    assert m.digests.to_json() == slow.to_json()
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda t: t["slots"][1][1].update(dtype="F99"), "tables['t4'].adam.m.dtype: unknown dtype"),
+    (lambda t: t["slots"][0][1].update(shape=[4, -1]), "tables['t4'].embedding.shape"),
+    (lambda t: t.update(rows=-3), "tables['t4'].rows"),
+    (lambda t: t.update(removed=2), "tables['t4'].removed: removed ids in a table that is not saved as changes"),
+    (lambda t: t.update(bucket_fn="row_range"), "tables['t4'].num_rows: missing"),
+    (lambda t: t["slots"].append(t["slots"][0]), "slot 'embedding' listed twice"),
+])
+def test_a_bad_manifest_table_is_worded_by_the_rules(tmp_path, edit, words):
+    from recckpt.format.schema import manifest_from_json
+    obj = _manifest_obj(tmp_path)
+    edit(obj["tables"]["t4"])
+    with pytest.raises(CorruptCheckpointError, match=re_escape(words)):
+        manifest_from_json(obj, "manifest.json")
+
+
+def test_a_bad_digest_is_worded_by_the_rules(tmp_path):
+    from recckpt.format.schema import manifest_from_json
+    obj = _manifest_obj(tmp_path)
+    obj["digests"]["tables"]["t6"]["slots"]["adam.v"] = "A" * 32
+    with pytest.raises(CorruptCheckpointError, match=re_escape("digests.tables['t6'].slots['adam.v']")):
+        manifest_from_json(obj, "manifest.json")
+    obj = _manifest_obj(tmp_path / "again")
+    obj["digests"]["tables"]["t6"]["rows"] += 1
+    with pytest.raises(CorruptCheckpointError, match=re_escape("digests.tables['t6'].rows")):
+        manifest_from_json(obj, "manifest.json")
+
+
+def re_escape(s):
+    import re
+    return re.escape(s)

@@ -119,15 +119,7 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     with storage.engine_outputs(stage, rels) as paths:
         writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes)
         try:
-            for ti, t in enumerate(sources):
-                for ids, cols in t.chunks:
-                    if len(ids) == 0:
-                        continue   # a segment holds at least one row
-                    segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size)
-                    if t.receipts is not None:
-                        t.receipts.taken(writer, segment)
-                    if t.digest is not None:   # while the writer threads write the chunk
-                        t.digest.update(ids, cols, opts.concurrency)
+            _submit_all(writer, sources, opts.concurrency)
             records = writer.finish(opts.fsync)
         except BaseException:
             writer.abort()
@@ -135,6 +127,49 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
         with gcpause.paused():   # a segment of each of a thousand tables: metadata only
             _add_records(doc, rels, paths, records, tables, sources)
     return doc
+
+
+#: Chunks smaller than this are handed to the writer, and digested, together (`_submit_all`) ...
+SMALL_CHUNK_BYTES = 1 << 20
+#: ... up to this many bytes of them, or this many chunks, at a time.
+SMALL_BATCH_BYTES = 8 << 20
+SMALL_BATCH_CHUNKS = 512
+
+
+def _submit_all(writer: _C.ShardWriter, sources: list[TableSource], threads: int) -> None:
+    """Every chunk of `sources` to the writer, in order, each added to its source's digest while the writer
+    threads write it. Small chunks (a model of many small tables) go in batches: one `submit_many` and one
+    digest call for many tables instead of two calls per table. A stream that reuses its buffers
+    (`receipts`) has each chunk handed over alone, so that its receipt is taken before the next."""
+    pending, nbytes = [], 0
+
+    def flush():
+        nonlocal nbytes
+        if pending:
+            writer.submit_many([(ti, ids, cols, t.num_rows, t.input_size) for ti, t, ids, cols in pending])
+            TableDigest.update_many([(t.digest, ids, cols) for _, t, ids, cols in pending if t.digest is not None],
+                                    threads)
+            pending.clear()
+            nbytes = 0
+
+    for ti, t in enumerate(sources):
+        for ids, cols in t.chunks:
+            if len(ids) == 0:
+                continue   # a segment holds at least one row
+            size = ids.nbytes + sum(c.nbytes for c in cols)
+            if t.receipts is None and size < SMALL_CHUNK_BYTES:
+                pending.append((ti, t, ids, cols))
+                nbytes += size
+                if nbytes >= SMALL_BATCH_BYTES or len(pending) >= SMALL_BATCH_CHUNKS:
+                    flush()
+                continue
+            flush()
+            segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size)
+            if t.receipts is not None:
+                t.receipts.taken(writer, segment)
+            if t.digest is not None:   # while the writer threads write the chunk
+                t.digest.update(ids, cols, threads)
+    flush()
 
 
 def _add_records(doc: IndexDoc, rels, paths, records, tables: list[TableSource], sources: list[TableSource]):

@@ -102,13 +102,23 @@ def dumps(obj: dict, check: bool = True) -> bytes:
         raise ValueError(f"metadata must not contain the key {CRC_KEY!r}")
     if check:
         check_tree(obj, MAX_DEPTH)  # what we write, we can read back: same key rules and depth
-    body = canonical(obj)
-    out = dict(obj)
-    out[CRC_KEY] = _C.crc32c(body)
+    # The canonical form member by member (keys sorted, as json's sort_keys sorts them), so that a large
+    # file, written compact, is those members with the checksum's added: serialised once, not twice.
+    members = [(k, _canonical_str(k) + ":" + _canonical_str(v)) for k, v in sorted(obj.items())]
+    body = ("{" + ",".join(m for _, m in members) + "}").encode("ascii")
+    crc = _C.crc32c(body)
+    if len(body) >= INDENT_BELOW:
+        at = next((i for i, (k, _) in enumerate(members) if k > CRC_KEY), len(members))
+        members.insert(at, (CRC_KEY, f'"{CRC_KEY}":{crc}'))
+        return ("{" + ",".join(m for _, m in members) + "}").encode("ascii")
     # Human-readable on disk when small; the checksum is over the canonical form, not these bytes.
-    indent = 1 if len(body) < INDENT_BELOW else None
-    return json.dumps(out, sort_keys=True, indent=indent, separators=None if indent else (",", ":"),
-                      ensure_ascii=True, allow_nan=False).encode("ascii")
+    out = dict(obj)
+    out[CRC_KEY] = crc
+    return json.dumps(out, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def _canonical_str(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def loads(data: bytes, path: str, max_bytes: int, precheck=None) -> dict:

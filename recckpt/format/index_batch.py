@@ -129,7 +129,7 @@ def phase2(parts: list[_SegArrays], doc: IndexDoc) -> list[list[Segment]] | None
     counts = 1 + per_col.sum(axis=1)   # the directory's CRC, then the columns'
     texts, lo = [], 0
     for p in parts:
-        text = p.raw["crc32c"]
+        text = p.raw.get("crc32c") if type(p.raw) is dict else None
         n = len(p.ends)
         if type(text) is not str or len(text) != 8 * int(counts[lo:lo + n].sum()):
             return None

@@ -290,11 +290,9 @@ def _segs_to_json(segs: list[Segment], with_packed: bool, with_block: bool) -> d
         out["packed"] = [int(s.packed) for s in segs]
     if with_block:
         out["block"] = [s.block for s in segs]
-    parts = []
-    for s in segs:
-        parts.append(_hex(s.buckets.crc32c))
-        parts.extend(_hex(c.crc32c) for c in s.columns)
-    out["crc32c"] = "".join(parts)
+    # every CRC of the table in one string: its segments in turn, each its directory's then its columns'
+    crcs = [c for s in segs for c in (s.buckets.crc32c, *(col.crc32c for col in s.columns))]
+    out["crc32c"] = _hex(np.concatenate(crcs)) if crcs else ""
     return out
 
 

@@ -540,10 +540,25 @@ def implements(obj: Any, proto: type) -> bool:
             return True
     # What the class lacks decides it in the common case (a HashTable is not FixedSize), without asking
     # the object for every other member first; only an object that has those asks for the rest.
+    for name, method in lacks:
+        if not _has(obj, name):
+            return False
     for name, method in lacks + members:
         if not hasattr(obj, name) or (method and getattr(obj, name) is None):
             return False
     return True
+
+
+def _has(obj: Any, name: str) -> bool:
+    """`hasattr(obj, name)` for a name its class does not define. A torch module's own `__getattr__`
+    answers a missing name with an exception (several microseconds, for each of a thousand tables,
+    several times a save or load); its lookup (submodules, parameters, buffers) is asked directly."""
+    d = getattr(obj, "__dict__", None)
+    if d is not None and name in d:
+        return True
+    if d is not None and getattr(type(obj), "__getattr__", None) is torch.nn.Module.__getattr__:
+        return any(name in (d.get(k) or ()) for k in ("_parameters", "_buffers", "_modules"))
+    return hasattr(obj, name)
 
 
 def _class_defines(cls: type, name: str) -> bool:

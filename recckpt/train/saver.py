@@ -220,11 +220,12 @@ class Saver:
                                   o.max_inflight_bytes, o.fsync)
 
     def _table_source(self, table: SparseState, since: int | None = None, step: int | None = None,
-                      shard_id: int = 0) -> tuple[TableSource, TableSource | None]:
+                      shard_id: int = 0, meta=None) -> tuple[TableSource, TableSource | None]:
         """The table as the writer reads it: all rows, or with `since` (a mark of the parent) only the
         rows changed since, then a second source of the removed ids (None: the table is written whole).
-        A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only."""
-        meta = table.sparse_meta()
+        A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only.
+        `meta`: the table's `sparse_meta()`, when the caller has it."""
+        meta = table.sparse_meta() if meta is None else meta
         num_rows = 0   # "hash" buckets; a fixed-size table's rows are bucketed "row_range" (docs/FORMAT.md)
         blocks, block = None, 0   # a column-split table: its column blocks and the one this process writes
         input_size = table.id_space() if implements(table, RoutedRows) else 0   # > 0: "id_range" buckets
@@ -477,9 +478,11 @@ class Saver:
                 if self.eviction is not None:
                     self._evict(step)
                 snap = self.capture(shard_id)
-                marks = {t.sparse_meta().name: t.mark_changes() for t in snap.tables
+                metas = [t.sparse_meta() for t in snap.tables]
+                marks = {m.name: t.mark_changes() for t, m in zip(snap.tables, metas)
                          if implements(t, ChangeTracking)}
             else:
+                metas = [t.sparse_meta() for t in snap.tables]
                 marks, chain = snap.marks, snap.chain
                 parent, full_reason = (None, snap.full_reason) if chain is None else self._parent_for(True, chain)
                 if chain is not None and parent is None:
@@ -488,7 +491,7 @@ class Saver:
                         f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
                         f"was written: the next save writes a full checkpoint")
             since = chain.marks if parent is not None else {}
-            sources = [self._table_source(t, since.get(t.sparse_meta().name), step, shard_id) for t in snap.tables]
+            sources = [self._table_source(t, since.get(m.name), step, shard_id, m) for t, m in zip(snap.tables, metas)]
             part = write_worker_part(
                 self.storage, stage, shard_id, tables=[t for t, _ in sources],
                 dense=snap.dense if shard_id == 0 else None,

@@ -85,6 +85,11 @@ class TableSource:
         return self.rows * (8 + sum(s.row_bytes for s in self.slots.values()))
 
 
+#: A worker writes a shard file (and keeps a writer thread busy) per this many bytes of rows, up to its
+#: `concurrency`: a save of tens of megabytes is bucketed, checksummed and written by several threads.
+FILE_BYTES = 8 << 20
+
+
 @dataclass(frozen=True)
 class SparseWriteOptions:
     num_buckets: int
@@ -112,7 +117,7 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     total = sum(t.nbytes for t in sources)
     if total == 0:
         return doc
-    nfiles = max(1, min(opts.concurrency, -(-total // opts.segment_bytes)))
+    nfiles = max(1, min(opts.concurrency, -(-total // min(opts.segment_bytes, FILE_BYTES))))
     rels = [names.shard_file(worker, k) for k in range(nfiles)]
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
     # The store says where the engine writes (the files themselves, or local files it uploads after).

@@ -10,6 +10,7 @@ device reach these buffers through a staging pool (`recckpt.state.staging`) of p
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -68,10 +69,7 @@ class HostBuffers:
 
     def get(self, key: tuple, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
         shape = tuple(shape)
-        numel = 1
-        for d in shape:
-            numel *= d
-        need = numel * torch.empty((), dtype=dtype).element_size()
+        need = math.prod(shape) * dtype.itemsize
         buf = self._bufs.get(key)
         if buf is None or buf.numel() < need:
             cap = need if buf is None else max(need, int(buf.numel() * _HEADROOM))
@@ -122,9 +120,9 @@ class FixedSizeSnapshotTable(SnapshotTable):
         return self._layout
 
 
-def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: int | None = None,
-                shard_id: int = 0) -> SnapshotTable:
+def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: dict, shard_id: int = 0) -> SnapshotTable:
     meta = table.sparse_meta()
+    since = since.get(meta.name)
     name = meta.name
     if implements(table, FixedSize):
         layout = table.row_layout()
@@ -212,7 +210,7 @@ def copy_snapshot(live: Snapshot, bufs: HostBuffers, since: dict | None = None, 
     copied by worker 0 only). The result carries `live`'s marks, chain and full_reason."""
     since = since or {}
     return Snapshot(
-        tables=[_copy_table(t, bufs, bufs.staging(), since.get(t.sparse_meta().name), shard_id) for t in live.tables],
+        tables=[_copy_table(t, bufs, bufs.staging(), since, shard_id) for t in live.tables],
         dense=None if live.dense is None else {k: _freeze(v, bufs, ("dense", k)) for k, v in live.dense.items()},
         extras=_freeze(live.extras, bufs, ("extras",)),
         io_state=_freeze(live.io_state, bufs, ("io",)),

@@ -135,7 +135,13 @@ def put_rows(table: SparseState, got: TableRows, names: Sequence[str], target: s
     `append_views`, a copy per column (from the group's buffer), `commit_append`."""
     ids_t, cols_t = table.append_views(got.rows, names)
     for t, src in zip([ids_t] + [cols_t[s] for s in names], got.columns):
-        np.copyto(_bytes_of(t, f"table {target!r}"), src)
+        try:   # (numpy's view of a host tensor: fewer tensor calls than _bytes_of, per slot of each table)
+            dst = t.numpy()
+        except (TypeError, RuntimeError):   # not host memory, or a dtype numpy lacks (bfloat16)
+            dst = None
+        if dst is None or not dst.flags.c_contiguous:
+            dst = _bytes_of(t, f"table {target!r}")
+        np.copyto(dst.reshape(-1).view(np.uint8), src)
     try:
         table.commit_append()
     except ValueError as e:

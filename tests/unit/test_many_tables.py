@@ -136,8 +136,8 @@ def small_tables(n=300, rows=50):
 
 
 def test_a_load_of_many_small_tables_reads_them_in_a_few_engine_calls(tmp_path, monkeypatch):
-    """Small tables are read ahead together (SegmentReader.prefetch): 300 tables load exactly in a handful
-    of engine calls, not two per table."""
+    """Small tables are read together (segment_groups.read_rows, or SegmentReader.prefetch for those that do
+    not take the direct path): 300 tables load exactly in a handful of engine calls, not two per table."""
     from recckpt import _C
     src = small_tables()
     out = str(tmp_path / "p")

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from recckpt import HashTable, SaveOptions, Saver, SparseAdam
+from recckpt import SaveOptions, Saver
 from recckpt.errors import DuplicateIdsError
 from recckpt.format.schema import Column, Segment
 from recckpt.format.segment_groups import check_dirs
 from recckpt.format.sparse_io import BucketDir, SegmentReader
+from tests.unit.test_many_tables import small_tables
 
 NB = 64
 
@@ -80,18 +81,6 @@ def test_a_bad_directory_in_a_group_is_refused_as_one_by_one(how):
     assert BucketDir.from_bytes(raws[i], segs[i], NB) is None
     buf, offsets = _pack(raws)
     assert check_dirs(buf, offsets, segs, NB) is None
-
-
-def small_tables(n=300, rows=50, dup=None):
-    m = torch.nn.Module()
-    for t in range(n):
-        m.add_module(f"t{t}", HashTable(f"t{t}", dim=8))
-    SparseAdam(m, lr=0.01)
-    with torch.no_grad():
-        for t, table in enumerate(m.children()):
-            if rows:
-                table(torch.arange(rows) + 1000 * t)
-    return m
 
 
 def _equal(a, b):

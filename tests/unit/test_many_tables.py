@@ -8,6 +8,7 @@ import os
 import torch
 
 import recckpt
+from helpers.tables import small_tables
 from recckpt import HashTable, SaveOptions, Saver, SparseAdam, partition
 
 TABLES, BIG, DIM = 1000, 100_000, 16
@@ -121,18 +122,6 @@ def test_verify_of_many_small_tables_names_the_one_corrupt_table(tmp_path):
     assert not rep.ok and len(rep.problems) == 1
     assert "'t123', column 2: CRC mismatch" in rep.problems[0] and rel in rep.problems[0], rep.problems
     assert rep.tables["t122"] == 50 and rep.tables["t123"] == 0
-
-
-def small_tables(n=300, rows=50):
-    m = torch.nn.Module()
-    for t in range(n):
-        m.add_module(f"t{t}", HashTable(f"t{t}", dim=DIM))
-    SparseAdam(m, lr=0.01)
-    with torch.no_grad():
-        for t, table in enumerate(m.children()):
-            if rows:
-                table(torch.arange(rows) + 1000 * t)
-    return m
 
 
 def test_a_load_of_many_small_tables_reads_them_in_a_few_engine_calls(tmp_path, monkeypatch):

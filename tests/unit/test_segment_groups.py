@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.tables import small_tables
 from recckpt import SaveOptions, Saver
 from recckpt.errors import DuplicateIdsError
 from recckpt.format.schema import Column, Segment
 from recckpt.format.segment_groups import check_dirs
 from recckpt.format.sparse_io import BucketDir, SegmentReader
-from tests.unit.test_many_tables import small_tables
 
 NB = 64
 

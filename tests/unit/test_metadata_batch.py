@@ -1,5 +1,5 @@
 """The metadata of many tables read in a few passes (issue 26 item 3), with the same answers as the
-per-table rules: a version 4 index validated for all tables at once (format/index_batch.py), the JSON
+per-table rules: a version 4 index validated for all tables at once (schema._segs_v4_all), the JSON
 rules checked on the text by the engine (checked_json), a compact checked file's CRC taken from its bytes."""
 import copy
 import json
@@ -10,7 +10,7 @@ import torch
 
 from recckpt import _C, HashTable, SaveOptions, Saver, SparseAdam
 from recckpt.errors import CorruptCheckpointError
-from recckpt.format import checked_json, index_batch, names
+from recckpt.format import checked_json, names, schema
 from recckpt.format.checkpoint import CheckpointReader, parse_index_bytes
 from recckpt.format.schema import _V, IndexDoc, _phase1_by_table, _segments_from, index_from_json
 from recckpt.storage import open_storage
@@ -82,10 +82,10 @@ def test_batched_phase1_declines_anything_out_of_order(tmp_path):
         out = []
         for name, t in o["tables"].items():
             info = m.tables[name]
-            out.append(index_batch.SegsInput(name, t["segments"], [[8] + info.slot_row_bytes(list(info.slots))],
+            out.append(schema._SegsInput(name, t["segments"], [[8] + info.slot_row_bytes(list(info.slots))],
                                              True, False, 1))
         return out
-    assert index_batch.phase1(items(obj), doc) is not None
+    assert schema._segs_v4_all(items(obj), doc) is not None
     for key, value in [("rows", 0), ("first", 5000), ("dir", 10**6), ("packed", 2), ("file", 7), ("offset", -1),
                        ("rows", True), ("offset", 1.5), ("rows", 1 << 64), ("block", 0)]:
         bad = copy.deepcopy(obj)
@@ -94,7 +94,7 @@ def test_batched_phase1_declines_anything_out_of_order(tmp_path):
             segs[key][-1] = value
         else:
             segs[key] = [value] * len(segs["file"])
-        assert index_batch.phase1(items(bad), doc) is None, key
+        assert schema._segs_v4_all(items(bad), doc) is None, key
 
 
 @pytest.mark.parametrize("field,value,words", [
@@ -182,17 +182,16 @@ def _manifest_obj(tmp_path, incremental=False):
 
 @pytest.mark.parametrize("incremental", [False, True])
 def test_manifest_tables_and_digests_read_as_the_rules_read_them(tmp_path, incremental):
-    from recckpt.format import manifest_batch
     from recckpt.format.schema import _digests_from_json, _table_from_json, manifest_from_json
     obj = _manifest_obj(tmp_path, incremental)
     m = manifest_from_json(copy.deepcopy(obj), "manifest.json")
     v = _V("manifest.json")
     want = {n: _table_from_json(v, n, t, m.format_version) for n, t in obj["tables"].items()}
     assert m.tables == want
-    assert all(manifest_batch.table_info(n, t, m.format_version, manifest_batch.SlotLayouts()) is not None
+    assert all(schema._table_info_fast(n, t, m.format_version, schema._SlotLayouts()) is not None
                for n, t in obj["tables"].items())   # the fast path read them
     if not incremental:
-        assert manifest_batch.table_digests(obj["digests"]["tables"], m.tables) is not None
+        assert schema._table_digests_fast(obj["digests"]["tables"], m.tables) is not None
     slow = _digests_from_json(v, dict(obj["digests"], hash="rowsum128"), want)
     assert m.digests.to_json() == slow.to_json()
 

@@ -80,7 +80,19 @@ bool follows_rules(const unsigned char* p, size_t n, int64_t max_depth, int64_t 
 void bind_json_rules(py::module_& m) {
   m.def(
       "json_follows_rules",
-      [](const py::buffer& text, int64_t max_depth, int64_t max_digits) {
+      [](const py::object& text, int64_t max_depth, int64_t max_digits) {
+        if (PyUnicode_Check(text.ptr())) {
+          // A str's UTF-8 form: for ASCII text (metadata), its own characters, no copy.
+          Py_ssize_t n = 0;
+          const char* p = PyUnicode_AsUTF8AndSize(text.ptr(), &n);
+          if (p == nullptr) {  // not encodable (a lone surrogate in the str itself): look closer
+            PyErr_Clear();
+            return false;
+          }
+          py::gil_scoped_release nogil;
+          return recckpt::follows_rules(reinterpret_cast<const unsigned char*>(p), (size_t)n, max_depth,
+                                        max_digits);
+        }
         py::buffer_info b = recckpt::byte_view(text, "json_follows_rules: text");
         const auto* p = static_cast<const unsigned char*>(b.ptr);
         const size_t n = (size_t)recckpt::nbytes(b);
@@ -88,7 +100,7 @@ void bind_json_rules(py::module_& m) {
         return recckpt::follows_rules(p, n, max_depth, max_digits);
       },
       py::arg("text"), py::arg("max_depth"), py::arg("max_digits"),
-      "True when the UTF-8 JSON text surely nests at most max_depth deep, has no run of more than max_digits "
+      "True when the JSON text (a str, or UTF-8 bytes) surely nests at most max_depth deep, has no run of more than max_digits "
       "digits outside strings, no raw non-ASCII byte in a string and no \\u escape of a lone surrogate; "
       "False: look closer (checked_json.check_tree)");
 }

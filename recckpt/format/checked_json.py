@@ -200,12 +200,7 @@ def _text_follows_rules(text: "bytes | str", max_depth: int) -> bool:
     """Whether JSON `text` surely follows check_tree's rules, by the engine's one pass over the text
     (`_C.json_follows_rules`; conservative: False means look closer). Much cheaper than walking the
     decoded tree in Python, which the metadata of a thousand tables makes a few hundred thousand values."""
-    if isinstance(text, str):
-        try:
-            text = text.encode("utf-8")
-        except UnicodeEncodeError:
-            return False
-    return _C.json_follows_rules(text, max_depth, MAX_NUMBER_CHARS)
+    return _C.json_follows_rules(text, max_depth, MAX_NUMBER_CHARS)   # (a str is read in place, not copied)
 
 
 def check_tree(obj, max_depth: int = MAX_DEPTH) -> None:

@@ -182,11 +182,9 @@ class CheckpointView:
 
     @property
     def size_bytes(self) -> int:
-        """Bytes of the checkpoint's files as recorded: manifest entries plus the shard files (their total as
-        the manifest records it, format version 4: the index of a thousand tables is not read for it)."""
-        m = self._r.manifest
-        shards = m.shard_bytes if m.shard_bytes is not None else sum(s for _, s in self._r.index.files)
-        return sum(f.size for f in m.files.values()) + shards
+        """Bytes of the checkpoint's files as recorded: manifest entries plus the shard files in the index
+        (which is read and checked: a view of a checkpoint reports a corrupt or hostile index)."""
+        return sum(f.size for f in self._r.manifest.files.values()) + sum(s for _, s in self._r.index.files)
 
     @property
     def tables(self) -> Mapping[str, TableDesc]:

@@ -228,23 +228,3 @@ def re_escape(s):
     import re
     return re.escape(s)
 
-
-def test_open_and_inspect_read_the_manifest_only(tmp_path, monkeypatch):
-    """`recckpt.open` / `recckpt inspect` of a checkpoint of many tables answer from the manifest (format
-    version 4 records the shard files' total): the index, a few hundred bytes a table, is not parsed."""
-    import recckpt
-    from recckpt.cli.main import _inspect_doc
-    from recckpt.format import schema
-    out, ckpt = _checkpoint(tmp_path)
-    path = os.path.join(out, ckpt)
-    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
-                  if f != names.MANIFEST and not f.startswith("."))
-
-    def no_index(*a, **kw):
-        raise AssertionError("the index was parsed")
-    monkeypatch.setattr(schema, "index_from_json", no_index)
-    monkeypatch.setattr("recckpt.format.checkpoint.index_from_json", no_index)
-    view = recckpt.open(path)
-    doc = _inspect_doc(view, objects=True)
-    assert view.size_bytes == on_disk
-    assert len(doc["tables"]) == 12 and sum(t["rows"] for t in doc["tables"].values()) > 0

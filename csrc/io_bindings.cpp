@@ -31,9 +31,9 @@ struct Held {
 class PyShardWriter {
  public:
   PyShardWriter(const std::vector<std::string>& paths, int64_t num_buckets, int64_t chunk_bytes,
-                int64_t max_inflight_bytes) {
+                int64_t max_inflight_bytes, bool writeback) {
     py::gil_scoped_release nogil;  // creating files can block
-    w_ = std::make_unique<ShardWriter>(paths, num_buckets, chunk_bytes, max_inflight_bytes);
+    w_ = std::make_unique<ShardWriter>(paths, num_buckets, chunk_bytes, max_inflight_bytes, writeback);
   }
   ~PyShardWriter() {
     if (w_) {
@@ -315,7 +315,9 @@ void crcs_of(const py::handle& obj, ReadRequest& r, size_t i) {
 }
 
 py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t readahead_bytes,
-                         std::shared_ptr<MappedRegion> map_into) {
+                         std::shared_ptr<MappedRegion> map_into, int direct) {
+  if (direct != kDirectNever && direct != kDirectAuto && direct != kDirectAlways)
+    throw py::value_error("read_ranges: direct must be 0 (never), 1 (auto) or 2 (always), got " + std::to_string(direct));
   const size_t n = py::len(requests);
   std::vector<ReadRequest> reqs(n);
   std::vector<py::buffer_info> dsts;
@@ -355,7 +357,7 @@ py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t read
   ReadResult res;
   {
     py::gil_scoped_release nogil;
-    res = read_ranges(reqs, threads, readahead_bytes, map_into.get());
+    res = read_ranges(reqs, threads, readahead_bytes, map_into.get(), direct);
   }
   py::list errs;
   for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
@@ -382,15 +384,17 @@ void bind_io(py::module_& m) {
   py::class_<PyShardWriter>(m, "ShardWriter",
                             "Writes bucket-sorted segments to files in parallel, one worker thread per file.")
       .def(py::init([](const py::sequence& paths, int64_t num_buckets, int64_t chunk_bytes,
-                       int64_t max_inflight_bytes) {
+                       int64_t max_inflight_bytes, bool writeback) {
              if (py::isinstance<py::str>(paths) || py::isinstance<py::bytes>(paths))
                throw py::type_error("ShardWriter: paths must be a list of paths, not a single path");
              std::vector<std::string> ps;
              for (const auto& p : paths) ps.push_back(path_of(p));
-             return std::make_unique<PyShardWriter>(ps, num_buckets, chunk_bytes, max_inflight_bytes);
+             return std::make_unique<PyShardWriter>(ps, num_buckets, chunk_bytes, max_inflight_bytes, writeback);
            }),
            py::arg("paths"),
-           py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"))
+           py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"), py::arg("writeback") = false,
+           "writeback: start writing each block back to the device once written (sync_file_range), for "
+           "writers that finish(fsync=True): the fsync then has little left to do")
       .def("submit", &PyShardWriter::submit, py::arg("table"), py::arg("ids"), py::arg("columns"),
            py::arg("num_rows") = 0, py::arg("id_range") = 0,
            "queue a segment (1 to 2**32-1 rows); blocks (GIL released) while too many bytes are in flight; returns "
@@ -429,10 +433,15 @@ void bind_io(py::module_& m) {
   m.attr("PACK_BELOW") = kPackBelow;
   m.def("column_step", &column_step, py::arg("length"), py::arg("chunk_bytes"),
         "format version 4: bytes per checksum of a column of `length` bytes");
+  m.attr("DIRECT_NEVER") = (int)kDirectNever;
+  m.attr("DIRECT_AUTO") = (int)kDirectAuto;
+  m.attr("DIRECT_ALWAYS") = (int)kDirectAlways;
   m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
         py::arg("readahead_bytes") = kDefaultReadaheadBytes, py::arg("map_into") = nullptr,
+        py::arg("direct") = (int)kDirectAuto,
         "verified parallel reads: returns (bytes_read, [(request_index, message), ...]); the kernel is told "
         "to start reading up to readahead_bytes ahead of the threads (0: off). With map_into (a MappedRegion), "
         "whole columns read into that region at page-congruent addresses are mapped copy-on-write instead of "
-        "copied (docs/ENGINE.md)");
+        "copied. direct: DIRECT_NEVER, DIRECT_AUTO (O_DIRECT for pieces not in the page cache) or "
+        "DIRECT_ALWAYS (docs/ENGINE.md)");
 }

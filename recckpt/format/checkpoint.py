@@ -391,6 +391,8 @@ class CheckpointReader:
         where = self.describe(rel)
         if info is None:
             raise CorruptCheckpointError(f"{where}: not listed in the manifest", where)
+        if writable and not self.storage.size_is_a_request and self.storage.engine_path(self._rel(rel)):
+            return self._read_by_engine(rel, info.size, info.crc32c, where)
         if self.storage.size_is_a_request:
             # One request, not two: the read is bounded by what the store holds, so the size check
             # can follow it (an allocation still never exceeds what is really there).
@@ -408,6 +410,42 @@ class CheckpointReader:
                                          f"{crc:#010x}); the file is corrupt", where)
         return data
 
+    def _read_by_engine(self, rel: str, size: int, crc: int, where: str) -> np.ndarray:
+        """A local file (the dense tensors) read by the engine into new page-aligned memory and checked
+        against its recorded CRC there: a cold load reads it past the page cache, as it reads the shard
+        files (ReadOptions.direct_reads), with no second pass to check it."""
+        self._check_size(rel, size, where)
+        raw = np.empty(size + 4096, np.uint8)
+        skip = -raw.ctypes.data % 4096
+        data = raw[skip:skip + size]
+        if size == 0:
+            if crc != 0:
+                raise CorruptCheckpointError(f"{where}: crc32c mismatch (recorded {crc:#010x}, computed "
+                                             f"0x00000000); the file is corrupt", where)
+            return data
+        _, errors = _C.read_ranges([(self.storage.engine_path(self._rel(rel)), 0, size, size,
+                                     np.array([crc], np.uint32), 0, size, data)], 1,
+                                   direct=self.read_options.engine_direct)
+        if errors:
+            msg = errors[0][1]
+            if msg.startswith("CRC mismatch"):
+                raise CorruptCheckpointError(f"{where}: crc32c mismatch ({msg}); the file is corrupt", where)
+            raise CorruptCheckpointError(f"{where}: {msg}", where)
+        if self.storage.size(self._rel(rel)) != size:   # as a read of size + 1 bytes would have shown
+            raise CorruptCheckpointError(f"{where}: the manifest recorded {size} bytes; the file changed while "
+                                         f"it was read", where)
+        return data
+
+    def _check_size(self, rel: str, info_size: int, where: str) -> None:
+        try:
+            size = self.storage.size(self._rel(rel))
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{where}: file is missing from the checkpoint", where) from None
+        if size != info_size:
+            raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest recorded {info_size}; the "
+                                         f"file is truncated or replaced", where)
+        catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
+
     def _read_then_check_size(self, rel: str, want: int, where: str) -> bytes:
         try:
             # A byte more than recorded, so that a file that is longer shows; never more than is there.
@@ -421,14 +459,7 @@ class CheckpointReader:
         return data
 
     def _check_size_then_read(self, rel: str, info_size: int, where: str, writable: bool) -> "bytes | np.ndarray":
-        try:
-            size = self.storage.size(self._rel(rel))
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{where}: file is missing from the checkpoint", where) from None
-        if size != info_size:
-            raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest recorded {info_size}; the "
-                                         f"file is truncated or replaced", where)
-        catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
+        self._check_size(rel, info_size, where)
         if writable:
             # One byte more than the manifest's size (which matched the file's above), so that a file
             # that grew since is caught by the length check below.

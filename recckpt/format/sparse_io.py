@@ -122,7 +122,9 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
     # The store says where the engine writes (the files themselves, or local files it uploads after).
     with storage.engine_outputs(stage, rels) as paths:
-        writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes)
+        # A save that fsyncs its local files starts their writeback as it writes (the engine's PwriteThread).
+        writeback = opts.fsync and storage.engine_path(stage) is not None
+        writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes, writeback)
         try:
             _submit_all(writer, sources, opts.concurrency)
             records = writer.finish(opts.fsync)
@@ -196,6 +198,9 @@ def _add_records(doc: IndexDoc, rels, paths, records, tables: list[TableSource],
 log = logging.getLogger("recckpt")
 
 
+DIRECT_MODES = {"never": _C.DIRECT_NEVER, "auto": _C.DIRECT_AUTO, "always": _C.DIRECT_ALWAYS}
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """How loads read shard files: tuning only, never what is read or how it is checked."""
@@ -208,6 +213,13 @@ class ReadOptions:
     readahead_bytes: int = _C.DEFAULT_READAHEAD_BYTES
     """How far ahead of its reading threads the engine asks the kernel to start reading local files; 0
     turns it off (benchmarks/bench_readahead.py compares both)."""
+
+    direct_reads: str = "auto"
+    """When the engine reads shard files with O_DIRECT, past the page cache: "auto" for the parts that are not
+    in the page cache (a cold load then neither fills the cache nor copies out of it: about a third of its CPU
+    time, more on virtual machines where fresh memory is costly), "never", or "always" (where the file system
+    allows it: for loaders that must not fill the page cache). File systems that refuse O_DIRECT (tmpfs) are
+    read through the cache whatever this says (docs/ENGINE.md)."""
 
     whole_file_fraction: float = 0.95
     """Object stores: a load that needs at least this share of a shard file's bytes downloads the file
@@ -222,6 +234,14 @@ class ReadOptions:
         v = self.whole_file_fraction
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
             raise InvalidArgumentError(f"ReadOptions.whole_file_fraction must be a number > 0, got {v!r}")
+        if self.direct_reads not in DIRECT_MODES:
+            raise InvalidArgumentError(f"ReadOptions.direct_reads must be one of {sorted(DIRECT_MODES)}, "
+                                       f"got {self.direct_reads!r}")
+
+    @property
+    def engine_direct(self) -> int:
+        """`direct_reads` as the engine's `read_ranges(direct=)` value."""
+        return DIRECT_MODES[self.direct_reads]
 
 
 @dataclass(frozen=True)
@@ -411,7 +431,7 @@ class SegmentReader:
         if all(p is not None for p in local):
             engine_reqs = [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)]
             nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=self.options.readahead_bytes,
-                                           map_into=map_into)
+                                           map_into=map_into, direct=self.options.engine_direct)
             self.bytes_read += nread
             if errors:
                 i, msg = errors[0]

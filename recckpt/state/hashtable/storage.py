@@ -64,8 +64,8 @@ def empty_rows(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -
     n = 1
     for d in shape:
         n *= int(d)
-    nbytes = n * torch.empty((), dtype=dtype).element_size()
-    if torch.device(device).type != "cpu" or nbytes < ALIGN_FROM_BYTES:
+    nbytes = n * dtype.itemsize   # (no scratch tensor to ask: a load of a thousand tables asks four times each)
+    if nbytes < ALIGN_FROM_BYTES or torch.device(device).type != "cpu":
         return torch.empty(tuple(shape), dtype=dtype, device=device)
     raw = torch.empty(nbytes + PAGE, dtype=torch.uint8)
     skip = -raw.data_ptr() % PAGE

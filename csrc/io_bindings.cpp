@@ -46,12 +46,10 @@ class PyShardWriter {
     }
   }
 
-  int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows,
-                 int64_t id_range, const std::vector<int64_t>& group_bytes, bool runs) {
-    if (!w_) throw py::value_error("ShardWriter is closed");
-    Held h;
+  // Checks one segment's arguments and takes hold of its buffers into `in` and `h` (GIL held).
+  void prepare(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows,
+               int64_t id_range, const std::vector<int64_t>& group_bytes, bool runs, SegmentInput& in, Held& h) {
     h.done = std::make_shared<std::atomic<bool>>(false);
-    SegmentInput in;
     in.table = table;
     py::buffer_info ids = int64_vector(ids_obj, "ShardWriter.submit: ids");
     in.n = ids.shape[0];
@@ -109,6 +107,14 @@ class PyShardWriter {
       h.bufs.push_back(std::move(b));
     }
     in.done = h.done;
+  }
+
+  int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows,
+                 int64_t id_range, const std::vector<int64_t>& group_bytes, bool runs) {
+    if (!w_) throw py::value_error("ShardWriter is closed");
+    Held h;
+    SegmentInput in;
+    prepare(table, ids_obj, columns, num_rows, id_range, group_bytes, runs, in, h);
     reap();
     std::shared_ptr<std::atomic<bool>> flag = h.done;
     held_.push_back(std::move(h));
@@ -121,6 +127,47 @@ class PyShardWriter {
       if (held.done == flag) held.id = id;
     reap();
     return id;
+  }
+
+  // Many segments in one call (a model of many small tables): each (table, ids, columns, num_rows,
+  // id_range[, group_bytes, runs]) as submit takes it; all are checked before any is queued, then queued in
+  // order with the GIL released once. Returns their ids.
+  std::vector<int64_t> submit_many(const py::sequence& segments) {
+    if (!w_) throw py::value_error("ShardWriter is closed");
+    const size_t n = (size_t)py::len(segments);
+    std::vector<SegmentInput> ins(n);
+    std::list<Held> hs;
+    for (size_t i = 0; i < n; i++) {
+      py::tuple t = segments[i].cast<py::tuple>();
+      if (t.size() != 5 && t.size() != 7)
+        throw py::value_error("ShardWriter.submit_many: each segment is (table, ids, columns, num_rows, id_range"
+                              "[, group_bytes, runs])");
+      Held h;
+      const bool v5 = t.size() == 7;
+      prepare(t[0].cast<int64_t>(), t[1], t[2].cast<py::sequence>(), t[3].cast<int64_t>(), t[4].cast<int64_t>(),
+              v5 ? t[5].cast<std::vector<int64_t>>() : std::vector<int64_t>(), v5 && t[6].cast<bool>(), ins[i], h);
+      hs.push_back(std::move(h));
+    }
+    reap();
+    std::vector<std::list<Held>::iterator> mine;
+    mine.reserve(n);
+    for (auto it = hs.begin(); it != hs.end(); ++it) mine.push_back(it);
+    held_.splice(held_.end(), hs);   // (iterators stay valid)
+    std::vector<int64_t> ids(n, -1);
+    size_t queued = 0;
+    try {
+      py::gil_scoped_release nogil;
+      for (; queued < n; queued++) ids[queued] = w_->submit(std::move(ins[queued]));
+    } catch (...) {
+      // The one that failed was marked done by the writer; those after it were never queued.
+      for (size_t i = queued + 1; i < n; i++) mine[i]->done->store(true, std::memory_order_release);
+      for (size_t i = 0; i < queued; i++) mine[i]->id = ids[i];
+      reap();
+      throw;
+    }
+    for (size_t i = 0; i < n; i++) mine[i]->id = ids[i];
+    reap();
+    return ids;
   }
 
   // Blocks (GIL released) until segment `id` is written, then lets go of its buffers.
@@ -441,6 +488,9 @@ void bind_io(py::module_& m) {
            "id_range = H > 0: bucket them with its id_range function over [0, H). group_bytes: per column, > 0 "
            "stores it as column groups of that many bytes of each row (format version 5). runs: a row_range "
            "segment whose ids are one run in order is written without ids or directory (format version 5)")
+      .def("submit_many", &PyShardWriter::submit_many, py::arg("segments"),
+           "queue many segments, each (table, ids, columns, num_rows, id_range[, group_bytes, runs]) as submit "
+           "takes them, checked first and queued in order with the GIL released once; returns their ids")
       .def("wait", &PyShardWriter::wait, py::arg("segment"),
            "block (GIL released) until segment `segment` (an id submit returned) is written, so the caller may "
            "reuse its buffers; raises the writer's first failure instead")

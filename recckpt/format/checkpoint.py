@@ -24,7 +24,6 @@ from .schema import (
     SlotInfo,
     TableInfo,
     index_from_json,
-    manifest_from_json,
 )
 from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
 
@@ -50,9 +49,16 @@ class WorkerPart:
     # of parsing `index` back, which for a thousand tables cost more than writing them.
     doc: IndexDoc | None = field(default=None, repr=False, compare=False)
     doc_bytes: bytes | None = field(default=None, repr=False, compare=False)   # its index file, as written
+    # Likewise its tables and digests as built (finalize takes them instead of `tables`/`digests`);
+    # `digests` is written out only for a collective (`to_json`).
+    infos: dict[str, TableInfo] | None = field(default=None, repr=False, compare=False)
+    sums: dict[str, TableDigest] | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("doc", "doc_bytes")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("doc", "doc_bytes", "infos", "sums")}
+        if self.digests is None and self.sums is not None:
+            out["digests"] = {name: d.to_json() for name, d in self.sums.items()}
+        return out
 
     @staticmethod
     def from_json(d: dict) -> "WorkerPart":
@@ -72,14 +78,16 @@ def _dense_digests_of(data, threads: int) -> dict:
     return {k: dense_digest(dt, shape, raw[s:e], threads).to_json() for k, (dt, shape, s, e) in entries.items()}
 
 
-def index_bytes(doc: IndexDoc) -> bytes:
+def index_bytes(doc: IndexDoc, as_json: dict | None = None) -> bytes:
     """The bytes of an index file: checked JSON up to format version 3; from version 4 plain JSON, which
-    the manifest's `files` entry covers (docs/FORMAT.md, Checked JSON)."""
+    the manifest's `files` entry covers (docs/FORMAT.md, Checked JSON). `as_json`: `doc.to_json()`, when
+    the caller has it already."""
+    obj = doc.to_json() if as_json is None else as_json
     if doc.format_version >= names.SEGMENT_DIR_SINCE:
         # Its only free text, the table and slot names, is in the manifest too, which `finalize` parses
         # back with every rule before anything commits: the rules are not walked twice here.
-        return checked_json.dumps_unchecked(doc.to_json(), check=False)
-    return checked_json.dumps(doc.to_json())
+        return checked_json.dumps_unchecked(obj, check=False)
+    return checked_json.dumps(obj)
 
 
 def parse_index_bytes(data: "bytes | str", where: str, format_version: int) -> dict:
@@ -142,21 +150,22 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
 def _describe_part(doc: IndexDoc, worker: int, tables: list[TableSource], changes: set[str], step, parent
                    ) -> tuple[WorkerPart, bytes]:
     """The part's JSON (index, digests, tables) and its index file's bytes: metadata only."""
-    part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json(), doc=doc)
+    index = doc.to_json()
+    part = WorkerPart(worker, index, step=step, parent=None if parent is None else parent.to_json(), doc=doc)
     sums: dict[str, TableDigest] = {}    # a column-split table comes as one source per block
     for t in tables:
         if t.digest is not None and t.name not in changes:
             sums[t.name] = sums[t.name] + t.digest if t.name in sums else t.digest
-    part.digests = {name: d.to_json() for name, d in sums.items()}
+    part.sums = sums
     # Rows as exported, not as the table's metadata claimed: the index must agree with the manifest.
     # A column-split table counts its rows in block 0 only: every block holds the same rows.
-    part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1] if s.block == 0),
-                                     t.name in doc.removed,
-                                     sum(s.rows for s in doc.removed.get(t.name, [])),
-                                     t.bucket_fn, t.num_rows, t.column_blocks, t.input_size,
-                                     t.column_groups).to_json()
-                   for t in tables}
-    return part, index_bytes(doc)
+    part.infos = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1] if s.block == 0),
+                                    t.name in doc.removed,
+                                    sum(s.rows for s in doc.removed.get(t.name, [])),
+                                    t.bucket_fn, t.num_rows, t.column_blocks, t.input_size, t.column_groups)
+                  for t in tables}
+    part.tables = {name: info.to_json() for name, info in part.infos.items()}
+    return part, index_bytes(doc, index)
 
 
 def _write_worker_state(storage, stage, worker, part: WorkerPart, dense, extras, io_state, opts) -> WorkerPart:
@@ -239,7 +248,7 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         # The writer refuses what every reader would: a manifest that fails the reader's validation (e.g.
         # a table or slot name with a NUL) would commit a checkpoint that listings skip and loads refuse.
         try:
-            manifest_from_json(checked_json.loads(data, names.MANIFEST, names.MAX_MANIFEST_BYTES), names.MANIFEST)
+            sha256 = catalog.parse_manifest(data, names.MANIFEST).content_sha256
         except CorruptCheckpointError as e:
             raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest "
                                       f"would not be readable ({e}); rename what the message names",
@@ -247,7 +256,7 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
     # What commits is exactly what the manifest and the index list: nothing missing, nothing more.
     storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files}, names.MANIFEST)
     catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
-    m.content_sha256 = hashlib.sha256(data).hexdigest()
+    m.content_sha256 = sha256
     return m
 
 
@@ -265,14 +274,7 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
                  metadata=dict(metadata or {}), parent=parent)
     for p in parts:
         for name, tj in p.tables.items():
-            blocks, groups = tj.get("column_blocks"), tj.get("column_groups")
-            info = TableInfo({k: SlotInfo(s["dtype"], tuple(s["shape"]), s["category"]) for k, s in tj["slots"]},
-                             tj["rows"], tj.get("changes", False), tj.get("removed", 0),
-                             tj.get("bucket_fn", "hash"), tj.get("num_rows", 0),
-                             None if blocks is None else ColumnBlocks(tuple(blocks["slots"]),
-                                                                      tuple(tuple(b) for b in blocks["blocks"])),
-                             tj.get("input_size", 0),
-                             None if groups is None else ColumnGroups(tuple(groups["slots"]), groups["width"]))
+            info = p.infos[name] if p.infos is not None else _table_info(tj)
             have = m.tables.get(name)
             if have is not None and have.slots != info.slots:
                 raise ValueError(f"table {name!r}: worker {p.worker} wrote slots {info.slots}, "
@@ -289,8 +291,8 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
                                  f"{info.column_blocks} and groups {info.column_groups}, another worker "
                                  f"{have.bucket_fn!r} over {have.num_rows} rows (input size {have.input_size}) with "
                                  f"{have.column_blocks} and {have.column_groups}")
-            m.tables[name] = replace(info, rows=info.rows + (have.rows if have else 0),
-                                     removed=info.removed + (have.removed if have else 0))
+            m.tables[name] = info if have is None else replace(info, rows=info.rows + have.rows,
+                                                                  removed=info.removed + have.removed)
         for rel, (size, crc) in p.files.items():
             m.files[rel] = FileInfo(size, crc)
         if p.io_state:
@@ -310,6 +312,17 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
     if len(parts) == 1 and parts[0].doc_bytes is not None:
         return m, merged, parts[0].doc_bytes   # one worker: the merge is its index, already serialised
     return m, merged, index_bytes(merged) if m.tables else b""
+
+
+def _table_info(tj: dict) -> TableInfo:
+    """A table of a worker's part as a collective carried it (`TableInfo.to_json`)."""
+    blocks, groups = tj.get("column_blocks"), tj.get("column_groups")
+    return TableInfo({k: SlotInfo(s["dtype"], tuple(s["shape"]), s["category"]) for k, s in tj["slots"]},
+                     tj["rows"], tj.get("changes", False), tj.get("removed", 0), tj.get("bucket_fn", "hash"),
+                     tj.get("num_rows", 0),
+                     None if blocks is None else ColumnBlocks(tuple(blocks["slots"]), tuple(tuple(b) for b in blocks["blocks"])),
+                     tj.get("input_size", 0),
+                     None if groups is None else ColumnGroups(tuple(groups["slots"]), groups["width"]))
 
 
 def _check_column_blocks(storage, ckpt_id: str, m: Manifest, docs: list[IndexDoc]) -> None:
@@ -340,13 +353,13 @@ def _merged_digests(parts: list[WorkerPart], m: Manifest) -> Digests:
         slots = list(info.slots)
         total = TableDigest(slots)
         for p in parts:
-            d = (p.digests or {}).get(name)
+            d = (p.sums or {}).get(name) if p.sums is not None else (p.digests or {}).get(name)
             if d is None and name not in p.tables:
                 continue          # this worker wrote nothing of the table
             if d is None:
                 total = None      # a worker's share is unknown: so is the table's content
                 break
-            total = total + TableDigest.from_json(d, slots)
+            total = total + (d if isinstance(d, TableDigest) else TableDigest.from_json(d, slots))
         if total is not None:
             out.tables[name] = total
     writer = next((p for p in parts if p.dense is not None), None)
@@ -502,7 +515,8 @@ class CheckpointReader:
         """The fully validated index: fields, and blocks that tile every shard file exactly."""
         if self._index is None:
             doc = self.parsed_index()
-            structure.check_tiling(doc, self.describe)
+            if doc.format_version < names.SEGMENT_DIR_SINCE:   # (version 4's parse checks it, segment by segment)
+                structure.check_tiling(doc, self.describe)
             self._index = doc
         return self._index
 

@@ -97,6 +97,11 @@ class TableSource:
         return [p.unit * (p.ranges[0][1] - p.ranges[0][0]) if p.count > 1 else 0 for p in places]
 
 
+#: A worker writes a shard file (and keeps a writer thread busy) per this many bytes of rows, up to its
+#: `concurrency`: a save of tens of megabytes is bucketed, checksummed and written by several threads.
+FILE_BYTES = 8 << 20
+
+
 @dataclass(frozen=True)
 class SparseWriteOptions:
     num_buckets: int
@@ -125,7 +130,7 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     total = sum(t.nbytes for t in sources)
     if total == 0:
         return doc
-    nfiles = max(1, min(opts.concurrency, -(-total // opts.segment_bytes)))
+    nfiles = max(1, min(opts.concurrency, -(-total // min(opts.segment_bytes, FILE_BYTES))))
     rels = [names.shard_file(worker, k) for k in range(nfiles)]
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
     # The store says where the engine writes (the files themselves, or local files it uploads after).
@@ -134,17 +139,7 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
         writeback = opts.fsync and storage.engine_path(stage) is not None
         writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes, writeback)
         try:
-            for ti, t in enumerate(sources):
-                # column groups and row runs (format version 5): a table's segments; never removed ids
-                groups, runs = (t.group_bytes(), t.num_rows > 0) if ti < len(tables) else ([], False)
-                for ids, cols in t.chunks:
-                    if len(ids) == 0:
-                        continue   # a segment holds at least one row
-                    segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size, groups, runs)
-                    if t.receipts is not None:
-                        t.receipts.taken(writer, segment)
-                    if t.digest is not None:   # while the writer threads write the chunk
-                        t.digest.update(ids, cols, opts.concurrency)
+            _submit_all(writer, sources, len(tables), opts.concurrency)
             records = writer.finish(opts.fsync)
         except BaseException:
             writer.abort()
@@ -152,6 +147,53 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
         with gcpause.paused():   # a segment of each of a thousand tables: metadata only
             _add_records(doc, rels, paths, records, tables, sources)
     return doc
+
+
+#: Chunks smaller than this are handed to the writer, and digested, together (`_submit_all`) ...
+SMALL_CHUNK_BYTES = 1 << 20
+#: ... up to this many bytes of them, or this many chunks, at a time.
+SMALL_BATCH_BYTES = 8 << 20
+SMALL_BATCH_CHUNKS = 512
+
+
+def _submit_all(writer: _C.ShardWriter, sources: list[TableSource], n_tables: int, threads: int) -> None:
+    """Every chunk of `sources` (tables, then from `n_tables` on removed ids) to the writer, in order, each
+    added to its source's digest while the writer threads write it. Small chunks (a model of many small
+    tables) go in batches: one `submit_many` and one digest call for many tables instead of two calls per
+    table. A stream that reuses its buffers (`receipts`) has each chunk handed over alone, so that its
+    receipt is taken before the next."""
+    pending, nbytes = [], 0
+
+    def flush():
+        nonlocal nbytes
+        if pending:
+            writer.submit_many([(ti, ids, cols, t.num_rows, t.input_size, groups, runs)
+                                for ti, t, ids, cols, groups, runs in pending])
+            TableDigest.update_many([(t.digest, ids, cols) for _, t, ids, cols, _, _ in pending
+                                     if t.digest is not None], threads)
+            pending.clear()
+            nbytes = 0
+
+    for ti, t in enumerate(sources):
+        # column groups and row runs (format version 5): a table's segments; never removed ids
+        groups, runs = (t.group_bytes(), t.num_rows > 0) if ti < n_tables else ([], False)
+        for ids, cols in t.chunks:
+            if len(ids) == 0:
+                continue   # a segment holds at least one row
+            size = ids.nbytes + sum(c.nbytes for c in cols)
+            if t.receipts is None and size < SMALL_CHUNK_BYTES:
+                pending.append((ti, t, ids, cols, groups, runs))
+                nbytes += size
+                if nbytes >= SMALL_BATCH_BYTES or len(pending) >= SMALL_BATCH_CHUNKS:
+                    flush()
+                continue
+            flush()
+            segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size, groups, runs)
+            if t.receipts is not None:
+                t.receipts.taken(writer, segment)
+            if t.digest is not None:   # while the writer threads write the chunk
+                t.digest.update(ids, cols, threads)
+    flush()
 
 
 def _add_records(doc: IndexDoc, rels, paths, records, tables: list[TableSource], sources: list[TableSource]):
@@ -575,7 +617,7 @@ class SegmentReader:
         try:
             segs = [(t, seg) for t, _, _ in jobs for seg in self.index.tables[t][1]]
             need = [(t, seg) for t, seg in segs if (t, seg.file, seg.buckets.offset) not in self._offsets
-                    and self._dir_use(seg, bucket_lo, hi_b) == "read"]
+                    and self.dir_use(seg, bucket_lo, hi_b) == "read"]
             reqs = [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
                                 max(seg.buckets.length, 1)) for _, seg in need]
             for (t, seg), raw in zip(need, self.read(jobs[0][0], reqs) if reqs else []):
@@ -587,7 +629,7 @@ class SegmentReader:
             reqs = []
             for t, slots, row_bytes in jobs:
                 for seg, r0, r1 in self.iter_row_ranges(t, self.index.tables[t][1], bucket_lo, hi_b):
-                    reqs += self._row_requests(t, seg, r0, r1, slots, row_bytes)
+                    reqs += self.row_requests(t, seg, r0, r1, slots, row_bytes)
             datas = self.read(jobs[0][0], reqs) if reqs else []
         except (CorruptCheckpointError, OSError, KeyError, ValueError):
             self._prefetched.clear()
@@ -647,7 +689,7 @@ class SegmentReader:
         inside it, and reads the directories of the others (docs/FORMAT.md, what a loading rank reads)."""
         todo, whole, runs = [], {}, {}
         for seg in segs:
-            how = self._dir_use(seg, bucket_lo, bucket_hi)
+            how = self.dir_use(seg, bucket_lo, bucket_hi)
             if how == "whole":
                 whole[id(seg)] = True
             elif how == "read":
@@ -668,7 +710,7 @@ class SegmentReader:
             if r1 > r0:
                 yield seg, r0, r1
 
-    def _dir_use(self, seg: Segment, bucket_lo: int, bucket_hi: int) -> str:
+    def dir_use(self, seg: Segment, bucket_lo: int, bucket_hi: int) -> str:
         """What a read of buckets [lo, hi) does with the segment's directory: "read" it (a full read checks
         every directory), "skip" the segment (no rows in the range) or take it "whole" (version 4: its
         recorded buckets lie inside the range)."""
@@ -708,9 +750,9 @@ class SegmentReader:
             out.append(d)
         return out
 
-    def _row_requests(self, table: str, seg: Segment, r0: int, r1: int, slots: list[str], row_bytes: list[int],
-                      columns: tuple[int, int] | None = None) -> list:
-        """Requests for rows [r0, r1) of a segment: its ids (`RunIds` for a row run), then each slot in
+    def row_requests(self, table: str, seg: Segment, r0: int, r1: int, slots: list[str], row_bytes: list[int],
+                     columns: tuple[int, int] | None = None) -> list:
+        """`read` requests for rows [r0, r1) of a segment: its ids (`RunIds` for a row run), then each slot in
         `slots` (`row_bytes[k]` bytes a row as delivered): one `ReadRequest` of a slot stored in one column
         and read whole in width, else a `GroupedRead` of its column groups (format version 5). `columns`:
         of the split slots, only the columns [a, b) of their last dim (each read delivers the columns the
@@ -780,7 +822,7 @@ class SegmentReader:
         limit = self.options.batch_bytes if batch_bytes is None else batch_bytes
         batch = ReadBatch(table, row_bytes)
         for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
-            batch.add(r1 - r0, self._row_requests(table, seg, r0, r1, slots, row_bytes, columns))
+            batch.add(r1 - r0, self.row_requests(table, seg, r0, r1, slots, row_bytes, columns))
             if batch.nbytes >= limit:
                 yield batch
                 batch = ReadBatch(table, row_bytes)
@@ -834,7 +876,7 @@ class SegmentReader:
         reqs, dsts, pos = [], [], 0
         for seg, r0, r1 in parts:
             n = r1 - r0
-            reqs += self._row_requests(table, seg, r0, r1, slots, row_bytes)
+            reqs += self.row_requests(table, seg, r0, r1, slots, row_bytes)
             dsts.append(ids_bytes[8 * pos:8 * (pos + n)])
             dsts += [whole[st + rb * pos:st + rb * (pos + n)] for rb, st in zip(row_bytes, starts)]
             pos += n

@@ -64,8 +64,8 @@ def empty_rows(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -
     n = 1
     for d in shape:
         n *= int(d)
-    nbytes = n * torch.empty((), dtype=dtype).element_size()
-    if torch.device(device).type != "cpu" or nbytes < ALIGN_FROM_BYTES:
+    nbytes = n * dtype.itemsize   # (no scratch tensor to ask: a load of a thousand tables asks four times each)
+    if nbytes < ALIGN_FROM_BYTES or torch.device(device).type != "cpu":
         return torch.empty(tuple(shape), dtype=dtype, device=device)
     raw = torch.empty(nbytes + PAGE, dtype=torch.uint8)
     skip = -raw.data_ptr() % PAGE
@@ -192,10 +192,12 @@ class RowStore:
         with torch.inference_mode(False):
             for k, t in self.columns.items():
                 nt = empty_rows((cap, *t.shape[1:]), t.dtype, t.device)
-                nt[:n].copy_(t[:n])
+                if n:   # (an emptied table being loaded: nothing to copy, a call per slot saved)
+                    nt[:n].copy_(t[:n])
                 new_columns[k] = nt
             new_ids = empty_rows((cap,), torch.int64, "cpu")
-            new_ids[:n].copy_(self.ids[:n])
+            if n:
+                new_ids[:n].copy_(self.ids[:n])
             self.change_log.resize(cap, n)
         self.map.reserve(cap)
         self.columns, self.ids, self.capacity = new_columns, new_ids, cap

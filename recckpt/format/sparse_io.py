@@ -794,6 +794,11 @@ class SegmentReader:
         `column_join` joins its blocks. A read of ids alone (`ids_only`) takes block 0's: every block
         holds every id."""
         all_slots, segs = self.index.tables[table]
+        if self.index.geometry_of(table).runs:
+            # A row_range table (format version 5) read in id order: a writer's segments are listed file by
+            # file, so a full save's runs come back [0, a), [c, N), [a, b), ...; in bucket order, a fold
+            # (compaction) hands the writer ids in order again, which it stores as row runs.
+            segs = sorted(segs, key=_bucket_order)
         if table in self.index.blocked:
             if block is None and ids_only:
                 block = 0   # every block holds every id: block 0's are the table's
@@ -935,6 +940,10 @@ class MappedTable:
     ids: np.ndarray
     columns: dict[str, np.ndarray]
     bytes_mapped: int
+
+
+def _bucket_order(seg: Segment) -> tuple[int, int, int]:
+    return seg.block, seg.first, seg.id0
 
 
 class ReadBatch:

@@ -16,11 +16,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include "crc32c.h"
 #include "fault.h"
 #include "read_files.h"
+#include "workers.h"
 
 namespace recckpt {
 namespace {
@@ -72,19 +72,7 @@ class Reader {
     advise_up_to(0);
     const int want_threads = direct_start ? std::max(threads, kDirectThreads) : threads;
     const int64_t nthreads = std::min<int64_t>(std::max(want_threads, 1), (int64_t)pieces_.size());
-    if (nthreads <= 1) {
-      work();
-    } else {
-      std::vector<std::thread> pool;
-      pool.reserve((size_t)nthreads - 1);
-      try {
-        for (int64_t t = 1; t < nthreads; t++) pool.emplace_back([this] { work(); });
-      } catch (const std::system_error&) {
-        // could not start more threads: the ones running (and this one) do the work
-      }
-      work();
-      for (auto& t : pool) t.join();
-    }
+    run_workers(nthreads, [this] { work(); });
     ReadResult r;
     r.bytes_read = bytes_read_.load();
     if (region_) region_->bytes_mapped.fetch_add(bytes_mapped_);

@@ -14,11 +14,11 @@
 #include <map>
 #include <mutex>
 #include <numeric>
-#include <thread>
 
 #include "crc32c.h"
 #include "mapped_region.h"
 #include "read_files.h"
+#include "workers.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -112,19 +112,7 @@ class StridedReader {
     advise_up_to(0);
     const int want = direct_start_ ? std::max(threads, kDirectThreads) : threads;
     const int64_t nthreads = std::min<int64_t>(std::max(want, 1), (int64_t)blocks_.size());
-    if (nthreads <= 1) {
-      work();
-    } else {
-      std::vector<std::thread> pool;
-      pool.reserve((size_t)nthreads - 1);
-      try {
-        for (int64_t t = 1; t < nthreads; t++) pool.emplace_back([this] { work(); });
-      } catch (const std::system_error&) {
-        // could not start more threads: the ones running (and this one) do the work
-      }
-      work();
-      for (auto& t : pool) t.join();
-    }
+    run_workers(nthreads, [this] { work(); });
     ReadResult r;
     r.bytes_read = bytes_read_.load();
     for (size_t i = 0; i < reqs_.size(); i++)

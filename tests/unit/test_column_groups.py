@@ -14,6 +14,7 @@ from spec import independent_reader as R
 
 import recckpt
 from helpers.fake_tables import Holder, RecordsImports
+from helpers.pagecache import drop_cache
 from recckpt import SaveOptions, Saver
 from recckpt.errors import CorruptCheckpointError
 from recckpt.format.checkpoint import CheckpointReader
@@ -108,13 +109,8 @@ def test_a_column_split_load_reads_only_the_groups_of_its_columns(saved, columns
 def test_a_cold_column_split_load_reads_past_the_page_cache(saved, mode):
     """Shard files out of the page cache: the engine reads the groups (read_strided) and the per-row slot
     (read_ranges) past it, with O_DIRECT, and the rows come back exactly as warm."""
-    import os
     for f in (saved / "c" / "sparse").glob("*.bin"):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_cache(f)
     t = Fixed(((1_000, 19_000),), (4, 16))
     recckpt._C._inject_fault("direct", 0)   # counts direct reads
     Saver(Holder(t), output_dir=str(saved), read_options=ReadOptions(direct_reads=mode)).load(ckpt_id="c")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.pagecache import drop_cache
 from recckpt import _C, HashTable, Saver
 from recckpt.errors import CorruptCheckpointError, InvalidArgumentError
 from recckpt.format.sparse_io import ReadOptions
@@ -50,15 +51,6 @@ def read(reqs, direct, threads=2):
     _C._inject_fault("direct", 0)   # resets the count of direct reads
     out = _C.read_ranges(reqs, threads, direct=direct)
     return out, _C._fault_seen("direct")
-
-
-def drop_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from helpers.pagecache import drop_cache
 from recckpt import _C
 
 B = 64
@@ -224,15 +225,6 @@ def test_a_failed_write_of_groups_is_raised_naming_the_file(tmp_path):
 NEVER, AUTO, ALWAYS = _C.DIRECT_NEVER, _C.DIRECT_AUTO, _C.DIRECT_ALWAYS
 
 
-def _drop_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _strided(path, r, n, rb, gb, direct, r0=0, r1=None, take=None, threads=3):
     """read_strided of rows [r0, r1) (columns `take`) with `direct`: (dst, bytes read, errors, direct reads)."""
     r1 = n if r1 is None else r1
@@ -335,7 +327,7 @@ def test_read_strided_auto_reads_directly_only_when_cold(grouped_file, tmp_path,
         np.testing.assert_array_equal(dst, emb)
         return seen
 
-    _drop_cache(copy)
+    drop_cache(copy)
     assert auto_read() >= 1
     with open(copy, "rb") as f:   # every page cached
         while f.read(8 << 20):

@@ -139,3 +139,44 @@ def test_grouped_load_onto_three_ranks_is_exact(tmp_path):
             assert torch.equal(torch.sort(b.ids()).values, torch.sort(mine).values), (r, name)
             assert torch.equal(a.read_rows("adam.v", a.lookup(mine)), b.read_rows("adam.v", b.lookup(mine)))
     assert os.path.isdir(os.path.join(out, "c"))
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 4096), (1000, 3000), (0, 1), (4095, 4096)])
+def test_read_rows_takes_row_runs_and_column_groups_from_the_index(tmp_path, lo, hi):
+    """Format version 5: small fixed-size tables' segments are row runs (no directory, no ids) whose split
+    slots are column groups. A group read of them takes each run's rows in the range from its index entry,
+    reads no directory, and places the groups into rows: the same rows, ids and bytes as each table's own
+    read."""
+    from helpers.fake_tables import FixedRows
+    from recckpt.format.checkpoint import CheckpointReader
+    from recckpt.format.segment_groups import read_rows
+    from recckpt.storage import open_storage
+    m = torch.nn.Module()
+    for t in range(5):
+        m.add_module(f"f{t}", FixedRows(f"f{t}", n=300 + 50 * t, d=12))
+    out = str(tmp_path / "o")
+    Saver(m, output_dir=out, options=SaveOptions(fsync=False, segment_bytes=8192)).save("c")
+    r = CheckpointReader(open_storage(out), "c")
+    index = r.index
+    assert all(s.is_run for t in index.tables for s in index.tables[t][1])
+    jobs = [(f"f{t}", ["embedding", "adagrad.acc"], [48, 48]) for t in range(5)]
+    reader = r.segments
+    got = read_rows(reader, jobs, lo, hi)
+    assert got is not None
+    for name, slots, rbs in jobs:
+        ids, cols = [], [[] for _ in slots]
+        for chunk, parts in reader.iter_table(name, slots, rbs, lo, hi):
+            ids.append(chunk.copy())
+            for c, p in zip(cols, parts):
+                c.append(p.copy())
+        t = got[name]
+        want_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        assert t.rows == len(want_ids)
+        np.testing.assert_array_equal(t.columns[0].view("<i8"), want_ids)
+        for k in range(len(slots)):
+            want = np.concatenate(cols[k]).reshape(-1) if cols[k] else np.zeros(0, np.uint8)
+            np.testing.assert_array_equal(t.columns[1 + k], want)
+        if t.rows:   # and those are the table's rows
+            tab = getattr(m, name)
+            np.testing.assert_array_equal(t.columns[1].view(np.float32).reshape(-1, 12),
+                                          tab.cols["embedding"][want_ids].numpy())

@@ -21,6 +21,7 @@ struct FoldResult {
   // Output layout: positions [0, base_rows) hold the base's rows in read order (a caller reads them
   // there whole); positions [base_rows, base_rows + new_rows) the winning rows of ids the base lacks.
   int64_t new_rows = 0;
+  std::vector<int64_t> new_ids;           // the id at each of those positions, in order
   std::vector<std::vector<int64_t>> src;  // per link (index 0 unused): winning row indices, ascending
   std::vector<std::vector<int64_t>> dst;  // their output positions
   std::vector<int64_t> holes;             // base positions whose row does not survive (ascending is not promised)
@@ -30,10 +31,12 @@ struct FoldResult {
 };
 
 // links[0] is the base (its removed ids are ignored); at most kMaxFoldLinks links and kMaxFoldBase base
-// rows (the caller checks). Runs in O(total events) with one hash table.
+// rows (the caller checks). Runs in O(total events): the events are split by a keyed hash of their id
+// into cache-sized partitions, each folded with its own small table, on up to `threads` threads (the
+// result does not depend on how many).
 constexpr int64_t kMaxFoldLinks = 32000;
 constexpr int64_t kMaxFoldBase = ((int64_t)1 << 31) - 1;
-void fold_links(const std::vector<FoldLink>& links, FoldResult& out);
+void fold_links(const std::vector<FoldLink>& links, FoldResult& out, int threads = 1);
 
 // dst[dst_idx[k]] = src[src_idx[k]] for rows of row_bytes bytes, on up to `threads` threads (each a
 // range of k; the rows written must be distinct). threads == 1 copies in order of k, which is what

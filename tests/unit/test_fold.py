@@ -89,6 +89,44 @@ def test_engine_fold_matches_a_dictionary_replay_across_partitions(seed):
     assert np.array_equal(np.sort(r["hole_ids"]), np.sort(base[r["holes"]]))
 
 
+def _decided(r, rows):
+    """What a fold decided, independent of where its (randomly keyed) partitions put new rows: id -> (link,
+    row) of every output position, the hole ids, the duplicates; checks that `new_ids` names the id at
+    each new position."""
+    n_base = len(rows[0])
+    at = np.full(n_base + r["new_rows"], -1, dtype=np.int64)        # id at each output position
+    at[:n_base] = rows[0]
+    where = {}
+    for j in range(1, len(rows)):
+        at[r["dst"][j]] = rows[j][r["src"][j]]
+        where.update(zip(rows[j][r["src"][j]].tolist(), zip([j] * len(r["src"][j]), r["src"][j].tolist())))
+    assert np.array_equal(at[n_base:], r["new_ids"])
+    return (where, sorted(r["hole_ids"].tolist()), sorted(zip(r["dup_link"].tolist(), r["dup_ids"].tolist())),
+            r["new_rows"])
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_engine_fold_on_threads_decides_as_on_one(threads):
+    """The partitions are folded on several threads (enough events for each): the same winners, holes,
+    duplicates and new rows as on one thread; `new_ids` names the id at each new position."""
+    rng = np.random.default_rng(threads)
+    base = rng.permutation(300_000).astype("<i8") * 3 - 10 ** 6
+    base = np.concatenate([base, base[:25]])                         # base duplicates: holes
+    rows = [base]
+    removed = [np.empty(0, "<i8")]
+    for _ in range(6):
+        ids = rng.choice(np.concatenate([base, np.arange(10 ** 7, 10 ** 7 + 80_000)]), 60_000, replace=False)
+        rows.append(np.concatenate([ids[:50_000], ids[:10]]).astype("<i8"))   # and duplicates in a link
+        removed.append(ids[50_000:].astype("<i8"))
+    masks = [rng.random(len(r)) < 0.02 for r in rows]
+    one = _C.fold_links(rows, removed, masks, [None] * len(rows))
+    many = _C.fold_links(rows, removed, masks, [None] * len(rows), threads=threads)
+    assert one["new_rows"] > 0 and len(one["holes"]) > 0 and len(one["dup_ids"]) > 0
+    assert _decided(one, rows) == _decided(many, rows)
+    for j in range(1, len(rows)):
+        assert np.all(np.diff(many["src"][j]) > 0)
+
+
 def test_engine_reports_every_duplicate_across_partitions():
     rng = np.random.default_rng(7)
     base = rng.permutation(50_000).astype("<i8")

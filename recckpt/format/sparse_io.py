@@ -347,6 +347,29 @@ class SegmentReader:
             pos += n
         return out
 
+    def _local_requests(self, reqs: list[ReadRequest], dsts: list[np.ndarray]) -> list[tuple] | None:
+        """The engine's request tuples for `reqs` into `dsts` (each file's size checked first), or None
+        when a file is not one the engine can open (an object store)."""
+        for r in reqs:
+            self.check_size(r.file)
+        local = [self._engine_path(r.file) for r in reqs]
+        if any(p is None for p in local):
+            return None
+        return [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, dsts)]
+
+    def engine_requests(self, reqs: list[ReadRequest], dsts: list[np.ndarray]) -> list[tuple] | None:
+        """What `read(table, reqs, dsts)` would hand the engine, for a caller that reads the requests of
+        many readers in one engine call (`recckpt.format.link_reads`); None when this reader must read
+        them itself (an object store, or bytes read ahead by `prefetch`). The caller adds the bytes it
+        read to `bytes_read` and raises `read_error` for the first request that failed."""
+        return None if self._prefetched else self._local_requests(reqs, dsts)
+
+    def read_error(self, table: str, req: ReadRequest, msg: str) -> CorruptCheckpointError:
+        """The error of a failed engine read of `req` (the engine's message `msg`), naming file and table."""
+        path = self._path(req.file)
+        return CorruptCheckpointError(f"{self.storage.describe(path)}: table {table!r}, {req.what}: {msg}", path,
+                                      table=table)
+
     def read(self, table: str, reqs: list[ReadRequest], dsts: list[np.ndarray] | None = None,
              map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
         """The verified bytes [lo, hi) of each request (and, when lo == 0, the zero padding before its
@@ -365,19 +388,13 @@ class SegmentReader:
     def _read_now(self, table: str, reqs: list[ReadRequest], dsts: list[np.ndarray] | None = None,
                   map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
         out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
-        for r in reqs:
-            self.check_size(r.file)
-        local = [self._engine_path(r.file) for r in reqs]
-        if all(p is not None for p in local):
-            engine_reqs = [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)]
+        engine_reqs = self._local_requests(reqs, out)
+        if engine_reqs is not None:
             nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=self.options.readahead_bytes,
                                            map_into=map_into)
             self.bytes_read += nread
             if errors:
-                i, msg = errors[0]
-                fi, what = reqs[i].file, reqs[i].what
-                raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
-                                             f"{what}: {msg}", self._path(fi), table=table)
+                raise self.read_error(table, reqs[errors[0][0]], errors[0][1])
             return out
         # Through the store: every range (and padding) the requests need, exactly, in one concurrent call.
         ranges, spans = [], []
@@ -424,14 +441,11 @@ class SegmentReader:
             segs = [(t, seg) for t, _, _ in jobs for seg in self.index.tables[t][1]]
             need = [(t, seg) for t, seg in segs if (t, seg.file, seg.buckets.offset) not in self._offsets
                     and self._dir_use(seg, bucket_lo, hi_b) == "read"]
-            reqs = [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
-                                max(seg.buckets.length, 1)) for _, seg in need]
+            reqs = [self._dir_request(seg) for _, seg in need]
             for (t, seg), raw in zip(need, self.read(jobs[0][0], reqs) if reqs else []):
                 d = BucketDir.from_bytes(raw, seg, self.index.num_buckets)
-                if d is None or self._offsets_bytes + d.nbytes > OFFSETS_CACHE_BYTES:
-                    continue   # the table's own read reports a bad directory
-                self._offsets[(t, seg.file, seg.buckets.offset)] = d
-                self._offsets_bytes += d.nbytes
+                if d is not None:   # the table's own read reports a bad directory
+                    self._keep_dir(t, seg, d)
             reqs = []
             for t, slots, row_bytes in jobs:
                 all_slots = self.index.tables[t][0]
@@ -483,9 +497,7 @@ class SegmentReader:
             for seg, off in zip(part, have):
                 if off is None:
                     off = next(read)
-                    if self._offsets_bytes + off.nbytes <= OFFSETS_CACHE_BYTES:
-                        self._offsets[(table, seg.file, seg.buckets.offset)] = off
-                        self._offsets_bytes += off.nbytes
+                    self._keep_dir(table, seg, off)
                 yield seg, off
 
     def iter_row_ranges(self, table: str, segs: list[Segment], bucket_lo: int, bucket_hi: int
@@ -527,21 +539,45 @@ class SegmentReader:
             return "whole"
         return "read"
 
+    @staticmethod
+    def _dir_request(seg: Segment) -> ReadRequest:
+        return ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets", max(seg.buckets.length, 1))
+
+    def _dir_of(self, table: str, seg: Segment, raw: np.ndarray) -> "BucketDir":
+        """The directory of `seg` from its verified bytes; CorruptCheckpointError if it is not valid."""
+        d = BucketDir.from_bytes(raw, seg, self.index.num_buckets)
+        if d is None:
+            raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
+                                         f"bucket offsets are not a valid partition of {seg.rows} rows",
+                                         self._path(seg.file), table=table)
+        return d
+
+    def _keep_dir(self, table: str, seg: Segment, d: "BucketDir") -> None:
+        if self._offsets_bytes + d.nbytes <= OFFSETS_CACHE_BYTES:
+            self._offsets[(table, seg.file, seg.buckets.offset)] = d
+            self._offsets_bytes += d.nbytes
+
     def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list["BucketDir"]:
         """The verified bucket directory of each of `segs` (format version 4, or versions 1-3's offsets
         block as a directory), read in one parallel call."""
-        raws = self.read(table, [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
-                                             max(seg.buckets.length, 1)) for seg in segs])
-        nb = self.index.num_buckets
-        out = []
+        raws = self.read(table, [self._dir_request(seg) for seg in segs])
+        return [self._dir_of(table, seg, raw) for seg, raw in zip(segs, raws)]
+
+    def dir_requests(self, table: str, segs: list[Segment], bucket_lo: int, bucket_hi: int
+                     ) -> tuple[list[Segment], list[ReadRequest]]:
+        """The segments of `segs` whose directories a read of buckets [lo, hi) needs and this reader has
+        not kept, and the requests that read them: a caller reading many readers at once reads these,
+        then gives the bytes to `keep_dirs`."""
+        need = [seg for seg in segs if self._dir_use(seg, bucket_lo, bucket_hi) == "read"
+                and (table, seg.file, seg.buckets.offset) not in self._offsets]
+        return need, [self._dir_request(seg) for seg in need]
+
+    def keep_dirs(self, table: str, segs: list[Segment], raws: list[np.ndarray]) -> None:
+        """Check the directories of `segs` read as `dir_requests` asked (CorruptCheckpointError naming the
+        file if one is not valid) and keep them for this reader's later reads (up to
+        OFFSETS_CACHE_BYTES; any left out are read again when needed)."""
         for seg, raw in zip(segs, raws):
-            d = BucketDir.from_bytes(raw, seg, nb)
-            if d is None:
-                raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
-                                             f"bucket offsets are not a valid partition of {seg.rows} rows",
-                                             self._path(seg.file), table=table)
-            out.append(d)
-        return out
+            self._keep_dir(table, seg, self._dir_of(table, seg, raw))
 
     def _row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
                       row_bytes: list[int]) -> list[ReadRequest]:
@@ -600,19 +636,21 @@ class SegmentReader:
                     with_file: bool = False):
         """The verified ids an incremental checkpoint records as removed from `table`, in buckets
         [lo, hi) (int64, a new array). with_file=True returns (ids, the shard file index of each id)."""
-        segs = self.index.removed.get(table, [])
-        nb = self.index.num_buckets
-        hi_b = nb if bucket_hi is None else bucket_hi
-        reqs, files = [], []
-        for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
-            if r1 > r0:
-                reqs.append(ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids", seg.columns[0].step))
-                files.append(np.full(r1 - r0, seg.file, dtype=np.int64))
-        ids = (np.concatenate([a.view("<i8") for a in self.read(table, reqs)]) if reqs
-               else np.empty(0, dtype="<i8"))
+        batch = self.removed_batch(table, bucket_lo, bucket_hi)
+        ids = self.read_batch(batch, [np.empty(8 * batch.rows, dtype=np.uint8)])[0].view("<i8")
         if with_file:
-            return ids, (np.concatenate(files) if files else np.empty(0, dtype=np.int64))
+            return ids, batch.row_files()
         return ids
+
+    def removed_batch(self, table: str, bucket_lo: int = 0, bucket_hi: int | None = None) -> "ReadBatch":
+        """The reads of the ids removed from `table` in buckets [lo, hi) (an incremental checkpoint's
+        removed segments), as one batch of ids only."""
+        hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
+        batch = ReadBatch(table, [])
+        for seg, r0, r1 in self.iter_row_ranges(table, self.index.removed.get(table, []), bucket_lo, hi_b):
+            batch.add(r1 - r0, [ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids",
+                                            seg.columns[0].step)])
+        return batch
 
     def map_table(self, table: str, slots: list[str], row_bytes: list[int], bucket_lo: int = 0,
                   bucket_hi: int | None = None, spare_rows: int = 0) -> "MappedTable":
@@ -672,15 +710,9 @@ class SegmentReader:
                     raise ValueError(f"table {batch.table!r}: read_batch destination of {flat.size} bytes for "
                                      f"{batch.rows} rows of {w} bytes")
                 out.append(flat)
-        flat_reqs, flat_dst = [], []
-        pos = [0] * len(widths)
-        for n, rs in batch.parts:
-            for c, r in enumerate(rs):
-                nb = n * widths[c]
-                flat_reqs.append(r)
-                flat_dst.append(out[c][pos[c]:pos[c] + nb])
-                pos[c] += nb
-        self.read(batch.table, flat_reqs, dsts=flat_dst)
+        flat_reqs, flat_dst = batch.layout(out)
+        if flat_reqs:
+            self.read(batch.table, flat_reqs, dsts=flat_dst)
         return out
 
     def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
@@ -722,6 +754,27 @@ class ReadBatch:
         self.parts.append((rows, reqs))
         self.rows += rows
         self.nbytes += sum(r.nbytes for r in reqs)
+
+    def layout(self, cols: list[np.ndarray]) -> tuple[list[ReadRequest], list[np.ndarray]]:
+        """Every request of the batch and where its bytes go in `cols` (one flat uint8 buffer per column,
+        ids first, `rows * width` bytes each), the parts' rows one after another."""
+        widths = [8] + self.row_bytes
+        reqs, dsts = [], []
+        pos = [0] * len(widths)
+        for n, rs in self.parts:
+            for c, r in enumerate(rs):
+                nb = n * widths[c]
+                reqs.append(r)
+                dsts.append(cols[c][pos[c]:pos[c] + nb])
+                pos[c] += nb
+        return reqs, dsts
+
+    def row_files(self) -> np.ndarray:
+        """The shard file (its position in the index's `files`) of each row of the batch."""
+        if not self.parts:
+            return np.empty(0, dtype=np.int64)
+        return np.repeat(np.array([rs[0].file for _, rs in self.parts], dtype=np.int64),
+                         np.array([n for n, _ in self.parts], dtype=np.int64))
 
     def split(self, cols: list) -> Iterator[tuple]:
         """`cols` (what `read_batch` read: ids, then one byte array per slot) cut back into its parts:

@@ -117,7 +117,6 @@ void each_event_in(const std::vector<Run>& runs, int64_t g0, int64_t g1, F&& f) 
 struct PartOut {
   std::vector<int64_t> holes, hole_ids, dup_link, dup_ids;
   std::vector<uint64_t> new_ref;  // a winning row of an id the base lacks: its event's meta, in order
-  std::vector<int64_t> new_id;    // ... and the id
 };
 
 }  // namespace
@@ -233,7 +232,6 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out, int threads
           won[(size_t)jj][(size_t)idx] = e.base_pos;
         } else {  // placed after the base once every thread is done, in partition order
           o.new_ref.push_back(v.meta);
-          o.new_id.push_back(v.id);
         }
       }
     }
@@ -244,11 +242,8 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out, int threads
     out.hole_ids.insert(out.hole_ids.end(), o.hole_ids.begin(), o.hole_ids.end());
     out.dup_link.insert(out.dup_link.end(), o.dup_link.begin(), o.dup_link.end());
     out.dup_ids.insert(out.dup_ids.end(), o.dup_ids.begin(), o.dup_ids.end());
-    for (size_t k = 0; k < o.new_ref.size(); k++) {
-      const uint64_t meta = o.new_ref[k];
+    for (const uint64_t meta : o.new_ref)
       won[(size_t)((meta >> 2) & 0x7FFF)][(size_t)(meta >> 17)] = n_base + out.new_rows++;
-      out.new_ids.push_back(o.new_id[k]);
-    }
   }
   std::vector<PartOut>().swap(parts);
   const int64_t TL = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t)L - 1));

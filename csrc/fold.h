@@ -21,7 +21,6 @@ struct FoldResult {
   // Output layout: positions [0, base_rows) hold the base's rows in read order (a caller reads them
   // there whole); positions [base_rows, base_rows + new_rows) the winning rows of ids the base lacks.
   int64_t new_rows = 0;
-  std::vector<int64_t> new_ids;           // the id at each of those positions, in order
   std::vector<std::vector<int64_t>> src;  // per link (index 0 unused): winning row indices, ascending
   std::vector<std::vector<int64_t>> dst;  // their output positions
   std::vector<int64_t> holes;             // base positions whose row does not survive (ascending is not promised)

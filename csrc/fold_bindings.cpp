@@ -60,7 +60,6 @@ py::dict py_fold_links(const py::sequence& rows, const py::sequence& removed, co
   }
   py::dict out;
   out["new_rows"] = r.new_rows;
-  out["new_ids"] = to_array(std::move(r.new_ids));
   out["src"] = src;
   out["dst"] = dst;
   out["holes"] = to_array(std::move(r.holes));
@@ -107,7 +106,7 @@ void bind_fold(py::module_& m) {
         py::arg("skip_removed"), py::arg("threads") = 1,
         "Fold the links of a chain (base first) for one bucket range: per link its row ids and removed ids "
         "(int64), and optional bool masks of events to ignore; on up to `threads` threads (the result is the "
-        "same for any number). Returns a dict: new_rows, new_ids (the id at each new position), src/dst (per link, "
+        "same for any number). Returns a dict: new_rows, src/dst (per link, "
         "index 0 empty: winning row indices and their output positions; the base's rows keep positions "
         "[0, n_base)), holes/hole_ids (base positions that do not survive and their ids), dup_link/dup_ids "
         "(ids stored twice within one link).");

@@ -91,16 +91,17 @@ def test_engine_fold_matches_a_dictionary_replay_across_partitions(seed):
 
 def _decided(r, rows):
     """What a fold decided, independent of where its (randomly keyed) partitions put new rows: id -> (link,
-    row) of every output position, the hole ids, the duplicates; checks that `new_ids` names the id at
-    each new position."""
+    row) of every winning row, the hole ids, the duplicates; checks that every output position is filled
+    once, a replaced base row by a row of its own id."""
     n_base = len(rows[0])
-    at = np.full(n_base + r["new_rows"], -1, dtype=np.int64)        # id at each output position
-    at[:n_base] = rows[0]
+    dst = np.concatenate([r["dst"][j] for j in range(1, len(rows))])
+    ids = np.concatenate([rows[j][r["src"][j]] for j in range(1, len(rows))])
+    assert len(np.unique(dst)) == len(dst)
+    assert np.array_equal(np.sort(dst[dst >= n_base]), np.arange(n_base, n_base + r["new_rows"]))
+    assert np.array_equal(rows[0][dst[dst < n_base]], ids[dst < n_base])
     where = {}
     for j in range(1, len(rows)):
-        at[r["dst"][j]] = rows[j][r["src"][j]]
         where.update(zip(rows[j][r["src"][j]].tolist(), zip([j] * len(r["src"][j]), r["src"][j].tolist())))
-    assert np.array_equal(at[n_base:], r["new_ids"])
     return (where, sorted(r["hole_ids"].tolist()), sorted(zip(r["dup_link"].tolist(), r["dup_ids"].tolist())),
             r["new_rows"])
 
@@ -108,7 +109,7 @@ def _decided(r, rows):
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_engine_fold_on_threads_decides_as_on_one(threads):
     """The partitions are folded on several threads (enough events for each): the same winners, holes,
-    duplicates and new rows as on one thread; `new_ids` names the id at each new position."""
+    duplicates and new rows as on one thread."""
     rng = np.random.default_rng(threads)
     base = rng.permutation(300_000).astype("<i8") * 3 - 10 ** 6
     base = np.concatenate([base, base[:25]])                         # base duplicates: holes

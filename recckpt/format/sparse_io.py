@@ -350,12 +350,14 @@ class SegmentReader:
     def _local_requests(self, reqs: list[ReadRequest], dsts: list[np.ndarray]) -> list[tuple] | None:
         """The engine's request tuples for `reqs` into `dsts` (each file's size checked first), or None
         when a file is not one the engine can open (an object store)."""
+        paths = {}
         for r in reqs:
-            self.check_size(r.file)
-        local = [self._engine_path(r.file) for r in reqs]
-        if any(p is None for p in local):
+            if r.file not in paths:
+                self.check_size(r.file)
+                paths[r.file] = self._engine_path(r.file)
+        if any(p is None for p in paths.values()):
             return None
-        return [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, dsts)]
+        return [r.for_engine(paths[r.file], dst) for r, dst in zip(reqs, dsts)]
 
     def engine_requests(self, reqs: list[ReadRequest], dsts: list[np.ndarray]) -> list[tuple] | None:
         """What `read(table, reqs, dsts)` would hand the engine, for a caller that reads the requests of

@@ -578,8 +578,8 @@ class SegmentReader:
         """Check the directories of `segs` read as `dir_requests` asked (CorruptCheckpointError naming the
         file if one is not valid) and keep them for this reader's later reads (up to
         OFFSETS_CACHE_BYTES; any left out are read again when needed)."""
-        for seg, raw in zip(segs, raws):
-            self._keep_dir(table, seg, self._dir_of(table, seg, raw))
+        for seg, raw, d in zip(segs, raws, BucketDir.all_from_bytes(raws, segs, self.index.num_buckets)):
+            self._keep_dir(table, seg, d if d is not None else self._dir_of(table, seg, raw))
 
     def _row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
                       row_bytes: list[int]) -> list[ReadRequest]:
@@ -814,15 +814,43 @@ class BucketDir:
     @staticmethod
     def from_bytes(raw: np.ndarray, seg: Segment, num_buckets: int) -> "BucketDir | None":
         """The directory of `seg` from its verified block, or None if it is not a valid partition."""
-        if seg.dir_entries:   # format version 4: uint32 bucket[k], uint32 start[k]
-            k = seg.dir_entries
-            if len(raw) != 8 * k:
-                return None
-            both = raw.view("<u4").astype(np.int64)
-            b, st = both[:k], both[k:]
-            ok = (b[0] == seg.first and b[-1] == seg.last and b[-1] < num_buckets and st[0] == 0
-                  and st[-1] < seg.rows and bool(np.all(np.diff(b) > 0)) and bool(np.all(np.diff(st) > 0)))
-            return BucketDir(b, st, seg.rows) if ok else None
+        return BucketDir.all_from_bytes([raw], [seg], num_buckets)[0]
+
+    @staticmethod
+    def all_from_bytes(raws: list[np.ndarray], segs: list[Segment], num_buckets: int) -> list["BucketDir | None"]:
+        """`from_bytes` of each segment, the version 4 directories checked together: a few numpy passes
+        over all of them, not a few per directory (a chain's links hold hundreds of small ones)."""
+        out: list[BucketDir | None] = [None] * len(segs)
+        v4 = []
+        for i, (raw, seg) in enumerate(zip(raws, segs)):
+            if not seg.dir_entries:
+                out[i] = BucketDir._offsets_block(raw, seg, num_buckets)
+            elif len(raw) == 8 * seg.dir_entries:   # format version 4: uint32 bucket[k], uint32 start[k]
+                v4.append(i)
+        if not v4:
+            return out
+        k = np.array([segs[i].dir_entries for i in v4], dtype=np.int64)
+        both = [raws[i].view("<u4") for i in v4]
+        b = np.concatenate([x[:n] for x, n in zip(both, k.tolist())]).astype(np.int64)
+        st = np.concatenate([x[n:] for x, n in zip(both, k.tolist())]).astype(np.int64)
+        end = np.cumsum(k)
+        first = end - k
+        ok = ((b[first] == [segs[i].first for i in v4]) & (b[end - 1] == [segs[i].last for i in v4])
+              & (b[end - 1] < num_buckets) & (st[first] == 0) & (st[end - 1] < [segs[i].rows for i in v4]))
+        # both strictly increasing within each directory (a step across two directories does not count)
+        rising = (np.diff(b) > 0) & (np.diff(st) > 0)
+        rising[end[:-1] - 1] = True
+        bad = np.flatnonzero(~rising)
+        if bad.size:
+            ok[np.searchsorted(end, bad, side="right")] = False
+        for j, i in enumerate(v4):
+            if ok[j]:
+                out[i] = BucketDir(b[first[j]:end[j]], st[first[j]:end[j]], segs[i].rows)
+        return out
+
+    @staticmethod
+    def _offsets_block(raw: np.ndarray, seg: Segment, num_buckets: int) -> "BucketDir | None":
+        """Versions 1-3: the dense offsets block as a directory."""
         off = raw.view("<i8")
         if len(off) != num_buckets + 1 or off[0] != 0 or off[num_buckets] != seg.rows or np.any(np.diff(off) < 0):
             return None

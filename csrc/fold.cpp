@@ -176,10 +176,11 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out, int threads
   });
   std::vector<std::vector<int64_t>>().swap(count);
 
-  // Winners per link, by row index: dst of row i, -1 where it lost (made ascending by src afterwards).
-  std::vector<std::vector<int64_t>> won(L);
-  for (size_t j = 1; j < L; j++)
-    if (links[j].n_rows) won[j].assign((size_t)links[j].n_rows, -1);
+  // Winners by link and row index, one flat array (link j's rows from at[j]): dst of the row, -1 where it
+  // lost (made ascending by src afterwards).
+  std::vector<int64_t> at(L + 1, 0);
+  for (size_t j = 1; j < L; j++) at[j + 1] = at[j] + links[j].n_rows;
+  std::vector<int64_t> won((size_t)at[L], -1);
   const int64_t n_base = base.n_rows;
   // Partitions are independent: thread t folds the partitions [q[t], q[t + 1]), about a T-th of the events.
   std::vector<size_t> q((size_t)T + 1, P);
@@ -229,7 +230,7 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out, int threads
             o.hole_ids.push_back(e.id);
           }
         } else if (e.base_pos >= 0) {
-          won[(size_t)jj][(size_t)idx] = e.base_pos;
+          won[(size_t)(at[(size_t)jj] + idx)] = e.base_pos;
         } else {  // placed after the base once every thread is done, in partition order
           o.new_ref.push_back(v.meta);
         }
@@ -243,7 +244,7 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out, int threads
     out.dup_link.insert(out.dup_link.end(), o.dup_link.begin(), o.dup_link.end());
     out.dup_ids.insert(out.dup_ids.end(), o.dup_ids.begin(), o.dup_ids.end());
     for (const uint64_t meta : o.new_ref)
-      won[(size_t)((meta >> 2) & 0x7FFF)][(size_t)(meta >> 17)] = n_base + out.new_rows++;
+      won[(size_t)(at[(size_t)((meta >> 2) & 0x7FFF)] + (int64_t)(meta >> 17))] = n_base + out.new_rows++;
   }
   std::vector<PartOut>().swap(parts);
   const int64_t TL = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t)L - 1));
@@ -251,13 +252,12 @@ void fold_links(const std::vector<FoldLink>& links, FoldResult& out, int threads
     for (size_t j = 1 + (size_t)t; j < L; j += (size_t)TL) {
       std::vector<int64_t>& src = out.src[j];
       std::vector<int64_t>& dst = out.dst[j];
-      const std::vector<int64_t>& w = won[j];
-      for (size_t i = 0; i < w.size(); i++)
+      const int64_t* w = won.data() + at[j];
+      for (int64_t i = 0; i < at[j + 1] - at[j]; i++)
         if (w[i] >= 0) {
-          src.push_back((int64_t)i);
+          src.push_back(i);
           dst.push_back(w[i]);
         }
-      std::vector<int64_t>().swap(won[j]);
     }
   });
 }

@@ -2,11 +2,12 @@
 
 A load of a chain opens every link; validating a hundred small increment indexes one by one cost about
 as much as the whole full load of their base (the validation is vectorised over segments, so each call
-pays a fixed price). Links whose manifests describe their tables alike (format version 4, bucket count,
-chunk size, and per table the slots, `changes` and column blocks) have their indexes concatenated by the
-format's own merge rule (docs/FORMAT.md, "Merging": the files one after another, each table's SEGS
-lists and CRC strings concatenated, `file` re-pointed) and validated once, as a worker index is (its
-rows are not compared with the manifest); the validated segments are then cut back per link.
+pays a fixed price). Version 4 links whose manifests describe their tables alike (bucket count, chunk
+size, and per table everything but its row and removed-id counts) and whose index holds version 4's
+fields only have their indexes concatenated by the format's own merge rule (docs/FORMAT.md, "Merging": the files one after
+another, each table's SEGS lists and CRC strings concatenated, `file` re-pointed) and validated once,
+as a worker index is (its rows are not compared with the manifest); the validated segments are then
+cut back per link.
 
 What that leaves to one index alone is checked per link before the merge, on the raw JSON: every field
 list of a SEGS as long as its `file` list and the same fields in every link, every `file` naming one of
@@ -15,6 +16,11 @@ shard bytes its manifest records, the tables of its manifest and no other; and a
 link's CRC string holds exactly its segments' checksums. A link that fails any of these, or a group
 whose merged validation fails, is validated on its own (`CheckpointReader.parsed_index`), which finds
 and words the problem exactly: the merge only ever saves time, it never decides what is valid.
+
+Links of a later format version are validated on their own, and so is an index carrying a field version
+4 does not have: the merge concatenates only what it knows to be per segment or per file, and a later
+field (version 5's row runs, say) may have rules that span segments. Teaching this module a later version
+means adding it to `MERGED_VERSIONS` with its fields.
 """
 from __future__ import annotations
 
@@ -27,6 +33,11 @@ from .checkpoint import CheckpointReader
 from .schema import IndexDoc, Manifest, index_from_json
 
 _PARTS = ("segments", "removed")
+#: The format versions whose indexes are merged, and the fields of their indexes and of their SEGS; any
+#: other version, or an index holding any other field, is validated on its own (module docstring).
+MERGED_VERSIONS = (names.SEGMENT_DIR_SINCE,)
+_TOP = frozenset({"format_version", "num_buckets", "chunk_bytes", "files", "tables"})
+_SEGS = frozenset({"file", "offset", "rows", "dir", "first", "last", "packed", "block", "crc32c"})
 
 
 @dataclass
@@ -45,7 +56,7 @@ def parse_indexes(links: Sequence[CheckpointReader]) -> None:
     groups: list[tuple[tuple, list[CheckpointReader]]] = []
     for link in links:
         m = link.manifest
-        if link.index_parsed or m.index is None or m.format_version != names.SEGMENT_DIR_SINCE:
+        if link.index_parsed or m.index is None or m.format_version not in MERGED_VERSIONS:
             continue
         sig = _signature(m)
         for key, members in groups:
@@ -60,9 +71,10 @@ def parse_indexes(links: Sequence[CheckpointReader]) -> None:
 
 
 def _signature(m: Manifest) -> tuple:
-    """What a version 4 index is validated against, beyond each link's own counts."""
+    """What an index is validated against, beyond each link's own counts: the tables' every other field,
+    so that one a later version adds to them is compared too."""
     return (m.format_version, m.num_buckets, m.chunk_bytes,
-            [(name, list(t.slots.items()), t.changes, t.column_blocks) for name, t in m.tables.items()])
+            [(name, list(t.slots.items()), replace(t, rows=0, removed=0)) for name, t in m.tables.items()])
 
 
 def _validate_group(links: list[CheckpointReader]) -> None:
@@ -118,7 +130,8 @@ def _merge(items: list[tuple[CheckpointReader, dict]]) -> tuple[dict, list[_Span
 def _fits(obj, m: Manifest, span: _Span, keys: dict, tables: dict, crcs: dict) -> bool:
     """Check what the merged validation cannot see of one link's raw index and, if it passes, add its
     tables to the merge (module docstring). False leaves the link to its own validation."""
-    if type(obj) is not dict or type(obj.get("files")) is not list or type(obj.get("tables")) is not dict:
+    if (type(obj) is not dict or obj.keys() != _TOP or type(obj["files"]) is not list
+            or type(obj["tables"]) is not dict):
         return False
     if (obj.get("format_version"), obj.get("num_buckets"), obj.get("chunk_bytes")) != (
             m.format_version, m.num_buckets, m.chunk_bytes):
@@ -140,7 +153,8 @@ def _fits(obj, m: Manifest, span: _Span, keys: dict, tables: dict, crcs: dict) -
                     return False
                 continue
             seg = t[part]
-            if type(seg) is not dict or type(seg.get("file")) is not list or type(seg.get("crc32c")) is not str:
+            if (type(seg) is not dict or not seg.keys() <= _SEGS or type(seg.get("file")) is not list
+                    or type(seg.get("crc32c")) is not str):
                 return False
             n = len(seg["file"])
             if keys.setdefault((name, part), frozenset(seg)) != frozenset(seg):

@@ -168,13 +168,42 @@ def test_every_gate_is_needed_the_merge_alone_accepts_the_crc_shift(tmp_path):
     assert [chain_index._cut(doc, span) is None for span in spans] == [False, False, True, True, False, False]
 
 
+# Not refused by the rules (an index may carry fields it does not use), but not v4-shaped: a later format
+# version's fields could mean anything, so the merge leaves the link to its own validation.
+GATE_ONLY = {"unknown_top_level_field": lambda out: _edit_index(out, 3, lambda idx: idx.update(extra={"x": 1}))}
+
+
 @pytest.mark.parametrize("attack", ["file_past_its_own", "file_negative", "manifest_rows", "manifest_removed",
                                     "manifest_shard_bytes", "field_missing_in_empty_removed", "unknown_field",
-                                    "table_missing", "removed_part_missing"])
+                                    "table_missing", "removed_part_missing", "unknown_top_level_field"])
 def test_the_merge_leaves_out_a_link_whose_own_index_it_could_not_vouch_for(tmp_path, attack):
     out = str(tmp_path)
     build(out)
-    ATTACKS[attack](out)
+    {**ATTACKS, **GATE_ONLY}[attack](out)
     links = walk_chain(_reader(out, f"i{LINKS}"))
     _, spans = chain_index._merge([(link, link.index_object()) for link in links[1:]])
     assert [s.link.manifest.ckpt_id for s in spans] == [f"i{k}" for k in range(1, LINKS + 1) if k != 3]
+
+
+def test_links_whose_segments_all_carry_a_later_field_are_validated_alone(tmp_path):
+    """Every link's SEGS with the same extra field (version 5's row-run starts, `id0`): consistent across
+    links, so only the version 4 field list keeps them out of the merge."""
+    out = str(tmp_path)
+    build(out)
+    for k in range(1, LINKS + 1):
+        _edit_index(out, k, lambda idx: idx["tables"]["a"]["segments"].update(
+            id0=[-1] * len(idx["tables"]["a"]["segments"]["file"])))
+    links = walk_chain(_reader(out, f"i{LINKS}"))
+    _, spans = chain_index._merge([(link, link.index_object()) for link in links[1:]])
+    assert spans == []
+
+
+def test_links_of_a_later_format_version_are_validated_alone(tmp_path):
+    from dataclasses import replace
+    out = str(tmp_path)
+    build(out)
+    links = walk_chain(_reader(out, f"i{LINKS}"))
+    for link in links[1:4]:
+        link.manifest = replace(link.manifest, format_version=max(chain_index.MERGED_VERSIONS) + 1)
+    chain_index.parse_indexes(links)
+    assert [link.index_parsed for link in links] == [False] * 4 + [True] * (LINKS - 3)

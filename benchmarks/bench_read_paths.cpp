@@ -20,6 +20,12 @@
 //   vmread      process_vm_readv out of a shared mapping of the file (a kernel copy that reports
 //               a truncated file as a short count instead of SIGBUS)
 //   direct      O_DIRECT pread (needs page-aligned sizes: the file's size must be a multiple of 4096)
+//   popwdirect  populate the piece first, then O_DIRECT pread into it
+//   bounce      O_DIRECT pread into a reused aligned 8 MiB buffer per thread, checked there, then memcpy
+//               into the (populated) destination: for destinations that are not block-aligned
+//   popwbounce  the same with the destination populated first (madvise) before the copy
+//   dsttouched  (env) every mode: the destination is faulted in before the clock starts, as a live
+//               table's storage is (a TorchRec kernel's weights); set DSTTOUCHED=1
 #include <fcntl.h>
 #include <nmmintrin.h>
 #include <sys/mman.h>
@@ -92,12 +98,19 @@ int main(int argc, char** argv) {
   if (fd < 0 || ::fstat(fd, &st) != 0) { std::perror(argv[1]); return 1; }
   const size_t n = (size_t)st.st_size;
   if (std::getenv("COLD")) ::posix_fadvise(fd, 0, (off_t)n, POSIX_FADV_DONTNEED);
-  const int dfd = mode == "direct" ? ::open(argv[1], O_RDONLY | O_DIRECT) : -1;
+  const bool uses_direct = mode == "direct" || mode == "popwdirect" || mode == "bounce" || mode == "popwbounce";
+  const int dfd = uses_direct ? ::open(argv[1], O_RDONLY | O_DIRECT) : -1;
+  const bool touched = std::getenv("DSTTOUCHED") != nullptr;
   const size_t small = std::getenv("SB") ? (size_t)std::atol(std::getenv("SB")) : kCrcBlock;
 
+  uint8_t* pre = nullptr;
+  if (touched) {
+    pre = (uint8_t*)::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    std::memset(pre, 0, n);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = cpu_seconds();
-  auto* dst = (uint8_t*)::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  auto* dst = touched ? pre : (uint8_t*)::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   const uint8_t* src = nullptr;
   if (mode == "privpop")
     dst = (uint8_t*)::mmap(dst, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0);
@@ -108,6 +121,9 @@ int main(int argc, char** argv) {
   std::atomic<uint32_t> sink{0};
   auto work = [&] {
     uint32_t c = 0;
+    uint8_t* bounce = nullptr;
+    if (mode == "bounce" || mode == "popwbounce")
+      bounce = (uint8_t*)::mmap(nullptr, kPiece, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     for (;;) {
       const size_t off = next.fetch_add(1) * kPiece;
       if (off >= n) break;
@@ -142,9 +158,18 @@ int main(int argc, char** argv) {
         iovec to{d, len}, from{(void*)(src + off), len};
         if (::process_vm_readv(::getpid(), &to, 1, &from, 1, 0) != (ssize_t)len) { std::perror("process_vm_readv"); std::exit(1); }
         c ^= check(d, len, crc);
-      } else if (mode == "direct") {
+      } else if (mode == "direct" || mode == "popwdirect") {
+        if (mode == "popwdirect") must(::madvise(d, len, MADV_POPULATE_WRITE), "madvise");
         pread_exact(dfd, d, len, off);
         c ^= check(d, len, crc);
+      } else if (mode == "bounce" || mode == "popwbounce") {
+        if (mode == "popwbounce") must(::madvise(d, len, MADV_POPULATE_WRITE), "madvise");
+        pread_exact(dfd, bounce, len, off);
+        for (size_t s = 0; s < len; s += kCrcBlock) {   // checked and copied block by block, while in cache
+          const size_t l = std::min(kCrcBlock, len - s);
+          c ^= check(bounce + s, l, crc);
+          std::memcpy(d + s, bounce + s, l);
+        }
       } else {
         std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
         std::exit(2);

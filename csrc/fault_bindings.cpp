@@ -14,7 +14,9 @@ fault::Op op_of(const std::string& op) {
   if (op == "write") return fault::kWrite;
   if (op == "fsync") return fault::kFsync;
   if (op == "mmap") return fault::kMmap;
-  throw py::value_error("fault op must be 'write', 'fsync' or 'mmap', got '" + op + "'");
+  if (op == "direct") return fault::kDirect;
+  if (op == "cachestat") return fault::kCachestat;
+  throw py::value_error("fault op must be 'write', 'fsync', 'mmap', 'direct' or 'cachestat', got '" + op + "'");
 }
 
 }  // namespace
@@ -28,8 +30,8 @@ void bind_fault(py::module_& m) {
         fault::arm(op_of(op), fail_at, err);
       },
       py::arg("op"), py::arg("fail_at"), py::arg("errno") = 0,
-      "test hook: fail the fail_at-th engine 'write' (pwrite), 'fsync' or 'mmap' (of a column, in a mapped "
-      "read) from now with errno; 0 = off. "
+      "test hook: fail the fail_at-th engine 'write' (pwrite), 'fsync', 'mmap' (of a column, in a mapped "
+      "read), 'direct' (O_DIRECT read of a piece) or 'cachestat' (page-cache probe) from now with errno; 0 = off. "
       "Also resets the operation counter.");
   m.def(
       "_fault_seen", [](const std::string& op) { return fault::seen(op_of(op)); }, py::arg("op"),

@@ -31,9 +31,9 @@ struct Held {
 class PyShardWriter {
  public:
   PyShardWriter(const std::vector<std::string>& paths, int64_t num_buckets, int64_t chunk_bytes,
-                int64_t max_inflight_bytes) {
+                int64_t max_inflight_bytes, bool writeback) {
     py::gil_scoped_release nogil;  // creating files can block
-    w_ = std::make_unique<ShardWriter>(paths, num_buckets, chunk_bytes, max_inflight_bytes);
+    w_ = std::make_unique<ShardWriter>(paths, num_buckets, chunk_bytes, max_inflight_bytes, writeback);
   }
   ~PyShardWriter() {
     if (w_) {
@@ -45,12 +45,10 @@ class PyShardWriter {
     }
   }
 
-  int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows,
-                 int64_t id_range) {
-    if (!w_) throw py::value_error("ShardWriter is closed");
-    Held h;
+  // Checks one segment's arguments and takes hold of its buffers into `in` and `h` (GIL held).
+  void prepare(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows,
+               int64_t id_range, SegmentInput& in, Held& h) {
     h.done = std::make_shared<std::atomic<bool>>(false);
-    SegmentInput in;
     in.table = table;
     py::buffer_info ids = int64_vector(ids_obj, "ShardWriter.submit: ids");
     in.n = ids.shape[0];
@@ -101,6 +99,14 @@ class PyShardWriter {
       h.bufs.push_back(std::move(b));
     }
     in.done = h.done;
+  }
+
+  int64_t submit(int64_t table, const py::object& ids_obj, const py::sequence& columns, int64_t num_rows,
+                 int64_t id_range) {
+    if (!w_) throw py::value_error("ShardWriter is closed");
+    Held h;
+    SegmentInput in;
+    prepare(table, ids_obj, columns, num_rows, id_range, in, h);
     reap();
     std::shared_ptr<std::atomic<bool>> flag = h.done;
     held_.push_back(std::move(h));
@@ -113,6 +119,44 @@ class PyShardWriter {
       if (held.done == flag) held.id = id;
     reap();
     return id;
+  }
+
+  // Many segments in one call (a model of many small tables): each (table, ids, columns, num_rows,
+  // id_range) as submit takes it; all are checked before any is queued, then queued in order with the GIL
+  // released once. Returns their ids.
+  std::vector<int64_t> submit_many(const py::sequence& segments) {
+    if (!w_) throw py::value_error("ShardWriter is closed");
+    const size_t n = (size_t)py::len(segments);
+    std::vector<SegmentInput> ins(n);
+    std::list<Held> hs;
+    for (size_t i = 0; i < n; i++) {
+      py::tuple t = segments[i].cast<py::tuple>();
+      if (t.size() != 5) throw py::value_error("ShardWriter.submit_many: each segment is (table, ids, columns, num_rows, id_range)");
+      Held h;
+      prepare(t[0].cast<int64_t>(), t[1], t[2].cast<py::sequence>(), t[3].cast<int64_t>(), t[4].cast<int64_t>(),
+              ins[i], h);
+      hs.push_back(std::move(h));
+    }
+    reap();
+    std::vector<std::list<Held>::iterator> mine;
+    mine.reserve(n);
+    for (auto it = hs.begin(); it != hs.end(); ++it) mine.push_back(it);
+    held_.splice(held_.end(), hs);   // (iterators stay valid)
+    std::vector<int64_t> ids(n, -1);
+    size_t queued = 0;
+    try {
+      py::gil_scoped_release nogil;
+      for (; queued < n; queued++) ids[queued] = w_->submit(std::move(ins[queued]));
+    } catch (...) {
+      // The one that failed was marked done by the writer; those after it were never queued.
+      for (size_t i = queued + 1; i < n; i++) mine[i]->done->store(true, std::memory_order_release);
+      for (size_t i = 0; i < queued; i++) mine[i]->id = ids[i];
+      reap();
+      throw;
+    }
+    for (size_t i = 0; i < n; i++) mine[i]->id = ids[i];
+    reap();
+    return ids;
   }
 
   // Blocks (GIL released) until segment `id` is written, then lets go of its buffers.
@@ -271,7 +315,9 @@ void crcs_of(const py::handle& obj, ReadRequest& r, size_t i) {
 }
 
 py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t readahead_bytes,
-                         std::shared_ptr<MappedRegion> map_into) {
+                         std::shared_ptr<MappedRegion> map_into, int direct) {
+  if (direct != kDirectNever && direct != kDirectAuto && direct != kDirectAlways)
+    throw py::value_error("read_ranges: direct must be 0 (never), 1 (auto) or 2 (always), got " + std::to_string(direct));
   const size_t n = py::len(requests);
   std::vector<ReadRequest> reqs(n);
   std::vector<py::buffer_info> dsts;
@@ -311,7 +357,7 @@ py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t read
   ReadResult res;
   {
     py::gil_scoped_release nogil;
-    res = read_ranges(reqs, threads, readahead_bytes, map_into.get());
+    res = read_ranges(reqs, threads, readahead_bytes, map_into.get(), direct);
   }
   py::list errs;
   for (auto& e : res.errors) errs.append(py::make_tuple(e.first, e.second));
@@ -338,20 +384,25 @@ void bind_io(py::module_& m) {
   py::class_<PyShardWriter>(m, "ShardWriter",
                             "Writes bucket-sorted segments to files in parallel, one worker thread per file.")
       .def(py::init([](const py::sequence& paths, int64_t num_buckets, int64_t chunk_bytes,
-                       int64_t max_inflight_bytes) {
+                       int64_t max_inflight_bytes, bool writeback) {
              if (py::isinstance<py::str>(paths) || py::isinstance<py::bytes>(paths))
                throw py::type_error("ShardWriter: paths must be a list of paths, not a single path");
              std::vector<std::string> ps;
              for (const auto& p : paths) ps.push_back(path_of(p));
-             return std::make_unique<PyShardWriter>(ps, num_buckets, chunk_bytes, max_inflight_bytes);
+             return std::make_unique<PyShardWriter>(ps, num_buckets, chunk_bytes, max_inflight_bytes, writeback);
            }),
            py::arg("paths"),
-           py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"))
+           py::arg("num_buckets"), py::arg("chunk_bytes"), py::arg("max_inflight_bytes"), py::arg("writeback") = false,
+           "writeback: start writing each block back to the device once written (sync_file_range), for "
+           "writers that finish(fsync=True): the fsync then has little left to do")
       .def("submit", &PyShardWriter::submit, py::arg("table"), py::arg("ids"), py::arg("columns"),
            py::arg("num_rows") = 0, py::arg("id_range") = 0,
            "queue a segment (1 to 2**32-1 rows); blocks (GIL released) while too many bytes are in flight; returns "
            "its id. num_rows = N > 0: bucket the ids (rows 0..N-1) with format version 4's row_range function; "
            "id_range = H > 0: bucket them with its id_range function over [0, H)")
+      .def("submit_many", &PyShardWriter::submit_many, py::arg("segments"),
+           "queue many segments, each (table, ids, columns, num_rows, id_range) as submit takes them, checked "
+           "first and queued in order with the GIL released once; returns their ids")
       .def("wait", &PyShardWriter::wait, py::arg("segment"),
            "block (GIL released) until segment `segment` (an id submit returned) is written, so the caller may "
            "reuse its buffers; raises the writer's first failure instead")
@@ -382,10 +433,15 @@ void bind_io(py::module_& m) {
   m.attr("PACK_BELOW") = kPackBelow;
   m.def("column_step", &column_step, py::arg("length"), py::arg("chunk_bytes"),
         "format version 4: bytes per checksum of a column of `length` bytes");
+  m.attr("DIRECT_NEVER") = (int)kDirectNever;
+  m.attr("DIRECT_AUTO") = (int)kDirectAuto;
+  m.attr("DIRECT_ALWAYS") = (int)kDirectAlways;
   m.def("read_ranges", &py_read_ranges, py::arg("requests"), py::arg("threads") = 4,
         py::arg("readahead_bytes") = kDefaultReadaheadBytes, py::arg("map_into") = nullptr,
+        py::arg("direct") = (int)kDirectAuto,
         "verified parallel reads: returns (bytes_read, [(request_index, message), ...]); the kernel is told "
         "to start reading up to readahead_bytes ahead of the threads (0: off). With map_into (a MappedRegion), "
         "whole columns read into that region at page-congruent addresses are mapped copy-on-write instead of "
-        "copied (docs/ENGINE.md)");
+        "copied. direct: DIRECT_NEVER, DIRECT_AUTO (O_DIRECT for pieces not in the page cache) or "
+        "DIRECT_ALWAYS (docs/ENGINE.md)");
 }

@@ -198,6 +198,7 @@ void bind_io(py::module_& m);
 void bind_fault(py::module_& m);
 void bind_fold(py::module_& m);
 void bind_digest(py::module_& m);
+void bind_json_rules(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "recckpt C++ engine: bucketing, CRC32C, IdMap, parallel shard writes and verified reads";
@@ -234,4 +235,5 @@ PYBIND11_MODULE(_C, m) {
   bind_fault(m);
   bind_fold(m);
   bind_digest(m);
+  bind_json_rules(m);
 }

@@ -1,5 +1,6 @@
 #include "pwrite_thread.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,7 +28,8 @@ void pwrite_all(int fd, const std::string& path, const void* data, size_t n, int
   }
 }
 
-PwriteThread::PwriteThread(int fd, std::string path) : fd_(fd), path_(std::move(path)) {
+PwriteThread::PwriteThread(int fd, std::string path, bool writeback)
+    : fd_(fd), path_(std::move(path)), writeback_(writeback) {
   thread_ = std::thread(&PwriteThread::run, this);
 }
 
@@ -53,6 +55,10 @@ void PwriteThread::run() {
     std::optional<OsError> err;
     try {
       pwrite_all(fd_, path_, d, n, off);
+#ifdef SYNC_FILE_RANGE_WRITE
+      // Advice only: a failure to start the writeback (or of the writeback itself) is the final fsync's to report.
+      if (writeback_) (void)::sync_file_range(fd_, (off_t)off, (off_t)n, SYNC_FILE_RANGE_WRITE);
+#endif
     } catch (const OsError& e) {
       err.emplace(e);
     }

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -24,6 +26,30 @@ namespace {
 
 constexpr int64_t kPieceBytes = 8 << 20;  // a worker takes about this many bytes of chunks at a time
 constexpr size_t kMaxIo = size_t(1) << 30;
+
+// Direct reads (O_DIRECT): offsets, lengths and buffers aligned to kAlign (a multiple of every common
+// logical block size); through the bounce buffer at most kDirectBlock bytes a read, checked and copied in
+// kCheckBlock steps while they are in the CPU's cache. kDirectThreads: reads in flight on a cold load
+// (each thread waits on the device, using little CPU).
+constexpr int64_t kAlign = 4096;
+constexpr int64_t kDirectBlock = 8 << 20;
+constexpr int64_t kCheckBlock = 256 << 10;
+constexpr int kDirectThreads = 4;
+
+
+// A thread's aligned buffer for direct reads into destinations that are not block-aligned.
+class AlignedBuffer {
+ public:
+  ~AlignedBuffer() { std::free(p_); }
+  uint8_t* get() {
+    if (p_ == nullptr && ::posix_memalign((void**)&p_, (size_t)kAlign, (size_t)(kDirectBlock + 2 * kAlign)) != 0)
+      p_ = nullptr;
+    return p_;
+  }
+
+ private:
+  uint8_t* p_ = nullptr;
+};
 
 std::string hex32(uint32_t v) {
   char buf[16];
@@ -42,6 +68,12 @@ struct OpenFile {
   int err = 0;
   bool not_regular = false;
   int64_t size = 0;
+  int dfd = -1;      // the same file opened with O_DIRECT, once a piece wants it
+  int dstate = 0;    // 0: not tried, 1: dfd usable, -1: no direct reads of this file (guarded by dmu_)
+  dev_t dev = 0;
+  ino_t ino = 0;
+  uint8_t* map = nullptr;   // for mincore (piece_cached), where cachestat is missing
+  bool map_failed = false;
 };
 
 // Pages [a, b) of a request's destination that map its file (a == b: the request is copied).
@@ -58,14 +90,17 @@ uint8_t* page_up(const uint8_t* p) { return page_down(p + MappedRegion::page_siz
 
 class Reader {
  public:
-  Reader(const std::vector<ReadRequest>& reqs, MappedRegion* region)
-      : reqs_(reqs), region_(region), fds_(reqs.size(), -1), mapped_(reqs.size()), err_chunk_(reqs.size()),
-        err_msg_(reqs.size()) {
+  Reader(const std::vector<ReadRequest>& reqs, MappedRegion* region, int direct)
+      : reqs_(reqs), region_(region), direct_(direct), fds_(reqs.size(), -1), file_of_(reqs.size(), nullptr),
+        mapped_(reqs.size()), err_chunk_(reqs.size()), err_msg_(reqs.size()) {
     for (auto& c : err_chunk_) c = std::numeric_limits<int64_t>::max();
   }
   ~Reader() {
-    for (auto& kv : files_)
+    for (auto& kv : files_) {
+      if (kv.second.map != nullptr) ::munmap(kv.second.map, (size_t)kv.second.size);
       if (kv.second.fd >= 0) ::close(kv.second.fd);
+      if (kv.second.dfd >= 0) ::close(kv.second.dfd);
+    }
   }
 
   ReadResult run(int threads, int64_t readahead_bytes) {
@@ -74,8 +109,14 @@ class Reader {
     for (size_t i = 0; i < reqs_.size(); i++)
       if (ok[i] && (!region_ || map_request(i))) plan(i);
     readahead_ = std::max<int64_t>(0, readahead_bytes);
+    // A cold start (the first piece is not in the page cache) reads directly: hints would only fill the
+    // cache that the direct reads go past, and a few more threads keep the device's queue full.
+    bool direct_start = direct_ == kDirectAlways;
+    if (direct_ == kDirectAuto && !pieces_.empty() && !piece_cached(pieces_[0])) direct_start = true;
+    if (direct_start) readahead_ = 0;
     advise_up_to(0);
-    const int64_t nthreads = std::min<int64_t>(std::max(threads, 1), (int64_t)pieces_.size());
+    const int want_threads = direct_start ? std::max(threads, kDirectThreads) : threads;
+    const int64_t nthreads = std::min<int64_t>(std::max(want_threads, 1), (int64_t)pieces_.size());
     if (nthreads <= 1) {
       work();
     } else {
@@ -152,11 +193,14 @@ class Reader {
           of.fd = -1;
         } else {
           of.size = (int64_t)st.st_size;
+          of.dev = st.st_dev;
+          of.ino = st.st_ino;
         }
       }
       it = files_.emplace(r.path, of).first;
     }
-    const OpenFile& f = it->second;
+    OpenFile& f = it->second;
+    file_of_[i] = &f;
     if (f.fd < 0 && f.not_regular) return report(i, -1, "not a regular file (a link, FIFO or device)"), false;
     if (f.fd < 0) return report(i, -1, std::string("open error: ") + std::strerror(f.err)), false;
     if (f.size < r.col_offset + r.col_length)
@@ -282,14 +326,18 @@ class Reader {
     for (int64_t s = a; s < b; s += r.chunk_bytes, j++) {
       const int64_t e = std::min(s + r.chunk_bytes, b);
       const uint32_t c = crc32c(0, buf + (s - a), (size_t)(e - s));
-      if (c != r.crcs[(size_t)j]) {
-        report(i, j, "CRC mismatch in chunk " + std::to_string(j) + " (column bytes [" + std::to_string(s) +
-                         ", " + std::to_string(e) + "), file offset " + std::to_string(r.col_offset + s) +
-                         "): expected " + hex32(r.crcs[(size_t)j]) + ", computed " + hex32(c));
-        return false;
-      }
+      if (c != r.crcs[(size_t)j]) return report_crc(i, j, s, e, c);
     }
     return true;
+  }
+
+  // Reports chunk j (column bytes [s, e)) of request i as not matching its crc; returns false.
+  bool report_crc(size_t i, int64_t j, int64_t s, int64_t e, uint32_t computed) {
+    const ReadRequest& r = reqs_[i];
+    report(i, j, "CRC mismatch in chunk " + std::to_string(j) + " (column bytes [" + std::to_string(s) + ", " +
+                     std::to_string(e) + "), file offset " + std::to_string(r.col_offset + s) + "): expected " +
+                     hex32(r.crcs[(size_t)j]) + ", computed " + hex32(computed));
+    return false;
   }
 
   // Reads exactly n bytes at off into p, or reports why not (`what` names the bytes) and returns false.
@@ -358,10 +406,11 @@ class Reader {
     return true;
   }
 
-  void do_piece(const Piece& p, std::vector<uint8_t>& scratch) {
+  void do_piece(const Piece& p, std::vector<uint8_t>& scratch, AlignedBuffer& bounce) {
     const ReadRequest& r = reqs_[(size_t)p.req];
     if (p.j0 == 0 && r.lo == 0 && r.pad_before > 0 && !check_padding((size_t)p.req)) return;
     if (mapped_[(size_t)p.req].b != nullptr) return verify_mapped(p);
+    if (direct_ != kDirectNever && (direct_ == kDirectAlways || !piece_cached(p)) && read_direct(p, bounce)) return;
     const int64_t cb = r.chunk_bytes, L = r.col_length;
     int64_t j = p.j0;
     while (j < p.j1) {
@@ -384,6 +433,180 @@ class Reader {
     }
   }
 
+  // ----------------------------------------------------------------------------------- direct reads
+  // Whether most of piece p's bytes are in the page cache, asked without touching the device: the
+  // cachestat system call (Linux 6.5) counts the cached pages of the range; older kernels answer with
+  // mincore on a mapping of the file (opened lazily, never read through). Probing with a read would not
+  // do: even preadv2(RWF_NOWAIT) starts the kernel's read-ahead of a page it does not find. Where neither
+  // works, every piece counts as cached (read through the page cache, as before).
+  bool piece_cached(const Piece& p) {
+    if (!probe_ok_.load(std::memory_order_relaxed)) return true;
+    const size_t i = (size_t)p.req;
+    const ReadRequest& r = reqs_[i];
+    const int64_t a = (r.col_offset + p.j0 * r.chunk_bytes) / kAlign * kAlign;
+    const int64_t b = r.col_offset + std::min(p.j1 * r.chunk_bytes, r.col_length);
+    const int64_t pages = (b - a + kAlign - 1) / kAlign;
+    const int64_t have = cached_pages(i, a, b - a);
+    if (have < 0) {
+      probe_ok_.store(false, std::memory_order_relaxed);
+      return true;
+    }
+    return 2 * have >= pages;
+  }
+
+  // Pages of [off, off + n) of request i's file in the page cache, or -1 when it cannot be told.
+  int64_t cached_pages(size_t i, int64_t off, int64_t n) {
+#ifdef __NR_cachestat
+    static constexpr long kCachestat = __NR_cachestat;
+#elif defined(__x86_64__) || defined(__aarch64__)
+    static constexpr long kCachestat = 451;  // the same number on every architecture since Linux 6.5
+#else
+    static constexpr long kCachestat = -1;
+#endif
+    if (kCachestat > 0 && cachestat_ok_.load(std::memory_order_relaxed)) {
+      struct { uint64_t off, len; } range{(uint64_t)off, (uint64_t)n};
+      struct { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; } cs{};
+      if (fault::check(fault::kCachestat) == 0 && ::syscall(kCachestat, fds_[i], &range, &cs, 0) == 0)
+        return (int64_t)cs.nr_cache;
+      cachestat_ok_.store(false, std::memory_order_relaxed);  // ENOSYS, or a file system without it
+    }
+    const uint8_t* base = probe_map(i);
+    if (base == nullptr) return -1;
+    const int64_t a = off / kAlign * kAlign, pages = (off + n - a + kAlign - 1) / kAlign;
+    std::vector<unsigned char> vec((size_t)pages);
+    if (::mincore((void*)(base + a), (size_t)(off + n - a), vec.data()) != 0) return -1;
+    int64_t have = 0;
+    for (unsigned char v : vec) have += v & 1;
+    return have;
+  }
+
+  // A read-only shared mapping of request i's whole file, for mincore only (never read through: a page
+  // of it is never touched), made once per file; nullptr when it cannot be made.
+  const uint8_t* probe_map(size_t i) {
+    OpenFile& f = *file_of_[i];
+    std::lock_guard<std::mutex> lk(dmu_);
+    if (f.map == nullptr && !f.map_failed) {
+      void* m = f.size > 0 ? ::mmap(nullptr, (size_t)f.size, PROT_READ, MAP_SHARED, f.fd, 0) : MAP_FAILED;
+      if (m == MAP_FAILED) f.map_failed = true;
+      else f.map = (uint8_t*)m;
+    }
+    return f.map;
+  }
+
+  // The O_DIRECT descriptor of request i's file (opened once, checked to be the same file), or -1.
+  int direct_fd(size_t i) {
+    OpenFile& f = *file_of_[i];
+    std::lock_guard<std::mutex> lk(dmu_);
+    if (f.dstate == 0) {
+      f.dstate = -1;
+      const int fd = ::open(reqs_[i].path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_DIRECT);
+      struct stat st;
+      if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == f.dev && st.st_ino == f.ino) {
+        f.dfd = fd;
+        f.dstate = 1;
+      } else if (fd >= 0) {
+        ::close(fd);
+      }
+    }
+    return f.dstate == 1 ? f.dfd : -1;
+  }
+
+  void refuse_direct(size_t i) {
+    std::lock_guard<std::mutex> lk(dmu_);
+    file_of_[i]->dstate = -1;  // the descriptor stays open until the reader ends: other threads may hold it
+  }
+
+  // Reads n bytes (a multiple of kAlign, or fewer at the end of the file) at off into p with O_DIRECT.
+  // Returns the bytes read (short only at the end of the file) or -errno.
+  static int64_t pread_direct(int fd, uint8_t* p, int64_t n, int64_t off) {
+    if (const int injected = fault::check(fault::kDirect)) return -injected;
+    int64_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::pread(fd, p + got, (size_t)std::min<int64_t>(n - got, (int64_t)kMaxIo), (off_t)(off + got));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return -errno;
+      }
+      got += r;
+      if (r == 0 || r % kAlign != 0) break;  // the end of the file
+    }
+    return got;
+  }
+
+  bool direct_refused(int64_t err) { return err == -EINVAL || err == -EOPNOTSUPP || err == -ENOTSUP; }
+
+  // Piece p with O_DIRECT: straight into the destination when its chunks lie inside [lo, hi) at a
+  // block-aligned address and file offset, else through `bounce` in blocks, each checked and copied in
+  // cache-sized steps. True when the piece was handled (read and checked, or its failure reported);
+  // false when the file system refused direct reads (the caller reads the piece through the page cache).
+  bool read_direct(const Piece& p, AlignedBuffer& bounce) {
+    const size_t i = (size_t)p.req;
+    const ReadRequest& r = reqs_[i];
+    const int dfd = direct_fd(i);
+    if (dfd < 0) return false;
+    const int64_t cb = r.chunk_bytes, L = r.col_length;
+    const int64_t s = p.j0 * cb, e = std::min(p.j1 * cb, L);
+    if (s >= r.lo && e <= r.hi && (r.col_offset + s) % kAlign == 0 && (uintptr_t)(r.dst + (s - r.lo)) % kAlign == 0) {
+      uint8_t* d = r.dst + (s - r.lo);
+      const int64_t body = (e - s) / kAlign * kAlign;
+      prefault(d, e - s);
+      if (body > 0) {
+        const int64_t got = pread_direct(dfd, d, body, r.col_offset + s);
+        if (direct_refused(got)) return refuse_direct(i), false;
+        if (got != body) return short_or_failed(i, p.j0 + std::max<int64_t>(got, 0) / cb, got, r.col_offset + s), true;
+      }
+      if (e - s > body && !read_exact(i, p.j0 + body / cb, d + body, e - s - body, r.col_offset + s + body,
+                                      "a chunk")) return true;
+      bytes_read_.fetch_add(e - s, std::memory_order_relaxed);
+      check_crcs(i, p.j0, s, e, d);
+      return true;
+    }
+    uint8_t* bb = bounce.get();
+    if (bb == nullptr) return false;
+    {
+      const int64_t a = std::max(s, r.lo), b = std::min(e, r.hi);
+      if (b > a) prefault(r.dst + (a - r.lo), b - a);
+    }
+    int64_t j = p.j0;
+    uint32_t crc = 0;  // of chunk j's bytes so far
+    for (int64_t bs = s; bs < e;) {
+      const int64_t fa = (r.col_offset + bs) / kAlign * kAlign;
+      const int64_t be = std::min(e, bs + kDirectBlock - ((r.col_offset + bs) - fa));
+      const int64_t fb = (r.col_offset + be + kAlign - 1) / kAlign * kAlign;
+      const int64_t got = pread_direct(dfd, bb, fb - fa, fa);
+      if (direct_refused(got)) return refuse_direct(i), false;
+      if (got < (r.col_offset + be) - fa)
+        return short_or_failed(i, j, got < 0 ? got : 0, fa), true;
+      const uint8_t* src = bb + ((r.col_offset + bs) - fa);  // column byte bs
+      for (int64_t x = bs; x < be;) {
+        const int64_t chunk_end = std::min((j + 1) * cb, L);
+        const int64_t y = std::min(std::min(be, x + kCheckBlock), chunk_end);
+        crc = crc32c(crc, src + (x - bs), (size_t)(y - x));
+        const int64_t a = std::max(x, r.lo), b = std::min(y, r.hi);
+        if (b > a) std::memcpy(r.dst + (a - r.lo), src + (a - bs), (size_t)(b - a));
+        if (y == chunk_end) {
+          if (crc != r.crcs[(size_t)j]) return report_crc(i, j, j * cb, chunk_end, crc), true;
+          crc = 0;
+          j++;
+        }
+        x = y;
+      }
+      bytes_read_.fetch_add(be - bs, std::memory_order_relaxed);
+      bs = be;
+    }
+    return true;
+  }
+
+  // A direct read that returned `got` (< 0: -errno; else short) at file offset off, in chunk j.
+  void short_or_failed(size_t i, int64_t j, int64_t got, int64_t off) {
+    if (got < 0)
+      report(i, j, "read error in chunk " + std::to_string(j) + " at file offset " + std::to_string(off) +
+                       " (direct read): " + std::strerror((int)-got));
+    else
+      report(i, j, "short read in chunk " + std::to_string(j) + " at file offset " + std::to_string(off) +
+                       " (direct read; file truncated?)");
+  }
+
   // Faults in the whole pages of [p, p + n) for writing before pread copies into them: one kernel loop
   // instead of a fault taken inside the copy for every fresh page (benchmarks/README.md, "What was
   // tried" 10). Contents are unchanged; a failure (kernel < 5.14, no memory) is left to the pread.
@@ -397,12 +620,13 @@ class Reader {
 
   void work() {
     std::vector<uint8_t> scratch;
+    AlignedBuffer bounce;
     for (;;) {
       const size_t k = next_.fetch_add(1, std::memory_order_relaxed);
       if (k >= pieces_.size()) return;
       advise_up_to(k);
       try {
-        do_piece(pieces_[k], scratch);
+        do_piece(pieces_[k], scratch, bounce);
       } catch (const std::bad_alloc&) {
         report((size_t)pieces_[k].req, pieces_[k].j0,
                "out of memory for a chunk of " + std::to_string(reqs_[(size_t)pieces_[k].req].chunk_bytes) +
@@ -419,11 +643,16 @@ class Reader {
   static constexpr int kPopulateWrite = 23;
 #endif
   std::atomic<bool> prefault_ok_{true};  // false once the kernel refused MADV_POPULATE_WRITE (EINVAL)
+  std::atomic<bool> probe_ok_{true};      // false once the page cache could not be asked: no probes
+  std::atomic<bool> cachestat_ok_{true};  // false once cachestat failed: mincore instead
 
   const std::vector<ReadRequest>& reqs_;
   MappedRegion* region_;
+  const int direct_;
   std::map<std::string, OpenFile> files_;
+  std::mutex dmu_;  // OpenFile::dfd / dstate
   std::vector<int> fds_;
+  std::vector<OpenFile*> file_of_;
   std::vector<MappedSpan> mapped_;
   int64_t bytes_mapped_ = 0;  // written before the workers start
   std::atomic<bool> populate_ok_{true};
@@ -442,8 +671,8 @@ class Reader {
 }  // namespace
 
 ReadResult read_ranges(const std::vector<ReadRequest>& requests, int threads, int64_t readahead_bytes,
-                       MappedRegion* map_into) {
-  Reader r(requests, map_into);
+                       MappedRegion* map_into, int direct) {
+  Reader r(requests, map_into, direct);
   return r.run(threads, readahead_bytes);
 }
 

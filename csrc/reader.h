@@ -35,8 +35,19 @@ struct ReadResult {
 // copy-on-write mapping of the file (MAP_PRIVATE|MAP_FIXED), the partial pages at either end are
 // read, and the checksums are verified on the mapped memory (pages populated with
 // MADV_POPULATE_READ first, so an I/O error or a file shortened meanwhile is reported, not SIGBUS).
+//
+// `direct` says when a piece is read with O_DIRECT, past the page cache, straight into the destination
+// (or, where the destination is not block-aligned, through a reused aligned buffer per thread):
+//   kDirectNever   never;
+//   kDirectAuto    when its first page is not in the page cache (asked with preadv2(RWF_NOWAIT)): a cold
+//                  load then neither fills the page cache nor copies out of it, which is most of its CPU
+//                  time. Once a piece is found cold, no read-ahead hint is given (it would fill the cache);
+//   kDirectAlways  whenever the file system allows it (tests, and loaders that must not fill the cache).
+// A file system that refuses O_DIRECT (tmpfs, some network file systems) is read through the page cache.
+enum DirectMode { kDirectNever = 0, kDirectAuto = 1, kDirectAlways = 2 };
 constexpr int64_t kDefaultReadaheadBytes = int64_t(64) << 20;
 ReadResult read_ranges(const std::vector<ReadRequest>& requests, int threads,
-                       int64_t readahead_bytes = kDefaultReadaheadBytes, MappedRegion* map_into = nullptr);
+                       int64_t readahead_bytes = kDefaultReadaheadBytes, MappedRegion* map_into = nullptr,
+                       int direct = kDirectAuto);
 
 }  // namespace recckpt

@@ -73,8 +73,8 @@ int64_t column_step(int64_t length, int64_t chunk_bytes) {
 }
 
 ShardWriter::ShardWriter(const std::vector<std::string>& paths, int64_t num_buckets,
-                         int64_t chunk_bytes, int64_t max_inflight_bytes)
-    : num_buckets_(num_buckets), chunk_bytes_(chunk_bytes), max_inflight_(max_inflight_bytes) {
+                         int64_t chunk_bytes, int64_t max_inflight_bytes, bool writeback)
+    : num_buckets_(num_buckets), chunk_bytes_(chunk_bytes), max_inflight_(max_inflight_bytes), writeback_(writeback) {
   if (paths.empty()) throw std::invalid_argument("ShardWriter: paths must not be empty");
   if (num_buckets <= 0) throw std::invalid_argument("ShardWriter: num_buckets must be > 0");
   if (chunk_bytes <= 0) throw std::invalid_argument("ShardWriter: chunk_bytes must be > 0");
@@ -198,7 +198,7 @@ struct ShardWriter::WorkerCtx {
   size_t fill = 0;  // bytes staged in buf[cur]
   int64_t off = 0;  // file offset of buf[cur][0]
 
-  WorkerCtx(File& file, size_t capacity) : f(file), cap(capacity), io(file.fd, file.path) {}
+  WorkerCtx(File& file, size_t capacity, bool writeback) : f(file), cap(capacity), io(file.fd, file.path, writeback) {}
 
   int64_t pos() const { return off + (int64_t)fill; }  // file offset of the next byte
   uint8_t* space(size_t& avail) {
@@ -260,7 +260,7 @@ struct ShardWriter::WorkerCtx {
 void ShardWriter::worker(File* f) {
   std::unique_ptr<WorkerCtx> ctx;
   try {
-    ctx = std::make_unique<WorkerCtx>(*f, staging_bytes_);
+    ctx = std::make_unique<WorkerCtx>(*f, staging_bytes_, writeback_);
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(mu_);
     fail(*f, OsError(EAGAIN, f->path, std::string("ShardWriter: cannot start the pwrite thread: ") + e.what()));

@@ -57,8 +57,10 @@ struct SegmentInput {
 class ShardWriter {
  public:
   // Creates (truncates) every path and starts one worker per path. Throws OsError.
+  // writeback: start writing each staged block back to the device as soon as it is written (PwriteThread),
+  // for writers that finish(fsync=true).
   ShardWriter(const std::vector<std::string>& paths, int64_t num_buckets, int64_t chunk_bytes,
-              int64_t max_inflight_bytes);
+              int64_t max_inflight_bytes, bool writeback = false);
   ~ShardWriter();  // aborts if neither finish() nor abort() was called
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
@@ -107,6 +109,7 @@ class ShardWriter {
   void check_stopping() const;
 
   const int64_t num_buckets_, chunk_bytes_, max_inflight_;
+  const bool writeback_;
   std::vector<std::unique_ptr<File>> files_;
   std::mutex mu_;
   std::condition_variable work_cv_, space_cv_;

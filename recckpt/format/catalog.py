@@ -8,8 +8,10 @@ manifest per checkpoint; it is checked and rebuilt the same way.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 
@@ -41,10 +43,47 @@ def read_manifest(storage: Storage, ckpt_dir: str) -> Manifest:
         raise CorruptCheckpointError(f"{where}: more than {names.MAX_MANIFEST_BYTES} bytes exceeds the manifest "
                                      f"size cap", where)
     check_inside(storage, path, ckpt_dir, where)
-    with gcpause.paused():   # a thousand tables' entries
-        m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
-    m.content_sha256 = hashlib.sha256(data).hexdigest()  # what an increment on it names as its parent
+    sha = hashlib.sha256(data).hexdigest()   # what an increment on it names as its parent
+    m = _recent.get(sha)
+    if m is None:
+        with gcpause.paused():   # a thousand tables' entries
+            m = parse_manifest(data, where, sha)
+        with _recent_lock:
+            if _recent_depth:
+                _recent[sha] = m
     return m
+
+
+def parse_manifest(data: bytes, where: str, sha256: str | None = None) -> Manifest:
+    """The manifest in `data` (a manifest.json's bytes), validated."""
+    m = manifest_from_json(checked_json.loads(data, where, names.MAX_MANIFEST_BYTES), where)
+    m.content_sha256 = sha256 or hashlib.sha256(data).hexdigest()
+    return m
+
+
+# Manifests parsed within `manifests_remembered`, by the SHA-256 of their bytes: the same bytes always
+# parse to the same manifest (only error messages name the file). Readers never change a manifest.
+_recent: dict[str, Manifest] = {}
+_recent_depth = 0
+_recent_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def manifests_remembered():
+    """Within the block, `read_manifest` parses each manifest's bytes once: a load reads the newest
+    manifest twice (the listing checks it against the catalog, then the reader opens it), which for a
+    thousand tables cost as much as the rest of its metadata. Forgotten when the last such block ends,
+    so that every operation parses what it reads at least once."""
+    global _recent_depth
+    with _recent_lock:
+        _recent_depth += 1
+    try:
+        yield
+    finally:
+        with _recent_lock:
+            _recent_depth -= 1
+            if not _recent_depth:
+                _recent.clear()
 
 
 def read_version_file(storage: Storage) -> list[str] | None:

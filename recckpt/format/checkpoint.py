@@ -23,7 +23,6 @@ from .schema import (
     SlotInfo,
     TableInfo,
     index_from_json,
-    manifest_from_json,
 )
 from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
 
@@ -49,9 +48,16 @@ class WorkerPart:
     # of parsing `index` back, which for a thousand tables cost more than writing them.
     doc: IndexDoc | None = field(default=None, repr=False, compare=False)
     doc_bytes: bytes | None = field(default=None, repr=False, compare=False)   # its index file, as written
+    # Likewise its tables and digests as built (finalize takes them instead of `tables`/`digests`);
+    # `digests` is written out only for a collective (`to_json`).
+    infos: dict[str, TableInfo] | None = field(default=None, repr=False, compare=False)
+    sums: dict[str, TableDigest] | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("doc", "doc_bytes")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("doc", "doc_bytes", "infos", "sums")}
+        if self.digests is None and self.sums is not None:
+            out["digests"] = {name: d.to_json() for name, d in self.sums.items()}
+        return out
 
     @staticmethod
     def from_json(d: dict) -> "WorkerPart":
@@ -71,14 +77,16 @@ def _dense_digests_of(data, threads: int) -> dict:
     return {k: dense_digest(dt, shape, raw[s:e], threads).to_json() for k, (dt, shape, s, e) in entries.items()}
 
 
-def index_bytes(doc: IndexDoc) -> bytes:
+def index_bytes(doc: IndexDoc, as_json: dict | None = None) -> bytes:
     """The bytes of an index file: checked JSON up to format version 3; from version 4 plain JSON, which
-    the manifest's `files` entry covers (docs/FORMAT.md, Checked JSON)."""
+    the manifest's `files` entry covers (docs/FORMAT.md, Checked JSON). `as_json`: `doc.to_json()`, when
+    the caller has it already."""
+    obj = doc.to_json() if as_json is None else as_json
     if doc.format_version >= names.SEGMENT_DIR_SINCE:
         # Its only free text, the table and slot names, is in the manifest too, which `finalize` parses
         # back with every rule before anything commits: the rules are not walked twice here.
-        return checked_json.dumps_unchecked(doc.to_json(), check=False)
-    return checked_json.dumps(doc.to_json())
+        return checked_json.dumps_unchecked(obj, check=False)
+    return checked_json.dumps(obj)
 
 
 def parse_index_bytes(data: "bytes | str", where: str, format_version: int) -> dict:
@@ -141,20 +149,22 @@ def _write_worker_files(storage, stage, worker, tables, dense, extras, io_state,
 def _describe_part(doc: IndexDoc, worker: int, tables: list[TableSource], changes: set[str], step, parent
                    ) -> tuple[WorkerPart, bytes]:
     """The part's JSON (index, digests, tables) and its index file's bytes: metadata only."""
-    part = WorkerPart(worker, doc.to_json(), step=step, parent=None if parent is None else parent.to_json(), doc=doc)
+    index = doc.to_json()
+    part = WorkerPart(worker, index, step=step, parent=None if parent is None else parent.to_json(), doc=doc)
     sums: dict[str, TableDigest] = {}    # a column-split table comes as one source per block
     for t in tables:
         if t.digest is not None and t.name not in changes:
             sums[t.name] = sums[t.name] + t.digest if t.name in sums else t.digest
-    part.digests = {name: d.to_json() for name, d in sums.items()}
+    part.sums = sums
     # Rows as exported, not as the table's metadata claimed: the index must agree with the manifest.
     # A column-split table counts its rows in block 0 only: every block holds the same rows.
-    part.tables = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1] if s.block == 0),
-                                     t.name in doc.removed,
-                                     sum(s.rows for s in doc.removed.get(t.name, [])),
-                                     t.bucket_fn, t.num_rows, t.column_blocks, t.input_size).to_json()
-                   for t in tables}
-    return part, index_bytes(doc)
+    part.infos = {t.name: TableInfo(t.slots, sum(s.rows for s in doc.tables[t.name][1] if s.block == 0),
+                                    t.name in doc.removed,
+                                    sum(s.rows for s in doc.removed.get(t.name, [])),
+                                    t.bucket_fn, t.num_rows, t.column_blocks, t.input_size)
+                  for t in tables}
+    part.tables = {name: info.to_json() for name, info in part.infos.items()}
+    return part, index_bytes(doc, index)
 
 
 def _write_worker_state(storage, stage, worker, part: WorkerPart, dense, extras, io_state, opts) -> WorkerPart:
@@ -237,7 +247,7 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
         # The writer refuses what every reader would: a manifest that fails the reader's validation (e.g.
         # a table or slot name with a NUL) would commit a checkpoint that listings skip and loads refuse.
         try:
-            manifest_from_json(checked_json.loads(data, names.MANIFEST, names.MAX_MANIFEST_BYTES), names.MANIFEST)
+            sha256 = catalog.parse_manifest(data, names.MANIFEST).content_sha256
         except CorruptCheckpointError as e:
             raise CheckpointSaveError(f"checkpoint {storage.describe(ckpt_id)} was not committed: its manifest "
                                       f"would not be readable ({e}); rename what the message names",
@@ -245,7 +255,7 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
     # What commits is exactly what the manifest and the index list: nothing missing, nothing more.
     storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files}, names.MANIFEST)
     catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
-    m.content_sha256 = hashlib.sha256(data).hexdigest()
+    m.content_sha256 = sha256
     return m
 
 
@@ -263,13 +273,7 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
                  metadata=dict(metadata or {}), parent=parent)
     for p in parts:
         for name, tj in p.tables.items():
-            blocks = tj.get("column_blocks")
-            info = TableInfo({k: SlotInfo(s["dtype"], tuple(s["shape"]), s["category"]) for k, s in tj["slots"]},
-                             tj["rows"], tj.get("changes", False), tj.get("removed", 0),
-                             tj.get("bucket_fn", "hash"), tj.get("num_rows", 0),
-                             None if blocks is None else ColumnBlocks(tuple(blocks["slots"]),
-                                                                      tuple(tuple(b) for b in blocks["blocks"])),
-                             tj.get("input_size", 0))
+            info = p.infos[name] if p.infos is not None else _table_info(tj)
             have = m.tables.get(name)
             if have is not None and have.slots != info.slots:
                 raise ValueError(f"table {name!r}: worker {p.worker} wrote slots {info.slots}, "
@@ -284,8 +288,8 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
                                  f"{info.num_rows} rows (input size {info.input_size}) with column blocks "
                                  f"{info.column_blocks}, another worker {have.bucket_fn!r} over {have.num_rows} rows "
                                  f"(input size {have.input_size}) with {have.column_blocks}")
-            m.tables[name] = replace(info, rows=info.rows + (have.rows if have else 0),
-                                     removed=info.removed + (have.removed if have else 0))
+            m.tables[name] = info if have is None else replace(info, rows=info.rows + have.rows,
+                                                                  removed=info.removed + have.removed)
         for rel, (size, crc) in p.files.items():
             m.files[rel] = FileInfo(size, crc)
         if p.io_state:
@@ -305,6 +309,16 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
     if len(parts) == 1 and parts[0].doc_bytes is not None:
         return m, merged, parts[0].doc_bytes   # one worker: the merge is its index, already serialised
     return m, merged, index_bytes(merged) if m.tables else b""
+
+
+def _table_info(tj: dict) -> TableInfo:
+    """A table of a worker's part as a collective carried it (`TableInfo.to_json`)."""
+    blocks = tj.get("column_blocks")
+    return TableInfo({k: SlotInfo(s["dtype"], tuple(s["shape"]), s["category"]) for k, s in tj["slots"]},
+                     tj["rows"], tj.get("changes", False), tj.get("removed", 0), tj.get("bucket_fn", "hash"),
+                     tj.get("num_rows", 0),
+                     None if blocks is None else ColumnBlocks(tuple(blocks["slots"]), tuple(tuple(b) for b in blocks["blocks"])),
+                     tj.get("input_size", 0))
 
 
 def _check_column_blocks(storage, ckpt_id: str, m: Manifest, docs: list[IndexDoc]) -> None:
@@ -335,13 +349,13 @@ def _merged_digests(parts: list[WorkerPart], m: Manifest) -> Digests:
         slots = list(info.slots)
         total = TableDigest(slots)
         for p in parts:
-            d = (p.digests or {}).get(name)
+            d = (p.sums or {}).get(name) if p.sums is not None else (p.digests or {}).get(name)
             if d is None and name not in p.tables:
                 continue          # this worker wrote nothing of the table
             if d is None:
                 total = None      # a worker's share is unknown: so is the table's content
                 break
-            total = total + TableDigest.from_json(d, slots)
+            total = total + (d if isinstance(d, TableDigest) else TableDigest.from_json(d, slots))
         if total is not None:
             out.tables[name] = total
     writer = next((p for p in parts if p.dense is not None), None)
@@ -377,6 +391,8 @@ class CheckpointReader:
         where = self.describe(rel)
         if info is None:
             raise CorruptCheckpointError(f"{where}: not listed in the manifest", where)
+        if writable and not self.storage.size_is_a_request and self.storage.engine_path(self._rel(rel)):
+            return self._read_by_engine(rel, info.size, info.crc32c, where)
         if self.storage.size_is_a_request:
             # One request, not two: the read is bounded by what the store holds, so the size check
             # can follow it (an allocation still never exceeds what is really there).
@@ -394,6 +410,42 @@ class CheckpointReader:
                                          f"{crc:#010x}); the file is corrupt", where)
         return data
 
+    def _read_by_engine(self, rel: str, size: int, crc: int, where: str) -> np.ndarray:
+        """A local file (the dense tensors) read by the engine into new page-aligned memory and checked
+        against its recorded CRC there: a cold load reads it past the page cache, as it reads the shard
+        files (ReadOptions.direct_reads), with no second pass to check it."""
+        self._check_size(rel, size, where)
+        raw = np.empty(size + 4096, np.uint8)
+        skip = -raw.ctypes.data % 4096
+        data = raw[skip:skip + size]
+        if size == 0:
+            if crc != 0:
+                raise CorruptCheckpointError(f"{where}: crc32c mismatch (recorded {crc:#010x}, computed "
+                                             f"0x00000000); the file is corrupt", where)
+            return data
+        _, errors = _C.read_ranges([(self.storage.engine_path(self._rel(rel)), 0, size, size,
+                                     np.array([crc], np.uint32), 0, size, data)], 1,
+                                   direct=self.read_options.engine_direct)
+        if errors:
+            msg = errors[0][1]
+            if msg.startswith("CRC mismatch"):
+                raise CorruptCheckpointError(f"{where}: crc32c mismatch ({msg}); the file is corrupt", where)
+            raise CorruptCheckpointError(f"{where}: {msg}", where)
+        if self.storage.size(self._rel(rel)) != size:   # as a read of size + 1 bytes would have shown
+            raise CorruptCheckpointError(f"{where}: the manifest recorded {size} bytes; the file changed while "
+                                         f"it was read", where)
+        return data
+
+    def _check_size(self, rel: str, info_size: int, where: str) -> None:
+        try:
+            size = self.storage.size(self._rel(rel))
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{where}: file is missing from the checkpoint", where) from None
+        if size != info_size:
+            raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest recorded {info_size}; the "
+                                         f"file is truncated or replaced", where)
+        catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
+
     def _read_then_check_size(self, rel: str, want: int, where: str) -> bytes:
         try:
             # A byte more than recorded, so that a file that is longer shows; never more than is there.
@@ -407,14 +459,7 @@ class CheckpointReader:
         return data
 
     def _check_size_then_read(self, rel: str, info_size: int, where: str, writable: bool) -> "bytes | np.ndarray":
-        try:
-            size = self.storage.size(self._rel(rel))
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{where}: file is missing from the checkpoint", where) from None
-        if size != info_size:
-            raise CorruptCheckpointError(f"{where}: {size} bytes, the manifest recorded {info_size}; the "
-                                         f"file is truncated or replaced", where)
-        catalog.check_inside(self.storage, self._rel(rel), self.ckpt_dir, where)
+        self._check_size(rel, info_size, where)
         if writable:
             # One byte more than the manifest's size (which matched the file's above), so that a file
             # that grew since is caught by the length check below.
@@ -486,9 +531,7 @@ class CheckpointReader:
         """The fully validated index: fields, and blocks that tile every shard file exactly."""
         if self._index is None:
             doc = self.parsed_index()
-            # A version 4 index cannot parse unless its segments tile every file (schema places each
-            # column by the layout rule): only versions 1-3 list blocks whose tiling is left to check.
-            if doc.format_version < names.SEGMENT_DIR_SINCE:
+            if doc.format_version < names.SEGMENT_DIR_SINCE:   # (version 4's parse checks it, segment by segment)
                 structure.check_tiling(doc, self.describe)
             self._index = doc
         return self._index

@@ -9,6 +9,8 @@ differences (2^-64 per lane), not a cryptographic one: anyone can craft rows wit
 """
 from __future__ import annotations
 
+import functools
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -59,9 +61,7 @@ class SlotGeometry:
     @staticmethod
     def whole(dtype: str, shape: tuple[int, ...]) -> "SlotGeometry":
         """Whole rows of a slot of `dtype` and row `shape`: the row is one run of its elements."""
-        size = dtypes.itemsize(dtype)
-        elems = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        return SlotGeometry(size * elems, size, elems, elems)
+        return _whole(dtype, tuple(shape))
 
     @staticmethod
     def columns(dtype: str, shape: tuple[int, ...], first: int, end: int) -> "SlotGeometry":
@@ -75,6 +75,14 @@ class SlotGeometry:
 
     def spec(self) -> tuple[int, int, int, int, int]:
         return (self.row_bytes, self.itemsize, self.width, self.full, self.first)
+
+
+@functools.lru_cache(maxsize=256)
+def _whole(dtype: str, shape: tuple[int, ...]) -> SlotGeometry:
+    """`SlotGeometry.whole`, once per slot layout (a thousand tables share a few)."""
+    size = dtypes.itemsize(dtype)
+    elems = math.prod(shape)
+    return SlotGeometry(size * elems, size, elems, elems)
 
 
 @dataclass
@@ -121,21 +129,39 @@ class TableDigest:
 
     def update(self, ids: np.ndarray, cols: list[np.ndarray], threads: int = 1) -> None:
         """Add rows: `ids` int64[n] and per slot (in `slots` order) its n rows as bytes."""
-        if self.geometry is None or len(self.geometry) != len(self.slots):
-            raise ValueError("TableDigest.update needs one SlotGeometry per slot (TableDigest.for_slots)")
-        n = len(ids)
-        if n == 0:
+        if len(ids):
+            TableDigest.update_many([(self, ids, cols)], threads)
+
+    @staticmethod
+    def update_many(items: list[tuple["TableDigest", np.ndarray, list[np.ndarray]]], threads: int = 1) -> None:
+        """`update` of each (digest, ids, cols) of `items`, in one engine call (a chunk of each of many
+        small tables: one call, not one per table)."""
+        jobs, todo = [], []
+        for d, ids, cols in items:
+            if d.geometry is None or len(d.geometry) != len(d.slots):
+                raise ValueError("TableDigest.update needs one SlotGeometry per slot (TableDigest.for_slots)")
+            if not len(ids):
+                continue
+            use = d._use()
+            jobs.append((np.ascontiguousarray(ids, dtype=np.int64), [np.ascontiguousarray(cols[k]) for k in use],
+                         [d.geometry[k].spec() for k in use]))
+            todo.append((d, len(ids), use))
+        if not jobs:
             return
-        use = [k for k, s in enumerate(self.slots) if self.counted is None or s in self.counted]
-        out = _C.row_digests(np.ascontiguousarray(ids, dtype=np.int64),
-                             [np.ascontiguousarray(cols[k]) for k in use], [self.geometry[k].spec() for k in use],
-                             threads)
-        if self.count_ids:
-            self.rows += n
-            self.ids = self.ids + _of(out[0])
-        for j, k in enumerate(use):
-            s = self.slots[k]
-            self.slot_digests[s] = self.slot_digests[s] + _of(out[1 + j])
+        out = _C.row_digests_many(jobs, threads).tolist()
+        at = 0
+        for d, n, use in todo:
+            if d.count_ids:
+                d.rows += n
+                d.ids = d.ids + Digest(*out[at])
+            for j, k in enumerate(use, 1):
+                s = d.slots[k]
+                d.slot_digests[s] = d.slot_digests[s] + Digest(*out[at + j])
+            at += 1 + len(use)
+
+    def _use(self) -> list[int]:
+        """The slots (positions) `update` adds."""
+        return [k for k, s in enumerate(self.slots) if self.counted is None or s in self.counted]
 
     def __add__(self, other: "TableDigest") -> "TableDigest":
         if self.slots != other.slots:

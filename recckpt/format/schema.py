@@ -290,11 +290,9 @@ def _segs_to_json(segs: list[Segment], with_packed: bool, with_block: bool) -> d
         out["packed"] = [int(s.packed) for s in segs]
     if with_block:
         out["block"] = [s.block for s in segs]
-    parts = []
-    for s in segs:
-        parts.append(_hex(s.buckets.crc32c))
-        parts.extend(_hex(c.crc32c) for c in s.columns)
-    out["crc32c"] = "".join(parts)
+    # every CRC of the table in one string: its segments in turn, each its directory's then its columns'
+    crcs = [c for s in segs for c in (s.buckets.crc32c, *(col.crc32c for col in s.columns))]
+    out["crc32c"] = _hex(np.concatenate(crcs)) if crcs else ""
     return out
 
 
@@ -351,6 +349,8 @@ class _V:
 
 
 def manifest_from_json(obj: dict, path: str) -> Manifest:
+    """A manifest, validated (tables in the common form through `_table_info_fast`: the same rules, checked
+    once per distinct slot layout)."""
     v = _V(path)
     if v.get(obj, "format", "") != FORMAT_NAME:
         v.fail("format", f"expected {FORMAT_NAME!r}; this is not a recckpt checkpoint")
@@ -362,36 +362,10 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
     for key, want in (("hash", HASH_NAME), ("checksum", "crc32c")):
         if v.get(obj, key, "") != want:
             v.fail(key, f"expected {want!r}")
-    tables = {}
+    tables, layouts = {}, _SlotLayouts()
     for name, t in v.dict(v.get(obj, "tables", ""), "tables").items():
-        where = f"tables[{name!r}]"
-        slots = {}
-        for i, pair in enumerate(v.list(v.get(t, "slots", where), f"{where}.slots")):
-            if not (isinstance(pair, list) and len(pair) == 2):
-                v.fail(f"{where}.slots[{i}]", "expected [name, spec]")
-            sname, spec = v.str(pair[0], f"{where}.slots[{i}]"), v.dict(pair[1], f"{where}.slots[{i}]")
-            dt = v.get(spec, "dtype", f"{where}.{sname}")
-            if dt not in dtypes.names():
-                v.fail(f"{where}.{sname}.dtype", f"unknown dtype {dt!r:.40}")
-            shape = tuple(v.int(d, f"{where}.{sname}.shape", 0, 1 << 31)
-                          for d in v.list(v.get(spec, "shape", f"{where}.{sname}"), f"{where}.{sname}.shape"))
-            if len(shape) > 8:
-                v.fail(f"{where}.{sname}.shape", "more than 8 dimensions")
-            cat = v.get(spec, "category", f"{where}.{sname}")
-            if cat not in CATEGORIES:
-                v.fail(f"{where}.{sname}.category", f"expected one of {CATEGORIES}")
-            if sname in slots:
-                v.fail(f"{where}.slots", f"slot {sname!r} listed twice")
-            slots[sname] = SlotInfo(dt, shape, cat)
-        changes = t.get("changes", False)
-        if changes is not False and changes is not True:
-            v.fail(f"{where}.changes", "expected true or false")
-        removed = v.int(t.get("removed", 0), f"{where}.removed")
-        if removed and not changes:
-            v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
-        bucket_fn, num_rows, blocks, input_size = _table_v4_fields(v, t, where, ver, slots)
-        tables[v.str(name, "tables")] = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"),
-                                                  changes, removed, bucket_fn, num_rows, blocks, input_size)
+        info = _table_info_fast(name, t, ver, layouts)   # the common form, or None: the rules
+        tables[name] = info if info is not None else _table_from_json(v, name, t, ver)
     files = {}
     for rel, f in v.dict(v.get(obj, "files", ""), "files").items():
         v.relpath(rel, "files")
@@ -449,6 +423,40 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
     return m
 
 
+def _table_from_json(v: _V, name, t, ver: int) -> TableInfo:
+    """One table of a manifest, field by field."""
+    where = f"tables[{name!r}]"
+    slots = {}
+    for i, pair in enumerate(v.list(v.get(t, "slots", where), f"{where}.slots")):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            v.fail(f"{where}.slots[{i}]", "expected [name, spec]")
+        sname, spec = v.str(pair[0], f"{where}.slots[{i}]"), v.dict(pair[1], f"{where}.slots[{i}]")
+        dt = v.get(spec, "dtype", f"{where}.{sname}")
+        if dt not in dtypes.names():
+            v.fail(f"{where}.{sname}.dtype", f"unknown dtype {dt!r:.40}")
+        shape = tuple(v.int(d, f"{where}.{sname}.shape", 0, 1 << 31)
+                      for d in v.list(v.get(spec, "shape", f"{where}.{sname}"), f"{where}.{sname}.shape"))
+        if len(shape) > 8:
+            v.fail(f"{where}.{sname}.shape", "more than 8 dimensions")
+        cat = v.get(spec, "category", f"{where}.{sname}")
+        if cat not in CATEGORIES:
+            v.fail(f"{where}.{sname}.category", f"expected one of {CATEGORIES}")
+        if sname in slots:
+            v.fail(f"{where}.slots", f"slot {sname!r} listed twice")
+        slots[sname] = SlotInfo(dt, shape, cat)
+    changes = t.get("changes", False)
+    if changes is not False and changes is not True:
+        v.fail(f"{where}.changes", "expected true or false")
+    removed = v.int(t.get("removed", 0), f"{where}.removed")
+    if removed and not changes:
+        v.fail(f"{where}.removed", "removed ids in a table that is not saved as changes")
+    bucket_fn, num_rows, blocks, input_size = _table_v4_fields(v, t, where, ver, slots)
+    info = TableInfo(slots, v.int(v.get(t, "rows", where), f"{where}.rows"), changes, removed, bucket_fn,
+                     num_rows, blocks, input_size)
+    v.str(name, "tables")
+    return info
+
+
 def _digests_from_json(v: _V, d: dict, tables: dict[str, TableInfo]) -> Digests | None:
     """The manifest's `digests`; None when they use an algorithm this recckpt does not know (a newer
     writer's: the checkpoint stays readable, its contents are just not comparable by digest)."""
@@ -462,7 +470,9 @@ def _digests_from_json(v: _V, d: dict, tables: dict[str, TableInfo]) -> Digests 
             v.fail(where, str(e))
 
     out = Digests()
-    for name, t in v.dict(v.get(d, "tables", "digests"), "digests.tables").items():
+    raw = v.dict(v.get(d, "tables", "digests"), "digests.tables")
+    fast = _table_digests_fast(raw, tables)   # the common form, or None: the rules below
+    for name, t in raw.items() if fast is None else ():
         where = f"digests.tables[{name!r}]"
         info = tables.get(name)
         if info is None:
@@ -475,6 +485,8 @@ def _digests_from_json(v: _V, d: dict, tables: dict[str, TableInfo]) -> Digests 
             v.fail(f"{where}.slots", f"{sorted(slots)} differ from the table's slots {sorted(info.slots)}")
         out.tables[name] = TableDigest(list(info.slots), rows, hex_(v.get(t, "ids", where), f"{where}.ids"),
                                        {s: hex_(slots[s], f"{where}.slots[{s!r}]") for s in info.slots})
+    if fast is not None:
+        out.tables = fast
     if "dense" in d:
         out.dense = {}
         for key, e in v.dict(d["dense"], "digests.dense").items():
@@ -818,8 +830,70 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
         if tables:
             v.fail("tables", "a version 4 index is validated against its manifest (its slot specs)")
         return doc
-    # Phase 1, vectorised per table: fields, ranges, where every segment ends, row counts.
-    phase1 = []   # (name, slots, table segs, removed segs or None)
+    # Phase 1: fields, ranges, where every segment ends, row counts; every table at once, or (when
+    # anything is wrong) table by table, which finds and words the first problem.
+    phase1 = _phase1_all_tables(tables, doc, manifest, worker)
+    if phase1 is None:
+        phase1 = _phase1_by_table(v, tables, doc, manifest, worker)
+    if not worker:
+        for name in manifest.tables:
+            if name not in tables:
+                v.fail("tables", f"table {name!r} of the manifest has no index entry")
+        _check_shard_bytes(v, doc, manifest)
+    _tiling_v4(v, doc, [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None])
+    # Phase 2: the CRCs, and the records the readers use.
+    parts = [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None]
+    built = iter(_segments_all(parts, doc) or [_segments_from(v, doc, p) for p in parts])
+    for name, slots, segs, removed, blocked in phase1:
+        doc.tables[name] = (slots, next(built))
+        if removed is not None:
+            doc.removed[name] = next(built)
+        if blocked:
+            doc.blocked.add(name)
+    return doc
+
+
+def _phase1_all_tables(tables: dict, doc: IndexDoc, manifest: Manifest, worker: bool) -> list | None:
+    """`_phase1_by_table`'s result with every table's segments checked at once (`_segs_v4_all`), or None
+    when anything would fail (the caller then runs `_phase1_by_table` for the exact finding)."""
+    items, tabs = [], []
+    for name, t in tables.items():
+        info = manifest.tables.get(name)
+        if type(t) is not dict or info is None or "segments" not in t or t.get("slots") != list(info.slots):
+            return None
+        where = f"tables[{name!r}]"
+        cb = info.column_blocks
+        nblocks = len(cb.blocks) if cb is not None else 1
+        row_bytes = [[8] + info.slot_row_bytes(list(info.slots), j) for j in range(nblocks)]
+        items.append(_SegsInput(f"{where}.segments", t["segments"], row_bytes, True, cb is not None,
+                                           nblocks))
+        if "removed" in t:
+            if not info.changes:
+                return None
+            items.append(_SegsInput(f"{where}.removed", t["removed"], [[8]], False, False, 1))
+        tabs.append((name, info, "removed" in t, nblocks))
+    parts = _segs_v4_all(items, doc)
+    if parts is None:
+        return None
+    out, k = [], 0
+    for name, info, has_removed, nblocks in tabs:
+        segs = parts[k]
+        removed = parts[k + 1] if has_removed else None
+        k += 2 if has_removed else 1
+        if not worker:
+            per_block = (np.bincount(segs.block, weights=segs.a["rows"], minlength=nblocks) if nblocks > 1
+                         else [int(segs.a["rows"].sum())])
+            gone = int(removed.a["rows"].sum()) if removed is not None else 0
+            if any(r != info.rows for r in per_block) or gone != info.removed:
+                return None
+        out.append((name, list(info.slots), segs, removed, info.column_blocks is not None))
+    return out
+
+
+def _phase1_by_table(v: _V, tables: dict, doc: IndexDoc, manifest: Manifest, worker: bool) -> list:
+    """Phase 1 of `_index_v4`, vectorised per table: [(name, slots, table segs, removed segs or None,
+    column-split)]; raises at the first problem."""
+    phase1 = []
     for name, t in tables.items():
         where = f"tables[{name!r}]"
         slots = [v.str(x, f"{where}.slots") for x in v.list(v.get(t, "slots", where), f"{where}.slots")]
@@ -847,17 +921,263 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
             if gone != info.removed:
                 v.fail(f"{where}.removed", f"segments hold {gone} removed ids, the manifest says {info.removed}")
         phase1.append((name, slots, segs, removed, cb is not None))
-    if not worker:
-        for name in manifest.tables:
-            if name not in tables:
-                v.fail("tables", f"table {name!r} of the manifest has no index entry")
-        _check_shard_bytes(v, doc, manifest)
-    _tiling_v4(v, doc, [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None])
-    # Phase 2: the CRCs, and the records the readers use.
-    for name, slots, segs, removed, blocked in phase1:
-        doc.tables[name] = (slots, _segments_from(v, doc, segs))
-        if removed is not None:
-            doc.removed[name] = _segments_from(v, doc, removed)
-        if blocked:
-            doc.blocked.add(name)
-    return doc
+    return phase1
+
+
+# ------------------------------------------------------------------ version 4 index, every table at once
+# A version 4 index's tables validated all at once: the checks of `_segs_v4` and `_segments_from` (one
+# table at a time, about twenty numpy calls each) run on every table's segment lists concatenated, so an
+# index of a thousand small tables costs a few numpy passes and one loop over its segments, not a
+# thousand rounds of calls.
+#
+# The rules are the per-table functions'; these only batch them, and answer None whenever anything is out
+# of order: the caller then runs the per-table functions, which find the same first problem and word it
+# exactly (naming the table, field and position). A hostile or corrupt index is refused with the same
+# message either way, only more slowly.
+_LIMIT62 = 1 << 62
+#: The keys a table's SEGS holds: (with packed, with block) -> keys.
+_SEGS_KEYS = {(p, b): frozenset(_SEG_KEYS) | {"crc32c"} | ({"packed"} if p else set()) | ({"block"} if b else set())
+              for p in (False, True) for b in (False, True)}
+
+
+@dataclass(frozen=True)
+class _SegsInput:
+    """One table's SEGS as `_segs_v4` takes it."""
+    where: str
+    raw: object
+    row_bytes: list[list[int]]   # per column block: bytes of a row of each column, ids first
+    with_packed: bool
+    with_block: bool
+    nblocks: int
+
+
+def _ints_or_none(values: list) -> np.ndarray | None:
+    """`values` as int64 when every one is a Python int in [-2**63, 2**63), else None."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    if set(map(type, values)) != {int}:
+        return None
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        return None
+
+
+def _segs_v4_all(items: list[_SegsInput], doc: IndexDoc) -> list[_SegArrays] | None:
+    """`_segs_v4` of every item, or None where any of them would fail."""
+    cols = {k: [] for k in (*_SEG_KEYS, "packed", "block")}
+    counts, ncols, rb_rows, rb_base, nblocks = [], [], [], [], []
+    for it in items:
+        raw = it.raw
+        if type(raw) is not dict or raw.keys() != _SEGS_KEYS[(it.with_packed, it.with_block)]:
+            return None
+        n = len(raw["file"]) if type(raw["file"]) is list else -1
+        for k in _SEG_KEYS:
+            lst = raw[k]
+            if type(lst) is not list or len(lst) != n:
+                return None
+            cols[k] += lst
+        for k, present in (("packed", it.with_packed), ("block", it.with_block)):
+            lst = raw[k] if present else [0] * n
+            if type(lst) is not list or len(lst) != n:
+                return None
+            cols[k] += lst
+        if any(x * (_U32 - 1) >= _LIMIT62 for rbs in it.row_bytes for x in rbs):
+            return None   # "a slot row is too large for any segment"
+        counts.append(n)
+        ncols.append(len(it.row_bytes[0]))
+        rb_base.append(len(rb_rows))
+        rb_rows += it.row_bytes
+        nblocks.append(it.nblocks)
+    a = {}
+    for k, lst in cols.items():
+        a[k] = _ints_or_none(lst)
+        if a[k] is None:
+            return None
+    nb, nfiles = doc.num_buckets, len(doc.files)
+    fi, off, rows, dirs, first, last, packed, block = (a[k] for k in (*_SEG_KEYS, "packed", "block"))
+    counts_a = np.asarray(counts, dtype=np.int64)
+    table_of = np.repeat(np.arange(len(items)), counts_a)
+    ok = ((fi >= 0) & (fi < nfiles) & (off >= 0) & (rows >= 1) & (rows < _U32)
+          & (dirs >= 1) & (dirs <= np.minimum(rows, nb)) & (first >= 0) & (first <= last) & (last < nb)
+          & (last - first + 1 >= dirs) & ((packed == 0) | (packed == 1))
+          & (block >= 0) & (block < np.maximum(np.asarray(nblocks, dtype=np.int64), 1)[table_of]))
+    if not ok.all():
+        return None
+    width = max(ncols, default=1)
+    rb = np.zeros((len(rb_rows), width), dtype=np.int64)
+    for j, r in enumerate(rb_rows):
+        rb[j, :len(r)] = r
+    lengths = rows[:, None] * rb[np.asarray(rb_base, dtype=np.int64)[table_of] + block]   # < 2**62
+    starts = np.empty_like(lengths)
+    pos = off + 8 * dirs
+    if (pos >= _LIMIT62).any():
+        return None
+    unpadded = packed.astype(bool)
+    for k in range(width):
+        ln = lengths[:, k]
+        starts[:, k] = pos if k == 0 else np.where(unpadded | (ln == 0), pos, layout.align_up(pos))
+        pos = starts[:, k] + ln
+        if (pos >= _LIMIT62).any():
+            return None
+    if len(pos) and (pos > np.asarray([sz for _, sz in doc.files], dtype=np.int64)[fi]).any():
+        return None
+    out, lo = [], 0
+    for it, n, w in zip(items, counts, ncols):
+        hi = lo + n
+        out.append(_SegArrays(it.where, it.raw, {k: a[k][lo:hi] for k in _SEG_KEYS}, packed[lo:hi],
+                              block[lo:hi], starts[lo:hi, :w], lengths[lo:hi, :w], pos[lo:hi]))
+        lo = hi
+    return out
+
+
+def _segments_all(parts: list[_SegArrays], doc: IndexDoc) -> list[list[Segment]] | None:
+    """`_segments_from` of every part (phase 1 passed), or None where any CRC string is wrong."""
+    if not parts:
+        return []
+    width = max(p.lengths.shape[1] for p in parts)
+    lengths = np.zeros((sum(len(p.ends) for p in parts), width), dtype=np.int64)
+    lo = 0
+    for p in parts:
+        lengths[lo:lo + len(p.ends), :p.lengths.shape[1]] = p.lengths
+        lo += len(p.ends)
+    steps = layout.checksum_steps(lengths, doc.chunk_bytes)
+    per_col = layout.crc_count(lengths, steps)
+    counts = 1 + per_col.sum(axis=1)   # the directory's CRC, then the columns'
+    texts, lo = [], 0
+    for p in parts:
+        text = p.raw.get("crc32c") if type(p.raw) is dict else None
+        n = len(p.ends)
+        if type(text) is not str or len(text) != 8 * int(counts[lo:lo + n].sum()):
+            return None
+        texts.append(text)
+        lo += n
+    joined = "".join(texts)
+    if not _HEX.fullmatch(joined):
+        return None
+    crcs = np.frombuffer(bytes.fromhex(joined), dtype=">u4").astype(np.uint32)
+    ends = np.cumsum(counts).tolist()
+    lengths_l, steps_l, per_l = lengths.tolist(), steps.tolist(), per_col.tolist()
+    out, i, c0 = [], 0, 0
+    for p in parts:
+        w = p.lengths.shape[1]
+        file_l, off_l, rows_l, dir_l, first_l, last_l = (p.a[k].tolist() for k in _SEG_KEYS)
+        packed_l, block_l, starts_l = p.packed.tolist(), p.block.tolist(), p.starts.tolist()
+        segs = []
+        for j in range(len(file_l)):
+            c = c0 + 1
+            cs = []
+            for k in range(w):
+                m = per_l[i][k]
+                cs.append(Column(starts_l[j][k], lengths_l[i][k], crcs[c:c + m], steps_l[i][k]))
+                c += m
+            k_dir = dir_l[j]
+            segs.append(Segment(file_l[j], rows_l[j], Column(off_l[j], 8 * k_dir, crcs[c0:c0 + 1], 8 * k_dir),
+                                tuple(cs), k_dir, first_l[j], last_l[j], bool(packed_l[j]), block_l[j]))
+            c0 = ends[i]
+            i += 1
+        out.append(segs)
+    return out
+
+
+# ------------------------------------------------------------ manifest tables in the common form, at once
+# A manifest's tables and digests read with the rules checked once per distinct slot layout.
+#
+# A model of a thousand tables repeats a handful of slot layouts (dim and optimizer) a thousand times; the
+# field-by-field rules of `_table_from_json` cost a few dozen calls per table. Here a table in
+# the common form (known keys only, `hash` buckets) is read in a few dict lookups, its slots checked once
+# per distinct layout, and anything else is answered None, so that the caller applies the rules to that
+# table (they find and word any problem, in the same order as before: every table accepted here, those
+# rules accept too).
+#: The keys of a table read here: any other (a newer format's, or column blocks, row or id
+#: ranges) goes through the full rules.
+_PLAIN = frozenset({"slots", "rows", "bucket_fn"})
+_CHANGES = _PLAIN | {"changes", "removed"}
+_DTYPES = frozenset(dtypes.names())
+_HEX_LOWER = re.compile(r"[0-9a-f]*")   # (digest.Digest.from_hex's rule, for many digests at once)
+
+
+class _SlotLayouts:
+    """Slot layouts (a table's `slots` as parsed JSON) checked so far, by their contents."""
+
+    def __init__(self):
+        self._seen: dict[tuple, dict[str, SlotInfo]] = {}
+
+    def slots(self, raw) -> dict[str, SlotInfo] | None:
+        """The table's slots (name -> SlotInfo, column order), or None where a rule may fail."""
+        if type(raw) is not list:
+            return None
+        try:
+            key = tuple((p[0], p[1]["dtype"], tuple(p[1]["shape"]), p[1]["category"]) if type(p) is list
+                        and len(p) == 2 and type(p[1]) is dict and type(p[1].get("shape")) is list else None
+                        for p in raw)
+            have = self._seen.get(key)
+        except (KeyError, TypeError):   # a missing field, an unhashable shape entry
+            return None
+        if have is None:
+            have = _check_layout(key)
+            if have is None:
+                return None
+            self._seen[key] = have
+        return dict(have)
+
+
+def _check_layout(key: tuple) -> dict[str, SlotInfo] | None:
+    out = {}
+    for item in key:
+        if item is None:
+            return None
+        name, dt, shape, cat = item
+        if type(name) is not str or "\x00" in name or name in out or dt not in _DTYPES or cat not in CATEGORIES \
+                or len(shape) > 8 or not all(type(d) is int and 0 <= d < (1 << 31) for d in shape):
+            return None
+        out[name] = SlotInfo(dt, shape, cat)
+    return out
+
+
+def _table_info_fast(name, t, version: int, layouts: _SlotLayouts) -> TableInfo | None:
+    """A version 4 manifest table in the common form, or None (the full rules then read it)."""
+    if type(t) is not dict or type(name) is not str or "\x00" in name or version < SEGMENT_DIR_SINCE:
+        return None
+    keys = t.keys()
+    if not (keys == _PLAIN or keys <= _CHANGES and _PLAIN <= keys) or t["bucket_fn"] != "hash":
+        return None
+    rows, changes, removed = t["rows"], t.get("changes", False), t.get("removed", 0)
+    if type(rows) is not int or not 0 <= rows < _I63 or (changes is not True and changes is not False) \
+            or type(removed) is not int or not 0 <= removed < _I63 or (removed and not changes):
+        return None
+    slots = layouts.slots(t["slots"])
+    return None if slots is None else TableInfo(slots, rows, changes, removed)
+
+
+def _table_digests_fast(raw: dict, tables: dict[str, TableInfo]) -> dict[str, TableDigest] | None:
+    """Every table's entry of the manifest's `digests.tables` (`raw`, a dict) in the common form, their
+    hex digits checked and decoded at once; None where any entry needs the full rules."""
+    names, rows, texts = [], [], []
+    for name, t in raw.items():
+        info = tables.get(name)
+        if info is None or type(t) is not dict or t.keys() != {"rows", "ids", "slots"}:
+            return None
+        n, slots = t["rows"], t["slots"]
+        if type(n) is not int or not 0 <= n < _I63 or (not info.changes and n != info.rows) \
+                or type(slots) is not dict or slots.keys() != info.slots.keys():
+            return None
+        names.append(name)
+        rows.append(n)
+        texts.append(t["ids"])
+        texts += [slots[s] for s in info.slots]
+    if not texts:
+        return {}
+    if set(map(type, texts)) != {str} or set(map(len, texts)) != {32}:
+        return None
+    joined = "".join(texts)
+    if not _HEX_LOWER.fullmatch(joined):
+        return None
+    lanes = np.frombuffer(bytes.fromhex(joined), dtype=">u8").tolist()
+    out, k = {}, 0
+    for name, n in zip(names, rows):
+        slots = list(tables[name].slots)
+        d = [Digest(lanes[2 * j], lanes[2 * j + 1]) for j in range(k, k + 1 + len(slots))]
+        out[name] = TableDigest(slots, n, d[0], dict(zip(slots, d[1:])))
+        k += 1 + len(slots)
+    return out

@@ -85,6 +85,11 @@ class TableSource:
         return self.rows * (8 + sum(s.row_bytes for s in self.slots.values()))
 
 
+#: A worker writes a shard file (and keeps a writer thread busy) per this many bytes of rows, up to its
+#: `concurrency`: a save of tens of megabytes is bucketed, checksummed and written by several threads.
+FILE_BYTES = 8 << 20
+
+
 @dataclass(frozen=True)
 class SparseWriteOptions:
     num_buckets: int
@@ -112,22 +117,16 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
     total = sum(t.nbytes for t in sources)
     if total == 0:
         return doc
-    nfiles = max(1, min(opts.concurrency, -(-total // opts.segment_bytes)))
+    nfiles = max(1, min(opts.concurrency, -(-total // min(opts.segment_bytes, FILE_BYTES))))
     rels = [names.shard_file(worker, k) for k in range(nfiles)]
     storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
     # The store says where the engine writes (the files themselves, or local files it uploads after).
     with storage.engine_outputs(stage, rels) as paths:
-        writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes)
+        # A save that fsyncs its local files starts their writeback as it writes (the engine's PwriteThread).
+        writeback = opts.fsync and storage.engine_path(stage) is not None
+        writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes, writeback)
         try:
-            for ti, t in enumerate(sources):
-                for ids, cols in t.chunks:
-                    if len(ids) == 0:
-                        continue   # a segment holds at least one row
-                    segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size)
-                    if t.receipts is not None:
-                        t.receipts.taken(writer, segment)
-                    if t.digest is not None:   # while the writer threads write the chunk
-                        t.digest.update(ids, cols, opts.concurrency)
+            _submit_all(writer, sources, opts.concurrency)
             records = writer.finish(opts.fsync)
         except BaseException:
             writer.abort()
@@ -135,6 +134,49 @@ def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSo
         with gcpause.paused():   # a segment of each of a thousand tables: metadata only
             _add_records(doc, rels, paths, records, tables, sources)
     return doc
+
+
+#: Chunks smaller than this are handed to the writer, and digested, together (`_submit_all`) ...
+SMALL_CHUNK_BYTES = 1 << 20
+#: ... up to this many bytes of them, or this many chunks, at a time.
+SMALL_BATCH_BYTES = 8 << 20
+SMALL_BATCH_CHUNKS = 512
+
+
+def _submit_all(writer: _C.ShardWriter, sources: list[TableSource], threads: int) -> None:
+    """Every chunk of `sources` to the writer, in order, each added to its source's digest while the writer
+    threads write it. Small chunks (a model of many small tables) go in batches: one `submit_many` and one
+    digest call for many tables instead of two calls per table. A stream that reuses its buffers
+    (`receipts`) has each chunk handed over alone, so that its receipt is taken before the next."""
+    pending, nbytes = [], 0
+
+    def flush():
+        nonlocal nbytes
+        if pending:
+            writer.submit_many([(ti, ids, cols, t.num_rows, t.input_size) for ti, t, ids, cols in pending])
+            TableDigest.update_many([(t.digest, ids, cols) for _, t, ids, cols in pending if t.digest is not None],
+                                    threads)
+            pending.clear()
+            nbytes = 0
+
+    for ti, t in enumerate(sources):
+        for ids, cols in t.chunks:
+            if len(ids) == 0:
+                continue   # a segment holds at least one row
+            size = ids.nbytes + sum(c.nbytes for c in cols)
+            if t.receipts is None and size < SMALL_CHUNK_BYTES:
+                pending.append((ti, t, ids, cols))
+                nbytes += size
+                if nbytes >= SMALL_BATCH_BYTES or len(pending) >= SMALL_BATCH_CHUNKS:
+                    flush()
+                continue
+            flush()
+            segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size)
+            if t.receipts is not None:
+                t.receipts.taken(writer, segment)
+            if t.digest is not None:   # while the writer threads write the chunk
+                t.digest.update(ids, cols, threads)
+    flush()
 
 
 def _add_records(doc: IndexDoc, rels, paths, records, tables: list[TableSource], sources: list[TableSource]):
@@ -156,6 +198,9 @@ def _add_records(doc: IndexDoc, rels, paths, records, tables: list[TableSource],
 log = logging.getLogger("recckpt")
 
 
+DIRECT_MODES = {"never": _C.DIRECT_NEVER, "auto": _C.DIRECT_AUTO, "always": _C.DIRECT_ALWAYS}
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """How loads read shard files: tuning only, never what is read or how it is checked."""
@@ -168,6 +213,13 @@ class ReadOptions:
     readahead_bytes: int = _C.DEFAULT_READAHEAD_BYTES
     """How far ahead of its reading threads the engine asks the kernel to start reading local files; 0
     turns it off (benchmarks/bench_readahead.py compares both)."""
+
+    direct_reads: str = "auto"
+    """When the engine reads shard files with O_DIRECT, past the page cache: "auto" for the parts that are not
+    in the page cache (a cold load then neither fills the cache nor copies out of it: about a third of its CPU
+    time, more on virtual machines where fresh memory is costly), "never", or "always" (where the file system
+    allows it: for loaders that must not fill the page cache). File systems that refuse O_DIRECT (tmpfs) are
+    read through the cache whatever this says (docs/ENGINE.md)."""
 
     whole_file_fraction: float = 0.95
     """Object stores: a load that needs at least this share of a shard file's bytes downloads the file
@@ -182,6 +234,14 @@ class ReadOptions:
         v = self.whole_file_fraction
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
             raise InvalidArgumentError(f"ReadOptions.whole_file_fraction must be a number > 0, got {v!r}")
+        if self.direct_reads not in DIRECT_MODES:
+            raise InvalidArgumentError(f"ReadOptions.direct_reads must be one of {sorted(DIRECT_MODES)}, "
+                                       f"got {self.direct_reads!r}")
+
+    @property
+    def engine_direct(self) -> int:
+        """`direct_reads` as the engine's `read_ranges(direct=)` value."""
+        return DIRECT_MODES[self.direct_reads]
 
 
 @dataclass(frozen=True)
@@ -393,7 +453,7 @@ class SegmentReader:
         engine_reqs = self._local_requests(reqs, out)
         if engine_reqs is not None:
             nread, errors = _C.read_ranges(engine_reqs, self.threads, readahead_bytes=self.options.readahead_bytes,
-                                           map_into=map_into)
+                                           map_into=map_into, direct=self.options.engine_direct)
             self.bytes_read += nread
             if errors:
                 raise self.read_error(table, reqs[errors[0][0]], errors[0][1])
@@ -442,7 +502,7 @@ class SegmentReader:
         try:
             segs = [(t, seg) for t, _, _ in jobs for seg in self.index.tables[t][1]]
             need = [(t, seg) for t, seg in segs if (t, seg.file, seg.buckets.offset) not in self._offsets
-                    and self._dir_use(seg, bucket_lo, hi_b) == "read"]
+                    and self.dir_use(seg, bucket_lo, hi_b) == "read"]
             reqs = [self._dir_request(seg) for _, seg in need]
             for (t, seg), raw in zip(need, self.read(jobs[0][0], reqs) if reqs else []):
                 d = BucketDir.from_bytes(raw, seg, self.index.num_buckets)
@@ -453,7 +513,7 @@ class SegmentReader:
                 all_slots = self.index.tables[t][0]
                 col_of = [1 + all_slots.index(s) for s in slots]
                 for seg, r0, r1 in self.iter_row_ranges(t, self.index.tables[t][1], bucket_lo, hi_b):
-                    reqs += self._row_requests(seg, r0, r1, slots, col_of, row_bytes)
+                    reqs += self.row_requests(seg, r0, r1, slots, col_of, row_bytes)
             datas = self.read(jobs[0][0], reqs) if reqs else []
         except (CorruptCheckpointError, OSError, KeyError, ValueError):
             self._prefetched.clear()
@@ -511,7 +571,7 @@ class SegmentReader:
         inside it, and reads the directories of the others (docs/FORMAT.md, what a loading rank reads)."""
         todo, whole = [], {}
         for seg in segs:
-            how = self._dir_use(seg, bucket_lo, bucket_hi)
+            how = self.dir_use(seg, bucket_lo, bucket_hi)
             if how == "whole":
                 whole[id(seg)] = True
             elif how == "read":
@@ -529,7 +589,7 @@ class SegmentReader:
             if r1 > r0:
                 yield seg, r0, r1
 
-    def _dir_use(self, seg: Segment, bucket_lo: int, bucket_hi: int) -> str:
+    def dir_use(self, seg: Segment, bucket_lo: int, bucket_hi: int) -> str:
         """What a read of buckets [lo, hi) does with the segment's directory: "read" it (a full read checks
         every directory), "skip" the segment (no rows in the range) or take it "whole" (version 4: its
         recorded buckets lie inside the range)."""
@@ -570,7 +630,7 @@ class SegmentReader:
         """The segments of `segs` whose directories a read of buckets [lo, hi) needs and this reader has
         not kept, and the requests that read them: a caller reading many readers at once reads these,
         then gives the bytes to `keep_dirs`."""
-        need = [seg for seg in segs if self._dir_use(seg, bucket_lo, bucket_hi) == "read"
+        need = [seg for seg in segs if self.dir_use(seg, bucket_lo, bucket_hi) == "read"
                 and (table, seg.file, seg.buckets.offset) not in self._offsets]
         return need, [self._dir_request(seg) for seg in need]
 
@@ -581,8 +641,8 @@ class SegmentReader:
         for seg, raw, d in zip(segs, raws, BucketDir.all_from_bytes(raws, segs, self.index.num_buckets)):
             self._keep_dir(table, seg, d if d is not None else self._dir_of(table, seg, raw))
 
-    def _row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
-                      row_bytes: list[int]) -> list[ReadRequest]:
+    def row_requests(self, seg: Segment, r0: int, r1: int, slots: list[str], col_of: list[int],
+                     row_bytes: list[int]) -> list[ReadRequest]:
         """`read` requests for rows [r0, r1) of a segment: its ids, then each slot in `slots` (column
         `col_of[k]`, `row_bytes[k]` bytes a row), slot columns with their alignment padding."""
         ver = self.index.format_version
@@ -627,7 +687,7 @@ class SegmentReader:
         limit = self.options.batch_bytes if batch_bytes is None else batch_bytes
         batch = ReadBatch(table, row_bytes)
         for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
-            batch.add(r1 - r0, self._row_requests(seg, r0, r1, slots, col_of, row_bytes))
+            batch.add(r1 - r0, self.row_requests(seg, r0, r1, slots, col_of, row_bytes))
             if batch.nbytes >= limit:
                 yield batch
                 batch = ReadBatch(table, row_bytes)
@@ -684,7 +744,7 @@ class SegmentReader:
         reqs, dsts, pos = [], [], 0
         for seg, r0, r1 in parts:
             n = r1 - r0
-            reqs += self._row_requests(seg, r0, r1, slots, col_of, row_bytes)
+            reqs += self.row_requests(seg, r0, r1, slots, col_of, row_bytes)
             dsts.append(ids_bytes[8 * pos:8 * (pos + n)])
             dsts += [whole[st + rb * pos:st + rb * (pos + n)] for rb, st in zip(row_bytes, starts)]
             pos += n

@@ -21,6 +21,7 @@ from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.column_join import FROM_OVERLAP, iter_joined
 from ..format.hashing import bucket_range, hash_ownership, id_range_buckets
+from ..format.segment_groups import read_rows
 from ..state import optim_names, plugins
 from ..state.protocol import (
     Admission,
@@ -35,7 +36,14 @@ from .chain_load import load_chain_rows, plan_chain
 from .fixed_rows import DirectRows, OwnedRows
 from .load_config import LoadConfig
 from .row_filter import RowFilter, owners_of
-from .sparse_load import direct_load_possible, lends_host_memory, load_table_rows, map_table_rows, mapped_load_possible
+from .sparse_load import (
+    direct_load_possible,
+    lends_host_memory,
+    load_table_rows,
+    map_table_rows,
+    mapped_load_possible,
+    put_rows,
+)
 
 #: A table with fewer bytes of rows than this (in the loading rank's buckets) is read with its neighbours
 #: (`_prefetch_groups`): its cost is the engine calls, not its bytes.
@@ -476,18 +484,62 @@ class LoadPlan:
         narrowed = dict(st, tables={loaded[n]: v for n, v in tables.items() if n in loaded})
         opt.load_state_dict(narrowed, strict=False)
 
-    def _prefetch_groups(self, lo: int, hi: int) -> dict[str, list[tuple[str, list[str], list[int]]]]:
+    def _small(self, name: str, slots, lo: int, hi: int) -> bool:
+        """Whether checkpoint table `name` has under SMALL_TABLE_BYTES of rows in buckets [lo, hi)."""
+        rbs = [si.row_bytes for _, si, _ in slots]
+        return self.m.tables[name].rows * (8 + sum(rbs)) * (hi - lo) // self.m.num_buckets <= SMALL_TABLE_BYTES
+
+    def _runs(self, jobs, lo: int, hi: int) -> dict[str, list[tuple[str, list[str], list[int]]]]:
+        """`jobs` ((name, slots) pairs, in load order) in runs of about PREFETCH_BYTES of rows in [lo, hi),
+        keyed by their first table: (table, slot names, row bytes) each; runs of one table are left out."""
+        groups, run, nbytes = {}, [], 0
+        for name, slots in jobs:
+            rbs = [si.row_bytes for _, si, _ in slots]
+            size = self.m.tables[name].rows * (8 + sum(rbs)) * (hi - lo) // self.m.num_buckets
+            if run and nbytes + size > PREFETCH_BYTES:
+                groups[run[0][0]] = run
+                run, nbytes = [], 0
+            run.append((name, [s for s, _, _ in slots], rbs))
+            nbytes += size
+        if run:
+            groups[run[0][0]] = run
+        return {k: v for k, v in groups.items() if len(v) > 1}
+
+    def _direct_groups(self, lo: int, hi: int, world: int) -> dict[str, list[tuple[str, list[str], list[int]]]]:
+        """Runs of consecutive small tables that a replace-load reads straight into host memory lent by the
+        table (`direct_load_possible`, `lends_host_memory`), keyed by their first table: each run is read
+        in one pass before any of them changes (`segment_groups.read_rows`), then put into its tables one
+        by one (`put_rows`). Whatever needs more than that (chains, fixed-size or routed tables, ownership
+        functions, duplicate rules, mapped loads, buckets other than recckpt's hash on several ranks) is
+        left to the per-table path."""
+        conf = self.conf
+        if self.reader.manifest.index is None or conf.ownership is not None or conf.duplicates != "error" \
+                or conf.mmap or not conf.wants("sparse") or conf.merge:
+            return {}
+        jobs = []
+        for name, _, table, slots in self.sparse_jobs:
+            info = self.m.tables[name]
+            if not slots or name in self.chain_plans or implements(table, FixedSize) or implements(table, RoutedRows) \
+                    or info.column_blocks is not None or (world > 1 and info.bucket_fn != "hash") \
+                    or not any(si.category == "sparse" for _, si, _ in slots) or not self._small(name, slots, lo, hi):
+                continue
+            if direct_load_possible(table, slots, True) and lends_host_memory(table, [s for s, _, _ in slots]):
+                jobs.append((name, slots))
+        return self._runs(jobs, lo, hi)
+
+    def _prefetch_groups(self, lo: int, hi: int, exclude=()) -> dict[str, list[tuple[str, list[str], list[int]]]]:
         """Runs of consecutive small tables (under SMALL_TABLE_BYTES of rows in [lo, hi)), about
         PREFETCH_BYTES each, keyed by their first table: `SegmentReader.prefetch` reads each run in two
         engine calls instead of two per table. Chain loads and fixed-size or routed tables read their
         own way and are left out, and so, in a mapped load, are tables with unpacked segments (which it
-        maps instead of reading)."""
+        maps instead of reading), and the tables in `exclude` (read by `_direct_groups`)."""
         groups, run, nbytes = {}, [], 0
         if self.reader.manifest.index is None:
             return groups
         index = self.reader.index
         for name, _, table, slots in self.sparse_jobs:
-            if not slots or name in self.chain_plans or implements(table, FixedSize) or implements(table, RoutedRows):
+            if not slots or name in exclude or name in self.chain_plans or implements(table, FixedSize) \
+                    or implements(table, RoutedRows):
                 continue
             if self.conf.mmap and not all(seg.packed for seg in index.tables.get(name, ((), ()))[1]):
                 continue
@@ -518,10 +570,14 @@ class LoadPlan:
                 [(name, [s for s, _, _ in slots]) for name, _, _, slots in self.sparse_jobs
                  if slots and name not in self.chain_plans], lo, hi)
         self._apply_objects()
-        prefetch = self._prefetch_groups(lo, hi)
+        groups = self._direct_groups(lo, hi, world)
+        prefetch = self._prefetch_groups(lo, hi, {t for run in groups.values() for t, _, _ in run})
+        ready = {}   # table -> its rows, read with its group and not yet put into it
         for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue
+            if name in groups:   # the first of a run of small tables: read them all, then fill them one by one
+                ready = read_rows(self.reader.segments, groups[name], lo, hi) or {}
             if name in prefetch:   # the first of a run of small tables: their reads in one engine pass
                 self.reader.segments.prefetch(prefetch[name], lo, hi)
             left = "partially loaded"
@@ -548,11 +604,11 @@ class LoadPlan:
                     self.result.sparse_rows += load_chain_rows(plan, name, target, table, slots, direct)
                     applied.append(target)
                     continue
-                if implements(table, RoutedRows):
+                if name not in ready and implements(table, RoutedRows):   # (a ready table is neither)
                     self.result.sparse_rows += self._load_routed(name, table, slots)
                     applied.append(target)
                     continue
-                if implements(table, FixedSize):
+                if name not in ready and implements(table, FixedSize):
                     self.result.sparse_rows += self._load_fixed(name, target, table, slots)
                     applied.append(target)
                     continue
@@ -576,7 +632,11 @@ class LoadPlan:
                 reserve = getattr(table, "reserve", None)
                 if callable(reserve):  # optional protocol hint: allocate once, not grow per chunk
                     reserve(len(table) + expected + expected // 8)
-                if simple and direct_load_possible(table, slots, cleared):
+                if name in ready:   # read with its group (`_direct_groups`)
+                    left = "left empty (rows read into host memory are committed all at once)"
+                    self.result.sparse_rows += put_rows(table, ready.pop(name), names, target,
+                                                        self.reader.describe(), name)
+                elif simple and direct_load_possible(table, slots, cleared):
                     if lends_host_memory(table, names):
                         left = "left empty (rows read into host memory are committed all at once)"
                     self.result.sparse_rows += load_table_rows(self.reader.segments, name, target, table,

@@ -117,7 +117,7 @@ def load_checkpoint(target: LoadTarget, request: LoadRequest,
     # A load runs at start-up or restore, with training stopped: the cyclic collector is paused for it,
     # or the metadata and per-table work of a thousand tables trigger full collections that each walk
     # every object of the process (recckpt.format.gcpause).
-    with gcpause.paused():
+    with gcpause.paused(), catalog.manifests_remembered():
         return _load_checkpoint(target, request, before_apply)
 
 

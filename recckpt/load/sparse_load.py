@@ -19,14 +19,16 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .. import _C
 from ..errors import DuplicateIdsError, InvalidArgumentError
 from ..format import dtypes
 from ..format.schema import SlotInfo
+from ..format.segment_groups import TableRows
 from ..format.sparse_io import SegmentReader
-from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState
+from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState, implements
 from ..state.staging import HostToDevice, needs_staging
 
 
@@ -39,7 +41,7 @@ def _bytes_of(t: torch.Tensor, what: str):
 
 def direct_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo, SlotSpec]],
                          cleared: bool) -> bool:
-    return cleared and isinstance(table, BulkAppend) and _same_dtypes(slots)
+    return cleared and implements(table, BulkAppend) and _same_dtypes(slots)
 
 
 def _same_dtypes(slots: Sequence[tuple[str, SlotInfo, SlotSpec]]) -> bool:
@@ -48,7 +50,7 @@ def _same_dtypes(slots: Sequence[tuple[str, SlotInfo, SlotSpec]]) -> bool:
 
 def mapped_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo, SlotSpec]],
                          cleared: bool, local: bool) -> bool:
-    return cleared and local and isinstance(table, AdoptStorage) and _same_dtypes(slots)
+    return cleared and local and implements(table, AdoptStorage) and _same_dtypes(slots)
 
 
 def duplicate_ids_error(where: str, name: str, e: Exception) -> DuplicateIdsError:
@@ -124,3 +126,24 @@ def load_table_rows(segments: SegmentReader, name: str, target: str, table: Spar
     finally:
         upload.finish()
     return rows
+
+
+def put_rows(table: SparseState, got: TableRows, names: Sequence[str], target: str, where: str, name: str) -> int:
+    """Append the rows of checkpoint table `name` that `segment_groups.read_rows` read for slots `names`
+    (a group of small tables read in one pass) to `table` (model name `target`), which
+    `direct_load_possible` accepted and which lends host memory; returns the rows loaded. One
+    `append_views`, a copy per column (from the group's buffer), `commit_append`."""
+    ids_t, cols_t = table.append_views(got.rows, names)
+    for t, src in zip([ids_t] + [cols_t[s] for s in names], got.columns):
+        try:   # (numpy's view of a host tensor: fewer tensor calls than _bytes_of, per slot of each table)
+            dst = t.numpy()
+        except (TypeError, RuntimeError):   # not host memory, or a dtype numpy lacks (bfloat16)
+            dst = None
+        if dst is None or not dst.flags.c_contiguous:
+            dst = _bytes_of(t, f"table {target!r}")
+        np.copyto(dst.reshape(-1).view(np.uint8), src)
+    try:
+        table.commit_append()
+    except ValueError as e:
+        raise duplicate_ids_error(where, name, e) from e
+    return got.rows

@@ -506,6 +506,7 @@ class RoutedRows(Protocol):
 
 _MEMBERS: Dict[type, Tuple[Tuple[str, bool], ...]] = {}
 _CLASS_IMPLEMENTS: set = set()   # (class, protocol): the class itself defines every method
+_CLASS_LACKS: Dict[tuple, tuple] = {}   # (class, protocol) -> the members the class does not define
 
 
 def implements(obj: Any, proto: type) -> bool:
@@ -530,13 +531,34 @@ def implements(obj: Any, proto: type) -> bool:
         members = _MEMBERS[proto] = tuple((n, callable(getattr(proto, n, None))) for n in sorted(names))
     if (cls, proto) in _CLASS_IMPLEMENTS:
         return True
-    if all(method and _class_defines(cls, name) for name, method in members):
-        _CLASS_IMPLEMENTS.add((cls, proto))   # classes do not drop their methods
-        return True
-    for name, method in members:
+    lacks = _CLASS_LACKS.get((cls, proto))
+    if lacks is None:
+        lacks = tuple((name, method) for name, method in members if not (method and _class_defines(cls, name)))
+        _CLASS_LACKS[(cls, proto)] = lacks
+        if not lacks:
+            _CLASS_IMPLEMENTS.add((cls, proto))   # classes do not drop their methods
+            return True
+    # What the class lacks decides it in the common case (a HashTable is not FixedSize), without asking
+    # the object for every other member first; only an object that has those asks for the rest.
+    for name, method in lacks:
+        if not _has(obj, name):
+            return False
+    for name, method in lacks + members:
         if not hasattr(obj, name) or (method and getattr(obj, name) is None):
             return False
     return True
+
+
+def _has(obj: Any, name: str) -> bool:
+    """`hasattr(obj, name)` for a name its class does not define. A torch module's own `__getattr__`
+    answers a missing name with an exception (several microseconds, for each of a thousand tables,
+    several times a save or load); its lookup (submodules, parameters, buffers) is asked directly."""
+    d = getattr(obj, "__dict__", None)
+    if d is not None and name in d:
+        return True
+    if d is not None and getattr(type(obj), "__getattr__", None) is torch.nn.Module.__getattr__:
+        return any(name in (d.get(k) or ()) for k in ("_parameters", "_buffers", "_modules"))
+    return hasattr(obj, name)
 
 
 def _class_defines(cls: type, name: str) -> bool:

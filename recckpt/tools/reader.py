@@ -182,7 +182,8 @@ class CheckpointView:
 
     @property
     def size_bytes(self) -> int:
-        """Bytes of the checkpoint's files as recorded: manifest entries plus the shard files in the index."""
+        """Bytes of the checkpoint's files as recorded: manifest entries plus the shard files in the index
+        (which is read and checked: a view of a checkpoint reports a corrupt or hostile index)."""
         return sum(f.size for f in self._r.manifest.files.values()) + sum(s for _, s in self._r.index.files)
 
     @property

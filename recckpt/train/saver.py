@@ -10,6 +10,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from ..coordination import check_world, coordinator_for, resolve_shard
@@ -80,8 +81,26 @@ class _ChainState:
 
 
 def _row_bytes_view(t: torch.Tensor, n: int, row_bytes: int):
-    """[n, *shape] tensor → zero-copy uint8 numpy [n, row_bytes] (contiguous copy only if needed)."""
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().reshape(n, row_bytes)
+    """[n, *shape] host tensor → zero-copy uint8 numpy [n, row_bytes] (contiguous copy only if needed).
+    Through numpy where it can (a few torch calls less per slot of a thousand tables' chunks)."""
+    try:
+        a = t.numpy()
+    except (TypeError, RuntimeError):   # a dtype numpy lacks (bfloat16), or a tensor that needs grad
+        return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().reshape(n, row_bytes)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a.reshape(-1).view(np.uint8).reshape(n, row_bytes)
+
+
+@dataclass(frozen=True)
+class _SlotLayout:
+    """How a table of given slots is written (`Saver._slot_layout`): slot specs in column order, bytes a
+    row of each slot, rows per chunk, the granule chunks are cut at, bytes a row with its id."""
+    slots: dict
+    row_bytes: dict
+    max_rows: int
+    granule: int
+    whole_row: int
 
 
 class Saver:
@@ -145,6 +164,7 @@ class Saver:
         self.last_save: SaveStats | None = None
         self._chain: _ChainState | None = None  # what the next incremental save is an increment on
         self._pending_forget: dict | None = None  # marks the live tables may forget up to (async saves)
+        self._layouts: dict[tuple, _SlotLayout] = {}   # see _slot_layout
 
     def open_storage(self, url, storage_options: dict | None = None):
         """The store at `url` with `storage_options` (default: this Saver's) and this Saver's timeout
@@ -200,11 +220,12 @@ class Saver:
                                   o.max_inflight_bytes, o.fsync)
 
     def _table_source(self, table: SparseState, since: int | None = None, step: int | None = None,
-                      shard_id: int = 0) -> tuple[TableSource, TableSource | None]:
+                      shard_id: int = 0, meta=None) -> tuple[TableSource, TableSource | None]:
         """The table as the writer reads it: all rows, or with `since` (a mark of the parent) only the
         rows changed since, then a second source of the removed ids (None: the table is written whole).
-        A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only."""
-        meta = table.sparse_meta()
+        A replicated fixed-size table (data-parallel, or an unsharded module) is written by worker 0 only.
+        `meta`: the table's `sparse_meta()`, when the caller has it."""
+        meta = table.sparse_meta() if meta is None else meta
         num_rows = 0   # "hash" buckets; a fixed-size table's rows are bucketed "row_range" (docs/FORMAT.md)
         blocks, block = None, 0   # a column-split table: its column blocks and the one this process writes
         input_size = table.id_space() if implements(table, RoutedRows) else 0   # > 0: "id_range" buckets
@@ -224,14 +245,11 @@ class Saver:
                 slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category)
                          for k, s in meta.slots.items()}
                 return TableSource(meta.name, slots, 0, iter(()), num_rows=num_rows), None
-        slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
+        lay = self._slot_layout(meta, blocks, block)
+        slots, row_bytes, max_rows, granule, whole_row = (dict(lay.slots), lay.row_bytes, lay.max_rows, lay.granule,
+                                                          lay.whole_row)
         names = list(slots)
         split = set(blocks.slots) if blocks is not None else set()
-        row_bytes = {k: slots[k].row_bytes_for(blocks.width(block) if k in split else None) for k in names}
-        # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
-        max_rows = segment_rows(self.options.segment_bytes, list(row_bytes.values()))
-        granule = row_granule(row_bytes.values())
-        whole_row = 8 + sum(row_bytes.values())   # bytes a row takes in a segment, with its id
 
         changes = None
         if since is not None:
@@ -273,8 +291,8 @@ class Saver:
                         raise CheckpointSaveError(
                             f"table {meta.name!r}, slot {k!r}: export_chunks gave {c.dtype} {tuple(c.shape)}; "
                             f"the table's metadata says {spec.dtype} {shape}")
-                    out.append(_row_bytes_view(c.detach().cpu(), n, row_bytes[k]))
-                ids_np = ids.detach().cpu().contiguous().numpy()
+                    out.append(_row_bytes_view(c, n, row_bytes[k]))
+                ids_np = _row_bytes_view(ids, n, 8).view(np.int64).reshape(n)
                 cut = granule_cut(n, granule, whole_row)
                 if 0 < cut < n:  # whole granules, then the short rest as its own segment
                     yield ids_np[:cut], [c[:cut] for c in out]
@@ -291,6 +309,22 @@ class Saver:
                 TableSource(meta.name, {}, len(removed),
                             ((removed[i:i + per], []) for i in range(0, len(removed), per)), num_rows=num_rows,
                             input_size=input_size))
+
+    def _slot_layout(self, meta, blocks: ColumnBlocks | None, block: int) -> _SlotLayout:
+        """How a table with `meta`'s slots (of column block `block` when split) is written; worked out once
+        per distinct slots (a model of a thousand tables has a few)."""
+        key = (tuple(meta.slots.items()), blocks, block, self.options.segment_bytes)
+        lay = self._layouts.get(key)
+        if lay is None:
+            slots = {k: SlotInfo(dtypes.name_of(s.dtype), tuple(s.shape), s.category) for k, s in meta.slots.items()}
+            split = set(blocks.slots) if blocks is not None else set()
+            row_bytes = {k: slots[k].row_bytes_for(blocks.width(block) if k in split else None) for k in slots}
+            # Segments of whole granules (and one short tail) keep slot rows page-aligned for mapped loads.
+            lay = _SlotLayout(slots, row_bytes, segment_rows(self.options.segment_bytes, list(row_bytes.values())),
+                              row_granule(row_bytes.values()), 8 + sum(row_bytes.values()))
+            if len(self._layouts) < 1024:
+                self._layouts[key] = lay
+        return lay
 
     def _objects(self) -> list:
         return [self.registry.object(n) for n in self.registry.object_names()]
@@ -444,9 +478,11 @@ class Saver:
                 if self.eviction is not None:
                     self._evict(step)
                 snap = self.capture(shard_id)
-                marks = {t.sparse_meta().name: t.mark_changes() for t in snap.tables
+                metas = [t.sparse_meta() for t in snap.tables]
+                marks = {m.name: t.mark_changes() for t, m in zip(snap.tables, metas)
                          if implements(t, ChangeTracking)}
             else:
+                metas = [t.sparse_meta() for t in snap.tables]
                 marks, chain = snap.marks, snap.chain
                 parent, full_reason = (None, snap.full_reason) if chain is None else self._parent_for(True, chain)
                 if chain is not None and parent is None:
@@ -455,7 +491,7 @@ class Saver:
                         f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
                         f"was written: the next save writes a full checkpoint")
             since = chain.marks if parent is not None else {}
-            sources = [self._table_source(t, since.get(t.sparse_meta().name), step, shard_id) for t in snap.tables]
+            sources = [self._table_source(t, since.get(m.name), step, shard_id, m) for t, m in zip(snap.tables, metas)]
             part = write_worker_part(
                 self.storage, stage, shard_id, tables=[t for t, _ in sources],
                 dense=snap.dense if shard_id == 0 else None,

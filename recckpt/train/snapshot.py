@@ -10,6 +10,7 @@ device reach these buffers through a staging pool (`recckpt.state.staging`) of p
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -53,6 +54,7 @@ class HostBuffers:
         # Keyed by tuple paths of the real keys, never by joined strings: {1: a, "1": b}, "a/b" vs a→b,
         # or a slot named "ids" would otherwise share one buffer and corrupt the snapshot silently.
         self._bufs: dict[tuple, torch.Tensor] = {}
+        self._views: dict[tuple, tuple] = {}   # key -> (dtype, shape, typed view) of its last request
         self._staging_bytes = staging_bytes
         self._staging: StagingPool | None = None
 
@@ -68,16 +70,18 @@ class HostBuffers:
 
     def get(self, key: tuple, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
         shape = tuple(shape)
-        numel = 1
-        for d in shape:
-            numel *= d
-        need = numel * torch.empty((), dtype=dtype).element_size()
+        last = self._views.get(key)
+        if last is not None and last[0] == dtype and last[1] == shape:
+            return last[2]   # the same view as last time (a thousand tables: no three tensor calls each)
+        need = math.prod(shape) * dtype.itemsize
         buf = self._bufs.get(key)
         if buf is None or buf.numel() < need:
             cap = need if buf is None else max(need, int(buf.numel() * _HEADROOM))
             buf = torch.empty(max(cap, 1), dtype=torch.uint8)
             self._bufs[key] = buf
-        return buf[:need].view(dtype).view(shape)
+        view = buf[:need].view(dtype).view(shape)
+        self._views[key] = (dtype, shape, view)
+        return view
 
 
 class SnapshotTable:
@@ -122,9 +126,9 @@ class FixedSizeSnapshotTable(SnapshotTable):
         return self._layout
 
 
-def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: int | None = None,
-                shard_id: int = 0) -> SnapshotTable:
+def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: dict, shard_id: int = 0) -> SnapshotTable:
     meta = table.sparse_meta()
+    since = since.get(meta.name)
     name = meta.name
     if implements(table, FixedSize):
         layout = table.row_layout()
@@ -212,7 +216,7 @@ def copy_snapshot(live: Snapshot, bufs: HostBuffers, since: dict | None = None, 
     copied by worker 0 only). The result carries `live`'s marks, chain and full_reason."""
     since = since or {}
     return Snapshot(
-        tables=[_copy_table(t, bufs, bufs.staging(), since.get(t.sparse_meta().name), shard_id) for t in live.tables],
+        tables=[_copy_table(t, bufs, bufs.staging(), since, shard_id) for t in live.tables],
         dense=None if live.dense is None else {k: _freeze(v, bufs, ("dense", k)) for k, v in live.dense.items()},
         extras=_freeze(live.extras, bufs, ("extras",)),
         io_state=_freeze(live.io_state, bufs, ("io",)),

@@ -1,5 +1,5 @@
 """Test-only helpers: a minimal SparseState that holds any dtype (to prove the protocol is all the
-library relies on), and ways to read a table's contents as {id: row} for comparisons."""
+library relies on), ways to read a table's contents as {id: row} for comparisons, and a model of many small tables."""
 from __future__ import annotations
 
 import torch
@@ -123,3 +123,18 @@ class ParamTable(torch.nn.Module):
 
     def set_extra_state(self, state):
         pass
+
+
+def small_tables(n: int = 300, rows: int = 50, dim: int = 16) -> torch.nn.Module:
+    """A model of `n` HashTables (dim `dim`, SparseAdam's two slots) of `rows` rows each (ids 1000 * t + i),
+    or empty ones with rows=0: a model of many small tables (issue 26)."""
+    from recckpt import HashTable, SparseAdam
+    m = torch.nn.Module()
+    for t in range(n):
+        m.add_module(f"t{t}", HashTable(f"t{t}", dim=dim))
+    SparseAdam(m, lr=0.01)
+    with torch.no_grad():
+        for t, table in enumerate(m.children()):
+            if rows:
+                table(torch.arange(rows) + 1000 * t)
+    return m

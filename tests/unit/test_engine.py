@@ -681,3 +681,51 @@ def test_writer_row_range_buckets_follow_rows(tmp_path):
             w.submit(0, np.array([0, bad], np.int64), [], 1000)
     w.abort()
     np.testing.assert_array_equal(_C.bucket_of(np.array([0, 999, 1000, -1], np.int64), 16, 1000), [0, 15, -1, -1])
+
+
+# ------------------------------------------------------------------------------- many segments at once
+@pytest.mark.parametrize("nfiles", [1, 3])
+def test_writer_submit_many_writes_what_submit_writes(tmp_path, nfiles):
+    """A batch of small segments (many small tables) queued in one call: every byte, record and segment
+    id as if submitted one by one, in order."""
+    rng = np.random.default_rng(7)
+    specs = [(t, int(rng.integers(1, 300)), (4, 64, 64)) for t in range(120)] + [(500, 3000, (8,))]
+    segs = [(t, *make_segment(rng, n, rbs)) for t, n, rbs in specs]
+    paths = [str(tmp_path / f"f{k}") for k in range(nfiles)]
+    w = _C.ShardWriter(paths, 256, 4096, 1 << 30)
+    ids_a = w.submit_many([(t, ids, cols, 0, 0) for t, ids, cols in segs[:70]])
+    ids_b = w.submit_many([(t, ids, cols, 0, 0) for t, ids, cols in segs[70:]])
+    assert list(ids_a) + list(ids_b) == list(range(len(segs)))
+    records = w.finish()
+    for path, recs in zip(paths, records):
+        check_file(path, recs, {i: (ids, cols, t) for i, (t, ids, cols) in enumerate(segs)}, 256, 4096)
+    assert sum(len(r) for r in records) == len(segs)
+
+
+def test_writer_submit_many_checks_every_segment_before_queueing_any(tmp_path):
+    rng = np.random.default_rng(8)
+    good = make_segment(rng, 10, (8,))
+    w = _C.ShardWriter([str(tmp_path / "f")], 64, 4096, 1 << 30)
+    with pytest.raises(ValueError, match="rows, ids has"):
+        w.submit_many([(0, *good, 0, 0), (1, good[0], [np.zeros((9, 8), np.uint8)], 0, 0)])
+    assert w.finish() == [[]]   # nothing was queued
+    assert os.path.getsize(tmp_path / "f") == 0
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_row_digests_many_equals_one_call_per_job(threads):
+    rng = np.random.default_rng(9)
+    jobs = []
+    for k in range(200):
+        n = int(rng.integers(0, 50)) if k != 7 else 20000
+        ids = rng.integers(INT64_MIN, INT64_MAX, size=n, dtype=np.int64)
+        specs, cols = [], []
+        for itemsize, width, full, first in [(4, 16, 16, 0), (2, 3, 8, 5), (8, 1, 1, 0)][: 1 + k % 3]:
+            cols.append(rng.integers(0, 256, size=(n, itemsize * width), dtype=np.uint8))
+            specs.append((itemsize * width, itemsize, width, full, first))
+        jobs.append((ids, cols, specs))
+    got = _C.row_digests_many(jobs, threads)
+    want = np.concatenate([_C.row_digests(ids, cols, specs, 1) for ids, cols, specs in jobs])
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="job 1: column 0 holds"):
+        _C.row_digests_many([jobs[0], (jobs[1][0], [c[:-1] for c in jobs[1][1]], jobs[1][2])], threads)

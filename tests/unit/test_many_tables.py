@@ -8,6 +8,7 @@ import os
 import torch
 
 import recckpt
+from helpers.tables import small_tables
 from recckpt import HashTable, SaveOptions, Saver, SparseAdam, partition
 
 TABLES, BIG, DIM = 1000, 100_000, 16
@@ -123,21 +124,9 @@ def test_verify_of_many_small_tables_names_the_one_corrupt_table(tmp_path):
     assert rep.tables["t122"] == 50 and rep.tables["t123"] == 0
 
 
-def small_tables(n=300, rows=50):
-    m = torch.nn.Module()
-    for t in range(n):
-        m.add_module(f"t{t}", HashTable(f"t{t}", dim=DIM))
-    SparseAdam(m, lr=0.01)
-    with torch.no_grad():
-        for t, table in enumerate(m.children()):
-            if rows:
-                table(torch.arange(rows) + 1000 * t)
-    return m
-
-
 def test_a_load_of_many_small_tables_reads_them_in_a_few_engine_calls(tmp_path, monkeypatch):
-    """Small tables are read ahead together (SegmentReader.prefetch): 300 tables load exactly in a handful
-    of engine calls, not two per table."""
+    """Small tables are read together (segment_groups.read_rows, or SegmentReader.prefetch for those that do
+    not take the direct path): 300 tables load exactly in a handful of engine calls, not two per table."""
     from recckpt import _C
     src = small_tables()
     out = str(tmp_path / "p")

@@ -11,7 +11,7 @@ import torch
 
 from recckpt import Saver
 from recckpt.errors import CorruptCheckpointError
-from recckpt.format import safetensors_io
+from recckpt.format import checkpoint, safetensors_io
 from recckpt.format.checkpoint import CheckpointReader
 from recckpt.storage import open_storage
 
@@ -148,13 +148,14 @@ def test_a_file_that_grew_after_its_size_was_checked_is_refused(tmp_path, monkey
     Saver(model, output_dir=str(tmp_path)).save("c")
     storage = open_storage(str(tmp_path))
     reader = CheckpointReader(storage, "c")
-    real = type(storage).read_into
+    real = checkpoint.catalog.check_inside
 
-    def grown(self, path, buf):  # the file gained bytes between the size check and the read
-        with open(self.local_path(path), "ab") as f:
-            f.write(b"x")
-        return real(self, path, buf)
+    def grown(storage, path, *args):  # the file gains bytes right after its size was checked
+        if path.endswith("dense.safetensors"):
+            with open(storage.local_path(path), "ab") as f:
+                f.write(b"x")
+        return real(storage, path, *args)
 
-    monkeypatch.setattr(type(storage), "read_into", grown)
+    monkeypatch.setattr(checkpoint.catalog, "check_inside", grown)
     with pytest.raises(CorruptCheckpointError, match="dense.safetensors.*changed while it was read"):
         reader.dense()

@@ -57,7 +57,8 @@ class ChangeLog:
         """The storage now has ``cap`` rows, of which the first ``n`` are in use."""
         if self.stamps is not None:
             new_stamps = torch.zeros(cap, dtype=STAMP_DTYPE)
-            new_stamps[:n].copy_(self.stamps[:n])
+            if n:
+                new_stamps[:n].copy_(self.stamps[:n])
             self.stamps = new_stamps
 
     def stamp_range(self, old: int, new: int) -> None:

@@ -51,6 +51,27 @@ def check_rows_arg(table: str, what: str, value: object, lo: int) -> int:
     return int(value)
 
 
+#: Host storage of at least this many bytes starts on a page boundary (`empty_rows`).
+ALIGN_FROM_BYTES = 1 << 20
+PAGE = 4096
+
+
+def empty_rows(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Uninitialised ``shape`` storage; on the host, from ``ALIGN_FROM_BYTES`` up, starting on a page
+    boundary (torch's allocator only promises 64 bytes): a cold load then reads its rows from the device
+    straight into it (O_DIRECT needs block-aligned memory; docs/ENGINE.md, Direct reads), where otherwise
+    they would go through a bounce buffer and one more copy. Costs at most a page of memory a column."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    nbytes = n * dtype.itemsize   # (no scratch tensor to ask: a load of a thousand tables asks four times each)
+    if nbytes < ALIGN_FROM_BYTES or torch.device(device).type != "cpu":
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    raw = torch.empty(nbytes + PAGE, dtype=torch.uint8)
+    skip = -raw.data_ptr() % PAGE
+    return raw[skip:skip + nbytes].view(dtype).view(tuple(shape))
+
+
 def init_rows(view: torch.Tensor, init: SlotInit) -> None:
     """Fill new rows of a slot with its init: a number, or a callable filling a tensor in place."""
     if view.numel() == 0 and view.shape[0] == 0:
@@ -117,8 +138,8 @@ class RowStore:
               change_log: ChangeLog) -> "RowStore":
         """A store with the embedding slot only and room for ``capacity`` rows."""
         with torch.inference_mode(False):  # see realloc
-            columns = {EMBEDDING: torch.empty((capacity, *spec.shape), dtype=spec.dtype, device=device)}
-            ids = torch.empty(capacity, dtype=torch.int64)
+            columns = {EMBEDDING: empty_rows((capacity, *spec.shape), spec.dtype, device)}
+            ids = empty_rows((capacity,), torch.int64, "cpu")
         return cls(table, device, {EMBEDDING: spec}, {EMBEDDING: init}, columns, ids, 0, change_log)
 
     def modified(self) -> None:
@@ -135,7 +156,7 @@ class RowStore:
     def add_slot(self, name: str, spec: SlotSpec, init: SlotInit) -> None:
         """A new column with every row in use initialised to ``init``."""
         with torch.inference_mode(False):  # see realloc
-            data = torch.empty((self.capacity, *spec.shape), dtype=spec.dtype, device=self.device)
+            data = empty_rows((self.capacity, *spec.shape), spec.dtype, self.device)
             init_rows(data[: self.size], init)
         self.specs[name] = spec
         self.inits[name] = init
@@ -170,11 +191,13 @@ class RowStore:
         # (inference tensors cannot be updated in place outside it, e.g. by an optimizer step).
         with torch.inference_mode(False):
             for k, t in self.columns.items():
-                nt = torch.empty((cap, *t.shape[1:]), dtype=t.dtype, device=t.device)
-                nt[:n].copy_(t[:n])
+                nt = empty_rows((cap, *t.shape[1:]), t.dtype, t.device)
+                if n:   # (an emptied table being loaded: nothing to copy, a call per slot saved)
+                    nt[:n].copy_(t[:n])
                 new_columns[k] = nt
-            new_ids = torch.empty(cap, dtype=torch.int64)
-            new_ids[:n].copy_(self.ids[:n])
+            new_ids = empty_rows((cap,), torch.int64, "cpu")
+            if n:
+                new_ids[:n].copy_(self.ids[:n])
             self.change_log.resize(cap, n)
         self.map.reserve(cap)
         self.columns, self.ids, self.capacity = new_columns, new_ids, cap

@@ -17,7 +17,7 @@ from recckpt import _C
 from recckpt.state.protocol import SparseState, SparseTableMeta
 
 from ...errors import InvalidArgumentError
-from .storage import init_rows
+from .storage import empty_rows, init_rows
 
 #: Rows per host-to-device copy when a device table adopts host storage (bounds the transient
 #: device memory of one copy step, not the table).
@@ -213,11 +213,11 @@ class Transfer:
                 if k in columns and self.device.type == "cpu":
                     data[k] = columns[k]
                 elif k in columns:  # a device table copies the host storage over, chunk by chunk
-                    data[k] = torch.empty((cap, *spec.shape), dtype=spec.dtype, device=self.device)
+                    data[k] = empty_rows((cap, *spec.shape), spec.dtype, self.device)
                     for s in range(0, rows, ADOPT_COPY_ROWS):
                         data[k][s:s + ADOPT_COPY_ROWS].copy_(columns[k][s:min(rows, s + ADOPT_COPY_ROWS)])
                 else:
-                    data[k] = torch.empty((cap, *spec.shape), dtype=spec.dtype, device=self.device)
+                    data[k] = empty_rows((cap, *spec.shape), spec.dtype, self.device)
                     init_rows(data[k][:rows], store.inits[k])
         self.change_log.adopt(cap)
         store.replace(id_map, ids, data, rows)

@@ -1,0 +1,230 @@
+"""The metadata of many tables read in a few passes (issue 26 item 3), with the same answers as the
+per-table rules: a version 4 index validated for all tables at once (schema._segs_v4_all), the JSON
+rules checked on the text by the engine (checked_json), a compact checked file's CRC taken from its bytes."""
+import copy
+import json
+import os
+
+import pytest
+import torch
+
+from recckpt import _C, HashTable, SaveOptions, Saver, SparseAdam
+from recckpt.errors import CorruptCheckpointError
+from recckpt.format import checked_json, names, schema
+from recckpt.format.checkpoint import CheckpointReader, parse_index_bytes
+from recckpt.format.schema import _V, IndexDoc, _phase1_by_table, _segments_from, index_from_json
+from recckpt.storage import open_storage
+
+
+def _checkpoint(tmp_path, tables=12, incremental=False):
+    m = torch.nn.Module()
+    for t in range(tables):
+        m.add_module(f"t{t}", HashTable(f"t{t}", dim=4 + t % 3))   # three slot shapes
+    SparseAdam(m, lr=0.1)
+    with torch.no_grad():
+        for t, tab in enumerate(m.children()):
+            if t % 5:
+                tab(torch.arange(1 + 37 * t) * 13 - 50)
+    out = str(tmp_path / "out")
+    saver = Saver(m, output_dir=out, options=SaveOptions(fsync=False, segment_bytes=4096))
+    saver.save("a")
+    if not incremental:
+        return out, "a"
+    with torch.no_grad():
+        m.t1(torch.arange(5) + 10_000)
+    m.t2.remove_ids(m.t2.ids()[::2].clone())   # an increment records removed ids
+    saver.save("b", incremental=True)
+    return out, "b"
+
+
+def _read(out, ckpt):
+    r = CheckpointReader(open_storage(out), ckpt)
+    obj = parse_index_bytes(r.read_file(r.manifest.index), "index.json", r.manifest.format_version)
+    return r.manifest, obj
+
+
+def _keys(doc):
+    return ({k: (s, [x.key() for x in segs]) for k, (s, segs) in doc.tables.items()},
+            {k: [x.key() for x in segs] for k, segs in doc.removed.items()}, sorted(doc.blocked), doc.files)
+
+
+def _by_table(m, obj):
+    """The index as the per-table functions build it (the reference)."""
+    v = _V("index.json")
+    doc = IndexDoc(obj["num_buckets"], obj["chunk_bytes"], format_version=obj["format_version"])
+    doc.files = [(f["path"], f["size"]) for f in obj["files"]]
+    for name, slots, segs, removed, blocked in _phase1_by_table(v, obj["tables"], doc, m, False):
+        doc.tables[name] = (slots, _segments_from(v, doc, segs))
+        if removed is not None:
+            doc.removed[name] = _segments_from(v, doc, removed)
+        if blocked:
+            doc.blocked.add(name)
+    return doc
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_batched_index_equals_the_per_table_reading(tmp_path, incremental):
+    m, obj = _read(*_checkpoint(tmp_path, incremental=incremental))
+    if incremental:   # removed-id segments beside changed rows
+        assert any(len(t.get("removed", {}).get("file", [])) for t in obj["tables"].values())
+    else:             # tables of several segments
+        assert sum(len(t["segments"]["file"]) for t in obj["tables"].values()) > len(obj["tables"])
+    got = index_from_json(copy.deepcopy(obj), "index.json", m)
+    assert _keys(got) == _keys(_by_table(m, obj))
+
+
+def test_batched_phase1_declines_anything_out_of_order(tmp_path):
+    m, obj = _read(*_checkpoint(tmp_path))
+    doc = IndexDoc(obj["num_buckets"], obj["chunk_bytes"], format_version=obj["format_version"])
+    doc.files = [(f["path"], f["size"]) for f in obj["files"]]
+
+    def items(o):
+        out = []
+        for name, t in o["tables"].items():
+            info = m.tables[name]
+            out.append(schema._SegsInput(name, t["segments"], [[8] + info.slot_row_bytes(list(info.slots))],
+                                             True, False, 1))
+        return out
+    assert schema._segs_v4_all(items(obj), doc) is not None
+    for key, value in [("rows", 0), ("first", 5000), ("dir", 10**6), ("packed", 2), ("file", 7), ("offset", -1),
+                       ("rows", True), ("offset", 1.5), ("rows", 1 << 64), ("block", 0)]:
+        bad = copy.deepcopy(obj)
+        segs = bad["tables"]["t3"]["segments"]
+        if key in segs:
+            segs[key][-1] = value
+        else:
+            segs[key] = [value] * len(segs["file"])
+        assert schema._segs_v4_all(items(bad), doc) is None, key
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("rows", 0, "segments.rows[0]: expected 1 <= rows < 2**32"),
+    ("crc32c", "zz", "segments.crc32c: expected"),
+    ("last", 4096, "segments.first[0]: expected 0 <= first <= last < B"),
+])
+def test_a_bad_table_is_named_as_the_per_table_rules_name_it(tmp_path, field, value, words):
+    m, obj = _read(*_checkpoint(tmp_path))
+    segs = obj["tables"]["t7"]["segments"]
+    if isinstance(segs[field], list):
+        segs[field][0] = value
+    else:
+        segs[field] = value
+    with pytest.raises(CorruptCheckpointError) as e:
+        index_from_json(obj, "index.json", m)
+    assert "tables['t7']" in str(e.value) and words in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("text,ok", [
+    (b'{"a":[1,2,{"b":"x"}]}', True),
+    (b'{"a":"\\ud83d\\ude00"}', True),          # a surrogate pair is one character
+    (b'{"a":"\\ud800"}', False),                  # a high surrogate alone
+    (b'{"a":"\\udc00x"}', False),                 # a low surrogate alone
+    (b'{"a":"\\ud800\\u0041"}', False),           # a high one followed by something else
+    (b'{"a":"\\\\ud800"}', True),                 # an escaped backslash, then the letters "ud800"
+    (b'[' * 3 + b']' * 3, True),
+    (b'[' * 4 + b']' * 4, False),                 # deeper than 3
+    (b'{"a":"[[[[[["}', True),                    # brackets inside a string do not nest
+    (b'[' + b'9' * 40 + b']', True),
+    (b'[-' + b'9' * 41 + b']', False),            # 41 digits
+    (b'["' + b'9' * 60 + b'"]', True),            # digits inside a string are text
+    ('["é"]'.encode(), False),                    # raw non-ASCII text: the walk looks at it
+])
+def test_engine_text_rules_are_conservative(text, ok):
+    assert _C.json_follows_rules(text, 3, 40) is ok
+    if not ok and b"9" * 41 not in text and b"[[[[" not in text:
+        # where the engine says "look closer", the walk decides: valid text still parses
+        try:
+            checked_json.parse(text, "f", checked_json.JsonLimits(1 << 20, max_depth=3))
+        except CorruptCheckpointError as e:
+            assert "lone surrogate" in str(e)
+
+
+@pytest.mark.parametrize("text,why", [
+    (b'{"a":"\\ud800"}', "lone surrogate"),
+    (b'[[[[[1]]]]]', "nested more than 3 deep"),
+    (b'[' + b'1' * 41 + b']', "more than 40 digits"),
+])
+def test_parse_still_refuses_with_the_same_words(text, why):
+    with pytest.raises(CorruptCheckpointError, match=why):
+        checked_json.parse(text, "f", checked_json.JsonLimits(1 << 20, max_depth=3))
+
+
+def test_compact_checked_file_crc_from_its_bytes_and_any_flip_refused():
+    obj = {"tables": {f"t{i}": {"rows": i, "name": "x" * 20} for i in range(3000)}, "files": {"a": {"crc32c": 5}}}
+    data = checked_json.dumps(obj)
+    assert len(data) > checked_json.INDENT_BELOW and b"\n" not in data   # written compact
+    want = json.loads(data)
+    assert checked_json._crc_of_compact(data, want["crc32c"]) == want["crc32c"]
+    assert checked_json.loads(data, "m", 1 << 30) == obj
+    small = checked_json.dumps({"a": 1})   # indented: checked against its canonical form
+    assert checked_json._crc_of_compact(small, json.loads(small)["crc32c"]) != json.loads(small)["crc32c"]
+    assert checked_json.loads(small, "m", 1 << 20) == {"a": 1}
+    for pos in (10, len(data) // 2, len(data) - 10):
+        flipped = bytearray(data)
+        flipped[pos] = ord("7") if flipped[pos] != ord("7") else ord("8")
+        with pytest.raises(CorruptCheckpointError):
+            checked_json.loads(bytes(flipped), "m", 1 << 30)
+
+
+def test_a_manifest_round_trips_through_the_fast_checks(tmp_path):
+    out, ckpt = _checkpoint(tmp_path)
+    data = open(os.path.join(out, ckpt, names.MANIFEST), "rb").read()
+    parsed = checked_json.loads(data, "m", names.MAX_MANIFEST_BYTES)
+    assert _C.json_follows_rules(data, checked_json.MAX_DEPTH, checked_json.MAX_NUMBER_CHARS)
+    assert parsed["ckpt_id"] == ckpt and len(parsed["tables"]) == 12
+
+
+def _manifest_obj(tmp_path, incremental=False):
+    out, ckpt = _checkpoint(tmp_path, incremental=incremental)
+    data = open(os.path.join(out, ckpt, names.MANIFEST), "rb").read()
+    return checked_json.loads(data, "manifest.json", names.MAX_MANIFEST_BYTES)
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_manifest_tables_and_digests_read_as_the_rules_read_them(tmp_path, incremental):
+    from recckpt.format.schema import _digests_from_json, _table_from_json, manifest_from_json
+    obj = _manifest_obj(tmp_path, incremental)
+    m = manifest_from_json(copy.deepcopy(obj), "manifest.json")
+    v = _V("manifest.json")
+    want = {n: _table_from_json(v, n, t, m.format_version) for n, t in obj["tables"].items()}
+    assert m.tables == want
+    assert all(schema._table_info_fast(n, t, m.format_version, schema._SlotLayouts()) is not None
+               for n, t in obj["tables"].items())   # the fast path read them
+    if not incremental:
+        assert schema._table_digests_fast(obj["digests"]["tables"], m.tables) is not None
+    slow = _digests_from_json(v, dict(obj["digests"], hash="rowsum128"), want)
+    assert m.digests.to_json() == slow.to_json()
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda t: t["slots"][1][1].update(dtype="F99"), "tables['t4'].adam.m.dtype: unknown dtype"),
+    (lambda t: t["slots"][0][1].update(shape=[4, -1]), "tables['t4'].embedding.shape"),
+    (lambda t: t.update(rows=-3), "tables['t4'].rows"),
+    (lambda t: t.update(removed=2), "tables['t4'].removed: removed ids in a table that is not saved as changes"),
+    (lambda t: t.update(bucket_fn="row_range"), "tables['t4'].num_rows: missing"),
+    (lambda t: t["slots"].append(t["slots"][0]), "slot 'embedding' listed twice"),
+])
+def test_a_bad_manifest_table_is_worded_by_the_rules(tmp_path, edit, words):
+    from recckpt.format.schema import manifest_from_json
+    obj = _manifest_obj(tmp_path)
+    edit(obj["tables"]["t4"])
+    with pytest.raises(CorruptCheckpointError, match=re_escape(words)):
+        manifest_from_json(obj, "manifest.json")
+
+
+def test_a_bad_digest_is_worded_by_the_rules(tmp_path):
+    from recckpt.format.schema import manifest_from_json
+    obj = _manifest_obj(tmp_path)
+    obj["digests"]["tables"]["t6"]["slots"]["adam.v"] = "A" * 32
+    with pytest.raises(CorruptCheckpointError, match=re_escape("digests.tables['t6'].slots['adam.v']")):
+        manifest_from_json(obj, "manifest.json")
+    obj = _manifest_obj(tmp_path / "again")
+    obj["digests"]["tables"]["t6"]["rows"] += 1
+    with pytest.raises(CorruptCheckpointError, match=re_escape("digests.tables['t6'].rows")):
+        manifest_from_json(obj, "manifest.json")
+
+
+def re_escape(s):
+    import re
+    return re.escape(s)
+

@@ -893,20 +893,34 @@ class BucketDir:
         both = [raws[i].view("<u4") for i in v4]
         b = np.concatenate([x[:n] for x, n in zip(both, k.tolist())]).astype(np.int64)
         st = np.concatenate([x[n:] for x, n in zip(both, k.tolist())]).astype(np.int64)
+        ok = BucketDir.valid_many(b, st, k, [segs[i] for i in v4], num_buckets)
         end = np.cumsum(k)
         first = end - k
-        ok = ((b[first] == [segs[i].first for i in v4]) & (b[end - 1] == [segs[i].last for i in v4])
-              & (b[end - 1] < num_buckets) & (st[first] == 0) & (st[end - 1] < [segs[i].rows for i in v4]))
-        # both strictly increasing within each directory (a step across two directories does not count)
-        rising = (np.diff(b) > 0) & (np.diff(st) > 0)
-        rising[end[:-1] - 1] = True
-        bad = np.flatnonzero(~rising)
-        if bad.size:
-            ok[np.searchsorted(end, bad, side="right")] = False
         for j, i in enumerate(v4):
             if ok[j]:
                 out[i] = BucketDir(b[first[j]:end[j]], st[first[j]:end[j]], segs[i].rows)
         return out
+
+    @staticmethod
+    def valid_many(b: np.ndarray, st: np.ndarray, k: np.ndarray, segs: list[Segment],
+                   num_buckets: int) -> np.ndarray:
+        """Whether each of the version 4 directories concatenated in `b` (their bucket[k]) and `st` (their
+        start[k]), `k[i]` >= 1 entries for segment `segs[i]`, is a valid partition of its rows: the one home
+        of the rule (`all_from_bytes`, and `segment_groups.check_dirs` for a group of small tables). First
+        and last bucket as the index says, the last below the bucket count, starts from row 0 and below the
+        segment's rows, both strictly increasing within each directory."""
+        if not len(k):
+            return np.ones(0, dtype=bool)
+        end = np.cumsum(k)
+        first = end - k
+        ok = ((b[first] == [s.first for s in segs]) & (b[end - 1] == [s.last for s in segs])
+              & (b[end - 1] < num_buckets) & (st[first] == 0) & (st[end - 1] < [s.rows for s in segs]))
+        rising = (np.diff(b) > 0) & (np.diff(st) > 0)
+        rising[end[:-1] - 1] = True   # (a step across two directories does not count)
+        bad = np.flatnonzero(~rising)
+        if bad.size:
+            ok[np.searchsorted(end, bad, side="right")] = False
+        return ok
 
     @staticmethod
     def _offsets_block(raw: np.ndarray, seg: Segment, num_buckets: int) -> "BucketDir | None":

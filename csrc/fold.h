@@ -30,10 +30,12 @@ struct FoldResult {
 };
 
 // links[0] is the base (its removed ids are ignored); at most kMaxFoldLinks links and kMaxFoldBase base
-// rows (the caller checks). Runs in O(total events) with one hash table.
+// rows (the caller checks). Runs in O(total events): the events are split by a keyed hash of their id
+// into cache-sized partitions, each folded with its own small table, on up to `threads` threads (the
+// result does not depend on how many).
 constexpr int64_t kMaxFoldLinks = 32000;
 constexpr int64_t kMaxFoldBase = ((int64_t)1 << 31) - 1;
-void fold_links(const std::vector<FoldLink>& links, FoldResult& out);
+void fold_links(const std::vector<FoldLink>& links, FoldResult& out, int threads = 1);
 
 // dst[dst_idx[k]] = src[src_idx[k]] for rows of row_bytes bytes, on up to `threads` threads (each a
 // range of k; the rows written must be distinct). threads == 1 copies in order of k, which is what

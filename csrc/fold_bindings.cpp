@@ -27,7 +27,8 @@ const uint8_t* optional_mask(const py::handle& obj, int64_t n, const char* what,
 }
 
 py::dict py_fold_links(const py::sequence& rows, const py::sequence& removed, const py::sequence& skip_rows,
-                       const py::sequence& skip_removed) {
+                       const py::sequence& skip_removed, int threads) {
+  if (threads < 1) throw py::value_error("fold_links: threads must be >= 1");
   const size_t L = (size_t)py::len(rows);
   if ((int64_t)L > kMaxFoldLinks) throw py::value_error("fold_links: too many links");
   if ((size_t)py::len(removed) != L || (size_t)py::len(skip_rows) != L || (size_t)py::len(skip_removed) != L)
@@ -50,7 +51,7 @@ py::dict py_fold_links(const py::sequence& rows, const py::sequence& removed, co
   FoldResult r;
   {
     py::gil_scoped_release nogil;
-    fold_links(links, r);
+    fold_links(links, r, threads);
   }
   py::list src, dst;
   for (size_t j = 0; j < L; j++) {
@@ -102,9 +103,10 @@ void py_copy_rows(const py::buffer& src, const py::handle& src_idx, const py::bu
 
 void bind_fold(py::module_& m) {
   m.def("fold_links", &py_fold_links, py::arg("rows"), py::arg("removed"), py::arg("skip_rows"),
-        py::arg("skip_removed"),
+        py::arg("skip_removed"), py::arg("threads") = 1,
         "Fold the links of a chain (base first) for one bucket range: per link its row ids and removed ids "
-        "(int64), and optional bool masks of events to ignore. Returns a dict: new_rows, src/dst (per link, "
+        "(int64), and optional bool masks of events to ignore; on up to `threads` threads (the result is the "
+        "same for any number). Returns a dict: new_rows, src/dst (per link, "
         "index 0 empty: winning row indices and their output positions; the base's rows keep positions "
         "[0, n_base)), holes/hole_ids (base positions that do not survive and their ids), dup_link/dup_ids "
         "(ids stored twice within one link).");

@@ -11,6 +11,7 @@ import os
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage
+from .chain_index import parse_indexes
 from .checkpoint import CheckpointReader
 
 #: A chain longer than this is refused as garbled (a loop of parents is caught before, by ids).
@@ -39,6 +40,7 @@ def open_chain(newest: CheckpointReader) -> list[CheckpointReader]:
     files have the recorded sizes, and all links share the bucket count. A full checkpoint is a chain of
     one. Raises CorruptCheckpointError naming the missing or altered link."""
     links = walk_chain(newest)
+    parse_indexes(links)   # together where they can be: one validation pass instead of one per link
     for link in links:
         link.verify_worker_indexes()
         if link.manifest.index is not None:

@@ -482,21 +482,41 @@ class CheckpointReader:
             else:
                 where = self.describe(self.manifest.index)
                 try:
-                    # The bytes are let go once decoded: a large index is held once as text, not twice.
-                    raw = self.read_file(self.manifest.index)
-                    if self.manifest.shard_num == 1:   # only `same_as_merged_index` compares it
-                        self._index_sha256 = hashlib.sha256(raw).digest()
-                    text = checked_json.ascii_text(raw, where)
-                    del raw
+                    obj = self.index_object()
                     with gcpause.paused():
-                        obj = parse_index_bytes(text, where, self.manifest.format_version)
-                        del text
                         self._parsed = index_from_json(obj, where, self.manifest)
                 except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
                     # A copy without the traceback, whose frames hold the file's bytes and parse.
                     self._index_error = e.retold(str(e))
                     raise
         return self._parsed
+
+    def index_object(self) -> dict:
+        """The index file's JSON object: its bytes checked against the manifest's size and CRC and parsed
+        by the JSON rules, not yet validated as an index (`parsed_index` does that, or
+        `recckpt.format.chain_index` for many links at once). Needs a manifest with an index."""
+        where = self.describe(self.manifest.index)
+        # The bytes are let go once decoded: a large index is held once as text, not twice.
+        raw = self.read_file(self.manifest.index)
+        if self.manifest.shard_num == 1:   # only `same_as_merged_index` compares it
+            self._index_sha256 = hashlib.sha256(raw).digest()
+        text = checked_json.ascii_text(raw, where)
+        del raw
+        with gcpause.paused():
+            return parse_index_bytes(text, where, self.manifest.format_version)
+
+    @property
+    def index_parsed(self) -> bool:
+        """Whether the index was parsed and validated already (or found corrupt)."""
+        return self._parsed is not None or self._index_error is not None
+
+    def use_index(self, doc: IndexDoc) -> None:
+        """Take `doc` as this reader's parsed index: the result of validating this checkpoint's index
+        file against its manifest by every rule of `parsed_index`, done elsewhere
+        (`recckpt.format.chain_index` validates the links of a chain together)."""
+        if self.index_parsed:
+            raise RuntimeError(f"{self.describe()}: the index was parsed already")
+        self._parsed = doc
 
     def same_as_merged_index(self, data) -> bool:
         """Whether `data` (a worker index of a one-worker checkpoint) has the bytes of the merged index,

@@ -33,6 +33,7 @@ order in which copies happen to be read.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -42,7 +43,9 @@ from .. import _C
 from ..errors import DuplicateIdsError
 from .chain import table_links
 from .checkpoint import CheckpointReader
+from .link_reads import LinkRead, batch_read, read_across
 from .names import shard_file_worker
+from .sparse_io import ReadBatch
 
 #: Default bound of one bucket group of `fold_rows` / `fold_groups`: bytes of chain rows (ids and
 #: slots, every link) planned and held at once.
@@ -105,23 +108,43 @@ def _in_newest_range(links: Sequence[CheckpointReader], table: str, lo: int, hi:
     return (b >= lo) & (b < hi)
 
 
-def _ids_and_files(link: CheckpointReader, table: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """The verified ids of `table`'s rows in buckets [lo, hi) of `link`, in read order, and the shard
-    file index of each run of them ([2, runs] int64: file index, rows), which `_per_row` spreads to one
-    per row only when duplicates must be resolved (a per-row array of a 1M-row base cost milliseconds
-    on every chain load)."""
-    ids, runs = [], []
-    for chunk, _, fi in link.segments.iter_table(table, [], [], lo, hi, with_file=True):
-        ids.append(chunk.copy())      # a view of a reused read buffer
-        runs.append((fi, len(chunk)))
-    runs_a = np.array(runs, dtype=np.int64).reshape(-1, 2).T
-    if not ids:
-        return np.empty(0, dtype="<i8"), runs_a
-    return (ids[0] if len(ids) == 1 else np.concatenate(ids)), runs_a
+def _one_batch(batches) -> ReadBatch | None:
+    return next(iter(batches), None)
 
 
-def _per_row(runs: np.ndarray) -> np.ndarray:
-    return np.repeat(runs[0], runs[1])
+def _read_ids(links: Sequence[CheckpointReader], table: str, ranges: Sequence[tuple[int, int]]
+              ) -> tuple[list[np.ndarray], list[ReadBatch | None], list[np.ndarray], list[np.ndarray]]:
+    """The verified ids of `table`'s rows in each link's bucket range, in read order (and the batch that
+    read them, whose `row_files` gives each row's shard file when duplicates must be resolved), and the
+    ids each increment records as removed with the shard file of each. Read across links: one engine
+    call for the bucket directories the reads need, one for the ids."""
+    segments = [link.segments for link in links]
+    dir_jobs, kept = [], []
+    for j, seg in enumerate(segments):
+        lists = [seg.table_segments(table, ids_only=True)[1]] + ([links[j].index.removed.get(table, [])] if j else [])
+        for segs in lists:
+            need, reqs = seg.dir_requests(table, segs, *ranges[j])
+            if need:
+                job = LinkRead(seg, table, reqs, [np.empty(r.nbytes, dtype=np.uint8) for r in reqs])
+                dir_jobs.append(job)
+                kept.append((seg, need, job.dsts))
+    read_across(dir_jobs)
+    for seg, need, raws in kept:
+        seg.keep_dirs(table, need, raws)
+    # the reads below find every directory kept (unless too many for a reader's cache: then it reads them)
+    row_batches = [_one_batch(seg.batches(table, [], [], *ranges[j], batch_bytes=math.inf))
+                   for j, seg in enumerate(segments)]
+    removed_batches = [seg.removed_batch(table, *ranges[j]) if j else None for j, seg in enumerate(segments)]
+    bufs, jobs = [], []
+    for seg, batch in zip(segments * 2, row_batches + removed_batches):
+        buf = np.empty(8 * (batch.rows if batch is not None else 0), dtype=np.uint8)
+        bufs.append(buf.view("<i8"))
+        if batch is not None:
+            jobs.append(batch_read(seg, batch, [buf]))
+    read_across(jobs)
+    L = len(links)
+    removed_files = [b.row_files() if b is not None else np.empty(0, dtype=np.int64) for b in removed_batches]
+    return bufs[:L], row_batches, bufs[L:], removed_files
 
 
 def _steps_of(link: CheckpointReader, files: np.ndarray) -> np.ndarray:
@@ -171,18 +194,7 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
         raise ValueError(f"plan_fold: duplicates must be 'error' or 'newest', got {duplicates!r}")
     links = tuple(table_links(list(links), table))
     ranges = tuple(read_range(links, j, table, lo, hi) for j in range(len(links)))
-    rows, row_files, removed, removed_files = [], [], [], []
-    for j, link in enumerate(links):
-        r_lo, r_hi = ranges[j]
-        ids, files = _ids_and_files(link, table, r_lo, r_hi)
-        rows.append(ids)
-        row_files.append(files)
-        if j:
-            gone, gfiles = link.segments.removed_ids(table, r_lo, r_hi, with_file=True)
-        else:
-            gone, gfiles = np.empty(0, dtype="<i8"), np.empty(0, dtype=np.int64)
-        removed.append(gone)
-        removed_files.append(gfiles)
+    rows, row_batches, removed, removed_files = _read_ids(links, table, ranges)
     skip_rows: list[np.ndarray | None] = [None] * len(links)
     skip_removed: list[np.ndarray | None] = [None] * len(links)
     for j in range(len(links)):
@@ -196,7 +208,8 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
         if masks:
             skip_rows[j] = ~np.logical_and.reduce([m[0] for m in masks])
             skip_removed[j] = ~np.logical_and.reduce([m[1] for m in masks])
-    r = _C.fold_links(rows, removed, skip_rows, skip_removed)
+    threads = links[-1].threads
+    r = _C.fold_links(rows, removed, skip_rows, skip_removed, threads=threads)
     if len(r["dup_ids"]):
         dup_link = r["dup_link"]
         if duplicates == "error":
@@ -207,12 +220,12 @@ def plan_fold(links: Sequence[CheckpointReader], table: str, lo: int, hi: int, *
                 f"worker that saved at the highest step", path=links[j].describe(), table=table)
         for j in np.unique(dup_link):
             j = int(j)
-            sr, sg = _resolve_duplicates(links[j], table, rows[j], _per_row(row_files[j]), removed[j],
-                                         removed_files[j],
+            files = row_batches[j].row_files() if row_batches[j] is not None else np.empty(0, dtype=np.int64)
+            sr, sg = _resolve_duplicates(links[j], table, rows[j], files, removed[j], removed_files[j],
                                          np.unique(r["dup_ids"][dup_link == j]))
             skip_rows[j] = sr if skip_rows[j] is None else skip_rows[j] | sr
             skip_removed[j] = sg if skip_removed[j] is None else skip_removed[j] | sg
-        r = _C.fold_links(rows, removed, skip_rows, skip_removed)
+        r = _C.fold_links(rows, removed, skip_rows, skip_removed, threads=threads)
         if len(r["dup_ids"]):  # cannot happen: every duplicate kept one copy
             raise RuntimeError(f"table {table!r}: duplicates left after resolving them")
     base_skipped = int(skip_rows[0].sum()) if skip_rows[0] is not None else 0
@@ -249,7 +262,8 @@ def fill_fold(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], id
             raise ValueError(f"fill_fold: table {table!r}: expected flat uint8 buffers of {plan.out_rows} rows")
     base = plan.links[0]
     pos = 0
-    for batch in base.segments.batches(table, slots, row_bytes, *plan.ranges[0]):
+    # straight into the output: no scratch to bound, so one batch (the engine's threads span it)
+    for batch in base.segments.batches(table, slots, row_bytes, *plan.ranges[0], batch_bytes=math.inf):
         n = batch.rows
         if pos + n > plan.base_rows:
             _changed(base, table, pos + n, plan.base_rows)
@@ -257,28 +271,55 @@ def fill_fold(plan: FoldPlan, slots: Sequence[str], row_bytes: Sequence[int], id
         pos += n
     if pos != plan.base_rows:
         _changed(base, table, pos, plan.base_rows)
-    # Later links are read a batch at a time into one buffer shared by all of them, and only their
-    # winning rows are copied out of it.
+    # Later links are read into one reused buffer, the batches of many links in one engine call, and only
+    # their winning rows are copied out of it.
     scratch = Scratch() if scratch is None else scratch
+    limit = base.segments.options.batch_bytes
+    pending, nbytes = [], 0
     for j in range(1, len(plan.links)):
-        link, src, dst = plan.links[j], plan.src[j], plan.dst[j]
+        link = plan.links[j]
         pos = 0
         for batch in link.segments.batches(table, slots, row_bytes, *plan.ranges[j]):
-            n = batch.rows
-            buf = scratch.take(n * sum(widths))
-            views, off = [], 0
-            for w in widths:
-                views.append(buf[off:off + n * w])
-                off += n * w
-            link.segments.read_batch(batch, views)
-            a, b = np.searchsorted(src, [pos, pos + n])
-            if b > a:
-                s, d = src[a:b] - pos, dst[a:b]
-                for v, o, w in zip(views, outs, widths):
-                    _C.copy_rows(v, s, o, d, w)
-            pos += n
+            pending.append((j, pos, batch))
+            nbytes += batch.nbytes
+            pos += batch.rows
+            if nbytes >= limit:
+                _copy_winners(plan, pending, widths, outs, scratch)
+                pending, nbytes = [], 0
         if pos != plan.link_rows[j]:
             _changed(link, table, pos, plan.link_rows[j])
+    if pending:
+        _copy_winners(plan, pending, widths, outs, scratch)
+
+
+def _copy_winners(plan: FoldPlan, pending: list[tuple[int, int, ReadBatch]], widths: list[int],
+                  outs: list[np.ndarray], scratch: Scratch) -> None:
+    """Read `pending` ((link, its first row, batch) of later links) into the scratch buffer, column by
+    column with the batches' rows one after another, and copy their winning rows to their places."""
+    rows = sum(b.rows for _, _, b in pending)
+    buf = scratch.take(rows * sum(widths))
+    cols, off = [], 0
+    for w in widths:
+        cols.append(buf[off:off + rows * w])
+        off += rows * w
+    jobs, srcs, dsts = [], [], []
+    at = 0
+    for j, pos, batch in pending:
+        n = batch.rows
+        jobs.append(batch_read(plan.links[j].segments, batch, [c[w * at:w * (at + n)] for c, w in zip(cols, widths)]))
+        src, dst = plan.src[j], plan.dst[j]
+        a, b = np.searchsorted(src, [pos, pos + n])
+        srcs.append(src[a:b] - pos + at)
+        dsts.append(dst[a:b])
+        at += n
+    read_across(jobs)
+    src, dst = np.concatenate(srcs), np.concatenate(dsts)
+    if not len(src):
+        return
+    new = dst >= plan.base_rows          # a row replacing a base row lands where that id already is
+    _C.copy_rows(cols[0], src[new], outs[0], dst[new], widths[0])
+    for c, o, w in zip(cols[1:], outs[1:], widths[1:]):
+        _C.copy_rows(c, src, o, dst, w)
 
 
 def _changed(link: CheckpointReader, table: str, got: int, want: int):

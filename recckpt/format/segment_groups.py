@@ -4,7 +4,7 @@ A model of a thousand small tables is a thousand segments of a few kilobytes eac
 time, each costs two engine calls (its bucket directory, then its rows) and a few dozen Python and numpy
 calls around them; read here, a group of them costs two engine calls in all and a few numpy passes:
 every directory read into one buffer and checked at once (`check_dirs`: the rule of
-`sparse_io.BucketDir.from_bytes`, vectorised), then every row range into one buffer laid out table by
+`sparse_io.BucketDir.valid_many`), then every row range into one buffer laid out table by
 table, column by column (`read_rows`). Used by loads of small tables (recckpt/load/small_tables.py)
 and by `verify` (its groups of small segments).
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import CorruptCheckpointError
 from .schema import Segment
-from .sparse_io import ReadRequest, SegmentReader
+from .sparse_io import BucketDir, ReadRequest, SegmentReader
 
 #: Bucket numbers fit 24 bits (NUM_BUCKETS_LIMIT); a segment's number above them orders every entry.
 _SEG_SHIFT = 32
@@ -72,16 +72,9 @@ def check_dirs(raw: np.ndarray, offsets: list[int], segs: list[Segment], num_buc
     j = np.arange(at[-1], dtype=np.int64)
     b = words[base + j].astype(np.int64)                      # bucket[k] of each segment, then
     st = words[base + j + np.repeat(k, k)].astype(np.int64)   # start[k]
-    rows = np.asarray([s.rows for s in segs], dtype=np.int64)
-    first, last = at[:-1], at[1:] - 1
-    ok = ((b[first] == np.asarray([s.first for s in segs])) & (b[last] == np.asarray([s.last for s in segs]))
-          & (b[last] < num_buckets) & (st[first] == 0) & (st[last] < rows))
-    step_ok = np.ones(len(j), dtype=bool)   # strictly increasing within a segment
-    if len(j) > 1:
-        step_ok[1:] = (b[1:] > b[:-1]) & (st[1:] > st[:-1])
-    step_ok[first] = True
-    if not (ok.all() and step_ok.all()):
+    if not BucketDir.valid_many(b, st, k, segs, num_buckets).all():
         return None
+    rows = np.asarray([s.rows for s in segs], dtype=np.int64)
     return Dirs(b, st, at, rows)
 
 

@@ -500,6 +500,35 @@ class SegmentReader:
             pos += n
         return out
 
+    def _local_requests(self, reqs: list, dsts: list[np.ndarray]) -> list[tuple] | None:
+        """The engine's request tuples for `reqs` (ReadRequests for read_ranges, or GroupedReads for
+        read_strided) into `dsts` (each file's size checked first), or None when a file is not one the
+        engine can open (an object store)."""
+        paths = {}
+        for r in reqs:
+            if r.file not in paths:
+                self.check_size(r.file)
+                paths[r.file] = self._engine_path(r.file)
+        if any(p is None for p in paths.values()):
+            return None
+        return [r.for_engine(paths[r.file], dst) for r, dst in zip(reqs, dsts)]
+
+    def engine_requests(self, reqs: list, dsts: list[np.ndarray]) -> list[tuple] | None:
+        """What `read(table, reqs, dsts)` would hand the engine's `read_ranges`, for a caller that reads the
+        requests of many readers in one engine call (`recckpt.format.link_reads`); None when this reader
+        must read them itself (an object store, bytes read ahead by `prefetch`, or requests that are not all
+        plain ranges: format version 5's row runs and column groups). The caller adds the bytes it read to
+        `bytes_read` and raises `read_error` for the first request that failed."""
+        if self._prefetched or any(type(r) is not ReadRequest for r in reqs):
+            return None
+        return self._local_requests(reqs, dsts)
+
+    def read_error(self, table: str, req, msg: str) -> CorruptCheckpointError:
+        """The error of a failed engine read of `req` (the engine's message `msg`), naming file and table."""
+        path = self._path(req.file)
+        return CorruptCheckpointError(f"{self.storage.describe(path)}: table {table!r}, {req.what}: {msg}", path,
+                                      table=table)
+
     def read(self, table: str, reqs: list, dsts: list[np.ndarray] | None = None,
              map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
         """The verified bytes of each request (`nbytes` each: a `ReadRequest`'s [lo, hi), and when lo == 0
@@ -533,31 +562,20 @@ class SegmentReader:
             self._read_grouped(table, [reqs[i] for i in grouped], [out[i] for i in grouped])
         return out
 
-    def _engine_paths(self, reqs: list) -> list[str] | None:
-        """Each request's file as the engine opens it (sizes checked first), or None when some file is only
-        in a store the engine cannot read."""
-        for r in reqs:
-            self.check_size(r.file)
-        local = [self._engine_path(r.file) for r in reqs]
-        return local if all(p is not None for p in local) else None
-
     def _engine_done(self, table: str, reqs: list, nread: int, errors: list) -> None:
         """Count an engine call's bytes and raise its first error, naming file, table and column."""
         self.bytes_read += nread
         if errors:
-            i, msg = errors[0]
-            fi, what = reqs[i].file, reqs[i].what
-            raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: table {table!r}, "
-                                         f"{what}: {msg}", self._path(fi), table=table)
+            raise self.read_error(table, reqs[errors[0][0]], errors[0][1])
 
     def _read_grouped(self, table: str, reqs: list["GroupedRead"], out: list[np.ndarray]) -> None:
         """Column groups into row-major rows: by the engine's strided reads (every chunk verified before a
         byte of it is placed), or through the store as plain reads of each column, placed here."""
-        local = self._engine_paths(reqs)
-        if local is not None:
-            self._engine_done(table, reqs, *_C.read_strided(
-                [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)], self.threads,
-                readahead_bytes=self.options.readahead_bytes, direct=self.options.engine_direct))
+        engine_reqs = self._local_requests(reqs, out)
+        if engine_reqs is not None:
+            self._engine_done(table, reqs, *_C.read_strided(engine_reqs, self.threads,
+                                                            readahead_bytes=self.options.readahead_bytes,
+                                                            direct=self.options.engine_direct))
             return
         cols = [r.column_reads() for r in reqs]
         raws = iter(self._read_plain(table, [c for cs in cols for c in cs], None, None))
@@ -567,11 +585,11 @@ class SegmentReader:
     def _read_plain(self, table: str, reqs: list[ReadRequest], dsts: list[np.ndarray] | None,
                     map_into: "_C.MappedRegion | None") -> list[np.ndarray]:
         out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
-        local = self._engine_paths(reqs)
-        if local is not None:
-            self._engine_done(table, reqs, *_C.read_ranges(
-                [r.for_engine(path, dst) for path, r, dst in zip(local, reqs, out)], self.threads,
-                readahead_bytes=self.options.readahead_bytes, map_into=map_into, direct=self.options.engine_direct))
+        engine_reqs = self._local_requests(reqs, out)
+        if engine_reqs is not None:
+            self._engine_done(table, reqs, *_C.read_ranges(engine_reqs, self.threads,
+                                                           readahead_bytes=self.options.readahead_bytes,
+                                                           map_into=map_into, direct=self.options.engine_direct))
             return out
         # Through the store: every range (and padding) the requests need, exactly, in one concurrent call.
         ranges, spans = [], []
@@ -618,14 +636,11 @@ class SegmentReader:
             segs = [(t, seg) for t, _, _ in jobs for seg in self.index.tables[t][1]]
             need = [(t, seg) for t, seg in segs if (t, seg.file, seg.buckets.offset) not in self._offsets
                     and self.dir_use(seg, bucket_lo, hi_b) == "read"]
-            reqs = [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
-                                max(seg.buckets.length, 1)) for _, seg in need]
+            reqs = [self._dir_request(seg) for _, seg in need]
             for (t, seg), raw in zip(need, self.read(jobs[0][0], reqs) if reqs else []):
                 d = BucketDir.from_bytes(raw, seg, self.index.num_buckets)
-                if d is None or self._offsets_bytes + d.nbytes > OFFSETS_CACHE_BYTES:
-                    continue   # the table's own read reports a bad directory
-                self._offsets[(t, seg.file, seg.buckets.offset)] = d
-                self._offsets_bytes += d.nbytes
+                if d is not None:   # the table's own read reports a bad directory
+                    self._keep_dir(t, seg, d)
             reqs = []
             for t, slots, row_bytes in jobs:
                 for seg, r0, r1 in self.iter_row_ranges(t, self.index.tables[t][1], bucket_lo, hi_b):
@@ -675,9 +690,7 @@ class SegmentReader:
             for seg, off in zip(part, have):
                 if off is None:
                     off = next(read)
-                    if self._offsets_bytes + off.nbytes <= OFFSETS_CACHE_BYTES:
-                        self._offsets[(table, seg.file, seg.buckets.offset)] = off
-                        self._offsets_bytes += off.nbytes
+                    self._keep_dir(table, seg, off)
                 yield seg, off
 
     def iter_row_ranges(self, table: str, segs: list[Segment], bucket_lo: int, bucket_hi: int
@@ -729,26 +742,30 @@ class SegmentReader:
         """The bucket directory a row run implies (format version 5)."""
         return RunDir(seg.id0, seg.rows, self.index.geometry_of(table).num_rows, self.index.num_buckets)
 
+    @staticmethod
+    def _dir_request(seg: Segment) -> ReadRequest:
+        return ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets", max(seg.buckets.length, 1))
+
+    def _dir_of(self, table: str, seg: Segment, raw: np.ndarray) -> "BucketDir":
+        """The directory of `seg` from its verified bytes; CorruptCheckpointError if it is not valid."""
+        d = BucketDir.from_bytes(raw, seg, self.index.num_buckets)
+        if d is None:
+            raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
+                                         f"bucket offsets are not a valid partition of {seg.rows} rows",
+                                         self._path(seg.file), table=table)
+        return d
+
+    def _keep_dir(self, table: str, seg: Segment, d: "BucketDir") -> None:
+        if self._offsets_bytes + d.nbytes <= OFFSETS_CACHE_BYTES:
+            self._offsets[(table, seg.file, seg.buckets.offset)] = d
+            self._offsets_bytes += d.nbytes
+
     def all_bucket_offsets(self, table: str, segs: list[Segment]) -> list["BucketDir | RunDir"]:
         """The verified bucket directory of each of `segs` (format version 4, or versions 1-3's offsets
         block as a directory), read in one parallel call; a row run's is computed (`run_dir`)."""
         stored = [seg for seg in segs if not seg.is_run]
-        raws = iter(self.read(table, [ReadRequest(seg.file, seg.buckets, 0, seg.buckets.length, "bucket offsets",
-                                                  max(seg.buckets.length, 1)) for seg in stored]))
-        nb = self.index.num_buckets
-        out = []
-        for seg in segs:
-            if seg.is_run:
-                out.append(self.run_dir(table, seg))
-                continue
-            raw = next(raws)
-            d = BucketDir.from_bytes(raw, seg, nb)
-            if d is None:
-                raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
-                                             f"bucket offsets are not a valid partition of {seg.rows} rows",
-                                             self._path(seg.file), table=table)
-            out.append(d)
-        return out
+        raws = iter(self.read(table, [self._dir_request(seg) for seg in stored]))
+        return [self.run_dir(table, seg) if seg.is_run else self._dir_of(table, seg, next(raws)) for seg in segs]
 
     def row_requests(self, table: str, seg: Segment, r0: int, r1: int, slots: list[str], row_bytes: list[int],
                      columns: tuple[int, int] | None = None) -> list:
@@ -838,19 +855,21 @@ class SegmentReader:
                     with_file: bool = False):
         """The verified ids an incremental checkpoint records as removed from `table`, in buckets
         [lo, hi) (int64, a new array). with_file=True returns (ids, the shard file index of each id)."""
-        segs = self.index.removed.get(table, [])
-        nb = self.index.num_buckets
-        hi_b = nb if bucket_hi is None else bucket_hi
-        reqs, files = [], []
-        for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
-            if r1 > r0:
-                reqs.append(ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids", seg.columns[0].step))
-                files.append(np.full(r1 - r0, seg.file, dtype=np.int64))
-        ids = (np.concatenate([a.view("<i8") for a in self.read(table, reqs)]) if reqs
-               else np.empty(0, dtype="<i8"))
+        batch = self.removed_batch(table, bucket_lo, bucket_hi)
+        ids = self.read_batch(batch, [np.empty(8 * batch.rows, dtype=np.uint8)])[0].view("<i8")
         if with_file:
-            return ids, (np.concatenate(files) if files else np.empty(0, dtype=np.int64))
+            return ids, batch.row_files()
         return ids
+
+    def removed_batch(self, table: str, bucket_lo: int = 0, bucket_hi: int | None = None) -> "ReadBatch":
+        """The reads of the ids removed from `table` in buckets [lo, hi) (an incremental checkpoint's
+        removed segments), as one batch of ids only."""
+        hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
+        batch = ReadBatch(table, [])
+        for seg, r0, r1 in self.iter_row_ranges(table, self.index.removed.get(table, []), bucket_lo, hi_b):
+            batch.add(r1 - r0, [ReadRequest(seg.file, seg.columns[0], 8 * r0, 8 * r1, "removed ids",
+                                            seg.columns[0].step)])
+        return batch
 
     def map_table(self, table: str, slots: list[str], row_bytes: list[int], bucket_lo: int = 0,
                   bucket_hi: int | None = None, spare_rows: int = 0) -> "MappedTable":
@@ -909,15 +928,9 @@ class SegmentReader:
                     raise ValueError(f"table {batch.table!r}: read_batch destination of {flat.size} bytes for "
                                      f"{batch.rows} rows of {w} bytes")
                 out.append(flat)
-        flat_reqs, flat_dst = [], []
-        pos = [0] * len(widths)
-        for n, rs in batch.parts:
-            for c, r in enumerate(rs):
-                nb = n * widths[c]
-                flat_reqs.append(r)
-                flat_dst.append(out[c][pos[c]:pos[c] + nb])
-                pos[c] += nb
-        self.read(batch.table, flat_reqs, dsts=flat_dst)
+        flat_reqs, flat_dst = batch.layout(out)
+        if flat_reqs:
+            self.read(batch.table, flat_reqs, dsts=flat_dst)
         return out
 
     def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
@@ -959,6 +972,27 @@ class ReadBatch:
         self.parts.append((rows, reqs))
         self.rows += rows
         self.nbytes += sum(r.nbytes for r in reqs)
+
+    def layout(self, cols: list[np.ndarray]) -> tuple[list[ReadRequest], list[np.ndarray]]:
+        """Every request of the batch and where its bytes go in `cols` (one flat uint8 buffer per column,
+        ids first, `rows * width` bytes each), the parts' rows one after another."""
+        widths = [8] + self.row_bytes
+        reqs, dsts = [], []
+        pos = [0] * len(widths)
+        for n, rs in self.parts:
+            for c, r in enumerate(rs):
+                nb = n * widths[c]
+                reqs.append(r)
+                dsts.append(cols[c][pos[c]:pos[c] + nb])
+                pos[c] += nb
+        return reqs, dsts
+
+    def row_files(self) -> np.ndarray:
+        """The shard file (its position in the index's `files`) of each row of the batch."""
+        if not self.parts:
+            return np.empty(0, dtype=np.int64)
+        return np.repeat(np.array([rs[0].file for _, rs in self.parts], dtype=np.int64),
+                         np.array([n for n, _ in self.parts], dtype=np.int64))
 
     def split(self, cols: list) -> Iterator[tuple]:
         """`cols` (what `read_batch` read: ids, then one byte array per slot) cut back into its parts:
@@ -1016,15 +1050,57 @@ class BucketDir:
     @staticmethod
     def from_bytes(raw: np.ndarray, seg: Segment, num_buckets: int) -> "BucketDir | None":
         """The directory of `seg` from its verified block, or None if it is not a valid partition."""
-        if seg.dir_entries:   # format version 4: uint32 bucket[k], uint32 start[k]
-            k = seg.dir_entries
-            if len(raw) != 8 * k:
-                return None
-            both = raw.view("<u4").astype(np.int64)
-            b, st = both[:k], both[k:]
-            ok = (b[0] == seg.first and b[-1] == seg.last and b[-1] < num_buckets and st[0] == 0
-                  and st[-1] < seg.rows and bool(np.all(np.diff(b) > 0)) and bool(np.all(np.diff(st) > 0)))
-            return BucketDir(b, st, seg.rows) if ok else None
+        return BucketDir.all_from_bytes([raw], [seg], num_buckets)[0]
+
+    @staticmethod
+    def all_from_bytes(raws: list[np.ndarray], segs: list[Segment], num_buckets: int) -> list["BucketDir | None"]:
+        """`from_bytes` of each segment, the version 4 directories checked together: a few numpy passes
+        over all of them, not a few per directory (a chain's links hold hundreds of small ones)."""
+        out: list[BucketDir | None] = [None] * len(segs)
+        v4 = []
+        for i, (raw, seg) in enumerate(zip(raws, segs)):
+            if not seg.dir_entries:
+                out[i] = BucketDir._offsets_block(raw, seg, num_buckets)
+            elif len(raw) == 8 * seg.dir_entries:   # format version 4: uint32 bucket[k], uint32 start[k]
+                v4.append(i)
+        if not v4:
+            return out
+        k = np.array([segs[i].dir_entries for i in v4], dtype=np.int64)
+        both = [raws[i].view("<u4") for i in v4]
+        b = np.concatenate([x[:n] for x, n in zip(both, k.tolist())]).astype(np.int64)
+        st = np.concatenate([x[n:] for x, n in zip(both, k.tolist())]).astype(np.int64)
+        ok = BucketDir.valid_many(b, st, k, [segs[i] for i in v4], num_buckets)
+        end = np.cumsum(k)
+        first = end - k
+        for j, i in enumerate(v4):
+            if ok[j]:
+                out[i] = BucketDir(b[first[j]:end[j]], st[first[j]:end[j]], segs[i].rows)
+        return out
+
+    @staticmethod
+    def valid_many(b: np.ndarray, st: np.ndarray, k: np.ndarray, segs: list[Segment],
+                   num_buckets: int) -> np.ndarray:
+        """Whether each of the version 4 directories concatenated in `b` (their bucket[k]) and `st` (their
+        start[k]), `k[i]` >= 1 entries for segment `segs[i]`, is a valid partition of its rows: the one home
+        of the rule (`all_from_bytes`, and `segment_groups.check_dirs` for a group of small tables). First
+        and last bucket as the index says, the last below the bucket count, starts from row 0 and below the
+        segment's rows, both strictly increasing within each directory."""
+        if not len(k):
+            return np.ones(0, dtype=bool)
+        end = np.cumsum(k)
+        first = end - k
+        ok = ((b[first] == [s.first for s in segs]) & (b[end - 1] == [s.last for s in segs])
+              & (b[end - 1] < num_buckets) & (st[first] == 0) & (st[end - 1] < [s.rows for s in segs]))
+        rising = (np.diff(b) > 0) & (np.diff(st) > 0)
+        rising[end[:-1] - 1] = True   # (a step across two directories does not count)
+        bad = np.flatnonzero(~rising)
+        if bad.size:
+            ok[np.searchsorted(end, bad, side="right")] = False
+        return ok
+
+    @staticmethod
+    def _offsets_block(raw: np.ndarray, seg: Segment, num_buckets: int) -> "BucketDir | None":
+        """Versions 1-3: the dense offsets block as a directory."""
         off = raw.view("<i8")
         if len(off) != num_buckets + 1 or off[0] != 0 or off[num_buckets] != seg.rows or np.any(np.diff(off) < 0):
             return None

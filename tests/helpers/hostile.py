@@ -38,6 +38,15 @@ def write_json(ckpt: str, rel: str, obj: dict) -> None:
         resign(ckpt, rel)
 
 
+def flip_byte(path: str, offset: int, mask: int = 0x01) -> None:
+    """Damage a file in place: XOR the byte at `offset` with `mask` (no checksum re-signed)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
+
+
 def resign(ckpt: str, rel: str) -> None:
     """Record `rel`'s current size and CRC in the manifest and re-sign the manifest."""
     data = open(os.path.join(ckpt, rel), "rb").read()

@@ -11,6 +11,7 @@ from spec import independent_reader as R
 
 torch = pytest.importorskip("torch", reason="the library under test needs torch")
 recckpt = pytest.importorskip("recckpt", reason="recckpt (and its C++ extension) is not importable")
+from helpers.hostile import flip_byte  # noqa: E402
 from recckpt import HashTable, Saver, SparseAdam  # noqa: E402
 
 I64_MIN, I64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -407,14 +408,6 @@ def test_manifest_may_be_reformatted(tmp_path):
         R.read_checkpoint(str(tmp_path / "c"))
 
 
-def _flip(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x01]))
-
-
 def _segment_offsets(d):
     ix = R.read_index(d)
     seg = ix["tables"]["user"][0]
@@ -437,7 +430,7 @@ def test_flipped_shard_byte_is_detected(tmp_path, where):
         off = seg["columns"][1]["offset"] + seg["columns"][1]["length"] // 2
     else:
         off = seg["columns"][3]["offset"] + seg["columns"][3]["length"] - 1
-    _flip(path, off)
+    flip_byte(path, off)
     with pytest.raises(R.CorruptError, match="CRC mismatch"):
         R.read_checkpoint(d)
     # the ranged reader also verifies what it reads: the full range covers the flipped byte
@@ -462,7 +455,7 @@ def test_flipped_covered_file_is_detected(tmp_path, rel):
     saver.register_for_checkpointing("step", {"global_step": 7})
     saver.save("c")
     p = tmp_path / "c" / rel
-    _flip(p, os.path.getsize(p) - 1)
+    flip_byte(p, os.path.getsize(p) - 1)
     with pytest.raises(R.CorruptError, match="CRC mismatch"):
         R.read_checkpoint(str(tmp_path / "c"))
 

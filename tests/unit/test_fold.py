@@ -89,6 +89,45 @@ def test_engine_fold_matches_a_dictionary_replay_across_partitions(seed):
     assert np.array_equal(np.sort(r["hole_ids"]), np.sort(base[r["holes"]]))
 
 
+def _decided(r, rows):
+    """What a fold decided, independent of where its (randomly keyed) partitions put new rows: id -> (link,
+    row) of every winning row, the hole ids, the duplicates; checks that every output position is filled
+    once, a replaced base row by a row of its own id."""
+    n_base = len(rows[0])
+    dst = np.concatenate([r["dst"][j] for j in range(1, len(rows))])
+    ids = np.concatenate([rows[j][r["src"][j]] for j in range(1, len(rows))])
+    assert len(np.unique(dst)) == len(dst)
+    assert np.array_equal(np.sort(dst[dst >= n_base]), np.arange(n_base, n_base + r["new_rows"]))
+    assert np.array_equal(rows[0][dst[dst < n_base]], ids[dst < n_base])
+    where = {}
+    for j in range(1, len(rows)):
+        where.update(zip(rows[j][r["src"][j]].tolist(), zip([j] * len(r["src"][j]), r["src"][j].tolist())))
+    return (where, sorted(r["hole_ids"].tolist()), sorted(zip(r["dup_link"].tolist(), r["dup_ids"].tolist())),
+            r["new_rows"])
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_engine_fold_on_threads_decides_as_on_one(threads):
+    """The partitions are folded on several threads (enough events for each): the same winners, holes,
+    duplicates and new rows as on one thread."""
+    rng = np.random.default_rng(threads)
+    base = rng.permutation(300_000).astype("<i8") * 3 - 10 ** 6
+    base = np.concatenate([base, base[:25]])                         # base duplicates: holes
+    rows = [base]
+    removed = [np.empty(0, "<i8")]
+    for _ in range(6):
+        ids = rng.choice(np.concatenate([base, np.arange(10 ** 7, 10 ** 7 + 80_000)]), 60_000, replace=False)
+        rows.append(np.concatenate([ids[:50_000], ids[:10]]).astype("<i8"))   # and duplicates in a link
+        removed.append(ids[50_000:].astype("<i8"))
+    masks = [rng.random(len(r)) < 0.02 for r in rows]
+    one = _C.fold_links(rows, removed, masks, [None] * len(rows))
+    many = _C.fold_links(rows, removed, masks, [None] * len(rows), threads=threads)
+    assert one["new_rows"] > 0 and len(one["holes"]) > 0 and len(one["dup_ids"]) > 0
+    assert _decided(one, rows) == _decided(many, rows)
+    for j in range(1, len(rows)):
+        assert np.all(np.diff(many["src"][j]) > 0)
+
+
 def test_engine_reports_every_duplicate_across_partitions():
     rng = np.random.default_rng(7)
     base = rng.permutation(50_000).astype("<i8")

@@ -2,9 +2,11 @@
 broken link among them."""
 import os
 
+import pytest
 import torch
 
 import recckpt
+from helpers.hostile import flip_byte
 from recckpt import HashTable, SaveOptions, Saver
 
 ROWS, LINKS, K = 2000, 100, 20
@@ -44,12 +46,36 @@ def test_a_100_link_chain_loads_exactly_and_verify_names_the_broken_link(tmp_pat
     # flip one byte of a shard file in the middle of the chain
     shard_dir = os.path.join(out, "i057", "sparse")
     shard = sorted(f for f in os.listdir(shard_dir) if f.endswith(".bin"))[0]
-    with open(os.path.join(shard_dir, shard), "r+b") as f:
-        f.seek(os.path.getsize(f.name) - 1)
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0xFF]))
+    flip_byte(os.path.join(shard_dir, shard), os.path.getsize(os.path.join(shard_dir, shard)) - 1, 0xFF)
     report = recckpt.verify(os.path.join(out, f"i{LINKS:03d}"))
     assert not report.ok
     text = "\n".join(report.problems)
     assert "i057" in text and "i056" not in text and "i058" not in text, text
+
+
+@pytest.mark.parametrize("where", ["ids", "rows"])
+def test_a_damaged_link_in_the_middle_is_named_by_the_load(tmp_path, where):
+    """The links are read together (one engine call for all their ids, batches of rows spanning links):
+    a flipped byte of one link's ids or rows still fails the load naming that link, and a damaged id
+    leaves the model as it was (ids are all read before the table is touched)."""
+    from recckpt.errors import CorruptCheckpointError
+    from recckpt.format.checkpoint import CheckpointReader
+    from recckpt.storage import open_storage
+
+    out = str(tmp_path / "run")
+    build(out)
+    idx = CheckpointReader(open_storage(os.path.join(out, "i057")), "").index
+    seg = idx.tables["emb"][1][0]
+    col = seg.columns[0] if where == "ids" else seg.columns[1]
+    flip_byte(os.path.join(out, "i057", idx.files[seg.file][0]), col.offset + col.length - 1, 0xFF)
+    m2 = Model()
+    with torch.no_grad():
+        m2.emb(torch.arange(5))
+    five = lambda: m2.emb.read_rows("embedding", m2.emb.lookup(torch.arange(5)))  # noqa: E731
+    before = five()
+    with pytest.raises(CorruptCheckpointError) as e:
+        Saver(m2, output_dir=out).load()
+    text = str(e.value)
+    assert "i057" in text and "i056" not in text and "i058" not in text, text
+    if where == "ids":
+        assert len(m2.emb) == 5 and torch.equal(five(), before)

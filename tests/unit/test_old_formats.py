@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import recckpt
-from recckpt import HashTable, Saver
+from recckpt import HashTable, SaveOptions, Saver
 from recckpt.format import names
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
@@ -105,3 +105,40 @@ def test_old_format_reads_by_bucket_range(fixtures, version, rel, contents, step
     got_ids, got_emb = _rows_by_id(ids, emb)
     np.testing.assert_array_equal(got_ids, want_ids)
     np.testing.assert_array_equal(got_emb, want_emb)
+
+
+def test_version_4_increments_on_a_version_3_chain_load_exactly(fixtures):
+    """A job that restored the version 3 chain (base, inc) and saves increments now writes version 4 links
+    on it: the mixed chain loads exactly (its v4 links' indexes validated together, all links read
+    together), on one rank and resharded."""
+    out = os.path.join(fixtures, "v3", "out")
+    m = Model()
+    s = Saver(m, output_dir=out, max_keep=None, options=SaveOptions(num_buckets=16, chunk_bytes=64, fsync=False))
+    s.register_for_checkpointing("step", Step())
+    s.load(ckpt_id="inc")
+    ids, emb = expected_rows("inc")
+    for k in range(3):
+        rows = torch.from_numpy(ids[k * 7:k * 7 + 9])
+        m.user.write_rows("embedding", m.user.lookup(rows), torch.full((9, DIM), float(k)))
+        m.user.remove_ids(torch.tensor([int(ids[30 + k])]))
+        s.save(f"v4_{k}", incremental=True)
+        assert s.last_save.parent == ("inc" if k == 0 else f"v4_{k - 1}")
+    import json
+    assert json.load(open(os.path.join(out, "v4_2", "manifest.json")))["format_version"] == names.FORMAT_VERSION
+    def rows_of(table):
+        got = [(i.numpy(), c["embedding"].numpy()) for i, c in table.export_chunks(["embedding"], 1 << 20)]
+        return {int(i): r for ids_, emb_ in got for i, r in zip(ids_, emb_)}
+
+    want = rows_of(m.user)
+    assert len(want) == len(ids) - 3
+    m2 = Model()
+    s2 = Saver(m2, output_dir=out)
+    s2.register_for_checkpointing("step", Step())
+    s2.load()
+    got = rows_of(m2.user)
+    assert got.keys() == want.keys() and all(np.array_equal(got[i], want[i]) for i in want)
+    view = recckpt.open(os.path.join(out, "v4_2"))
+    parts = [c for r in range(3) for c in view.iter_rows("user", shard=(r, 3))]
+    got_ids = np.concatenate([c[0] for c in parts])
+    assert sorted(got_ids.tolist()) == sorted(want)
+    assert recckpt.verify(os.path.join(out, "v4_2")).ok

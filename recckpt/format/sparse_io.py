@@ -767,6 +767,22 @@ class SegmentReader:
         raws = iter(self.read(table, [self._dir_request(seg) for seg in stored]))
         return [self.run_dir(table, seg) if seg.is_run else self._dir_of(table, seg, next(raws)) for seg in segs]
 
+    def dir_requests(self, table: str, segs: list[Segment], bucket_lo: int, bucket_hi: int
+                     ) -> tuple[list[Segment], list[ReadRequest]]:
+        """The segments of `segs` whose directories a read of buckets [lo, hi) needs and this reader has
+        not kept, and the requests that read them: a caller reading many readers at once reads these,
+        then gives the bytes to `keep_dirs`. (A row run has no directory to read: `dir_use`.)"""
+        need = [seg for seg in segs if self.dir_use(seg, bucket_lo, bucket_hi) == "read"
+                and (table, seg.file, seg.buckets.offset) not in self._offsets]
+        return need, [self._dir_request(seg) for seg in need]
+
+    def keep_dirs(self, table: str, segs: list[Segment], raws: list[np.ndarray]) -> None:
+        """Check the directories of `segs` read as `dir_requests` asked (CorruptCheckpointError naming the
+        file if one is not valid) and keep them for this reader's later reads (up to
+        OFFSETS_CACHE_BYTES; any left out are read again when needed)."""
+        for seg, raw, d in zip(segs, raws, BucketDir.all_from_bytes(raws, segs, self.index.num_buckets)):
+            self._keep_dir(table, seg, d if d is not None else self._dir_of(table, seg, raw))
+
     def row_requests(self, table: str, seg: Segment, r0: int, r1: int, slots: list[str], row_bytes: list[int],
                      columns: tuple[int, int] | None = None) -> list:
         """`read` requests for rows [r0, r1) of a segment: its ids (`RunIds` for a row run), then each slot in

@@ -2,7 +2,7 @@
 
 A load of a chain opens every link; validating a hundred small increment indexes one by one cost about
 as much as the whole full load of their base (the validation is vectorised over segments, so each call
-pays a fixed price). Version 4 links whose manifests describe their tables alike (bucket count, chunk
+pays a fixed price). Version 4 and 5 links whose manifests describe their tables alike (bucket count, chunk
 size, and per table everything but its row and removed-id counts) and whose index holds version 4's
 fields only have their indexes concatenated by the format's own merge rule (docs/FORMAT.md, "Merging": the files one after
 another, each table's SEGS lists and CRC strings concatenated, `file` re-pointed) and validated once,
@@ -19,8 +19,10 @@ and words the problem exactly: the merge only ever saves time, it never decides 
 
 Links of a later format version are validated on their own, and so is an index carrying a field version
 4 does not have: the merge concatenates only what it knows to be per segment or per file, and a later
-field (version 5's row runs, say) may have rules that span segments. Teaching this module a later version
-means adding it to `MERGED_VERSIONS` with its fields.
+field (version 5's row runs, `id0`, whose rules span segments: runs of a column block must not overlap)
+may have rules that span segments. A version 5 index without them (tables bucketed by hash or by id
+range) has version 4's fields and rules, and is merged. Teaching this module a later version means adding
+it to `MERGED_VERSIONS` with its fields.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ from .schema import IndexDoc, Manifest, index_from_json
 _PARTS = ("segments", "removed")
 #: The format versions whose indexes are merged, and the fields of their indexes and of their SEGS; any
 #: other version, or an index holding any other field, is validated on its own (module docstring).
-MERGED_VERSIONS = (names.SEGMENT_DIR_SINCE,)
+MERGED_VERSIONS = (names.SEGMENT_DIR_SINCE, names.COLUMN_GROUPS_SINCE)   # a version 5 index with version 4's
+#                                                                       fields (no row runs) has version 4's rules
 _TOP = frozenset({"format_version", "num_buckets", "chunk_bytes", "files", "tables"})
 _SEGS = frozenset({"file", "offset", "rows", "dir", "first", "last", "packed", "block", "crc32c"})
 
@@ -192,6 +195,7 @@ def _cut(doc: IndexDoc, span: _Span) -> IndexDoc | None:
     its own files again; None if the link's CRC strings did not hold exactly its segments' checksums."""
     out = IndexDoc(doc.num_buckets, doc.chunk_bytes, format_version=doc.format_version, blocked=set(doc.blocked))
     out.files = doc.files[span.first_file:span.first_file + span.files]
+    out.geometry = {name: doc.geometry[name] for name, _ in span.segs if name in doc.geometry}
     for (name, part), (first, n, chars) in span.segs.items():
         whole = doc.tables[name][1] if part == "segments" else doc.removed[name]
         mine = whole[first:first + n]

@@ -207,3 +207,27 @@ def test_links_of_a_later_format_version_are_validated_alone(tmp_path):
         link.manifest = replace(link.manifest, format_version=max(chain_index.MERGED_VERSIONS) + 1)
     chain_index.parse_indexes(links)
     assert [link.index_parsed for link in links] == [False] * 4 + [True] * (LINKS - 3)
+
+
+def test_version_5_links_with_row_runs_are_validated_alone(tmp_path):
+    """Format version 5: a link holding a fixed-size table (row runs: `id0` in its SEGS, rules across
+    segments) is validated on its own; the same chain's indexes read alone and after parse_indexes agree."""
+    from helpers.fake_tables import FixedRows
+    m = Model()
+    m.add_module("f", FixedRows("f", n=300, d=8))
+    with torch.no_grad():
+        m.a(torch.arange(400))
+        m.b(torch.arange(100))
+    s = Saver(m, output_dir=str(tmp_path), max_keep=None, options=OPTS)
+    s.save("base")
+    for i in range(1, 4):
+        m.b.remove_ids(torch.tensor([i]))
+        s.save(f"i{i}", incremental=True)
+    links = walk_chain(_reader(str(tmp_path), "i3"))
+    assert all(link.manifest.format_version == 5 for link in links)
+    chain_index.parse_indexes(links)
+    assert not any(link.index_parsed for link in links)   # each left to its own validation
+    for link in links:
+        idx = link.index
+        assert all(seg.is_run for seg in idx.tables["f"][1])
+        assert _key(idx) == _key(_reader(str(tmp_path), link.manifest.ckpt_id).parsed_index())

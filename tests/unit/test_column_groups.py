@@ -183,3 +183,23 @@ def test_model_free_tools_and_the_independent_reader(saved):
     np.testing.assert_array_equal(part["slots"]["embedding"], cols["embedding"][rows, 8:16])
     share = len(rows) * (2 * 4 * 8 + 4)
     assert share <= part["bytes_read"] <= 1.05 * share + (64 << 10)
+
+
+@pytest.mark.parametrize("mode,strided_direct", [("auto", recckpt._C.DIRECT_NEVER), ("never", recckpt._C.DIRECT_NEVER),
+                                                 ("always", recckpt._C.DIRECT_ALWAYS)])
+def test_column_groups_go_past_the_page_cache_only_when_always_is_asked(saved, monkeypatch, mode, strided_direct):
+    """ReadOptions.strided_direct: a cold grouped load through the cache (measured faster, and it leaves the
+    checkpoint cached for the next load) unless direct_reads="always"."""
+    from recckpt.format import sparse_io
+    for f in (saved / "c" / "sparse").glob("*.bin"):
+        drop_cache(f)
+    asked, real = [], sparse_io._C.read_strided
+
+    def spy(*args, **kw):
+        asked.append(kw.get("direct"))
+        return real(*args, **kw)
+    monkeypatch.setattr(sparse_io._C, "read_strided", spy)
+    t = Fixed(((1_000, 19_000),), (4, 16))
+    Saver(Holder(t), output_dir=str(saved), read_options=ReadOptions(direct_reads=mode)).load(ckpt_id="c")
+    assert asked and set(asked) == {strided_direct}
+    assert sorted(t.rows) == list(range(1_000, 19_000))

@@ -326,10 +326,16 @@ void crcs_of(const py::handle& obj, std::vector<uint32_t>& crcs, std::string& in
   }
 }
 
+// The engine's readers take `direct` as DIRECT_NEVER/AUTO/ALWAYS; anything else is the caller's mistake.
+void check_direct(const char* fn, int direct) {
+  if (direct != kDirectNever && direct != kDirectAuto && direct != kDirectAlways)
+    throw py::value_error(std::string(fn) + ": direct must be 0 (never), 1 (auto) or 2 (always), got " +
+                          std::to_string(direct));
+}
+
 py::tuple py_read_ranges(const py::sequence& requests, int threads, int64_t readahead_bytes,
                          std::shared_ptr<MappedRegion> map_into, int direct) {
-  if (direct != kDirectNever && direct != kDirectAuto && direct != kDirectAlways)
-    throw py::value_error("read_ranges: direct must be 0 (never), 1 (auto) or 2 (always), got " + std::to_string(direct));
+  check_direct("read_ranges", direct);
   const size_t n = py::len(requests);
   std::vector<ReadRequest> reqs(n);
   std::vector<py::buffer_info> dsts;
@@ -398,8 +404,7 @@ uint8_t* writable_dst(const py::object& dst, size_t i, const char* fn, std::vect
 
 py::tuple py_read_strided(const py::sequence& requests, int threads, int64_t readahead_bytes, int64_t block_bytes,
                           int direct) {
-  if (direct != kDirectNever && direct != kDirectAuto && direct != kDirectAlways)
-    throw py::value_error("read_strided: direct must be 0 (never), 1 (auto) or 2 (always), got " + std::to_string(direct));
+  check_direct("read_strided", direct);
   const size_t n = py::len(requests);
   std::vector<StridedRequest> reqs(n);
   std::vector<py::buffer_info> dsts;

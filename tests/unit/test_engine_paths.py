@@ -328,7 +328,8 @@ def test_stress_many_segments(tmp_path, concurrency):
 
 # ------------------------------------------------------------------ benchmark smoke run
 def test_compare_benchmark_smoke(tmp_path):
-    """The benchmark runs every method end to end on a tiny state and reports every number."""
+    """The benchmark runs every method end to end on a tiny state and reports every number (all in this
+    process), and two of them in fresh processes as it does by default."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
     try:
         import compare
@@ -336,7 +337,7 @@ def test_compare_benchmark_smoke(tmp_path):
         sys.path.pop(0)
     out = tmp_path / "r.json"
     res = compare.main(["--ids", "3000", "--dim", "8", "--dense-mb", "4", "--repeat", "1", "--threads", "2",
-                        "--dir", str(tmp_path / "scratch"), "--json", str(out)])
+                        "--dir", str(tmp_path / "scratch"), "--json", str(out), "--in-process"])
     saved = json.loads(out.read_text())
     assert set(saved["methods"]) == set(compare.ALL_METHODS)
     for m, r in saved["methods"].items():
@@ -362,3 +363,9 @@ def test_compare_benchmark_smoke(tmp_path):
     assert saved["cpu_ratios"]["recckpt"]["torch"]["load_warm"] == pytest.approx(
         saved["methods"]["torch"]["load_warm_cpu_s"] / saved["methods"]["recckpt"]["load_warm_cpu_s"])
     assert saved["fresh_memory_floor_cpu_s"] > 0 and len(saved["fresh_memory_floor_cpu_s_all"]) == 1
+    # The default runs each method in a fresh process (CI pays that start-up for two methods, not seven)
+    fresh = tmp_path / "fresh.json"
+    compare.main(["--ids", "3000", "--dim", "8", "--dense-mb", "4", "--repeat", "1", "--threads", "2",
+                  "--methods", "recckpt,raw", "--dir", str(tmp_path / "scratch2"), "--json", str(fresh)])
+    got = json.loads(fresh.read_text())["methods"]
+    assert set(got) == {"recckpt", "raw"} and all(r["load_warm_s"] > 0 and r["save_cpu_s"] > 0 for r in got.values())

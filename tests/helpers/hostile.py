@@ -452,18 +452,21 @@ def gen_shared_bucket_block_verify(work):
 
 
 def gen_overlapping_segments(work):
-    """A segment moved onto the next one's bytes: each still lies inside the file, but they overlap."""
+    """A segment moved onto another one's bytes in the same file: each still lies inside the file, but
+    they overlap. Which segments share a file depends on which writer thread took them, so the pair is
+    looked up rather than assumed (4 segments in 2 files: some file holds two)."""
     out, b = _two_checkpoints(work)
     idx = read_json(b, "index.json")
     segs = idx["tables"]["user"]["segments"]
-    j = next(j for j in range(1, len(segs["file"])) if segs["file"][j] == segs["file"][0]) \
-        if segs["file"].count(segs["file"][0]) > 1 else None
-    if j is None:   # one segment in its file: move it by a byte instead
-        segs["offset"][0] += 1
-    else:
-        segs["offset"][0] = segs["offset"][j]
+    by_file: dict[int, list[int]] = {}
+    for k, f in enumerate(segs["file"]):
+        by_file.setdefault(f, []).append(k)
+    shared = next(ks for ks in by_file.values() if len(ks) > 1)
+    # the smaller segment moves onto the larger one's offset, so it still ends inside the file
+    moved, onto = sorted(shared, key=lambda k: segs["rows"][k])[:2]
+    segs["offset"][moved] = segs["offset"][onto]
     write_json(b, "index.json", idx)
-    rel = idx["files"][segs["file"][0]]["path"]
+    rel = idx["files"][segs["file"][moved]]["path"]
     return Case("overlapping_segments", out, "load_id", "b", "CorruptCheckpointError", rel, seconds=20)
 
 

@@ -10,6 +10,8 @@ import torch
 import recckpt
 from helpers.tables import small_tables
 from recckpt import HashTable, SaveOptions, Saver, SparseAdam, partition
+from recckpt.format.checkpoint import CheckpointReader
+from recckpt.storage import open_storage
 
 TABLES, BIG, DIM = 1000, 100_000, 16
 
@@ -58,6 +60,13 @@ def test_a_thousand_mixed_tables_round_trip_exactly_and_cost_what_their_rows_cos
         assert torch.equal(ia, ib) and torch.equal(ra, rb), name
     # metadata (manifest, index) grows with tables, not with tables x buckets
     assert dir_bytes(os.path.join(out, "c")) <= 1.1 * row_bytes(src) + (1 << 20)
+    # one worker: verify skips its index when the bytes equal the merged index's, compared by the SHA-256
+    # that is taken on a thread while a large index's text is decoded
+    worker = open(os.path.join(out, "c", "sparse", "worker-00000.index.json"), "rb").read()
+    assert len(worker) >= 256 << 10
+    reader = CheckpointReader(open_storage(out), "c")
+    assert reader.same_as_merged_index(worker)
+    assert not reader.same_as_merged_index(worker[:-2] + b" }")
 
 
 def test_a_thousand_tables_saved_by_2_shards_load_onto_3(tmp_path):

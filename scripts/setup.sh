@@ -16,13 +16,19 @@ deps_stamp="$(echo "torch==$TORCH" | sha256sum | cut -d' ' -f1)-$(stamp pyprojec
 build_stamp=$(stamp setup.py pyproject.toml $(ls csrc/* | sort))
 if [ "$(cat .venv/.recckpt-deps 2>/dev/null)" != "$deps_stamp" ]; then
   $VPY -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  $VPY -m pip install -q "torch==$TORCH"
-  # Build requirements of the extension (installed here because the build below uses no isolation).
+  # Build requirements of the extension (installed here because the builds below use no isolation).
   $VPY -m pip install -q pybind11 "setuptools>=77" wheel
+  # The engine needs no torch to build: it compiles on the CPUs while pip downloads and unpacks.
+  rm -f recckpt/_C*.so
+  $VPY setup.py -q build_ext --inplace > .venv/build.log 2>&1 &
+  build_pid=$!
+  $VPY -m pip install -q "torch==$TORCH"
   # The object-store test server first, alone: resolved together with everything else, pip's
   # backtracking has been seen to wander into ancient Python-2-only releases of its dependencies.
   $VPY -m pip install -q "moto[server]>=5.1" "s3fs>=2026.9"
-  $VPY -m pip install -q --no-build-isolation -e ".[test]"
+  wait "$build_pid" || { cat .venv/build.log >&2; echo "setup.sh: building the engine failed" >&2; exit 1; }
+  so=$(ls recckpt/_C*.so)
+  RECCKPT_PREBUILT_EXT="$PWD/$so" $VPY -m pip install -q --no-build-isolation -e ".[test]"
   echo "$deps_stamp" > .venv/.recckpt-deps
   echo "$build_stamp" > .venv/.recckpt-build   # the editable install above built the extension
 elif [ "$(cat .venv/.recckpt-build 2>/dev/null)" != "$build_stamp" ] || ! ls recckpt/_C*.so >/dev/null 2>&1; then

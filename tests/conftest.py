@@ -7,6 +7,7 @@ independent reader), helpers/ (a package the tests import; nothing in it is coll
 Slow checks have one switch: the `slow` marker, run only with RECCKPT_SLOW=1. A test that scales its
 work with the switch asks for the `slow_mode` fixture instead of reading the environment itself.
 """
+import gc
 import os
 
 import pytest
@@ -23,6 +24,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.multiprocess)
         if not SLOW and "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    # What collection imported (torch, torchrec, every test module) lives for the whole session: set aside,
+    # Python's full collections (automatic, and each test's gc.collect()) no longer walk it again. A full
+    # collection in this session took ~0.6 s otherwise.
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")

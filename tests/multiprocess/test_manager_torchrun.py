@@ -188,7 +188,7 @@ def test_a_rank_that_stalls_inside_an_async_save_fails_it_within_the_timeout(tmp
     fails that save (none waits for ever), nothing of it commits, and later saves work again."""
     t0 = time.monotonic()
     run(2, tmp_path, "--steps", 20, "--interval", 5, "--async", "--fail-rank", 1, "--fail-save", 1,
-        "--stall", 24, "--timeout", 8, timeout=300)
+        "--stall", 12, "--timeout", 4, timeout=300)
     assert "ckpt_10" not in committed(tmp_path)
     assert committed(tmp_path)[0] == "ckpt_5" and committed(tmp_path)[-1] == "ckpt_20"
     for rank in (0, 1):

@@ -32,7 +32,6 @@ ext = Pybind11Extension(
 )
 
 
-
 class BuildExt(build_ext):
     """pybind11's build_ext, except that RECCKPT_PREBUILT_EXT may name the engine already built from these
     same sources: scripts/setup.sh compiles it in place while pip installs torch, and the editable install

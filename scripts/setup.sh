@@ -30,7 +30,7 @@ if [ "$(cat .venv/.recckpt-deps 2>/dev/null)" != "$deps_stamp" ]; then
   so=$(ls recckpt/_C*.so)
   RECCKPT_PREBUILT_EXT="$PWD/$so" $VPY -m pip install -q --no-build-isolation -e ".[test]"
   echo "$deps_stamp" > .venv/.recckpt-deps
-  echo "$build_stamp" > .venv/.recckpt-build   # the editable install above built the extension
+  echo "$build_stamp" > .venv/.recckpt-build   # the engine was built above, from these sources
 elif [ "$(cat .venv/.recckpt-build 2>/dev/null)" != "$build_stamp" ] || ! ls recckpt/_C*.so >/dev/null 2>&1; then
   $VPY setup.py -q build_ext --inplace >/dev/null
   echo "$build_stamp" > .venv/.recckpt-build

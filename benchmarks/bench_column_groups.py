@@ -90,8 +90,13 @@ def main():
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--block-bytes", type=int, default=None, help="read_strided's block_bytes (default: its own)")
+    ap.add_argument("--direct", choices=("never", "auto", "always"), default="never",
+                    help="read_strided's direct reads (default never: what a load asks for column groups, "
+                         "ReadOptions.strided_direct)")
     a = ap.parse_args()
-    kw = {} if a.block_bytes is None else {"block_bytes": a.block_bytes}
+    kw = {"direct": {"never": _C.DIRECT_NEVER, "auto": _C.DIRECT_AUTO, "always": _C.DIRECT_ALWAYS}[a.direct]}
+    if a.block_bytes is not None:
+        kw["block_bytes"] = a.block_bytes
     rb = 4 * a.dim
     rng = np.random.default_rng(0)
     slots = [rng.integers(0, 256, size=(a.rows, rb), dtype=np.uint8) for _ in range(a.slots)]
@@ -142,7 +147,7 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
     mb = a.rows * rb * a.slots / 2**20
     print(f"{a.rows} rows x {a.slots} slots of {a.dim} fp32 ({mb:.0f} MB), {a.threads} threads, {a.rounds} rounds, "
-          f"read_strided block_bytes {a.block_bytes or 'default'}; load average {os.getloadavg()[0]:.1f}")
+          f"read_strided block_bytes {a.block_bytes or 'default'}, direct {a.direct}; load average {os.getloadavg()[0]:.1f}")
     print(f"{'':22}{'v4: one column a slot':>34}{'v5: groups of 4 columns':>34}{'v5/v4 (median)':>18}")
     for what in ("write", "warm", "cold"):
         cells, meds = [], []

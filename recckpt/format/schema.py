@@ -776,12 +776,15 @@ class _SegArrays:
     lengths: np.ndarray    # [s, ncols] (columns past a segment's block's count have length 0)
     ends: np.ndarray       # [s] where each segment ends
     ncols: list[int]       # columns of a segment of each block (ids first)
+    #: Every segment stores its ids and directory and the same columns (what `_segments_all` builds: not a
+    #: version 5 table with row runs or column groups); None: not yet known.
+    uniform: bool | None = None
+    rows_total: int | None = None   # rows of every segment together (None: not yet summed)
 
-    @property
-    def uniform(self) -> bool:
-        """Every segment stores its ids and directory and the same columns (what `_segments_all` builds:
-        not a version 5 table with row runs or column groups)."""
-        return len(set(self.ncols)) == 1 and self.ncols[0] == self.lengths.shape[1] and bool((self.id0 < 0).all())
+    def __post_init__(self):
+        if self.uniform is None:
+            self.uniform = (len(set(self.ncols)) == 1 and self.ncols[0] == self.lengths.shape[1]
+                            and bool((self.id0 < 0).all()))
 
 
 def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, geo: TableGeometry | None,
@@ -994,7 +997,7 @@ def _phase1_all_tables(v: _V, tables: dict, doc: IndexDoc, manifest: Manifest, w
             return None
         geo = info.geometry(doc.format_version)
         if geo.runs or geo.grouped:
-            tabs.append((name, t, None, False, 0))
+            tabs.append((name, t, None, False, 0, geo))
             continue
         where = f"tables[{name!r}]"
         cb = info.column_blocks
@@ -1005,29 +1008,29 @@ def _phase1_all_tables(v: _V, tables: dict, doc: IndexDoc, manifest: Manifest, w
             if not info.changes:
                 return None
             items.append(_SegsInput(f"{where}.removed", t["removed"], [[8]], False, False, 1))
-        tabs.append((name, t, info, "removed" in t, nblocks))
+        tabs.append((name, t, info, "removed" in t, nblocks, geo))
     parts = _segs_v4_all(items, doc)
     if parts is None:
         return None
     out, k = [], 0
-    for name, _, info, has_removed, nblocks in tabs:
+    for name, _, info, has_removed, nblocks, _ in tabs:
         if info is None:
             continue
         segs = parts[k]
         removed = parts[k + 1] if has_removed else None
         k += 2 if has_removed else 1
         if not worker:
-            per_block = (np.bincount(segs.block, weights=segs.a["rows"], minlength=nblocks) if nblocks > 1
-                         else [int(segs.a["rows"].sum())])
-            gone = int(removed.a["rows"].sum()) if removed is not None else 0
+            per_block = (np.bincount(segs.block, weights=segs.a["rows"], minlength=nblocks).tolist() if nblocks > 1
+                         else (segs.rows_total,))
+            gone = removed.rows_total if removed is not None else 0
             if any(r != info.rows for r in per_block) or gone != info.removed:
                 return None
     k = 0
-    for name, t, info, has_removed, _ in tabs:
+    for name, t, info, has_removed, _, geo in tabs:
         if info is None:
             out.append(_phase1_table(v, name, t, doc, manifest, worker))
             continue
-        doc.geometry[name] = info.geometry(doc.format_version)
+        doc.geometry[name] = geo
         out.append((name, list(info.slots), parts[k], parts[k + 1] if has_removed else None,
                     info.column_blocks is not None))
         k += 2 if has_removed else 1
@@ -1170,11 +1173,16 @@ def _segs_v4_all(items: list[_SegsInput], doc: IndexDoc) -> list[_SegArrays] | N
     if len(pos) and (pos > np.asarray([sz for _, sz in doc.files], dtype=np.int64)[fi]).any():
         return None
     out, lo = [], 0
+    no_runs = np.full(len(fi), -1, dtype=np.int64)   # no row runs: every segment stores its ids
+    rows_before = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(rows, out=rows_before[1:])   # exact: fewer than 2**31 segments of fewer than 2**32 rows
+    rows_before = rows_before.tolist()
     for it, n, w in zip(items, counts, ncols):
         hi = lo + n
         out.append(_SegArrays(it.where, it.raw, {k: a[k][lo:hi] for k in _SEG_KEYS}, packed[lo:hi],
-                              block[lo:hi], np.full(n, -1, dtype=np.int64), starts[lo:hi, :w], lengths[lo:hi, :w],
-                              pos[lo:hi], [w] * max(it.nblocks, 1)))
+                              block[lo:hi], no_runs[lo:hi], starts[lo:hi, :w], lengths[lo:hi, :w],
+                              pos[lo:hi], [w] * max(it.nblocks, 1), uniform=True,
+                              rows_total=rows_before[hi] - rows_before[lo]))
         lo = hi
     return out
 

@@ -234,7 +234,8 @@ class ReadOptions:
 
     direct_reads: str = "auto"
     """When the engine reads shard files with O_DIRECT, past the page cache: "auto" for the parts of plain
-    columns (not column groups: `strided_direct`) that are not in the page cache (a cold load then neither
+    columns (not column groups: `strided_direct`; not pieces under 256 KiB, such as a small table's
+    columns, which are read through the cache) that are not in the page cache (a cold load then neither
     fills the cache nor copies out of it: about a third of its CPU time, more on virtual machines where fresh
     memory is costly), "never", or "always" (where the file system allows it: for loaders that must not fill
     the page cache). File systems that refuse O_DIRECT (tmpfs) are read through the cache whatever this

@@ -38,7 +38,8 @@ def run_pair(url, tmp_path, modes, seconds):
     return out
 
 
-@pytest.mark.parametrize("modes", [("versions", "recover"), ("saves", "recover")])
+# CI runs the version-file rival; the slow flag adds the saving rival (the same recovery path, other writes).
+@pytest.mark.parametrize("modes", [("versions", "recover"), pytest.param(("saves", "recover"), marks=pytest.mark.slow)])
 def test_a_rivals_recovery_never_removes_live_temporary_files(tmp_path, modes, slow_mode):
     out = tmp_path / "out"
     out.mkdir()

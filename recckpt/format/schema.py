@@ -779,12 +779,14 @@ class _SegArrays:
     #: Every segment stores its ids and directory and the same columns (what `_segments_all` builds: not a
     #: version 5 table with row runs or column groups); None: not yet known.
     uniform: bool | None = None
-    rows_total: int | None = None   # rows of every segment together (None: not yet summed)
+    rows_total: int | None = None   # rows of every segment together (None: summed here)
 
     def __post_init__(self):
         if self.uniform is None:
             self.uniform = (len(set(self.ncols)) == 1 and self.ncols[0] == self.lengths.shape[1]
                             and bool((self.id0 < 0).all()))
+        if self.rows_total is None:
+            self.rows_total = int(self.a["rows"].sum())
 
 
 def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, geo: TableGeometry | None,
@@ -1068,7 +1070,7 @@ def _phase1_table(v: _V, name, t, doc: IndexDoc, manifest: Manifest, worker: boo
         if np.any(per_block != info.rows):
             v.fail(where, f"segments hold {per_block.astype(np.int64).tolist()[:8]} rows per column block, "
                           f"the manifest says {info.rows}")
-        gone = int(removed.a["rows"].sum()) if removed is not None else 0
+        gone = removed.rows_total if removed is not None else 0
         if gone != info.removed:
             v.fail(f"{where}.removed", f"segments hold {gone} removed ids, the manifest says {info.removed}")
     return name, slots, segs, removed, cb is not None

@@ -188,7 +188,6 @@ def test_auto_reads_directly_what_is_not_cached_and_through_the_cache_what_is(tm
     assert auto_read() == 0            # warm: all through the cache
 
 
-
 def test_auto_reads_small_pieces_through_the_page_cache_even_when_cold(tmp_path):
     """Many small columns (a model of many small tables): under auto, a piece under 256 KiB is read through
     the page cache without asking the cache or the device about it first; the large column beside them,
@@ -212,6 +211,7 @@ def test_auto_reads_small_pieces_through_the_page_cache_even_when_cold(tmp_path)
     drop_cache(path)
     (n, errors), _ = read([request(path, c, 0, 40_000, np.zeros(40_000, np.uint8)) for c in small], AUTO)
     assert [i for i, _ in errors] == [3] and "CRC mismatch in chunk 0" in errors[0][1]
+
 
 def test_read_options_direct_reads_is_checked():
     assert ReadOptions().direct_reads == "auto"

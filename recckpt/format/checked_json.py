@@ -11,6 +11,7 @@ language serialises it to the same bytes). Any flipped byte either breaks parsin
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -68,13 +69,29 @@ def parse(data, path: str, limits: JsonLimits, precheck=None):
         # the interpreter's bound is off, the hook checks every number's length first.
         hook = _int if _UNBOUNDED_INT_PARSE else None
         raw = data if isinstance(data, (bytes, bytearray)) else text
-        with _RulesPass(raw, limits.max_depth) as follows_rules:
-            obj = json.loads(text, object_pairs_hook=_unique_keys, parse_int=hook,
-                             parse_float=_float if limits.floats else _no_float, parse_constant=_no_constant)
+        decode = functools.partial(json.loads, parse_int=hook, parse_float=_float if limits.floats else _no_float,
+                                   parse_constant=_no_constant)
+        with _RulesPass(raw, limits.max_depth) as verdict:
+            # Where the engine's pass saw every key unique, json decodes without a Python call per object
+            # (the key hook took four fifths of a 1000-table manifest's parse). A small text's verdict comes
+            # first; a large text is decoded while its pass runs, and again with the hook if it must be.
+            if verdict.threaded:
+                obj = decode(text)
+                v = verdict()
+            else:
+                v = verdict()
+                obj = decode(text) if v == _C.JSON_FOLLOWS else decode(text, object_pairs_hook=_unique_keys)
+            keys_checked = v == _C.JSON_FOLLOWS or not verdict.threaded
+            if v == _C.JSON_KEYS_UNKNOWN and not keys_checked:
+                obj = None   # (one decoded tree in memory at a time)
+                obj, keys_checked = decode(text, object_pairs_hook=_unique_keys), True
             if precheck is not None:
                 precheck(obj)
-            if not follows_rules():
+            if v == _C.JSON_LOOK_CLOSER:
                 check_tree(obj, limits.max_depth)   # finds the problem (or that there is none) and words it
+                if not keys_checked:   # the rules hold after all (the pass was conservative): now the keys
+                    obj = None
+                    obj = decode(text, object_pairs_hook=_unique_keys)
     except JsonRuleError as e:
         raise bad(str(e)) from None
     except (UnicodeError, ValueError, TypeError) as e:
@@ -200,7 +217,7 @@ def loads_unchecked(data: bytes, path: str, max_bytes: int) -> dict:
 
 
 class _RulesPass:
-    """`_text_follows_rules` of a large text on a thread while json decodes it (the engine's pass lets go
+    """`_text_verdict` of a large text on a thread while json decodes it (the engine's pass lets go
     of the GIL): a 245 MB hostile index was refused in ~2x a plain json.loads, 0.28 s of it this pass.
     Used as `with _RulesPass(text, depth) as follows_rules: ... follows_rules()`; leaving the block waits
     for the thread whatever happened inside it. Small texts are checked in line, when asked."""
@@ -213,12 +230,16 @@ class _RulesPass:
     def __enter__(self):
         if len(self._text) >= self.THREAD_FROM:
             self._pool = ThreadPoolExecutor(1)
-            self._future = self._pool.submit(_text_follows_rules, self._text, self._depth)
+            self._future = self._pool.submit(_text_verdict, self._text, self._depth)
         return self
 
-    def __call__(self) -> bool:
+    @property
+    def threaded(self) -> bool:
+        return self._future is not None
+
+    def __call__(self) -> int:
         if self._future is None:
-            return _text_follows_rules(self._text, self._depth)
+            return _text_verdict(self._text, self._depth)
         return self._future.result()
 
     def __exit__(self, *exc):
@@ -227,11 +248,12 @@ class _RulesPass:
         return False
 
 
-def _text_follows_rules(text: "bytes | str", max_depth: int) -> bool:
-    """Whether JSON `text` surely follows check_tree's rules, by the engine's one pass over the text
-    (`_C.json_follows_rules`; conservative: False means look closer). Much cheaper than walking the
-    decoded tree in Python, which the metadata of a thousand tables makes a few hundred thousand values."""
-    return _C.json_follows_rules(text, max_depth, MAX_NUMBER_CHARS)   # (a str is read in place, not copied)
+def _text_verdict(text: "bytes | str", max_depth: int) -> int:
+    """Whether JSON `text` surely follows check_tree's rules and has no key twice in an object, by the
+    engine's one pass over the text (`_C.json_rules_verdict`; conservative: JSON_LOOK_CLOSER or
+    JSON_KEYS_UNKNOWN mean look closer). Much cheaper than walking the decoded tree in Python, which the
+    metadata of a thousand tables makes a few hundred thousand values."""
+    return _C.json_rules_verdict(text, max_depth, MAX_NUMBER_CHARS)   # (a str is read in place, not copied)
 
 
 def check_tree(obj, max_depth: int = MAX_DEPTH) -> None:

@@ -350,19 +350,23 @@ def _merged_digests(parts: list[WorkerPart], m: Manifest) -> Digests:
     """The checkpoint's digests: per table the sum of every worker's part (a table some worker wrote
     without a digest has none), and the dense state's from the worker that wrote it."""
     out = Digests()
-    for name, info in m.tables.items():
-        slots = list(info.slots)
-        total = TableDigest(slots)
-        for p in parts:
-            d = (p.sums or {}).get(name) if p.sums is not None else (p.digests or {}).get(name)
-            if d is None and name not in p.tables:
-                continue          # this worker wrote nothing of the table
-            if d is None:
-                total = None      # a worker's share is unknown: so is the table's content
-                break
-            total = total + (d if isinstance(d, TableDigest) else TableDigest.from_json(d, slots))
-        if total is not None:
-            out.tables[name] = total
+    if len(parts) == 1 and parts[0].sums is not None:   # one worker built here: its sums are the tables'
+        sums = parts[0].sums
+        out.tables = {name: sums[name] for name in m.tables if name in sums}
+    else:
+        for name, info in m.tables.items():
+            slots = list(info.slots)
+            total = TableDigest(slots)
+            for p in parts:
+                d = (p.sums or {}).get(name) if p.sums is not None else (p.digests or {}).get(name)
+                if d is None and name not in p.tables:
+                    continue          # this worker wrote nothing of the table
+                if d is None:
+                    total = None      # a worker's share is unknown: so is the table's content
+                    break
+                total = total + (d if isinstance(d, TableDigest) else TableDigest.from_json(d, slots))
+            if total is not None:
+                out.tables[name] = total
     writer = next((p for p in parts if p.dense is not None), None)
     if writer is not None and writer.dense_digests is not None:
         out.dense = {k: DenseDigest(d["dtype"], tuple(d["shape"]), Digest.from_hex(d["digest"]))

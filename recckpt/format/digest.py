@@ -96,6 +96,7 @@ class TableDigest:
     geometry: list[SlotGeometry] | None = None   # how `update` reads each slot's rows
     count_ids: bool = True        # False: `update` adds only the slots in `counted` (another block's rows)
     counted: frozenset[str] | None = None   # the slots `update` adds (None: all)
+    _plan_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for s in self.slots:
@@ -138,13 +139,11 @@ class TableDigest:
         small tables: one call, not one per table)."""
         jobs, todo = [], []
         for d, ids, cols in items:
-            if d.geometry is None or len(d.geometry) != len(d.slots):
-                raise ValueError("TableDigest.update needs one SlotGeometry per slot (TableDigest.for_slots)")
+            use, specs = d._plan()
             if not len(ids):
                 continue
-            use = d._use()
             jobs.append((np.ascontiguousarray(ids, dtype=np.int64), [np.ascontiguousarray(cols[k]) for k in use],
-                         [d.geometry[k].spec() for k in use]))
+                         specs))
             todo.append((d, len(ids), use))
         if not jobs:
             return
@@ -153,15 +152,24 @@ class TableDigest:
         for d, n, use in todo:
             if d.count_ids:
                 d.rows += n
-                d.ids = d.ids + Digest(*out[at])
+                a, b = out[at]
+                d.ids = Digest((d.ids.a + a) & _MASK, (d.ids.b + b) & _MASK)
+            sums = d.slot_digests
             for j, k in enumerate(use, 1):
-                s = d.slots[k]
-                d.slot_digests[s] = d.slot_digests[s] + Digest(*out[at + j])
+                s, (a, b) = d.slots[k], out[at + j]
+                have = sums[s]
+                sums[s] = Digest((have.a + a) & _MASK, (have.b + b) & _MASK)
             at += 1 + len(use)
 
-    def _use(self) -> list[int]:
-        """The slots (positions) `update` adds."""
-        return [k for k, s in enumerate(self.slots) if self.counted is None or s in self.counted]
+    def _plan(self) -> tuple[list[int], list[tuple]]:
+        """The slots (positions) `update` adds and the engine's spec of each: worked out once, as a save
+        digests each of a thousand tables' chunks."""
+        if self._plan_cache is None:
+            if self.geometry is None or len(self.geometry) != len(self.slots):
+                raise ValueError("TableDigest.update needs one SlotGeometry per slot (TableDigest.for_slots)")
+            use = [k for k, s in enumerate(self.slots) if self.counted is None or s in self.counted]
+            self._plan_cache = (use, [self.geometry[k].spec() for k in use])
+        return self._plan_cache
 
     def __add__(self, other: "TableDigest") -> "TableDigest":
         if self.slots != other.slots:

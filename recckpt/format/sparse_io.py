@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import shutil
@@ -89,10 +90,16 @@ class TableSource:
     def geometry(self) -> TableGeometry:
         """Where the writer puts each slot among a segment's columns (a row_range table's segments may be
         row runs: format version 5)."""
+        return self._geometry
+
+    @functools.cached_property
+    def _geometry(self) -> TableGeometry:   # asked for twice a save (the index, the writer's groups)
         return TableGeometry.of(self.slots, self.column_blocks, self.column_groups, self.num_rows)
 
     def group_bytes(self) -> list[int]:
         """Per slot, the bytes of each row of one column group as the engine cuts them (0: one column)."""
+        if self.column_blocks is None and self.column_groups is None:
+            return [0] * len(self.slots)   # a thousand small hash tables: nothing to look up
         places = self.geometry().blocks[self.block]
         return [p.unit * (p.ranges[0][1] - p.ranges[0][0]) if p.count > 1 else 0 for p in places]
 

@@ -150,6 +150,37 @@ def test_parse_still_refuses_with_the_same_words(text, why):
         checked_json.parse(text, "f", checked_json.JsonLimits(1 << 20, max_depth=3))
 
 
+@pytest.mark.parametrize("text,verdict", [
+    (b'{"a":1,"b":{"a":2},"c":[{"a":3},{"a":4}]}', "follows"),  # one key per object, names reused apart
+    (b'{"a":"b","b":"a"}', "follows"),                         # values are not keys
+    (b'{"a":1,"b":2,"a":3}', "keys"),                          # twice in one object, not next to each other
+    (b'[{"x":{"k":1,"k":2}}]', "keys"),                        # twice in a nested object
+    (b'{"\\u0061":1,"a":2}', "keys"),                          # an escaped key is not compared raw
+    (b'{"a":1,"b":2}}]', "keys"),                              # more closing than opening: not JSON
+    (b'{"a":[[[[1]]]],"a":2}', "closer"),                      # the depth rule first
+])
+def test_engine_verdict_on_keys(text, verdict):
+    want = {"follows": _C.JSON_FOLLOWS, "keys": _C.JSON_KEYS_UNKNOWN, "closer": _C.JSON_LOOK_CLOSER}[verdict]
+    assert _C.json_rules_verdict(text, 3, 40) == want
+
+
+@pytest.mark.parametrize("text", [b'{"a":1,"b":2,"a":3}', b'{"t":{"x":{"k":1,"k":2}}}', b'{"\\u0061":1,"a":2}',
+                                  b'{"a":1,"b":[{"\\u00e9":1,"\\u00e9":2}]}'])
+def test_a_key_twice_is_refused_whether_or_not_the_engine_saw_it(text):
+    with pytest.raises(CorruptCheckpointError, match="appears twice in one object"):
+        checked_json.parse(text, "f.json", checked_json.JsonLimits(1 << 20))
+
+
+def test_keys_past_the_engines_bound_are_left_to_the_decoder():
+    # more keys open at once than the engine is allowed to hold: it does not claim they are unique
+    text = ("{" + ",".join(f'"k{i}":{{"a":0,"b":1}}' for i in range(50)) + "}").encode()
+    assert _C.json_rules_verdict(text, 3, 40) == _C.JSON_FOLLOWS
+    # the last inner object's two keys are open beside the outer object's 50
+    assert _C.json_rules_verdict(text, 3, 40, max_open_keys=52) == _C.JSON_FOLLOWS
+    assert _C.json_rules_verdict(text, 3, 40, max_open_keys=51) == _C.JSON_KEYS_UNKNOWN
+    assert _C.json_rules_verdict(b'{"a":{"b":1,"c":2},"d":3}', 3, 40, max_open_keys=2) == _C.JSON_KEYS_UNKNOWN
+
+
 def test_compact_checked_file_crc_from_its_bytes_and_any_flip_refused():
     obj = {"tables": {f"t{i}": {"rows": i, "name": "x" * 20} for i in range(3000)}, "files": {"a": {"crc32c": 5}}}
     data = checked_json.dumps(obj)

@@ -45,30 +45,40 @@ int32_t escaped_unit(const unsigned char* p, const unsigned char* end) {
 class OpenKeys {
  public:
   explicit OpenKeys(size_t max_open) : max_open_(max_open) {}
-  void open(bool object) { frames_.push_back({object, keys_.size()}); }
-  bool in_object() const { return !frames_.empty() && frames_.back().object; }
+  void open(bool object) {
+    if (!unknown_) frames_.push_back({object, keys_.size()});
+  }
+  bool in_object() const { return !unknown_ && !frames_.empty() && frames_.back().object; }
   void add(std::string_view key) {
     if (unknown_) return;
     if (keys_.size() >= max_open_) {
-      unknown_ = true;
+      give_up();
       return;
     }
     keys_.push_back(key);
   }
   // Closes the innermost open value; false if there is none (the text is not JSON: the decoder says so).
   bool close() {
+    if (unknown_) return true;   // nothing is tracked any more
     if (frames_.empty()) return false;
     const Frame f = frames_.back();
     frames_.pop_back();
     if (!unknown_ && f.object && keys_.size() - f.first > 1) {
       // sorted, duplicates are neighbours: O(k log k) whatever keys a hostile text chose
       std::sort(keys_.begin() + (std::ptrdiff_t)f.first, keys_.end());
-      if (std::adjacent_find(keys_.begin() + (std::ptrdiff_t)f.first, keys_.end()) != keys_.end()) unknown_ = true;
+      if (std::adjacent_find(keys_.begin() + (std::ptrdiff_t)f.first, keys_.end()) != keys_.end()) {
+        give_up();
+        return true;
+      }
     }
-    if (!unknown_) keys_.resize(f.first);
+    keys_.resize(f.first);
     return true;
   }
-  void give_up() { unknown_ = true; }
+  void give_up() {  // and let go of what was held: memory stays bounded by what was open then
+    unknown_ = true;
+    std::vector<Frame>().swap(frames_);
+    std::vector<std::string_view>().swap(keys_);
+  }
   bool unknown() const { return unknown_; }
 
  private:
@@ -108,7 +118,7 @@ RulesVerdict json_rules_verdict(const unsigned char* p, size_t n, int64_t max_de
       keys.open(c == '{');
       expect_key = c == '{';
     } else if (c == ']' || c == '}') {
-      depth--;
+      if (--depth < 0) return RulesVerdict::kKeysUnknown;  // more closed than opened: not JSON (the decoder says so)
       if (!keys.close()) keys.give_up();
       expect_key = false;
     } else if (c == ',') {

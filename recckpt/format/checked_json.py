@@ -74,24 +74,26 @@ def parse(data, path: str, limits: JsonLimits, precheck=None):
         with _RulesPass(raw, limits.max_depth) as verdict:
             # Where the engine's pass saw every key unique, json decodes without a Python call per object
             # (the key hook took four fifths of a 1000-table manifest's parse). A small text's verdict comes
-            # first; a large text is decoded while its pass runs, and again with the hook if it must be.
+            # first; a large text is decoded while its pass runs, and again with the hook unless the verdict
+            # is "follows", so that both give the same value or the same error.
             if verdict.threaded:
-                obj = decode(text)
+                try:
+                    obj, failed = decode(text), None
+                except (ValueError, TypeError, RecursionError, MemoryError) as e:
+                    obj, failed = None, e
                 v = verdict()
+                if v != _C.JSON_FOLLOWS:
+                    obj = None   # (one decoded tree in memory at a time)
+                    obj = decode(text, object_pairs_hook=_unique_keys)
+                elif failed is not None:
+                    raise failed
             else:
                 v = verdict()
                 obj = decode(text) if v == _C.JSON_FOLLOWS else decode(text, object_pairs_hook=_unique_keys)
-            keys_checked = v == _C.JSON_FOLLOWS or not verdict.threaded
-            if v == _C.JSON_KEYS_UNKNOWN and not keys_checked:
-                obj = None   # (one decoded tree in memory at a time)
-                obj, keys_checked = decode(text, object_pairs_hook=_unique_keys), True
             if precheck is not None:
                 precheck(obj)
             if v == _C.JSON_LOOK_CLOSER:
                 check_tree(obj, limits.max_depth)   # finds the problem (or that there is none) and words it
-                if not keys_checked:   # the rules hold after all (the pass was conservative): now the keys
-                    obj = None
-                    obj = decode(text, object_pairs_hook=_unique_keys)
     except JsonRuleError as e:
         raise bad(str(e)) from None
     except (UnicodeError, ValueError, TypeError) as e:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -191,6 +192,33 @@ class TableDigest:
                            {s: Digest.from_hex(got[s]) for s in slots})
 
 
+class ParsedTableDigests(Mapping):
+    """A manifest's table digests, checked already (schema.py), each built as a TableDigest when first
+    asked for: opening a checkpoint of a thousand tables to load it builds none (only `diff`, `verify`'s
+    digest check and re-serialisation use them). `parts`: name -> (slots in column order, rows, the flat
+    lane values of the ids then each slot: 2 ints a digest)."""
+
+    def __init__(self, parts: dict[str, tuple[list[str], int, list[int]]]):
+        self._parts, self._made = parts, {}
+
+    def __getitem__(self, name: str) -> TableDigest:
+        d = self._made.get(name)
+        if d is None:
+            slots, rows, lanes = self._parts[name]
+            ds = [Digest(lanes[2 * j], lanes[2 * j + 1]) for j in range(1 + len(slots))]
+            d = self._made[name] = TableDigest(list(slots), rows, ds[0], dict(zip(slots, ds[1:])))
+        return d
+
+    def __iter__(self):
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def __contains__(self, name) -> bool:
+        return name in self._parts
+
+
 @dataclass(frozen=True)
 class DenseDigest:
     """One dense tensor: its dtype, shape and the digest of its bytes (docs/FORMAT.md)."""
@@ -216,7 +244,7 @@ def dense_digest(dtype: str, shape: tuple[int, ...], data, threads: int = 1) -> 
 class Digests:
     """The manifest's `digests`: tables whose whole content this checkpoint records (an incremental
     checkpoint has none for tables saved as changes), and dense tensors."""
-    tables: dict[str, TableDigest] = field(default_factory=dict)
+    tables: Mapping[str, TableDigest] = field(default_factory=dict)   # (ParsedTableDigests when read)
     dense: dict[str, DenseDigest] | None = None   # None: not recorded (only sparse digests known)
 
     def to_json(self) -> dict:
@@ -226,4 +254,5 @@ class Digests:
         return out
 
 
-__all__ = ["DIGEST_NAME", "Digest", "DenseDigest", "Digests", "SlotGeometry", "TableDigest", "dense_digest"]
+__all__ = ["DIGEST_NAME", "Digest", "DenseDigest", "Digests", "ParsedTableDigests", "SlotGeometry", "TableDigest",
+           "dense_digest"]

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import dtypes, layout
-from .digest import DIGEST_NAME, DenseDigest, Digest, Digests, TableDigest
+from .digest import DIGEST_NAME, DenseDigest, Digest, Digests, ParsedTableDigests, TableDigest
 from .geometry import GROUP_WIDTH, TableGeometry
 from .hashing import HASH_NAME, NUM_BUCKETS_LIMIT
 from .names import (
@@ -1308,7 +1308,7 @@ def _table_info_fast(name, t, version: int, layouts: _SlotLayouts) -> TableInfo 
     return None if slots is None else TableInfo(slots, rows, changes, removed)
 
 
-def _table_digests_fast(raw: dict, tables: dict[str, TableInfo]) -> dict[str, TableDigest] | None:
+def _table_digests_fast(raw: dict, tables: dict[str, TableInfo]) -> ParsedTableDigests | None:
     """Every table's entry of the manifest's `digests.tables` (`raw`, a dict) in the common form, their
     hex digits checked and decoded at once; None where any entry needs the full rules."""
     names, rows, texts = [], [], []
@@ -1325,17 +1325,16 @@ def _table_digests_fast(raw: dict, tables: dict[str, TableInfo]) -> dict[str, Ta
         texts.append(t["ids"])
         texts += [slots[s] for s in info.slots]
     if not texts:
-        return {}
+        return ParsedTableDigests({})
     if set(map(type, texts)) != {str} or set(map(len, texts)) != {32}:
         return None
     joined = "".join(texts)
     if not _HEX_LOWER.fullmatch(joined):
         return None
     lanes = np.frombuffer(bytes.fromhex(joined), dtype=">u8").tolist()
-    out, k = {}, 0
+    parts, k = {}, 0
     for name, n in zip(names, rows):
         slots = list(tables[name].slots)
-        d = [Digest(lanes[2 * j], lanes[2 * j + 1]) for j in range(k, k + 1 + len(slots))]
-        out[name] = TableDigest(slots, n, d[0], dict(zip(slots, d[1:])))
+        parts[name] = (slots, n, lanes[2 * k:2 * (k + 1 + len(slots))])
         k += 1 + len(slots)
-    return out
+    return ParsedTableDigests(parts)

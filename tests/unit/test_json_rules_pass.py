@@ -20,6 +20,11 @@ def _texts():
         "long number": ('{"pad": "%s", "a": %s}' % (PAD, "9" * (checked_json.MAX_NUMBER_CHARS + 1)), "digits"),
         "duplicate key": ('{"pad": "%s", "a": 1, "a": 2}' % PAD, "appears twice"),
         "not json": ('{"pad": "%s", "a": }' % PAD, "JSONDecodeError"),
+        # a key twice beside another problem: the key is named first on both paths (found by a review)
+        "twice, then NaN": ('["%s", {"a": 1, "a": 2}, NaN]' % PAD, "appears twice"),
+        "twice, then extra data": ('{"pad": "%s", "a": 1, "a": 2} x' % PAD, "appears twice"),
+        "twice and a long number": ('{"pad": "%s", "a": 1, "a": %s}' % (PAD, "9" * (checked_json.MAX_NUMBER_CHARS + 1)),
+                                    "appears twice"),
     }
 
 

@@ -867,17 +867,32 @@ class SegmentReader:
 
     def batches(self, table: str, slots: list[str], row_bytes: list[int],
                 bucket_lo: int = 0, bucket_hi: int | None = None, block: int | None = None,
-                batch_bytes: float | None = None, columns: tuple[int, int] | None = None) -> Iterator["ReadBatch"]:
+                batch_bytes: float | None = None, columns: tuple[int, int] | None = None,
+                dirs_with_rows: bool = False) -> Iterator["ReadBatch"]:
         """Plan the reads of buckets [lo, hi) of `table` in batches of about `batch_bytes` (default
         `options.batch_bytes`; `math.inf`: one batch): each batch is one or more segments' row ranges,
         read together so the engine's threads share the work. `block`: of a column-split table, the
         column block read (see `table_segments`). `columns`: of a table with column groups, read only the
         columns [a, b) of its split slots that the block holds (`row_bytes` for those slots: that width;
-        format/geometry.py)."""
+        format/geometry.py). `dirs_with_rows`: for a caller that reads every batch with `read_batch`, a
+        read of every bucket (which takes each segment whole, whatever its directory says) reads and
+        checks the directories in the same engine call as the rows, not in one call before them."""
         _, segs = self.table_segments(table, block, ids_only=not slots)
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
         limit = self.options.batch_bytes if batch_bytes is None else batch_bytes
         batch = ReadBatch(table, row_bytes)
+        if dirs_with_rows and (bucket_lo, hi_b) == (0, self.index.num_buckets):
+            for seg in segs:
+                if self.dir_use(seg, bucket_lo, hi_b) == "read" and \
+                        (table, seg.file, seg.buckets.offset) not in self._offsets:
+                    batch.dirs.append((seg, self._dir_request(seg)))
+                batch.add(seg.rows, self.row_requests(table, seg, 0, seg.rows, slots, row_bytes, columns))
+                if batch.nbytes >= limit:
+                    yield batch
+                    batch = ReadBatch(table, row_bytes)
+            if batch.rows:
+                yield batch
+            return
         for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
             batch.add(r1 - r0, self.row_requests(table, seg, r0, r1, slots, row_bytes, columns))
             if batch.nbytes >= limit:
@@ -964,8 +979,13 @@ class SegmentReader:
                                      f"{batch.rows} rows of {w} bytes")
                 out.append(flat)
         flat_reqs, flat_dst = batch.layout(out)
+        if batch.dirs:   # read first in the call, so that a bad directory is what a failure names first
+            raws = [np.empty(r.nbytes, dtype=np.uint8) for _, r in batch.dirs]
+            flat_reqs, flat_dst = [r for _, r in batch.dirs] + flat_reqs, raws + flat_dst
         if flat_reqs:
             self.read(batch.table, flat_reqs, dsts=flat_dst)
+        if batch.dirs:
+            self.keep_dirs(batch.table, [seg for seg, _ in batch.dirs], raws)
         return out
 
     def iter_table(self, table: str, slots: list[str], row_bytes: list[int],
@@ -975,7 +995,8 @@ class SegmentReader:
         with_file=True adds a third element, the segment's position in `index.files`. Segments are
         read in batches; the arrays are views of a reused buffer: consume (copy) them before the next.
         `block`, `columns`: as `batches`."""
-        for batch in self.batches(table, slots, row_bytes, bucket_lo, bucket_hi, block, columns=columns):
+        for batch in self.batches(table, slots, row_bytes, bucket_lo, bucket_hi, block, columns=columns,
+                                  dirs_with_rows=True):
             for ids, parts, reqs in batch.split(self.read_batch(batch)):
                 yield (ids, parts, reqs[0].file) if with_file else (ids, parts)
 
@@ -1000,6 +1021,9 @@ class ReadBatch:
     def __init__(self, table: str, row_bytes: list[int]):
         self.table, self.row_bytes = table, list(row_bytes)
         self.parts: list[tuple[int, list[ReadRequest]]] = []  # (rows, [request per column])
+        # directories read and checked with the rows (`SegmentReader.batches(dirs_with_rows=True)`): only
+        # `read_batch` reads them, so only its callers ask for them
+        self.dirs: list[tuple[Segment, ReadRequest]] = []
         self.rows = 0
         self.nbytes = 0
 

@@ -108,7 +108,7 @@ def load_table_rows(segments: SegmentReader, name: str, target: str, table: Spar
     upload = HostToDevice()  # host views stand in for device ones; CPU storage is read into directly
     try:
         for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi,
-                                      batch_bytes=math.inf if one_batch else None):
+                                      batch_bytes=math.inf if one_batch else None, dirs_with_rows=True):
             n = batch.rows
             ids_t, cols_t = table.append_views(n, names)
             for what, t in [("ids", ids_t)] + [(f"slot {s!r}", cols_t[s]) for s in names]:

@@ -351,8 +351,9 @@ def _merged_digests(parts: list[WorkerPart], m: Manifest) -> Digests:
     without a digest has none), and the dense state's from the worker that wrote it."""
     out = Digests()
     if len(parts) == 1 and parts[0].sums is not None:   # one worker built here: its sums are the tables'
-        sums = parts[0].sums
-        out.tables = {name: sums[name] for name in m.tables if name in sums}
+        sums = parts[0].sums   # (copied: not the writer's accumulators, which carry how they were read)
+        out.tables = {name: TableDigest(list(d.slots), d.rows, d.ids, dict(d.slot_digests))
+                      for name, d in ((n, sums.get(n)) for n in m.tables) if d is not None}
     else:
         for name, info in m.tables.items():
             slots = list(info.slots)

@@ -876,23 +876,28 @@ class SegmentReader:
         columns [a, b) of its split slots that the block holds (`row_bytes` for those slots: that width;
         format/geometry.py). `dirs_with_rows`: for a caller that reads every batch with `read_batch`, a
         read of every bucket (which takes each segment whole, whatever its directory says) reads and
-        checks the directories in the same engine call as the rows, not in one call before them."""
+        checks the directories in the same engine call as the rows, not in one call before them, when the
+        table's rows fit in one batch."""
         _, segs = self.table_segments(table, block, ids_only=not slots)
         hi_b = self.index.num_buckets if bucket_hi is None else bucket_hi
         limit = self.options.batch_bytes if batch_bytes is None else batch_bytes
         batch = ReadBatch(table, row_bytes)
         if dirs_with_rows and (bucket_lo, hi_b) == (0, self.index.num_buckets):
-            for seg in segs:
-                if self.dir_use(seg, bucket_lo, hi_b) == "read" and \
-                        (table, seg.file, seg.buckets.offset) not in self._offsets:
-                    batch.dirs.append((seg, self._dir_request(seg)))
-                batch.add(seg.rows, self.row_requests(table, seg, 0, seg.rows, slots, row_bytes, columns))
-                if batch.nbytes >= limit:
+            # Only where the whole table is one batch: every directory is then checked before any of its
+            # rows is handed out, as when the directories are read first (a bad directory in a later
+            # batch would otherwise be found after earlier batches were applied).
+            rows = [(seg, self.row_requests(table, seg, 0, seg.rows, slots, row_bytes, columns))
+                    for seg in segs if seg.rows > 0]
+            if sum(r.nbytes for _, reqs in rows for r in reqs) <= limit:
+                need, dir_reqs = self.dir_requests(table, segs, bucket_lo, hi_b)
+                batch.dirs = list(zip(need, dir_reqs))
+                for seg, reqs in rows:
+                    batch.add(seg.rows, reqs)
+                if batch.rows:
                     yield batch
-                    batch = ReadBatch(table, row_bytes)
-            if batch.rows:
-                yield batch
-            return
+                elif need:   # no rows to read them with (segments of no rows): checked alone
+                    self.keep_dirs(table, need, self.read(table, dir_reqs))
+                return
         for seg, r0, r1 in self.iter_row_ranges(table, segs, bucket_lo, hi_b):
             batch.add(r1 - r0, self.row_requests(table, seg, r0, r1, slots, row_bytes, columns))
             if batch.nbytes >= limit:

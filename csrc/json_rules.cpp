@@ -63,7 +63,7 @@ class OpenKeys {
     if (frames_.empty()) return false;
     const Frame f = frames_.back();
     frames_.pop_back();
-    if (!unknown_ && f.object && keys_.size() - f.first > 1) {
+    if (f.object && keys_.size() - f.first > 1) {
       // sorted, duplicates are neighbours: O(k log k) whatever keys a hostile text chose
       std::sort(keys_.begin() + (std::ptrdiff_t)f.first, keys_.end());
       if (std::adjacent_find(keys_.begin() + (std::ptrdiff_t)f.first, keys_.end()) != keys_.end()) {

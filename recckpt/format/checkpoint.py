@@ -350,24 +350,19 @@ def _merged_digests(parts: list[WorkerPart], m: Manifest) -> Digests:
     """The checkpoint's digests: per table the sum of every worker's part (a table some worker wrote
     without a digest has none), and the dense state's from the worker that wrote it."""
     out = Digests()
-    if len(parts) == 1 and parts[0].sums is not None:   # one worker built here: its sums are the tables'
-        sums = parts[0].sums   # (copied: not the writer's accumulators, which carry how they were read)
-        out.tables = {name: TableDigest(list(d.slots), d.rows, d.ids, dict(d.slot_digests))
-                      for name, d in ((n, sums.get(n)) for n in m.tables) if d is not None}
-    else:
-        for name, info in m.tables.items():
-            slots = list(info.slots)
-            total = TableDigest(slots)
-            for p in parts:
-                d = (p.sums or {}).get(name) if p.sums is not None else (p.digests or {}).get(name)
-                if d is None and name not in p.tables:
-                    continue          # this worker wrote nothing of the table
-                if d is None:
-                    total = None      # a worker's share is unknown: so is the table's content
-                    break
-                total = total + (d if isinstance(d, TableDigest) else TableDigest.from_json(d, slots))
-            if total is not None:
-                out.tables[name] = total
+    for name, info in m.tables.items():
+        slots = list(info.slots)
+        found: list[TableDigest] | None = []
+        for p in parts:
+            d = (p.sums or {}).get(name) if p.sums is not None else (p.digests or {}).get(name)
+            if d is None and name not in p.tables:
+                continue          # this worker wrote nothing of the table
+            if d is None:
+                found = None      # a worker's share is unknown: so is the table's content
+                break
+            found.append(d if isinstance(d, TableDigest) else TableDigest.from_json(d, slots))
+        if found is not None:
+            out.tables[name] = TableDigest.total(slots, found)
     writer = next((p for p in parts if p.dense is not None), None)
     if writer is not None and writer.dense_digests is not None:
         out.dense = {k: DenseDigest(d["dtype"], tuple(d["shape"]), Digest.from_hex(d["digest"]))

@@ -32,7 +32,11 @@ class Digest:
     b: int = 0
 
     def __add__(self, other: "Digest") -> "Digest":
-        return Digest((self.a + other.a) & _MASK, (self.b + other.b) & _MASK)
+        return self.plus(other.a, other.b)
+
+    def plus(self, a: int, b: int) -> "Digest":
+        """This digest with lane sums `a`, `b` added (mod 2^64), as the engine returns them."""
+        return Digest((self.a + a) & _MASK, (self.b + b) & _MASK)
 
     def hex(self) -> str:
         """32 lower-case hex digits: lane a then lane b, each most significant digit first."""
@@ -153,13 +157,11 @@ class TableDigest:
         for d, n, use in todo:
             if d.count_ids:
                 d.rows += n
-                a, b = out[at]
-                d.ids = Digest((d.ids.a + a) & _MASK, (d.ids.b + b) & _MASK)
+                d.ids = d.ids.plus(*out[at])
             sums = d.slot_digests
             for j, k in enumerate(use, 1):
-                s, (a, b) = d.slots[k], out[at + j]
-                have = sums[s]
-                sums[s] = Digest((have.a + a) & _MASK, (have.b + b) & _MASK)
+                s = d.slots[k]
+                sums[s] = sums[s].plus(*out[at + j])
             at += 1 + len(use)
 
     def _plan(self) -> tuple[list[int], list[tuple]]:
@@ -177,6 +179,21 @@ class TableDigest:
             raise ValueError(f"digests of different slots {self.slots} vs {other.slots}")
         return TableDigest(list(self.slots), self.rows + other.rows, self.ids + other.ids,
                            {s: self.slot_digests[s] + other.slot_digests[s] for s in self.slots})
+
+    @staticmethod
+    def total(slots: list[str], parts: list["TableDigest"]) -> "TableDigest":
+        """A plain digest (no reading plan) of the sum of `parts`, each of `slots`: a table's over the
+        workers that wrote it. One part is taken as it is: adding it to zero would build every digest
+        again (a thousand tables of one worker)."""
+        if len(parts) == 1:
+            d = parts[0]
+            if d.slots != list(slots):
+                raise ValueError(f"digests of different slots {list(slots)} vs {d.slots}")
+            return TableDigest(list(slots), d.rows, d.ids, dict(d.slot_digests))
+        out = TableDigest(list(slots))
+        for d in parts:
+            out = out + d
+        return out
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "ids": self.ids.hex(),

@@ -886,13 +886,12 @@ class SegmentReader:
             # Only where the whole table is one batch: every directory is then checked before any of its
             # rows is handed out, as when the directories are read first (a bad directory in a later
             # batch would otherwise be found after earlier batches were applied).
-            rows = [(seg, self.row_requests(table, seg, 0, seg.rows, slots, row_bytes, columns))
-                    for seg in segs if seg.rows > 0]
-            if sum(r.nbytes for _, reqs in rows for r in reqs) <= limit:
+            if sum(seg.rows for seg in segs) * (8 + sum(row_bytes)) <= limit:   # (the rows' bytes, as asked)
                 need, dir_reqs = self.dir_requests(table, segs, bucket_lo, hi_b)
                 batch.dirs = list(zip(need, dir_reqs))
-                for seg, reqs in rows:
-                    batch.add(seg.rows, reqs)
+                for seg in segs:
+                    if seg.rows > 0:
+                        batch.add(seg.rows, self.row_requests(table, seg, 0, seg.rows, slots, row_bytes, columns))
                 if batch.rows:
                     yield batch
                 elif need:   # no rows to read them with (segments of no rows): checked alone

@@ -14,6 +14,7 @@
 #include "mapped_region.h"
 #include "reader.h"
 #include "hash.h"
+#include "buffer_pool.h"
 #include "shard_writer.h"
 #include "strided_reader.h"
 
@@ -524,6 +525,21 @@ void bind_io(py::module_& m) {
   m.attr("DEFAULT_READAHEAD_BYTES") = kDefaultReadaheadBytes;
   m.attr("COLUMN_ALIGN") = kColumnAlign;
   m.attr("PACK_BELOW") = kPackBelow;
+  m.def(
+      "staging_pool",
+      [] {
+        const PoolStats s = pool_stats();
+        py::dict d;
+        d["idle_bytes"] = s.idle_bytes;
+        d["fresh"] = s.fresh;
+        d["reused"] = s.reused;
+        return d;
+      },
+      "The writers' staging buffers kept between saves (csrc/buffer_pool.h): idle_bytes held now (at "
+      "most STAGING_POOL_BYTES), and how many buffers were allocated fresh and handed out again");
+  m.def("release_staging_pool", &release_pooled_buffers,
+        "Frees the idle staging buffers that writers keep for the process's next save");
+  m.attr("STAGING_POOL_BYTES") = kIdleBytes;
   m.def("column_step", &column_step, py::arg("length"), py::arg("chunk_bytes"),
         "format version 4: bytes per checksum of a column of `length` bytes");
   m.attr("DIRECT_NEVER") = (int)kDirectNever;

@@ -10,6 +10,7 @@
 #include <set>
 #include <utility>
 
+#include "buffer_pool.h"
 #include "crc32c.h"
 #include "fault.h"
 #include "gather.h"
@@ -194,8 +195,10 @@ void ShardWriter::check_stopping() const {
 struct ShardWriter::WorkerCtx {
   File& f;
   const size_t cap;
+  // Given back to the pool (buffer_pool.h) for the process's next writer when this one ends; declared
+  // before io, so that io (its thread joined) is destroyed first and never writes from a given-back buffer.
+  PooledBuffer buf[2];
   PwriteThread io;
-  std::unique_ptr<uint8_t[]> buf[2];
   int cur = 0;
   size_t fill = 0;  // bytes staged in buf[cur]
   int64_t off = 0;  // file offset of buf[cur][0]
@@ -204,7 +207,7 @@ struct ShardWriter::WorkerCtx {
 
   int64_t pos() const { return off + (int64_t)fill; }  // file offset of the next byte
   uint8_t* space(size_t& avail) {
-    if (!buf[cur]) buf[cur].reset(new uint8_t[cap]);
+    if (!buf[cur]) buf[cur].acquire(cap);
     avail = cap - fill;
     return buf[cur].get() + fill;
   }

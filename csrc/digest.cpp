@@ -76,6 +76,37 @@ inline __attribute__((always_inline)) void column_rows(const DigestColumn& col, 
     out.b += sb;
     return;
   }
+  const int64_t len = blocks * col.width;  // elements a held row
+  if (len <= kSteps) {
+    // Rows of at most kSteps elements: one sum per element position, kept across the rows and added up
+    // once, so that no row ends in a reduction of vector lanes (a row of 16 floats is only four vectors).
+    uint64_t ea[kSteps], eb[kSteps], acc_a[kSteps], acc_b[kSteps];
+    for (int64_t k = 0, j = 0; k < blocks; k++)
+      for (int64_t c = 0; c < col.width; c++, j++) {
+        const uint64_t e = (uint64_t)(k * col.full + col.first + c);
+        ea[j] = e * kDigestStepA;
+        eb[j] = e * kDigestStepB;
+        acc_a[j] = 0;
+        acc_b[j] = 0;
+      }
+    for (int64_t r = 0; r < m; r++) {
+      const uint8_t* p = col.data + (r0 + r) * col.row_bytes;
+      const uint64_t a = ka[r], b = kb[r];
+      for (int64_t j = 0; j < len; j++) {
+        T v;
+        std::memcpy(&v, p + j * (int64_t)sizeof(T), sizeof(T));
+        acc_a[j] += mix64((uint64_t)v ^ (a + ea[j]));
+        acc_b[j] += fmix64((uint64_t)v ^ (b + eb[j]));
+      }
+    }
+    for (int64_t j = 0; j < len; j++) {
+      sa += acc_a[j];
+      sb += acc_b[j];
+    }
+    out.a += sa;
+    out.b += sb;
+    return;
+  }
   for (int64_t r = 0; r < m; r++) {
     const uint8_t* p = col.data + (r0 + r) * col.row_bytes;
     for (int64_t k = 0; k < blocks; k++)

@@ -477,7 +477,9 @@ void ShardWriter::write_sorted_by(const Job& job, WorkerCtx& ctx, SegmentRecord&
       rec.columns.emplace_back();
       rec.columns.back().offset = ctx.pos();
       write_column(ctx, src, rb, rb, perm.get(), n, in_order, rec.columns.back());
-    } else if (rb * n >= kGroupsBlockedMin) {
+    } else if (rb * n >= kGroupsBlockedMin && rb <= (int64_t)staging_bytes_) {
+      // Blocks of whole rows, each gathered into one staging buffer: a row larger than the buffer would
+      // overrun it, so such a slot goes group by group below.
       write_groups_blocked(ctx, src, rb, gb, perm.get(), n, rec.columns);
     } else {
       for (int64_t g0 = 0; g0 < rb; g0 += gb) {

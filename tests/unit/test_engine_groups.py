@@ -33,11 +33,12 @@ def rows(n, rb, seed=0):
 
 
 @pytest.mark.parametrize("n,rb,gb", [(10, 24, 16), (3000, 96, 16), (40_000, 256, 16), (9000, 40, 12),
-                                     (50_000, 96, 32)])
+                                     (50_000, 96, 32), (3, (9 << 20) + 8, 1 << 20)])
 @pytest.mark.parametrize("in_order", [True, False])
 def test_grouped_columns_hold_each_group_of_each_row(tmp_path, n, rb, gb, in_order):
     """Small slots go group by group through the staging buffer, slots of 1 MiB or more by blocks of rows
-    (40 000 x 256 and 50 000 x 96): either way group k's column is bytes [k*gb, ...) of every row in
+    (40 000 x 256 and 50 000 x 96), and a row larger than the 8 MiB staging buffer group by group again
+    (it was gathered past the buffer's end): either way group k's column is bytes [k*gb, ...) of every row in
     bucket order, checksummed in its own steps, and only the slot's first group is padded."""
     ids = np.arange(5, 5 + n, dtype=np.int64)
     if not in_order:

@@ -2,7 +2,10 @@
 
 #include <pthread.h>
 
+#include <chrono>
+#include <future>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace recckpt {
@@ -81,6 +84,20 @@ void release_pooled_buffers() {
   std::lock_guard<std::mutex> lk(p.mu);
   drop.swap(p.idle);
   p.idle_bytes = 0;
+}
+
+void init_buffer_pool() { (void)Pool::get(); }
+
+void hold_pool_lock_for(int ms) {
+  std::promise<void> held;
+  std::future<void> ready = held.get_future();
+  std::thread([ms, held = std::move(held)]() mutable {  // the promise lives on the thread that sets it
+    Pool& p = Pool::get();
+    std::lock_guard<std::mutex> lk(p.mu);
+    held.set_value();
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }).detach();
+  ready.wait();
 }
 
 }  // namespace recckpt

@@ -38,5 +38,11 @@ struct PoolStats {
 PoolStats pool_stats();
 // Frees every idle buffer (a process that wants its memory back between saves).
 void release_pooled_buffers();
+// Creates the pool (and registers its fork handlers) now. Called when the module loads, before any writer
+// thread exists: a fork while another thread was still creating it would leave the child's copy of the
+// half-made static waiting forever.
+void init_buffer_pool();
+// Tests: holds the pool's lock on a thread of its own for `ms` milliseconds; returns once it is held.
+void hold_pool_lock_for(int ms);
 
 }  // namespace recckpt

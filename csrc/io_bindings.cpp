@@ -537,6 +537,10 @@ void bind_io(py::module_& m) {
       },
       "The writers' staging buffers kept between saves (csrc/buffer_pool.h): idle_bytes held now (at "
       "most STAGING_POOL_BYTES), and how many buffers were allocated fresh and handed out again");
+  init_buffer_pool();
+  m.def("_hold_staging_pool_lock", &hold_pool_lock_for, py::arg("ms"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Tests: holds the staging pool's lock on a thread of its own for `ms` ms; returns once it is held");
   m.def("release_staging_pool", &release_pooled_buffers,
         "Frees the idle staging buffers that writers keep for the process's next save");
   m.attr("STAGING_POOL_BYTES") = kIdleBytes;

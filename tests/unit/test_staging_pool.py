@@ -106,8 +106,8 @@ def test_two_writers_at_once_never_share_a_buffer(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_fork_while_writers_run_leaves_the_child_a_usable_pool(tmp_path):
-    """The pool's lock is taken around fork (pthread_atfork): a child forked while a writer thread holds it
-    would otherwise block forever on its first save."""
+    """Children forked while a writer saves in the parent can save too. The lock is held only briefly, so
+    this rarely forks inside it; the test below holds it on purpose."""
     src = _model(3)
     stop = threading.Event()
 
@@ -137,3 +137,23 @@ def test_a_fork_while_writers_run_leaves_the_child_a_usable_pool(tmp_path):
     finally:
         stop.set()
         bg.join()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_while_another_thread_holds_the_pool_lock_waits_for_it():
+    """Deterministic form of the test above: a C++ thread holds the pool's lock for 300 ms and the process
+    forks meanwhile. The fork handler makes fork wait for the lock, so the child's copy is unlocked and its
+    pool call returns; without the handler the child would inherit a locked mutex and hang."""
+    _C._hold_staging_pool_lock(300)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(10)
+            _C.staging_pool()
+            _C.release_staging_pool()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status

@@ -33,6 +33,11 @@ struct StepTable {
 };
 const StepTable kStepTable;
 
+// The position in the logical row (docs/FORMAT.md, "Content digests") of held column c of block k of a row.
+inline uint64_t element_of(const DigestColumn& col, int64_t k, int64_t c) {
+  return (uint64_t)(k * col.full + col.first + c);
+}
+
 // Elements [0, m) of one run of a row, whose first element is element e0 of the logical row.
 template <class T>
 inline __attribute__((always_inline)) void run(const uint8_t* p, int64_t m, uint64_t ka, uint64_t kb,
@@ -62,7 +67,7 @@ inline __attribute__((always_inline)) void column_rows(const DigestColumn& col, 
   if (blocks * col.width <= kShortRow) {  // few elements a row: vectorise across rows instead
     for (int64_t k = 0; k < blocks; k++)
       for (int64_t c = 0; c < col.width; c++) {
-        const uint64_t e = (uint64_t)(k * col.full + col.first + c);
+        const uint64_t e = element_of(col, k, c);
         const uint64_t ea = e * kDigestStepA, eb = e * kDigestStepB;
         const uint8_t* p = col.data + r0 * col.row_bytes + (k * col.width + c) * (int64_t)sizeof(T);
         for (int64_t r = 0; r < m; r++) {
@@ -83,7 +88,7 @@ inline __attribute__((always_inline)) void column_rows(const DigestColumn& col, 
     uint64_t ea[kSteps], eb[kSteps], acc_a[kSteps], acc_b[kSteps];
     for (int64_t k = 0, j = 0; k < blocks; k++)
       for (int64_t c = 0; c < col.width; c++, j++) {
-        const uint64_t e = (uint64_t)(k * col.full + col.first + c);
+        const uint64_t e = element_of(col, k, c);
         ea[j] = e * kDigestStepA;
         eb[j] = e * kDigestStepB;
         acc_a[j] = 0;
@@ -111,7 +116,7 @@ inline __attribute__((always_inline)) void column_rows(const DigestColumn& col, 
     const uint8_t* p = col.data + (r0 + r) * col.row_bytes;
     for (int64_t k = 0; k < blocks; k++)
       run<T>(p + k * col.width * (int64_t)sizeof(T), col.width, ka[r], kb[r],
-             (uint64_t)(k * col.full + col.first), sa, sb);
+             element_of(col, k, 0), sa, sb);
   }
   out.a += sa;
   out.b += sb;

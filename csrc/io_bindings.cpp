@@ -525,6 +525,7 @@ void bind_io(py::module_& m) {
   m.attr("DEFAULT_READAHEAD_BYTES") = kDefaultReadaheadBytes;
   m.attr("COLUMN_ALIGN") = kColumnAlign;
   m.attr("PACK_BELOW") = kPackBelow;
+  init_buffer_pool();   // before any writer thread exists (buffer_pool.h)
   m.def(
       "staging_pool",
       [] {
@@ -537,7 +538,6 @@ void bind_io(py::module_& m) {
       },
       "The writers' staging buffers kept between saves (csrc/buffer_pool.h): idle_bytes held now (at "
       "most STAGING_POOL_BYTES), and how many buffers were allocated fresh and handed out again");
-  init_buffer_pool();
   m.def("_hold_staging_pool_lock", &hold_pool_lock_for, py::arg("ms"),
         py::call_guard<py::gil_scoped_release>(),
         "Tests: holds the staging pool's lock on a thread of its own for `ms` ms; returns once it is held");

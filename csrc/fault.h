@@ -2,7 +2,8 @@
 // read) from now with errno E". Lets tests prove that a full disk or an I/O error in the middle of writing
 // shard files fails the save cleanly, that a mapped load whose mmap fails falls back to reading, and that a
 // direct read the file system refuses falls back to the page cache (and, with "cachestat", that a kernel
-// without the cachestat system call is asked with mincore instead).
+// without the cachestat system call is asked with mincore instead). "sweep" counts (and fails) the sequential
+// reads that bring a cold strided read's files into the page cache ahead of its workers.
 // Off by default; when off, a check is one relaxed atomic load and increment.
 #pragma once
 #include <atomic>
@@ -11,7 +12,7 @@
 namespace recckpt {
 namespace fault {
 
-enum Op { kWrite = 0, kFsync = 1, kMmap = 2, kDirect = 3, kCachestat = 4, kNumOps = 5 };
+enum Op { kWrite = 0, kFsync = 1, kMmap = 2, kDirect = 3, kCachestat = 4, kSweep = 5, kNumOps = 6 };
 
 struct Slot {
   std::atomic<int64_t> seen{0};     // operations of this kind since the last arm() (always counted)

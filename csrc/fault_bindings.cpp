@@ -16,7 +16,9 @@ fault::Op op_of(const std::string& op) {
   if (op == "mmap") return fault::kMmap;
   if (op == "direct") return fault::kDirect;
   if (op == "cachestat") return fault::kCachestat;
-  throw py::value_error("fault op must be 'write', 'fsync', 'mmap', 'direct' or 'cachestat', got '" + op + "'");
+  if (op == "sweep") return fault::kSweep;
+  throw py::value_error("fault op must be 'write', 'fsync', 'mmap', 'direct', 'cachestat' or 'sweep', got '" + op +
+                        "'");
 }
 
 }  // namespace
@@ -31,7 +33,8 @@ void bind_fault(py::module_& m) {
       },
       py::arg("op"), py::arg("fail_at"), py::arg("errno") = 0,
       "test hook: fail the fail_at-th engine 'write' (pwrite), 'fsync', 'mmap' (of a column, in a mapped "
-      "read), 'direct' (O_DIRECT read of a piece) or 'cachestat' (page-cache probe) from now with errno; 0 = off. "
+      "read), 'direct' (O_DIRECT read of a piece), 'cachestat' (page-cache probe) or 'sweep' (a cold strided read's "
+      "sequential read ahead of its workers) from now with errno; 0 = off. "
       "Also resets the operation counter.");
   m.def(
       "_fault_seen", [](const std::string& op) { return fault::seen(op_of(op)); }, py::arg("op"),

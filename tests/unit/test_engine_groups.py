@@ -339,3 +339,82 @@ def test_read_strided_auto_reads_directly_only_when_cold(grouped_file, tmp_path,
 def test_read_strided_direct_is_checked():
     with pytest.raises(ValueError, match="direct"):
         _C.read_strided([], 1, direct=7)
+
+
+# ------------------------------------------- read_strided, cold through the page cache: file by file, swept
+def _two_files(tmp_path):
+    """Two files of two segments each (rows of 96 bytes in groups of 16, chunks of 64 KiB), and the requests
+    reading every segment into a destination of its own, listed so that neither files nor offsets are in
+    order: (requests, [(dst, expected rows)], paths)."""
+    n, rb, gb = 30_000, 96, 16
+    reqs, want, paths = [], [], []
+    for f in range(2):
+        path = str(tmp_path / f"f{f}.bin")
+        segs = [(np.arange(n, dtype=np.int64), [rows(n, rb, 10 * f + s)]) for s in range(2)]
+        recs = write(path, segs, num_rows=n, runs=True, group_bytes=[gb], chunk_bytes=64 << 10)
+        paths.append(path)
+        for r, (_, (emb,)) in zip(recs, segs):
+            dst = np.full((n, rb), 7, np.uint8)
+            reqs.append((path, 0, n, dst.reshape(-1), rb, _parts(r, groups_of(rb, gb))))
+            want.append((dst, emb))
+    order = [3, 0, 2, 1]
+    return [reqs[i] for i in order], [want[i] for i in order], paths
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_read_strided_cold_reads_each_file_in_order_and_places_every_row(tmp_path, threads):
+    """A cold read through the page cache goes file by file, each swept sequentially ahead of its blocks
+    (docs/ENGINE.md): every row lands where its request says, as in a warm read, and only the cold read sweeps."""
+    reqs, want, paths = _two_files(tmp_path)
+    for temp in ("cold", "warm"):
+        for dst, _ in want:
+            dst.fill(7)
+        if temp == "cold":
+            for p in paths:
+                drop_cache(p)
+        _C._inject_fault("sweep", 0)   # resets the count of sweep reads
+        nread, errors = _C.read_strided(reqs, threads, direct=NEVER)
+        swept = _C._fault_seen("sweep")
+        assert errors == []
+        for dst, emb in want:
+            np.testing.assert_array_equal(dst, emb)
+        assert nread >= sum(e.nbytes for _, e in want)
+        if temp == "cold":
+            # every file read sequentially once: at least its bytes in reads of at most 1 MiB
+            assert swept >= sum(os.path.getsize(p) for p in paths) * 0.9 // (1 << 20), swept
+        else:
+            assert swept == 0
+
+
+def test_read_strided_a_failed_sweep_only_costs_time(tmp_path):
+    """The sweep only fills the page cache: a read error in it leaves the rows to the blocks' own reads."""
+    reqs, want, paths = _two_files(tmp_path)
+    for p in paths:
+        drop_cache(p)
+    _C._inject_fault("sweep", 2, errno.EIO)
+    try:
+        _, errors = _C.read_strided(reqs, 2, direct=NEVER)
+    finally:
+        _C._inject_fault("sweep", 0)
+    assert errors == []
+    for dst, emb in want:
+        np.testing.assert_array_equal(dst, emb)
+
+
+def test_read_strided_a_corrupt_chunk_fails_a_cold_read_as_it_fails_a_warm_one(grouped_file, tmp_path):
+    path, r, emb, n, rb, gb = grouped_file
+    bad = str(tmp_path / "bad.bin")
+    data = bytearray(open(path, "rb").read())
+    col = r["columns"][5]   # group 4
+    data[col["offset"] + 200_000] ^= 0x10
+    open(bad, "wb").write(bytes(data))
+    msgs = []
+    for temp in ("cold", "warm"):
+        if temp == "cold":
+            drop_cache(bad)
+        _C._inject_fault("sweep", 0)
+        dst, _, errors, _ = _strided(bad, r, n, rb, gb, NEVER, threads=2)
+        assert (_C._fault_seen("sweep") > 0) == (temp == "cold")
+        assert len(errors) == 1 and f"part 4: CRC mismatch in chunk {200_000 // col['step']} " in errors[0][1], errors
+        msgs.append(errors[0][1])
+    assert msgs[0] == msgs[1]

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -63,13 +64,19 @@ void PooledBuffer::give_back() {
   Pool& p = Pool::get();
   std::vector<Idle> dropped;  // freed after the lock is released
   std::lock_guard<std::mutex> lk(p.mu);
-  while (p.idle_bytes + bytes_ > kIdleBytes && !p.idle.empty()) {
-    p.idle_bytes -= p.idle.front().bytes;
-    dropped.push_back(std::move(p.idle.front()));
-    p.idle.erase(p.idle.begin());
+  try {
+    while (p.idle_bytes + bytes_ > kIdleBytes && !p.idle.empty()) {
+      dropped.push_back(std::move(p.idle.front()));
+      p.idle_bytes -= dropped.back().bytes;
+      p.idle.erase(p.idle.begin());
+    }
+    p.idle.push_back({std::move(data_), bytes_});
+    p.idle_bytes += bytes_;
+  } catch (const std::bad_alloc&) {
+    // No memory to keep it: freed instead. This runs in ~PooledBuffer as a writer thread ends, where an
+    // exception would std::terminate the process.
+    data_.reset();
   }
-  p.idle.push_back({std::move(data_), bytes_});
-  p.idle_bytes += bytes_;
 }
 
 PoolStats pool_stats() {

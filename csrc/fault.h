@@ -3,7 +3,10 @@
 // shard files fails the save cleanly, that a mapped load whose mmap fails falls back to reading, and that a
 // direct read the file system refuses falls back to the page cache (and, with "cachestat", that a kernel
 // without the cachestat system call is asked with mincore instead). "sweep" counts (and fails) the sequential
-// reads that bring a cold strided read's files into the page cache ahead of its workers.
+// reads that bring a cold strided read's files into the page cache ahead of its workers. "alloc" throws
+// std::bad_alloc at the writer's allocation points: where a pwrite's error message is built (in the pwrite
+// thread, or in the worker for small writes) and where PwriteThread::write makes its vector of one write;
+// it proves that running out of memory in a writer thread fails the save instead of ending the process.
 // Off by default; when off, a check is one relaxed atomic load and increment.
 #pragma once
 #include <atomic>
@@ -12,7 +15,7 @@
 namespace recckpt {
 namespace fault {
 
-enum Op { kWrite = 0, kFsync = 1, kMmap = 2, kDirect = 3, kCachestat = 4, kSweep = 5, kNumOps = 6 };
+enum Op { kWrite = 0, kFsync = 1, kMmap = 2, kDirect = 3, kCachestat = 4, kSweep = 5, kAlloc = 6, kNumOps = 7 };
 
 struct Slot {
   std::atomic<int64_t> seen{0};     // operations of this kind since the last arm() (always counted)

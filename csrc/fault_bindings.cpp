@@ -1,6 +1,7 @@
 // Private bindings of the test-only fault hook (csrc/fault.h): recckpt._C._inject_fault / _fault_seen.
 #include <pybind11/pybind11.h>
 
+#include <cerrno>
 #include <string>
 
 #include "fault.h"
@@ -17,8 +18,9 @@ fault::Op op_of(const std::string& op) {
   if (op == "direct") return fault::kDirect;
   if (op == "cachestat") return fault::kCachestat;
   if (op == "sweep") return fault::kSweep;
-  throw py::value_error("fault op must be 'write', 'fsync', 'mmap', 'direct', 'cachestat' or 'sweep', got '" + op +
-                        "'");
+  if (op == "alloc") return fault::kAlloc;
+  throw py::value_error("fault op must be 'write', 'fsync', 'mmap', 'direct', 'cachestat', 'sweep' or 'alloc', got '" +
+                        op + "'");
 }
 
 }  // namespace
@@ -27,14 +29,17 @@ void bind_fault(py::module_& m) {
   m.def(
       "_inject_fault",
       [](const std::string& op, int64_t fail_at, int err) {
+        const fault::Op o = op_of(op);
         if (fail_at < 0) throw py::value_error("_inject_fault: fail_at must be >= 0 (0 turns it off)");
+        if (o == fault::kAlloc && err == 0) err = ENOMEM;  // it throws std::bad_alloc, whatever the errno
         if (fail_at > 0 && err <= 0) throw py::value_error("_inject_fault: errno must be > 0");
-        fault::arm(op_of(op), fail_at, err);
+        fault::arm(o, fail_at, err);
       },
       py::arg("op"), py::arg("fail_at"), py::arg("errno") = 0,
       "test hook: fail the fail_at-th engine 'write' (pwrite), 'fsync', 'mmap' (of a column, in a mapped "
       "read), 'direct' (O_DIRECT read of a piece), 'cachestat' (page-cache probe) or 'sweep' (a cold strided read's "
-      "sequential read ahead of its workers) from now with errno; 0 = off. "
+      "sequential read ahead of its workers) from now with errno, or make the fail_at-th 'alloc' (a writer "
+      "thread's allocation point) throw std::bad_alloc; 0 = off. "
       "Also resets the operation counter.");
   m.def(
       "_fault_seen", [](const std::string& op) { return fault::seen(op_of(op)); }, py::arg("op"),

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <new>
+#include <utility>
 
 #include "fault.h"
 
@@ -18,8 +20,9 @@ void pwrite_all(int fd, const std::string& path, const void* data, size_t n, int
     ssize_t w = injected ? (errno = injected, -1) : ::pwrite(fd, p, std::min(n, kMaxIo), (off_t)off);
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw OsError(errno, path,
-                    "ShardWriter: pwrite of " + std::to_string(n) + " bytes at offset " + std::to_string(off));
+      const int e = errno;
+      if (fault::check(fault::kAlloc)) throw std::bad_alloc();  // test hook: the message needs memory
+      throw OsError(e, path, "ShardWriter: pwrite of " + std::to_string(n) + " bytes at offset " + std::to_string(off));
     }
     if (w == 0) throw OsError(EIO, path, "ShardWriter: pwrite wrote nothing at offset " + std::to_string(off));
     p += w;
@@ -50,7 +53,7 @@ void PwriteThread::run() {
     if (!busy_) return;  // stop_ and idle
     std::vector<Op> ops = std::move(ops_);
     lk.unlock();
-    std::optional<OsError> err;
+    std::exception_ptr err;
     try {
       for (const Op& op : ops) {
         pwrite_all(fd_, path_, op.data, op.n, op.off);
@@ -59,14 +62,21 @@ void PwriteThread::run() {
         if (writeback_) (void)::sync_file_range(fd_, (off_t)op.off, (off_t)op.n, SYNC_FILE_RANGE_WRITE);
 #endif
       }
-    } catch (const OsError& e) {
-      err.emplace(e);
+    } catch (...) {
+      // Anything, not only OsError: one leaving this thread would std::terminate the process (the training
+      // job) instead of failing the save. Taking it needs no memory; the caller makes it the file's error.
+      err = std::current_exception();
     }
     lk.lock();
     if (err && !error_) error_ = std::move(err);
     busy_ = false;
     cv_.notify_all();
   }
+}
+
+void PwriteThread::write(const void* data, size_t n, int64_t off) {
+  if (fault::check(fault::kAlloc)) throw std::bad_alloc();  // test hook: as making the vector can
+  write_many({Op{data, n, off}});
 }
 
 void PwriteThread::write_many(std::vector<Op> ops) {
@@ -88,10 +98,7 @@ void PwriteThread::wait() {
 
 // The error of the last write, reported once (to the next write() or wait()); mu_ is held.
 void PwriteThread::rethrow_error_locked() {
-  if (!error_) return;
-  OsError e = *error_;
-  error_.reset();
-  throw e;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 }  // namespace recckpt

@@ -1,10 +1,11 @@
 // PwriteThread: one background pwrite at a time, so a worker can gather the next staging buffer
-// while the previous one is being written. Errors surface (as OsError) at the next write()/wait().
+// while the previous one is being written. A background write's exception (an OsError, or std::bad_alloc
+// where building one ran out of memory) is thrown by the next write()/wait(), on the caller's thread.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,11 +35,11 @@ class PwriteThread {
   };
   // Waits for the previous write, then starts writing [data, data+n) at off in the background. The
   // caller keeps the bytes unchanged until the next write() or wait() returns.
-  void write(const void* data, size_t n, int64_t off) { write_many({Op{data, n, off}}); }
+  void write(const void* data, size_t n, int64_t off);
   // The same for several pieces, written in order (column groups of one block of rows go to as many
   // places in the file).
   void write_many(std::vector<Op> ops);
-  // Waits until no write is in progress; throws the first error of a background write (once).
+  // Waits until no write is in progress; throws the first exception of a background write (once).
   void wait();
 
  private:
@@ -52,7 +53,7 @@ class PwriteThread {
   std::condition_variable cv_;
   std::vector<Op> ops_;
   bool busy_ = false, stop_ = false;
-  std::optional<OsError> error_;
+  std::exception_ptr error_;
   std::thread thread_;
 };
 

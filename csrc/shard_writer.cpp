@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "buffer_pool.h"
@@ -100,6 +101,7 @@ ShardWriter::ShardWriter(const std::vector<std::string>& paths, int64_t num_buck
   for (const auto& p : paths) {
     auto f = std::make_unique<File>();
     f->path = p;
+    f->oom.emplace(ENOMEM, p, "ShardWriter: out of memory");
     f->fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (f->fd < 0) {
       int e = errno;
@@ -179,9 +181,34 @@ int64_t ShardWriter::submit(SegmentInput seg) {
   return id;
 }
 
-void ShardWriter::fail(File& f, const OsError& e) {
+// An OsError as it is, std::bad_alloc as the file's ENOMEM error, another exception as EIO with its what().
+static_assert(std::is_nothrow_move_constructible<OsError>::value, "moving f.oom into error_ must not allocate");
+void ShardWriter::fail_current(File& f) noexcept {
+  std::lock_guard<std::mutex> lk(mu_);
   f.failed = true;
-  if (!error_) error_.emplace(e);
+  if (error_) return;
+  try {
+    try {
+      throw;
+    } catch (const OsError& e) {
+      error_.emplace(e);
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {
+      error_.emplace(EIO, f.path, std::string("ShardWriter: ") + e.what());
+    }
+  } catch (...) {  // std::bad_alloc, thrown or met copying or making the error: f.oom needs no memory
+    error_ = std::move(f.oom);
+  }
+}
+
+// An error the worker finds itself (fsync, close, ...): errno `err` of `op`.
+void ShardWriter::fail_errno(File& f, int err, const char* op) noexcept {
+  try {
+    throw OsError(err, f.path, op);
+  } catch (...) {  // that OsError, or std::bad_alloc making it
+    fail_current(f);
+  }
 }
 
 void ShardWriter::check_stopping() const {
@@ -277,20 +304,19 @@ void ShardWriter::worker(File* f) {
   std::unique_ptr<WorkerCtx> ctx;
   try {
     ctx = std::make_unique<WorkerCtx>(*f, staging_bytes_, writeback_);
-  } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lk(mu_);
-    fail(*f, OsError(EAGAIN, f->path, std::string("ShardWriter: cannot start the pwrite thread: ") + e.what()));
+  } catch (...) {  // std::system_error (no thread to be had), or std::bad_alloc
+    fail_errno(*f, EAGAIN, "ShardWriter: cannot start the pwrite thread");
   }
-  // Writes out what is staged and waits for it; false (and the file marked failed) on error.
+  // Writes out what is staged and waits for it; false (and the file marked failed) on error. Any error:
+  // the last flush of a save runs here, outside write_segment's handlers.
   auto drain = [&]() {
     try {
       ctx->flush();
       ctx->io.wait();
       return true;
-    } catch (const OsError& e) {
+    } catch (...) {
       ctx->discard();
-      std::lock_guard<std::mutex> lk(mu_);
-      fail(*f, e);
+      fail_current(*f);
       return false;
     }
   };
@@ -316,23 +342,14 @@ void ShardWriter::worker(File* f) {
     if (!failed && ctx) {
       try {
         write_segment(*f, job, *ctx);
-      } catch (const OsError& e) {
-        std::lock_guard<std::mutex> lk(mu_);
-        fail(*f, e);
       } catch (const StopRequested&) {
-      } catch (const std::bad_alloc&) {
-        std::lock_guard<std::mutex> lk(mu_);
-        fail(*f, OsError(ENOMEM, f->path,
-                         "ShardWriter: allocating scratch for segment " + std::to_string(job.id)));
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(mu_);
-        fail(*f, OsError(EIO, f->path, std::string("ShardWriter: ") + e.what()));
+      } catch (...) {
+        fail_current(*f);
       }
       try {
         ctx->wait_direct();
-      } catch (const OsError& e) {
-        std::lock_guard<std::mutex> lk(mu_);
-        fail(*f, e);
+      } catch (...) {
+        fail_current(*f);
       }
       {
         std::lock_guard<std::mutex> lk(mu_);
@@ -357,7 +374,7 @@ void ShardWriter::worker(File* f) {
     if (!stopping && !failed) drain();
     try {
       ctx->io.wait();
-    } catch (const OsError&) {
+    } catch (...) {  // the file has failed already, or the writer is stopping
     }
     ctx.reset();  // joins the pwrite thread
   }
@@ -369,16 +386,9 @@ void ShardWriter::worker(File* f) {
     failed = f->failed;
   }
   int injected = 0;
-  if (sync && !failed && ((injected = fault::check(fault::kFsync)) != 0 || ::fsync(f->fd) != 0)) {
-    int e = injected ? injected : errno;
-    std::lock_guard<std::mutex> lk(mu_);
-    fail(*f, OsError(e, f->path, "ShardWriter: fsync"));
-  }
-  if (::close(f->fd) != 0) {
-    int e = errno;
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!stop_) fail(*f, OsError(e, f->path, "ShardWriter: close"));
-  }
+  if (sync && !failed && ((injected = fault::check(fault::kFsync)) != 0 || ::fsync(f->fd) != 0))
+    fail_errno(*f, injected ? injected : errno, "ShardWriter: fsync");
+  if (::close(f->fd) != 0 && !stop_) fail_errno(*f, errno, "ShardWriter: close");
   f->fd = -1;
 }
 

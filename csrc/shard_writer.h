@@ -100,6 +100,7 @@ class ShardWriter {
     std::deque<Job> queue;
     int64_t queued_bytes = 0;  // queued + being written
     bool failed = false;
+    std::optional<OsError> oom;  // made with the file: its error when there is no memory to make one
     std::vector<SegmentRecord> records;  // worker-owned until joined
     std::thread thread;
   };
@@ -117,7 +118,11 @@ class ShardWriter {
   template <class Idx>
   void write_groups_blocked(WorkerCtx& ctx, const uint8_t* src, int64_t rb, int64_t gb, const Idx* perm,
                             int64_t n, std::vector<ColumnRecord>& cols);
-  void fail(File& f, const OsError& e);  // requires mu_
+  // Mark f failed, the writer's error (if it is the first) naming f. They take mu_ and never throw: the
+  // worker calls them from its catch blocks, and an exception leaving a worker thread would std::terminate
+  // the process (the training job) instead of failing the save.
+  void fail_current(File& f) noexcept;  // with the exception being handled
+  void fail_errno(File& f, int err, const char* op) noexcept;
   void stop_and_join(bool discard);
   void check_stopping() const;
 

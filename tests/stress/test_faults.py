@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import stress_harness as h
-from recckpt import Saver
+from recckpt import _C, Saver
 from recckpt.errors import CheckpointSaveError
 from recckpt.storage.faulty import FaultyStorage
 
@@ -58,6 +58,28 @@ def test_disk_full_in_the_engine_names_the_file_and_says_what_to_do(tmp_path):
     s.storage.disarm()
     assert Saver(h.Model(), output_dir=tmp_path).checkpoints() == ["s000000"]
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".staging")]
+    s.save("s000001")
+    assert Saver(h.Model(), output_dir=tmp_path).checkpoints() == ["s000000", "s000001"]
+
+
+def test_out_of_memory_in_the_engine_fails_the_save_and_keeps_the_last_checkpoint(tmp_path):
+    """A writer thread out of memory (the engine's "alloc" hook, here where a failed shard pwrite's message is
+    built) fails the save naming the file; it used to std::terminate the training process."""
+    _saver(tmp_path, 0).save("s000000")
+    s = _saver(tmp_path, 1)
+    _C._inject_fault("write", 1, errno.EIO)
+    _C._inject_fault("alloc", 1)
+    try:
+        with pytest.raises(CheckpointSaveError) as ei:
+            s.save("s000001")
+        assert _C._fault_seen("alloc") == 1
+    finally:
+        _C._inject_fault("write", 0)
+        _C._inject_fault("alloc", 0)
+    msg = str(ei.value)
+    assert "out of memory" in msg and "shard-" in msg and "Nothing was committed" in msg, msg
+    step, m, e, r = h.restore(str(tmp_path))
+    assert step == 0 and h.check_restored_equals_step(m, e, r, 0) is None
     s.save("s000001")
     assert Saver(h.Model(), output_dir=tmp_path).checkpoints() == ["s000000", "s000001"]
 

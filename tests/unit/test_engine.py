@@ -3,8 +3,12 @@
 References here are independent of the engine: a bit-by-bit CRC-32C in Python, mix64 in numpy uint64
 arithmetic, and a numpy stable sort for the bucket order.
 """
+import errno
 import gc
+import json
 import os
+import subprocess
+import sys
 import threading
 import weakref
 import zlib  # noqa: F401  (documents the `value` continuation convention being mirrored)
@@ -462,6 +466,69 @@ def test_writer_worker_failure_raises_naming_path(tmp_path):
     with pytest.raises(RuntimeError):  # the writer is finished after the failure
         w.finish()
     assert os.path.getsize(tmp_path / "good") > 0  # the other file's worker kept writing
+
+
+# A child process: one segment of n rows written to argv[1] with the faults argv[3] armed, then again
+# without them; prints the first write's error, how often the faults' operations ran, and the rows written.
+_FAULTED_WRITE = """
+import json, os, sys
+import numpy as np
+from recckpt import _C
+
+path, n, faults = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+rng = np.random.default_rng(0)
+ids = rng.integers(-(2**62), 2**62, size=n, dtype=np.int64)   # out of bucket order: staged, not written in place
+col = rng.integers(0, 256, size=(n, 96), dtype=np.uint8)
+
+
+def write():
+    w = _C.ShardWriter([path], 64, 1 << 16, 1 << 30)
+    w.submit(0, ids, [col])
+    return w.finish(False)[0]
+
+
+for op, at, err in faults:
+    _C._inject_fault(op, at, err)
+out = {}
+try:
+    write()
+    out["error"] = None
+except OSError as e:
+    out["error"] = [e.errno, e.filename, str(e)]
+out["seen"] = {op: _C._fault_seen(op) for op, _, _ in faults}
+for op, _, _ in faults:
+    _C._inject_fault(op, 0)
+recs = write()
+out["rows"] = sum(r["rows"] for r in recs)
+out["end"] = max(c["offset"] + c["length"] for r in recs for c in r["columns"])
+out["size"] = os.path.getsize(path)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("n,faults", [
+    # 2 MB staged: the worker's last drain hands it to the pwrite thread, making the vector of that one write
+    pytest.param(20_000, [("alloc", 1, 0)], id="worker-drain-vector"),
+    # ... whose pwrite fails, and the pwrite thread builds the error's message
+    pytest.param(20_000, [("write", 1, errno.EIO), ("alloc", 2, 0)], id="pwrite-thread-message"),
+    # 100 KB staged: the drain writes it on the worker, which builds the failed pwrite's message
+    pytest.param(1_000, [("write", 1, errno.EIO), ("alloc", 1, 0)], id="worker-drain-message"),
+])
+def test_writer_out_of_memory_in_a_writer_thread_fails_the_write(tmp_path, n, faults):
+    """std::bad_alloc in the pwrite thread or in the worker's last drain fails the write with ENOMEM naming
+    the file; it used to leave the thread and std::terminate the process (the training job). Run in a child
+    process so that such a regression is a failed test, not a killed test run."""
+    path = str(tmp_path / "f.bin")
+    p = subprocess.run([sys.executable, "-c", _FAULTED_WRITE, path, str(n), json.dumps(faults)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"the writer ended the process (return code {p.returncode}): {p.stderr[-3000:]}"
+    out = json.loads(p.stdout)
+    assert out["seen"] == {op: at for op, at, _ in faults}, "each fault fired where the test means it to"
+    assert out["error"] is not None, "the write failed"
+    err, filename, msg = out["error"]
+    assert err == errno.ENOMEM and filename == path, out
+    assert "out of memory" in msg and path in msg, msg
+    assert out["rows"] == n and out["size"] == out["end"], "the next write, without the fault, succeeded"
 
 
 def test_writer_abort_keeps_files_and_stops(tmp_path):

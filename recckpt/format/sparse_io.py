@@ -564,6 +564,39 @@ class SegmentReader:
                 out = [next(sub) if o is None else o for o in out]
         return out
 
+    def read_together(self, jobs: list[tuple[str, list, list[np.ndarray]]]) -> None:
+        """`read(table, reqs, dsts)` of every (table, reqs, dsts) job, several tables in one engine call per
+        kind of request (column groups; plain ranges) when every file is local and nothing was read ahead:
+        a cold read then goes through each shard file once, not once per table (docs/ENGINE.md,
+        `read_strided`). A failure names the table and file of the first request that failed; the jobs may
+        then be partly written."""
+        if self._prefetched:
+            for table, reqs, dsts in jobs:
+                self.read(table, reqs, dsts)
+            return
+        kinds: dict[bool, tuple[list, list, list]] = {}   # grouped? -> (owners, requests, destinations)
+        for table, reqs, dsts in jobs:
+            for r, d in zip(reqs, dsts):
+                if isinstance(r, RunIds):
+                    r.fill(d)
+                    continue
+                owners, rs, ds = kinds.setdefault(isinstance(r, GroupedRead), ([], [], []))
+                owners.append(table)
+                rs.append(r)
+                ds.append(d)
+        for grouped, (owners, rs, ds) in kinds.items():
+            engine_reqs = self._local_requests(rs, ds)
+            if engine_reqs is None:   # an object store: each table's own reads
+                for table in dict.fromkeys(owners):
+                    mine = [i for i, t in enumerate(owners) if t == table]
+                    self._read_now(table, [rs[i] for i in mine], [ds[i] for i in mine])
+                continue
+            nread, errors = self._engine_read(grouped, engine_reqs)
+            self.bytes_read += nread
+            if errors:
+                i, msg = errors[0]
+                raise self.read_error(owners[i], rs[i], msg)
+
     def _read_now(self, table: str, reqs: list, dsts: list[np.ndarray] | None = None,
                   map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
         out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
@@ -581,6 +614,16 @@ class SegmentReader:
             self._read_grouped(table, [reqs[i] for i in grouped], [out[i] for i in grouped])
         return out
 
+    def _engine_read(self, grouped: bool, engine_reqs: list[tuple],
+                     map_into: "_C.MappedRegion | None" = None) -> tuple[int, list]:
+        """One engine call, with this reader's threads and options: `read_strided` of column groups
+        (`grouped`) or `read_ranges` of plain ranges. (bytes read, errors)."""
+        if grouped:
+            return _C.read_strided(engine_reqs, self.threads, readahead_bytes=self.options.readahead_bytes,
+                                   direct=self.options.strided_direct)
+        return _C.read_ranges(engine_reqs, self.threads, readahead_bytes=self.options.readahead_bytes,
+                              map_into=map_into, direct=self.options.engine_direct)
+
     def _engine_done(self, table: str, reqs: list, nread: int, errors: list) -> None:
         """Count an engine call's bytes and raise its first error, naming file, table and column."""
         self.bytes_read += nread
@@ -592,9 +635,7 @@ class SegmentReader:
         byte of it is placed), or through the store as plain reads of each column, placed here."""
         engine_reqs = self._local_requests(reqs, out)
         if engine_reqs is not None:
-            self._engine_done(table, reqs, *_C.read_strided(engine_reqs, self.threads,
-                                                            readahead_bytes=self.options.readahead_bytes,
-                                                            direct=self.options.strided_direct))
+            self._engine_done(table, reqs, *self._engine_read(True, engine_reqs))
             return
         cols = [r.column_reads() for r in reqs]
         raws = iter(self._read_plain(table, [c for cs in cols for c in cs], None, None))
@@ -606,9 +647,7 @@ class SegmentReader:
         out = dsts if dsts is not None else [np.empty(r.nbytes, dtype=np.uint8) for r in reqs]
         engine_reqs = self._local_requests(reqs, out)
         if engine_reqs is not None:
-            self._engine_done(table, reqs, *_C.read_ranges(engine_reqs, self.threads,
-                                                           readahead_bytes=self.options.readahead_bytes,
-                                                           map_into=map_into, direct=self.options.engine_direct))
+            self._engine_done(table, reqs, *self._engine_read(False, engine_reqs, map_into))
             return out
         # Through the store: every range (and padding) the requests need, exactly, in one concurrent call.
         ranges, spans = [], []

@@ -7,6 +7,7 @@ gives this process (all of them when replicated) and, for column-split slots, it
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -94,6 +95,17 @@ class DirectRows:
     def load_batch(self, segments, batch, name: str, target: str, where: str) -> "int | None":
         """Read `batch` (a `SegmentReader.batches` batch of checkpoint table `name`) into the lent storage;
         the number of rows written, or None (nothing written) when its ids are not runs of rows."""
+        planned = self.plan_batch(segments, batch, name, target, where)
+        if planned is None:
+            return None
+        if planned.reqs:
+            segments.read(name, planned.reqs, planned.dsts)
+        return self.loaded(planned)
+
+    def plan_batch(self, segments, batch, name: str, target: str, where: str) -> "PlannedRows | None":
+        """The reads that put `batch` into the lent storage, for the caller to make (alone, or with other
+        tables' in one engine call: `SegmentReader.read_together`), then to report with `loaded`; None when
+        its ids are not runs of rows. Nothing is written into the table here: only stored ids are read."""
         # A row run's ids (format version 5) are its index entry's: only stored ids are read and checked.
         stored = [reqs[0] for _, reqs in batch.parts if not isinstance(reqs[0], RunIds)]
         read = iter(segments.read(name, stored) if stored else ())
@@ -112,18 +124,30 @@ class DirectRows:
                     f"checkpoint {where}: table {name!r} holds row id {bad}, outside model table {target!r}'s "
                     f"{self.num_rows} rows", table=target)
             runs.append(a)
-        reqs, dsts, done = [], [], []
+        planned = PlannedRows(name, [], [], [])
         for (n, preqs), a in zip(batch.parts, runs):
             for b0, b1, flat in self.blocks:
                 i0, i1 = max(a, b0), min(a + n, b1)
                 if i1 <= i0:
                     continue
                 for r, rb, dst in zip(preqs[1:], batch.row_bytes, flat):
-                    reqs.append(r.rows(i0 - a, i1 - a, rb))
-                    dsts.append(dst[(i0 - b0) * rb:(i1 - b0) * rb])
-                done.append((i0, i1 - i0))
-        if reqs:
-            segments.read(name, reqs, dsts)
-        for row0, rows in done:
+                    planned.reqs.append(r.rows(i0 - a, i1 - a, rb))
+                    planned.dsts.append(dst[(i0 - b0) * rb:(i1 - b0) * rb])
+                planned.done.append((i0, i1 - i0))
+        return planned
+
+    def loaded(self, planned: "PlannedRows") -> int:
+        """Tell the table that `planned`'s reads were made (`LendsRows.rows_loaded`); the rows written."""
+        for row0, rows in planned.done:
             self.table.rows_loaded(row0, rows)
-        return sum(rows for _, rows in done)
+        return sum(rows for _, rows in planned.done)
+
+
+@dataclass
+class PlannedRows:
+    """`DirectRows.plan_batch`: the reads (`reqs` into `dsts`, views of the lent storage) of checkpoint table
+    `table`, and the row runs (first row, rows) they write."""
+    table: str
+    reqs: list
+    dsts: List[np.ndarray]
+    done: List[Tuple[int, int]]

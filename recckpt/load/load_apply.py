@@ -97,6 +97,7 @@ class LoadPlan:
         self.problems_unexpected: list[str] = []
         self.incompatible: list[str] = []
         self.skipped_objects: set[str] = set()   # registered objects whose saved state must not be applied
+        self._fixed_tried: set[str] = set()   # fixed-size tables planned for a read with others (or found unfit)
 
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
@@ -573,8 +574,13 @@ class LoadPlan:
         groups = self._direct_groups(lo, hi, world)
         prefetch = self._prefetch_groups(lo, hi, {t for run in groups.values() for t, _, _ in run})
         ready = {}   # table -> its rows, read with its group and not yet put into it
-        for name, target, table, slots in self.sparse_jobs:
+        fixed_read: dict[str, int] = {}   # table -> rows written, read with its run (`_read_fixed_together`)
+        for k, (name, target, table, slots) in enumerate(self.sparse_jobs):
             if not slots:
+                continue
+            if name in fixed_read:
+                self.result.sparse_rows += fixed_read.pop(name)
+                applied.append(target)
                 continue
             if name in groups:   # the first of a run of small tables: read them all, then fill them one by one
                 ready = read_rows(self.reader.segments, groups[name], lo, hi) or {}
@@ -582,7 +588,7 @@ class LoadPlan:
                 self.reader.segments.prefetch(prefetch[name], lo, hi)
             left = "partially loaded"
             try:
-                cleared = conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)
+                cleared = self._clears(slots)
                 if cleared:
                     table.clear_rows()
                 expected = (self.m.tables[name].rows // world if conf.ownership is not None else
@@ -609,7 +615,19 @@ class LoadPlan:
                     applied.append(target)
                     continue
                 if name not in ready and implements(table, FixedSize):
-                    self.result.sparse_rows += self._load_fixed(name, target, table, slots)
+                    run = [] if name in self._fixed_tried else self._fixed_run(k)
+                    if len(run) > 1:
+                        left = "not yet written (its reads were being planned)"
+                        planned = self._plan_fixed_run(run)
+                        others = ", ".join(repr(self.sparse_jobs[j][1]) for j, _, _ in planned
+                                           if self.sparse_jobs[j][0] != name)
+                        left = (f"partially loaded, as may be {others}, read with it"
+                                if any(self.sparse_jobs[j][0] == name for j, _, _ in planned) else
+                                f"not yet written; {others}, read ahead of it together, may be partly written")
+                        fixed_read.update(self._read_fixed_together(planned, table))
+                        left = "partially loaded"
+                    rows = fixed_read.pop(name, None)
+                    self.result.sparse_rows += self._load_fixed(name, target, table, slots) if rows is None else rows
                     applied.append(target)
                     continue
                 t_lo, t_hi, ownership = lo, hi, conf.ownership
@@ -681,6 +699,66 @@ class LoadPlan:
                 if name in self.io_tree:
                     obj.load_io_state(self.io_tree[name])
                     self.result.io_state.append(name)
+
+    def _clears(self, slots) -> bool:
+        """Whether this load replaces a table holding `slots` ((slot, SlotInfo, SlotSpec) triples): its rows
+        are cleared before the checkpoint's go in."""
+        conf = self.conf
+        return conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)
+
+    def _fixed_run(self, k: int) -> list[int]:
+        """Indexes into `sparse_jobs`, from k on, of the run of fixed-size tables (TorchRec's) that load the
+        plain way (no chain, no routing) and were not yet tried for `_plan_fixed_run`."""
+        run = []
+        for j in range(k, len(self.sparse_jobs)):
+            name, _, table, slots = self.sparse_jobs[j]
+            if not slots:
+                continue
+            if name in self.chain_plans or not implements(table, FixedSize) or implements(table, RoutedRows):
+                break
+            if name not in self._fixed_tried:
+                run.append(j)
+        return run
+
+    def _plan_fixed_run(self, run: list[int]) -> list[tuple[int, DirectRows, list]]:
+        """Of the tables at `run`, those whose owned rows all go straight into the storage they lend
+        (`DirectRows`: no column blocks or column window, row ids in runs): (index, DirectRows, the planned
+        reads of every batch). Only stored ids are read; nothing is written. Each table is tried once."""
+        out = []
+        segments, where = self.reader.segments, self.reader.describe()
+        for j in run:
+            name, target, table, slots = self.sparse_jobs[j]
+            self._fixed_tried.add(name)
+            layout = table.row_layout()
+            names = [s for s, _, _ in slots]
+            if (not layout.owned_rows or self.m.tables[name].column_blocks is not None
+                    or self._column_window(name, layout, set(column_split_slots(table.sparse_meta())), names)
+                    is not None):
+                continue
+            direct = DirectRows.of(table, slots, lambda si: dtypes.torch_dtype(si.dtype))
+            if direct is None:
+                continue
+            rbs, plans = [si.row_bytes for _, si, _ in slots], []
+            for b_lo, b_hi in self._fixed_bucket_ranges(name, layout):
+                for batch in segments.batches(name, names, rbs, b_lo, b_hi):
+                    plans.append(direct.plan_batch(segments, batch, name, target, where))
+            if all(p is not None for p in plans):
+                out.append((j, direct, plans))
+        return out
+
+    def _read_fixed_together(self, planned: list[tuple[int, DirectRows, list]], at) -> dict[str, int]:
+        """Make the planned reads of several fixed-size tables (`_plan_fixed_run`) in one engine call per kind
+        of request, so that a cold load goes through each shard file once (a table-wise plan puts several
+        tables in each file); rows written, by checkpoint table. Fewer than two tables: nothing is read
+        here (each loads its own way)."""
+        if len(planned) < 2:
+            return {}
+        for j, _, _ in planned:   # the loop has cleared the table it is at (`at`)
+            _, _, table, slots = self.sparse_jobs[j]
+            if table is not at and self._clears(slots):
+                table.clear_rows()
+        self.reader.segments.read_together([(p.table, p.reqs, p.dsts) for _, _, plans in planned for p in plans])
+        return {self.sparse_jobs[j][0]: sum(direct.loaded(p) for p in plans) for j, direct, plans in planned}
 
     def _load_fixed(self, name: str, target: str, table, slots) -> int:
         """Rows of a fixed-size table (TorchRec's): this process keeps the row ids its layout owns (all

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from helpers.fake_tables import Holder, RecordsImports
@@ -181,3 +182,99 @@ def test_lent_storage_falls_back_to_import_rows_when_ids_are_not_runs(tmp_path):
     Saver(Holder(t), output_dir=str(tmp_path / "r")).load(ckpt_id="c")
     t.check_against(cols)
     assert t.imported == 19_900 and t.loaded == []
+
+
+class NamedLending(LendingFixed):
+    def __init__(self, name, owned, lend=True):
+        super().__init__(owned, lend)
+        self.name = name
+
+    def sparse_meta(self):
+        return SparseTableMeta(self.name, self.slots, self.layout.owned_count)
+
+
+class Tables(torch.nn.Module):
+    def __init__(self, tables):
+        super().__init__()
+        self.tabs = torch.nn.ModuleList(tables)
+
+
+def _save_tables(tmp_path, names):
+    opts = SaveOptions(num_buckets=4096, fsync=False, segment_bytes=1 << 20)
+    for w, owned in enumerate([((0, N // 2),), ((N // 2, N),)]):
+        tabs = [NamedLending(n, owned) for n in names]
+        for t in tabs:
+            t.fill()
+        Saver(Tables(tabs), output_dir=str(tmp_path), options=opts).save("c", shard_id=w, shard_num=2)
+
+
+@pytest.mark.parametrize("plain", ["a_plain", "t1plain"])   # lends no storage: first in the run, or inside it
+def test_fixed_tables_lending_storage_are_read_together(tmp_path, monkeypatch, plain):
+    """The fixed-size tables of a model that lend their storage are read in one engine call per kind of
+    request (so a cold load goes through each shard file once): exact, every owned row reported once, and
+    a table that lends nothing still loads through import_rows."""
+    from recckpt.format import sparse_io
+    names = ["t0", "t1", plain, "t2"]
+    _save_tables(tmp_path, names)
+    _, cols_all = full_rows()
+    calls, together = [], []
+    real, real_together = sparse_io._C.read_ranges, sparse_io.SegmentReader.read_together
+
+    def counted(reqs, *a, **kw):
+        if any("shard-" in r[0] for r in reqs):
+            calls.append(len(reqs))
+        return real(reqs, *a, **kw)
+
+    def spied(self, jobs):
+        together.append(sorted({t for t, _, _ in jobs}))
+        return real_together(self, jobs)
+    monkeypatch.setattr(sparse_io._C, "read_ranges", counted)
+    monkeypatch.setattr(sparse_io.SegmentReader, "read_together", spied)
+    owned = ((7_000, 12_000), (20_000, 24_000))
+    tabs = [NamedLending(n, owned, lend=(n != plain)) for n in names]
+    res = Saver(Tables(tabs), output_dir=str(tmp_path)).load(ckpt_id="c", shard_id=1, shard_num=3)
+    rows = sum(b - a for a, b in owned)
+    assert res.sparse_rows == 4 * rows and res.tables == sorted(names)
+    want = np.zeros(N, np.int64)
+    for a, b in owned:
+        want[a:b] = 1
+    for t in tabs:
+        t.check_against(cols_all)
+        if t.lend:
+            assert t.imported == 0
+            got = np.zeros(N, np.int64)
+            for a, n in t.loaded:
+                got[a:a + n] += 1
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert t.imported == rows and t.loaded == []
+    # the lending tables' rows in one engine call; "plain" reads its own (its ids and rows, one call)
+    assert together == [["t0", "t1", "t2"]]
+    # (plain reads: 3 tables x 2 owned ranges x the ungrouped slots; the grouped ones go to read_strided)
+    assert len(calls) == 3 and calls[0] >= 3 * 2 * 2 and calls[1:] == [2, 2], calls
+
+
+@pytest.mark.parametrize("plain,at,left", [
+    ("t1plain", "t0", "which is partially loaded, as may be 't1', 't2', read with it"),
+    ("a_plain", "a_plain", "which is not yet written; 't0', 't1', 't2', read ahead of it together, may be partly "
+                           "written")])
+def test_a_failed_read_of_tables_read_together_says_what_may_be_partly_loaded(tmp_path, plain, at, left):
+    """A corrupt chunk of the last table read with others fails the load naming that table and file, and
+    the error says which tables were read together and may be partly written."""
+    from recckpt.errors import CorruptCheckpointError
+    names = ["t0", "t1", plain, "t2"]
+    _save_tables(tmp_path, names)
+    idx = json.load(open(tmp_path / "c" / "sparse" / "worker-00000.index.json"))
+    seg = idx["tables"]["t2"]["segments"]
+    f = idx["files"][seg["file"][0]]["path"]
+    with open(tmp_path / "c" / f, "r+b") as fh:   # a byte inside t2's first segment's rows
+        fh.seek(seg["offset"][0] + 5000)
+        b = fh.read(1)
+        fh.seek(seg["offset"][0] + 5000)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    tabs = [NamedLending(n, ((0, N // 2),), lend=(n != plain)) for n in names]
+    with pytest.raises(CorruptCheckpointError) as ei:
+        Saver(Tables(tabs), output_dir=str(tmp_path)).load(ckpt_id="c", shard_id=0, shard_num=2)
+    msg = str(ei.value)
+    assert "table 't2'" in msg and f in msg, msg
+    assert f"Loading stopped in table {at!r}, {left}" in msg, msg

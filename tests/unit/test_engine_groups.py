@@ -293,13 +293,19 @@ def test_read_strided_direct_read_errors_name_the_part_and_leave_the_block_alone
     assert (dst[:1000] == 7).all(), "rows of the failing block were placed"
 
 
-def test_read_strided_a_corrupt_chunk_fails_direct_reads_as_it_fails_cached_ones(grouped_file, tmp_path):
-    path, r, emb, n, rb, gb = grouped_file
+def _corrupt_copy(path, r, tmp_path, column, at, mask):
+    """A copy of `path` with byte `at` of column `column` (1 + group) XORed with `mask`: (copy, the column)."""
     bad = str(tmp_path / "bad.bin")
     data = bytearray(open(path, "rb").read())
-    col = r["columns"][3]   # group 2
-    data[col["offset"] + 70_000] ^= 0x04
+    col = r["columns"][column]
+    data[col["offset"] + at] ^= mask
     open(bad, "wb").write(bytes(data))
+    return bad, col
+
+
+def test_read_strided_a_corrupt_chunk_fails_direct_reads_as_it_fails_cached_ones(grouped_file, tmp_path):
+    path, r, emb, n, rb, gb = grouped_file
+    bad, col = _corrupt_copy(path, r, tmp_path, 3, 70_000, 0x04)   # group 2
     want = f"part 2: CRC mismatch in chunk {70_000 // col['step']} "
     msgs = []
     for direct in (NEVER, ALWAYS):
@@ -403,11 +409,7 @@ def test_read_strided_a_failed_sweep_only_costs_time(tmp_path):
 
 def test_read_strided_a_corrupt_chunk_fails_a_cold_read_as_it_fails_a_warm_one(grouped_file, tmp_path):
     path, r, emb, n, rb, gb = grouped_file
-    bad = str(tmp_path / "bad.bin")
-    data = bytearray(open(path, "rb").read())
-    col = r["columns"][5]   # group 4
-    data[col["offset"] + 200_000] ^= 0x10
-    open(bad, "wb").write(bytes(data))
+    bad, col = _corrupt_copy(path, r, tmp_path, 5, 200_000, 0x10)   # group 4
     msgs = []
     for temp in ("cold", "warm"):
         if temp == "cold":

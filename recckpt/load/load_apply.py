@@ -723,7 +723,9 @@ class LoadPlan:
     def _plan_fixed_run(self, run: list[int]) -> list[tuple[int, DirectRows, list]]:
         """Of the tables at `run`, those whose owned rows all go straight into the storage they lend
         (`DirectRows`: no column blocks or column window, row ids in runs): (index, DirectRows, the planned
-        reads of every batch). Only stored ids are read; nothing is written. Each table is tried once."""
+        reads of every batch). Only stored ids are read; nothing is written. Each table is tried once. A table
+        whose planning fails ends the run: the tables after it are tried again later, and it fails again,
+        with its own name and what was applied before it, when the loop loads it its own way."""
         out = []
         segments, where = self.reader.segments, self.reader.describe()
         for j in run:
@@ -739,9 +741,12 @@ class LoadPlan:
             if direct is None:
                 continue
             rbs, plans = [si.row_bytes for _, si, _ in slots], []
-            for b_lo, b_hi in self._fixed_bucket_ranges(name, layout):
-                for batch in segments.batches(name, names, rbs, b_lo, b_hi):
-                    plans.append(direct.plan_batch(segments, batch, name, target, where))
+            try:
+                for b_lo, b_hi in self._fixed_bucket_ranges(name, layout):
+                    for batch in segments.batches(name, names, rbs, b_lo, b_hi):
+                        plans.append(direct.plan_batch(segments, batch, name, target, where))
+            except Exception:  # noqa: BLE001 - raised again, naming this table, when it loads its own way
+                break
             if all(p is not None for p in plans):
                 out.append((j, direct, plans))
         return out

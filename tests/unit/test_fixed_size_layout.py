@@ -278,3 +278,37 @@ def test_a_failed_read_of_tables_read_together_says_what_may_be_partly_loaded(tm
     msg = str(ei.value)
     assert "table 't2'" in msg and f in msg, msg
     assert f"Loading stopped in table {at!r}, {left}" in msg, msg
+
+
+def test_a_table_failing_while_its_run_is_planned_fails_with_its_own_name(tmp_path):
+    """A table whose planning fails (here: a corrupt chunk of its stored ids, in a checkpoint written with
+    hash buckets) is not read with the others: the load fails when it reaches that table, naming it
+    (message and `table`), with the tables before it loaded and those after it untouched."""
+    from helpers.tables import DictTable
+    from recckpt.errors import CorruptCheckpointError
+    names = ["t0", "t1", "t2"]
+    ids, cols = full_rows()
+    srcs = []
+    for n in names:
+        src = DictTable(n, FakeFixed(()).slots)
+        src.set_rows(torch.from_numpy(ids), {k: torch.from_numpy(v) for k, v in cols.items()})
+        srcs.append(src)
+    Saver(Tables(srcs), output_dir=str(tmp_path), options=SaveOptions(fsync=False)).save("h")
+    idx = json.load(open(tmp_path / "h" / "sparse" / "worker-00000.index.json"))
+    seg = idx["tables"]["t1"]["segments"]
+    f = idx["files"][seg["file"][0]]["path"]
+    at = seg["offset"][0] + 8 * seg["dir"][0] + 16   # inside the first segment's ids
+    with open(tmp_path / "h" / f, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    tabs = [NamedLending(n, ((1000, 3000),)) for n in names]
+    with pytest.raises(CorruptCheckpointError) as ei:
+        Saver(Tables(tabs), output_dir=str(tmp_path)).load(ckpt_id="h")
+    msg = str(ei.value)
+    assert ei.value.table == "t1", (ei.value.table, msg)
+    assert "table 't1'" in msg and "Loading stopped in table 't1', which is partially loaded;" in msg, msg
+    assert "tables fully loaded before it: t0;" in msg, msg
+    tabs[0].check_against(cols)
+    assert (tabs[2].store[0][1]["embedding"] == -1).all(), "t2, after the failing table, was written"

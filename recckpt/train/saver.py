@@ -533,7 +533,8 @@ class Saver:
                 log.warning("recckpt: shard %d of %d of %s is written but not committed: with no "
                             "torch.distributed process group, the checkpoint commits when this process has "
                             "saved every shard", shard_id, shard_num, self.storage.describe(ckpt_id))
-            self._committed_chain(ckpt_id, manifest, marks, snap.tables if live else None)
+            self._committed_chain(ckpt_id, manifest, marks,
+                                  [(t, m.name) for t, m in zip(snap.tables, metas)] if live else None)
             if stats.committed:
                 kind = ("incremental" if parent is not None else
                         "ephemeral" if (metadata or {}).get(META_EPHEMERAL) == "1" else "full")
@@ -627,11 +628,14 @@ class Saver:
             return f"the chain under its parent {parent_id!r} is broken: {str(e).split('; ')[0]}"
         return None
 
-    def _committed_chain(self, ckpt_id: str, manifest, marks: dict | None, tables: list | None) -> None:
+    def _committed_chain(self, ckpt_id: str, manifest, marks: dict | None,
+                         tables: list[tuple[object, str]] | None) -> None:
         """Remember the checkpoint just committed as the parent of the next increment. `marks` None: it
         was saved from a prepared snapshot without marks, so the next incremental save writes a full
-        one. `tables`: the live tables, told to forget what the checkpoint holds; None (written from a
-        snapshot, maybe in the background) defers that to the next capture on the training thread."""
+        one. `tables`: (live table, its name as this save's `sparse_meta()` gave it: asking each table again
+        costs a thousand tables a few ms a save), each told to forget what the checkpoint holds; None
+        (written from a snapshot, maybe in the background) defers that to the next capture on the training
+        thread."""
         if marks is None:
             self._chain = None
             return
@@ -639,8 +643,8 @@ class Saver:
         if tables is None:
             self._pending_forget = marks
             return
-        for t in tables:
-            mark = marks.get(t.sparse_meta().name)
+        for t, name in tables:
+            mark = marks.get(name)
             if mark is not None:
                 t.forget_changes(mark)
 

@@ -67,6 +67,21 @@ def test_changes_since_a_mark():
     assert t.export_changes(mark, ["embedding"], 8).removed.numel() == 0  # records up to `later` dropped
 
 
+def test_a_committed_save_lets_each_table_forget_what_it_holds(tmp_path):
+    """After a save commits, each live tracking table forgets the removal records the checkpoint holds
+    (memory stays bounded over a long run); records after the save's mark stay."""
+    m = Model()
+    m.emb(torch.arange(20))
+    early = m.emb.mark_changes()
+    m.emb.remove_ids(torch.tensor([5, 6]))
+    saver = Saver(m, output_dir=str(tmp_path), options=OPTS)
+    assert sorted(m.emb.export_changes(early, ["embedding"], 8).removed.tolist()) == [5, 6]
+    saver.save("c1")
+    assert m.emb.export_changes(early, ["embedding"], 8).removed.numel() == 0
+    m.emb.remove_ids(torch.tensor([7]))
+    assert m.emb.export_changes(early, ["embedding"], 8).removed.tolist() == [7]
+
+
 def test_write_slots_writes_every_slot_and_marks_the_rows_changed():
     t = HashTable("t", 2)
     t.add_slot("acc", torch.float32, (2,))

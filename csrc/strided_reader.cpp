@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -409,6 +408,13 @@ class StridedReader {
       prefault_ok_.store(false, std::memory_order_relaxed);
   }
 
+  // A worker's memory, kept from block to block.
+  struct WorkerScratch {
+    AlignedBuffer scratch;
+    std::vector<uint8_t> tmp, sink;
+    std::vector<const uint8_t*> data;
+  };
+
   // A cold read through the page cache, planned as one stream of blocks per file, in file order; a worker
   // takes a whole stream. A block reads a piece of every part (column group), and a segment's group columns
   // lie one after another, so a block's reads are far apart in the file. Measured on a virtual disk
@@ -445,7 +451,7 @@ class StridedReader {
   // only fills the page cache: the blocks are read, checked and placed as ever, so a sweep that fails or stops
   // early costs time, not correctness. A block needing bytes more than kMaxSweepLead ahead of its first byte
   // is not swept (the cache might not hold the sweep until the block reads it).
-  void run_stream(size_t s, const std::function<void(size_t)>& one, std::vector<uint8_t>& sink) {
+  void run_stream(size_t s, WorkerScratch& w) {
     const size_t req0 = blocks_[streams_[s][0]].req;
     char own[40];
     std::snprintf(own, sizeof own, "/proc/self/fd/%d", fds_[req0]);
@@ -454,7 +460,7 @@ class StridedReader {
     int64_t swept = 0;
     bool sweeping = true;
     try {
-      sink.resize((size_t)kSweepBytes);
+      w.sink.resize((size_t)kSweepBytes);
     } catch (const std::bad_alloc&) {
       sweeping = false;
     }
@@ -463,37 +469,36 @@ class StridedReader {
       swept = std::max(swept, span.first);
       while (sweeping && span.second - span.first <= kMaxSweepLead && swept < span.second) {
         const int injected = fault::check(fault::kSweep);
-        const ssize_t got = injected ? -1 : ::pread(fd, sink.data(), (size_t)std::min(kSweepBytes, span.second - swept),
+        const ssize_t got = injected ? -1 : ::pread(fd, w.sink.data(), (size_t)std::min(kSweepBytes, span.second - swept),
                                                     (off_t)swept);
         if (got <= 0) sweeping = false;   // the block's own reads report what is wrong
         else swept += got;
       }
-      one(k);
+      block(k, w);
     }
     if (sfd >= 0) ::close(sfd);
   }
 
+  void block(size_t k, WorkerScratch& w) {
+    try {
+      do_block(blocks_[k], w.scratch, w.data, w.tmp);
+    } catch (const std::bad_alloc&) {
+      report(blocks_[k].req, blocks_[k].b0, "out of memory for the scratch of a block of rows");
+    }
+  }
+
   void work() {
-    AlignedBuffer scratch;
-    std::vector<uint8_t> tmp, sink;
-    std::vector<const uint8_t*> data;
-    const std::function<void(size_t)> one = [&](size_t k) {
-      try {
-        do_block(blocks_[k], scratch, data, tmp);
-      } catch (const std::bad_alloc&) {
-        report(blocks_[k].req, blocks_[k].b0, "out of memory for the scratch of a block of rows");
-      }
-    };
+    WorkerScratch w;
     for (;;) {
       const size_t k = next_.fetch_add(1, std::memory_order_relaxed);
-      if (!streams_.empty()) {
+      if (!streams_.empty()) {   // k: a stream
         if (k >= streams_.size()) return;
-        run_stream(k, one, sink);
+        run_stream(k, w);
         continue;
       }
       if (k >= blocks_.size()) return;
       advise_up_to(k);
-      one(k);
+      block(k, w);
     }
   }
 

@@ -570,27 +570,22 @@ class SegmentReader:
         a cold read then goes through each shard file once, not once per table (docs/ENGINE.md,
         `read_strided`). A failure names the table and file of the first request that failed; the jobs may
         then be partly written."""
-        if self._prefetched:
-            for table, reqs, dsts in jobs:
-                self.read(table, reqs, dsts)
-            return
         kinds: dict[bool, tuple[list, list, list]] = {}   # grouped? -> (owners, requests, destinations)
         for table, reqs, dsts in jobs:
             for r, d in zip(reqs, dsts):
                 if isinstance(r, RunIds):
-                    r.fill(d)
+                    r.fill(d)   # a row run's ids: nothing to read
                     continue
                 owners, rs, ds = kinds.setdefault(isinstance(r, GroupedRead), ([], [], []))
                 owners.append(table)
                 rs.append(r)
                 ds.append(d)
-        for grouped, (owners, rs, ds) in kinds.items():
-            engine_reqs = self._local_requests(rs, ds)
-            if engine_reqs is None:   # an object store: each table's own reads
-                for table in dict.fromkeys(owners):
-                    mine = [i for i, t in enumerate(owners) if t == table]
-                    self._read_now(table, [rs[i] for i in mine], [ds[i] for i in mine])
-                continue
+        calls = [] if self._prefetched else [(g, o, rs, self._local_requests(rs, ds)) for g, (o, rs, ds) in kinds.items()]
+        if self._prefetched or any(engine_reqs is None for *_, engine_reqs in calls):
+            for table, reqs, dsts in jobs:   # bytes read ahead, or an object store: each table's own reads
+                self.read(table, reqs, dsts)
+            return
+        for grouped, owners, rs, engine_reqs in calls:
             nread, errors = self._engine_read(grouped, engine_reqs)
             self.bytes_read += nread
             if errors:

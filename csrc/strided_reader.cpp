@@ -446,37 +446,67 @@ class StridedReader {
     return {lo, hi};
   }
 
-  // Stream s: its file read sequentially ahead of its blocks, through a descriptor of its own (the kernel keeps
-  // read-ahead state per open file, and the blocks' reads on the shared one jump between columns). The sweep
-  // only fills the page cache: the blocks are read, checked and placed as ever, so a sweep that fails or stops
-  // early costs time, not correctness. A block needing bytes more than kMaxSweepLead ahead of its first byte
-  // is not swept (the cache might not hold the sweep until the block reads it).
+  // Stream s: the bytes its blocks need (`needed`), read in file order ahead of the blocks, through a
+  // descriptor of its own (the kernel keeps read-ahead state per open file, and the blocks' reads on the shared
+  // one jump between columns). Before a block, everything needed below its last byte is read. A whole
+  // segment's groups lie back to back, so that is one sequential read; a share of its rows (a resharding load)
+  // is one sequential read per group, never the other rows between them. The sweep only fills the page cache:
+  // the blocks are read, checked and placed as ever, so a sweep that fails or stops early costs time, not
+  // correctness. A block needing bytes more than kMaxSweepLead ahead of its first byte is not swept (the
+  // cache might not hold the sweep until the block reads it).
   void run_stream(size_t s, WorkerScratch& w) {
     const size_t req0 = blocks_[streams_[s][0]].req;
     char own[40];
     std::snprintf(own, sizeof own, "/proc/self/fd/%d", fds_[req0]);
     const int sfd = ::open(own, O_RDONLY | O_CLOEXEC);
     const int fd = sfd >= 0 ? sfd : fds_[req0];
-    int64_t swept = 0;
     bool sweeping = true;
+    std::vector<std::pair<int64_t, int64_t>> need;
     try {
       w.sink.resize((size_t)kSweepBytes);
+      need = needed(streams_[s]);
     } catch (const std::bad_alloc&) {
       sweeping = false;
     }
+    size_t j = 0;      // need[j]: the range being swept
+    int64_t at = 0;    // where in it
     for (size_t k : streams_[s]) {
       const auto span = file_span(blocks_[k]);
-      swept = std::max(swept, span.first);
-      while (sweeping && span.second - span.first <= kMaxSweepLead && swept < span.second) {
+      while (sweeping && span.second - span.first <= kMaxSweepLead && j < need.size() && need[j].first < span.second) {
+        at = std::max(at, need[j].first);
+        const int64_t end = std::min(need[j].second, span.second);
+        if (at >= end) {
+          if (at >= need[j].second) j++;
+          else break;   // swept up to this block's last byte
+          continue;
+        }
         const int injected = fault::check(fault::kSweep);
-        const ssize_t got = injected ? -1 : ::pread(fd, w.sink.data(), (size_t)std::min(kSweepBytes, span.second - swept),
-                                                    (off_t)swept);
+        const ssize_t got = injected ? -1 : ::pread(fd, w.sink.data(), (size_t)std::min(kSweepBytes, end - at), (off_t)at);
         if (got <= 0) sweeping = false;   // the block's own reads report what is wrong
-        else swept += got;
+        else at += got;
       }
       block(k, w);
     }
     if (sfd >= 0) ::close(sfd);
+  }
+
+  // The file ranges the blocks `ks` read (every part's chunks), sorted and merged; ranges less than
+  // kSweepBytes apart are merged too (reading the gap between two group columns, their alignment padding,
+  // keeps the read sequential).
+  std::vector<std::pair<int64_t, int64_t>> needed(const std::vector<size_t>& ks) const {
+    std::vector<std::pair<int64_t, int64_t>> r;
+    for (size_t k : ks)
+      for (const StridedPart& p : reqs_[blocks_[k].req].parts) {
+        const auto span = chunk_span(p, blocks_[k].b0, blocks_[k].b1);
+        r.emplace_back(p.col_offset + span.first, p.col_offset + span.second);
+      }
+    std::sort(r.begin(), r.end());
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const auto& x : r) {
+      if (!out.empty() && x.first <= out.back().second + kSweepBytes) out.back().second = std::max(out.back().second, x.second);
+      else out.push_back(x);
+    }
+    return out;
   }
 
   void block(size_t k, WorkerScratch& w) {

@@ -420,3 +420,23 @@ def test_read_strided_a_corrupt_chunk_fails_a_cold_read_as_it_fails_a_warm_one(g
         assert len(errors) == 1 and f"part 4: CRC mismatch in chunk {200_000 // col['step']} " in errors[0][1], errors
         msgs.append(errors[0][1])
     assert msgs[0] == msgs[1]
+
+
+def test_read_strided_a_cold_share_of_a_segment_sweeps_only_its_rows(tmp_path):
+    """A resharding load reads a share of a segment's rows: its cold read sweeps each group's piece of
+    those rows, not the other rows lying between them (16 groups of 2 MiB; 20 000 rows, 5 blocks, need
+    320 KB of each)."""
+    n, rb, gb = 131_072, 256, 16
+    emb = rows(n, rb, 3)
+    path = str(tmp_path / "f.bin")
+    (r,) = write(path, [(np.arange(n, dtype=np.int64), [emb])], num_rows=n, runs=True, group_bytes=[gb],
+                 chunk_bytes=64 << 10)
+    drop_cache(path)
+    _C._inject_fault("sweep", 0)
+    dst, _, errors, _ = _strided(path, r, n, rb, gb, NEVER, 40_000, 60_000, threads=2)
+    swept = _C._fault_seen("sweep")
+    assert errors == []
+    np.testing.assert_array_equal(dst, emb[40_000:60_000])
+    # one read per group's piece (each under 1 MiB), the last group's swept block by block (5 blocks); sweeping
+    # the whole span between the first group's piece and the last one's took 36 reads of up to 1 MiB
+    assert 16 <= swept <= 16 + 5, swept

@@ -19,6 +19,7 @@
 #include "fault.h"
 #include "mapped_region.h"
 #include "read_files.h"
+#include "shard_writer.h"
 #include "workers.h"
 
 #if defined(__SSE2__)
@@ -490,9 +491,9 @@ class StridedReader {
     if (sfd >= 0) ::close(sfd);
   }
 
-  // The file ranges the blocks `ks` read (every part's chunks), sorted and merged; ranges less than
-  // kSweepBytes apart are merged too (reading the gap between two group columns, their alignment padding,
-  // keeps the read sequential).
+  // The file ranges the blocks `ks` read (every part's chunks), sorted and merged; ranges at most
+  // kColumnAlign apart are merged too (the gap is the zero padding between two columns, which reading keeps
+  // the sweep sequential), so the sweep reads no byte outside what docs/FORMAT.md says a rank reads.
   std::vector<std::pair<int64_t, int64_t>> needed(const std::vector<size_t>& ks) const {
     std::vector<std::pair<int64_t, int64_t>> r;
     for (size_t k : ks)
@@ -503,7 +504,7 @@ class StridedReader {
     std::sort(r.begin(), r.end());
     std::vector<std::pair<int64_t, int64_t>> out;
     for (const auto& x : r) {
-      if (!out.empty() && x.first <= out.back().second + kSweepBytes) out.back().second = std::max(out.back().second, x.second);
+      if (!out.empty() && x.first <= out.back().second + kColumnAlign) out.back().second = std::max(out.back().second, x.second);
       else out.push_back(x);
     }
     return out;

@@ -20,30 +20,46 @@ from .harness import needs_torchrec, run_jobs
 pytestmark = needs_torchrec
 
 MCH_TABLE = "coll._embedding_module.embedding_bags.u"
+ADMIT = ("by_freq", "by_last", "no_rule", "bad_slot")
+RAW = [3, 17, 250, 999, 42, 7]
+GOOD = [3, 17, 250, 999]
 
 
-def test_hashtable_checkpoint_warm_starts_an_mch_table_by_raw_id(tmp_path):
-    import recckpt
+@pytest.fixture(scope="module")
+def mch_runs(tmp_path_factory, slow_mode):
+    """Every test's HashTable checkpoint, saved here, and all their loads into MCH tables run in one worker
+    process (it pays TorchRec's import once): {job name: its result}, with "src" {case: checkpoint dir},
+    "jobs" {job name: job} and "tmp"."""
+    tmp = tmp_path_factory.mktemp("warm_mch")
+    raw_src = _hashtable_ckpt(tmp, [RAW], "ht_raw")
+    # step s inserts ids 100 + 5s .. 100 + 5s + 4 (last_step = s) and looks up again the ids already there
+    # with (7 i) % 8 > s, so that freq does not follow recency
+    feeds = []
+    for s_ in range(8):
+        new = list(range(100 + 5 * s_, 105 + 5 * s_))
+        feeds.append(new + [i for i in range(100, 100 + 5 * s_) if (7 * i) % 8 > s_])
+    admit_src = _hashtable_ckpt(tmp, feeds, "ht_admit")
+    big = torch.iinfo(torch.int64).max
+    unfit_src = _hashtable_ckpt(tmp, [GOOD + [-5, -1, big, 1000, 5000, 2**40]], "ht_unfit")
+    jobs = [_mch_job(tmp, raw_src, "raw", {}),
+            _mch_job(tmp, admit_src, "by_freq", {"admit_by": "freq"}),
+            _mch_job(tmp, admit_src, "by_last", {"admit_by": "last_step"}),
+            _mch_job(tmp, admit_src, "no_rule", {}, expect_error=True),
+            _mch_job(tmp, admit_src, "bad_slot", {"admit_by": "nope"}, expect_error=True),
+            *[_mch_job(tmp, unfit_src, f"strict_{strict}", {"strict": strict}, expect_error=strict)
+              for strict in ((True, False) if slow_mode else (False,))]]
+    res = run_jobs(str(tmp), 1, jobs)[0]
+    out = {r["name"]: r for r in res}
+    out.update(tmp=str(tmp), jobs={j["name"]: j for j in jobs},
+               src={"raw": raw_src, "admit": admit_src, "unfit": unfit_src})
+    return out
 
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.user = recckpt.HashTable("user", dim=8, counters=True)
 
-    model = Model()
-    raw = torch.tensor([3, 17, 250, 999, 42, 7], dtype=torch.int64)
-    model.user.train()
-    model.user(raw)
-    src = str(tmp_path / "ht")
-    recckpt.Saver(model, output_dir=src).save("c")
-    job = {"name": "mch", "kind": "mch", "plan": "unsharded", "opt": "adagrad", "tables": [["u", 16, 8, "fp32"]],
-           "mch_input": 1000, "train_steps": 0, "save": None, "load": src,
-           "load_conf": {"load": ["sparse"], "tables": ["user"], "rename": {"user": MCH_TABLE},
-                         "slots": ["embedding"]},
-           "dump": os.path.join(str(tmp_path), "d_mch")}
-    res = run_jobs(str(tmp_path), 1, [job])
-    assert res[0][0]["loaded_tables"] == [MCH_TABLE] and res[0][0]["rows"] == len(raw)
-    got = torch.load(os.path.join(job["dump"], "rank0.pt"), weights_only=True)[f"mch:{MCH_TABLE}"]
+def test_hashtable_checkpoint_warm_starts_an_mch_table_by_raw_id(mch_runs):
+    tmp, res, src = mch_runs["tmp"], mch_runs["raw"], mch_runs["src"]["raw"]
+    raw = torch.tensor(RAW, dtype=torch.int64)
+    assert res["loaded_tables"] == [MCH_TABLE] and res["rows"] == len(raw)
+    got = torch.load(os.path.join(tmp, "d_raw", "rank0.pt"), weights_only=True)[f"mch:{MCH_TABLE}"]
     ids = got["ids"].numpy()
     assert np.array_equal(np.sort(ids), np.sort(raw.numpy())), "every raw id is admitted"
     want = {int(i): c["embedding"] for i, c in zip(*_rows(src))}
@@ -63,7 +79,7 @@ def _rows(src):
 
 
 
-def _hashtable_ckpt(tmp_path, feeds):
+def _hashtable_ckpt(tmp_path, feeds, name="ht"):
     """A HashTable checkpoint (saved here, no torchrec) after feeding `feeds` (lists of raw ids, one a step)."""
     import recckpt
 
@@ -77,7 +93,7 @@ def _hashtable_ckpt(tmp_path, feeds):
     for step, ids in enumerate(feeds):
         model.user.step = step     # last_step counts steps
         model.user(torch.tensor(ids, dtype=torch.int64))
-    src = str(tmp_path / "ht")
+    src = str(tmp_path / name)
     recckpt.Saver(model, output_dir=src).save("c")
     return src
 
@@ -100,22 +116,13 @@ def _saved(src, slot):
     return out
 
 
-def test_admission_by_freq_or_recency_when_the_hashtable_holds_more_ids_than_zch_size(tmp_path):
+def test_admission_by_freq_or_recency_when_the_hashtable_holds_more_ids_than_zch_size(mch_runs):
     """40 ids for an MCH table of 16 rows (15 admitted): admit_by 'freq' keeps the 15 most frequent ids,
     'last_step' the 15 seen last, each with its own row; without a rule the load fails naming the counts."""
-    # step s inserts ids 100 + 5s .. 100 + 5s + 4 (last_step = s) and looks up again the ids already there
-    # with (7 i) % 8 > s, so that freq does not follow recency
-    feeds = []
-    for s_ in range(8):
-        new = list(range(100 + 5 * s_, 105 + 5 * s_))
-        feeds.append(new + [i for i in range(100, 100 + 5 * s_) if (7 * i) % 8 > s_])
-    src = _hashtable_ckpt(tmp_path, feeds)
+    src = mch_runs["src"]["admit"]
     freq, last = _saved(src, "freq"), _saved(src, "last_step")
-    jobs = [_mch_job(tmp_path, src, "by_freq", {"admit_by": "freq"}),
-            _mch_job(tmp_path, src, "by_last", {"admit_by": "last_step"}),
-            _mch_job(tmp_path, src, "no_rule", {}, expect_error=True),
-            _mch_job(tmp_path, src, "bad_slot", {"admit_by": "nope"}, expect_error=True)]
-    res = run_jobs(str(tmp_path), 1, jobs)[0]
+    jobs = [mch_runs["jobs"][n] for n in ADMIT]
+    res = [mch_runs[n] for n in ADMIT]
     for job, r, slot, table in zip(jobs[:2], res[:2], ("freq", "last_step"), (freq, last)):
         assert r["admission"] == {MCH_TABLE: {"admitted": 15, "left_out": 25, "refused": {}, "here": 15}}, r
         got = torch.load(os.path.join(job["dump"], "rank0.pt"), weights_only=True)[f"mch:{MCH_TABLE}"]
@@ -137,15 +144,11 @@ def test_admission_by_freq_or_recency_when_the_hashtable_holds_more_ids_than_zch
 
 # CI runs the report (strict=False, the issue's wording); the slow flag adds the refusal under strict.
 @pytest.mark.parametrize("strict", [pytest.param(True, marks=pytest.mark.slow), False])
-def test_ids_mch_cannot_hold_are_refused_or_reported_never_mapped(tmp_path, strict):
+def test_ids_mch_cannot_hold_are_refused_or_reported_never_mapped(mch_runs, strict):
     """Negative ids, INT64_MAX (MCH's empty-slot sentinel) and ids at or past input_hash_size (1000) in a
     HashTable checkpoint: a strict load fails naming the table and each count, with nothing applied; with
     strict=False the other ids are admitted with their rows and the refused ones are counted per reason."""
-    big = torch.iinfo(torch.int64).max
-    good = [3, 17, 250, 999]
-    src = _hashtable_ckpt(tmp_path, [good + [-5, -1, big, 1000, 5000, 2**40]])
-    job = _mch_job(tmp_path, src, f"strict_{strict}", {"strict": strict}, expect_error=strict)
-    r = run_jobs(str(tmp_path), 1, [job])[0][0]
+    src, job, r = mch_runs["src"]["unfit"], mch_runs["jobs"][f"strict_{strict}"], mch_runs[f"strict_{strict}"]
     got = torch.load(os.path.join(job["dump"], "rank0.pt"), weights_only=True)[f"mch:{MCH_TABLE}"]
     if strict:
         err = r["error"]
@@ -156,7 +159,7 @@ def test_ids_mch_cannot_hold_are_refused_or_reported_never_mapped(tmp_path, stri
         return
     assert r["admission"] == {MCH_TABLE: {"admitted": 4, "left_out": 0, "here": 4, "refused": {
         "negative": 2, "empty_sentinel": 1, "outside_input_size": 3}}}, r
-    assert sorted(got["ids"].tolist()) == good
+    assert sorted(got["ids"].tolist()) == GOOD
     rows = _saved(src, "freq")
     for k, i in enumerate(got["ids"].tolist()):
         assert np.array_equal(got["weight"][k].numpy(), rows[i][0]), f"raw id {i}: its row"

@@ -6,6 +6,7 @@ any offset in it is used.
 """
 from __future__ import annotations
 
+import binascii
 import functools
 import re
 from dataclasses import dataclass, field, replace
@@ -741,7 +742,22 @@ def index_from_json(obj: dict, path: str, manifest: Manifest | None = None, *, w
 
 
 # ------------------------------------------------------------------------------ version 4 index
-_HEX = re.compile(r"[0-9a-f]*")
+def _crcs_from_hex(text: str) -> np.ndarray | None:
+    """CRC32Cs written as 8 lower-case hex digits each, as uint32; None where `text` holds any other
+    character (or is not a whole number of CRCs). `unhexlify` refuses anything but hex digits, and writing
+    the bytes back as hex matches the text only where every digit was lower case: two passes in C, where a
+    regular expression costs ten times more on the megabytes of CRCs an index of many tables holds."""
+    if len(text) % 8 or not text.isascii():
+        return None
+    try:
+        raw = binascii.unhexlify(text)
+    except binascii.Error:
+        return None
+    if raw.hex() != text:
+        return None
+    return np.frombuffer(raw, dtype=">u4").astype(np.uint32)
+
+
 _SEG_KEYS = ("file", "offset", "rows", "dir", "first", "last")
 
 
@@ -776,15 +792,9 @@ class _SegArrays:
     lengths: np.ndarray    # [s, ncols] (columns past a segment's block's count have length 0)
     ends: np.ndarray       # [s] where each segment ends
     ncols: list[int]       # columns of a segment of each block (ids first)
-    #: Every segment stores its ids and directory and the same columns (what `_segments_all` builds: not a
-    #: version 5 table with row runs or column groups); None: not yet known.
-    uniform: bool | None = None
     rows_total: int | None = None   # rows of every segment together (None: summed here)
 
     def __post_init__(self):
-        if self.uniform is None:
-            self.uniform = (len(set(self.ncols)) == 1 and self.ncols[0] == self.lengths.shape[1]
-                            and bool((self.id0 < 0).all()))
         if self.rows_total is None:
             self.rows_total = int(self.a["rows"].sum())
 
@@ -834,7 +844,8 @@ def _segs_v4(v: _V, raw, where: str, doc: IndexDoc, geo: TableGeometry | None,
         n_rows = geo.num_rows
         check(id0 >= -1, "id0", "expected -1 (ids stored) or the first id of a row run")
         check(~run | (a["dir"] == 0), "dir", "a row run (id0 >= 0) has no directory: expected 0")
-        check(~run | (id0 + a["rows"] <= n_rows), "id0", f"the row run passes the table's {n_rows} rows")
+        # (id0 + rows could wrap in int64 for a hostile id0 near 2**63; N - rows cannot)
+        check(~run | (id0 <= n_rows - a["rows"]), "id0", f"the row run passes the table's {n_rows} rows")
         u0 = np.where(run, id0, 0).astype(np.uint64)
         last_id = np.where(run, id0 + a["rows"] - 1, 0).astype(np.uint64)
         b0 = (u0 * np.uint64(nb) // np.uint64(n_rows)).astype(np.int64)   # < 2**64: exact in uint64
@@ -925,10 +936,10 @@ def _segments_from(v: _V, doc: IndexDoc, p: _SegArrays) -> list[Segment]:
     counts = has_dir + layout.crc_count(p.lengths, steps).sum(axis=1)
     text = v.str(v.get(p.raw, "crc32c", p.where), f"{p.where}.crc32c")
     total = int(counts.sum())
-    if len(text) != 8 * total or not _HEX.fullmatch(text):
+    crcs = _crcs_from_hex(text) if len(text) == 8 * total else None
+    if crcs is None:
         v.fail(f"{p.where}.crc32c", f"expected {total} CRCs as {8 * total} lower-case hex digits, got "
                                     f"{len(text)} characters")
-    crcs = np.frombuffer(bytes.fromhex(text), dtype=">u4").astype(np.uint32)
     a = {k: x.tolist() for k, x in p.a.items()}
     packed_l, block_l, id0_l, dir_l = p.packed.tolist(), p.block.tolist(), p.id0.tolist(), has_dir.tolist()
     starts_l, lengths_l, steps_l = p.starts.tolist(), p.lengths.tolist(), steps.tolist()
@@ -968,15 +979,11 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
                 v.fail("tables", f"table {name!r} of the manifest has no index entry")
         _check_shard_bytes(v, doc, manifest)
     _tiling_v4(v, doc, [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None])
-    # Phase 2: the CRCs, and the records the readers use (the uniform parts at once, when they all pass;
-    # a version 5 table's row runs and column groups by `_segments_from`).
+    # Phase 2: the CRCs, and the records the readers use: every table at once when all pass, else table by
+    # table (which finds and words the first problem).
     parts = [p for _, _, segs, rem, _ in phase1 for p in (segs, rem) if p is not None]
-    at_once = _segments_all([p for p in parts if p.uniform], doc)
-    if at_once is None:
-        built = iter([_segments_from(v, doc, p) for p in parts])
-    else:
-        batched = iter(at_once)
-        built = iter([next(batched) if p.uniform else _segments_from(v, doc, p) for p in parts])
+    at_once = _segments_all(parts, doc)
+    built = iter(at_once if at_once is not None else [_segments_from(v, doc, p) for p in parts])
     for name, slots, segs, removed, blocked in phase1:
         doc.tables[name] = (slots, next(built))
         if removed is not None:
@@ -988,36 +995,30 @@ def _index_v4(v: _V, obj: dict, doc: IndexDoc, manifest: Manifest | None, worker
 
 def _phase1_all_tables(v: _V, tables: dict, doc: IndexDoc, manifest: Manifest, worker: bool) -> list | None:
     """`_phase1_by_table`'s result with every table's segments checked at once (`_segs_v4_all`), or None
-    when anything would fail (the caller then runs `_phase1_by_table` for the exact finding). A version 5
-    table whose segments may be row runs or store column groups (a row_range table) is not of the batched
-    shape: once every other table has passed, it goes through `_phase1_table` (its first problem is then
-    the index's first)."""
+    when anything would fail (the caller then runs `_phase1_by_table` for the exact finding)."""
     items, tabs = [], []
     for name, t in tables.items():
         info = manifest.tables.get(name)
         if type(t) is not dict or info is None or "segments" not in t or t.get("slots") != list(info.slots):
             return None
         geo = info.geometry(doc.format_version)
-        if geo.runs or geo.grouped:
-            tabs.append((name, t, None, False, 0, geo))
-            continue
         where = f"tables[{name!r}]"
         cb = info.column_blocks
         nblocks = len(cb.blocks) if cb is not None else 1
-        items.append(_SegsInput(f"{where}.segments", t["segments"], [geo.widths(j) for j in range(nblocks)], True,
-                                cb is not None, nblocks))
+        runs = geo.runs and doc.format_version >= COLUMN_GROUPS_SINCE
+        items.append(_SegsInput(f"{where}.segments", t["segments"], [geo.widths(j) for j in range(nblocks)],
+                                [geo.begins_slot(j) for j in range(nblocks)], True, cb is not None, nblocks,
+                                geo.num_rows if runs else 0))
         if "removed" in t:
             if not info.changes:
                 return None
-            items.append(_SegsInput(f"{where}.removed", t["removed"], [[8]], False, False, 1))
-        tabs.append((name, t, info, "removed" in t, nblocks, geo))
+            items.append(_SegsInput(f"{where}.removed", t["removed"], [[8]], [[False]], False, False, 1))
+        tabs.append((name, info, "removed" in t, nblocks, geo))
     parts = _segs_v4_all(items, doc)
     if parts is None:
         return None
     out, k = [], 0
-    for name, _, info, has_removed, nblocks, _ in tabs:
-        if info is None:
-            continue
+    for name, info, has_removed, nblocks, geo in tabs:
         segs = parts[k]
         removed = parts[k + 1] if has_removed else None
         k += 2 if has_removed else 1
@@ -1027,15 +1028,9 @@ def _phase1_all_tables(v: _V, tables: dict, doc: IndexDoc, manifest: Manifest, w
             gone = removed.rows_total if removed is not None else 0
             if any(r != info.rows for r in per_block) or gone != info.removed:
                 return None
-    k = 0
-    for name, t, info, has_removed, _, geo in tabs:
-        if info is None:
-            out.append(_phase1_table(v, name, t, doc, manifest, worker))
-            continue
+        out.append((name, list(info.slots), segs, removed, info.column_blocks is not None))
+    for name, _, _, _, geo in tabs:
         doc.geometry[name] = geo
-        out.append((name, list(info.slots), parts[k], parts[k + 1] if has_removed else None,
-                    info.column_blocks is not None))
-        k += 2 if has_removed else 1
     return out
 
 
@@ -1076,20 +1071,20 @@ def _phase1_table(v: _V, name, t, doc: IndexDoc, manifest: Manifest, worker: boo
     return name, slots, segs, removed, cb is not None
 
 
-# ------------------------------------------------------------------ version 4 index, every table at once
-# A version 4 index's tables validated all at once: the checks of `_segs_v4` and `_segments_from` (one
-# table at a time, about twenty numpy calls each) run on every table's segment lists concatenated, so an
-# index of a thousand small tables costs a few numpy passes and one loop over its segments, not a
-# thousand rounds of calls.
+# --------------------------------------------------------------- version 4 and 5 index, every table at once
+# An index's tables validated all at once, version 5 row runs and column groups included: the checks of
+# `_segs_v4` and `_segments_from` (one table at a time, about twenty numpy calls each) run on every table's
+# segment lists concatenated, so an index of a thousand small tables costs a few numpy passes and one loop
+# over its segments, not a thousand rounds of calls.
 #
 # The rules are the per-table functions'; these only batch them, and answer None whenever anything is out
 # of order: the caller then runs the per-table functions, which find the same first problem and word it
 # exactly (naming the table, field and position). A hostile or corrupt index is refused with the same
 # message either way, only more slowly.
 _LIMIT62 = 1 << 62
-#: The keys a table's SEGS holds: (with packed, with block) -> keys.
-_SEGS_KEYS = {(p, b): frozenset(_SEG_KEYS) | {"crc32c"} | ({"packed"} if p else set()) | ({"block"} if b else set())
-              for p in (False, True) for b in (False, True)}
+#: The keys a table's SEGS holds: (with packed, with block, with id0) -> keys.
+_SEGS_KEYS = {(p, b, r): frozenset(_SEG_KEYS) | {"crc32c"} | ({"packed"} if p else set()) | ({"block"} if b else set())
+              | ({"id0"} if r else set()) for p in (False, True) for b in (False, True) for r in (False, True)}
 
 
 @dataclass(frozen=True)
@@ -1098,9 +1093,11 @@ class _SegsInput:
     where: str
     raw: object
     row_bytes: list[list[int]]   # per column block: bytes of a row of each column, ids first
+    begins_slot: list[list[bool]]  # per column block: whether each column begins a slot (is padded)
     with_packed: bool
     with_block: bool
     nblocks: int
+    runs_over: int = 0           # > 0: a version 5 row_range table of this many rows (segments carry id0)
 
 
 def _ints_or_none(values: list) -> np.ndarray | None:
@@ -1117,11 +1114,16 @@ def _ints_or_none(values: list) -> np.ndarray | None:
 
 def _segs_v4_all(items: list[_SegsInput], doc: IndexDoc) -> list[_SegArrays] | None:
     """`_segs_v4` of every item, or None where any of them would fail."""
-    cols = {k: [] for k in (*_SEG_KEYS, "packed", "block")}
-    counts, ncols, rb_rows, rb_base, nblocks = [], [], [], [], []
+    #: The optional fields, with the value a segment without the field has. Where no table has one, it is
+    #: filled in as an array (a hostile index of 200 000 segments costs no list of 200 000 Python ints).
+    absent = {"packed": 0, "block": 0, "id0": -1}
+    somewhere = {"packed": any(it.with_packed for it in items), "block": any(it.with_block for it in items),
+                 "id0": any(it.runs_over > 0 for it in items)}
+    cols = {k: [] for k in (*_SEG_KEYS, *absent)}
+    counts, widths, aligned, base, nblocks, runs_over = [], [], [], [], [], []
     for it in items:
         raw = it.raw
-        if type(raw) is not dict or raw.keys() != _SEGS_KEYS[(it.with_packed, it.with_block)]:
+        if type(raw) is not dict or raw.keys() != _SEGS_KEYS[(it.with_packed, it.with_block, it.runs_over > 0)]:
             return None
         n = len(raw["file"]) if type(raw["file"]) is list else -1
         for k in _SEG_KEYS:
@@ -1129,61 +1131,85 @@ def _segs_v4_all(items: list[_SegsInput], doc: IndexDoc) -> list[_SegArrays] | N
             if type(lst) is not list or len(lst) != n:
                 return None
             cols[k] += lst
-        for k, present in (("packed", it.with_packed), ("block", it.with_block)):
-            lst = raw[k] if present else [0] * n
+        for k, present in (("packed", it.with_packed), ("block", it.with_block), ("id0", it.runs_over > 0)):
+            if not somewhere[k]:
+                continue
+            lst = raw[k] if present else [absent[k]] * n
             if type(lst) is not list or len(lst) != n:
                 return None
             cols[k] += lst
         if any(x * (_U32 - 1) >= _LIMIT62 for rbs in it.row_bytes for x in rbs):
             return None   # "a slot row is too large for any segment"
         counts.append(n)
-        ncols.append(len(it.row_bytes[0]))
-        rb_base.append(len(rb_rows))
-        rb_rows += it.row_bytes
-        nblocks.append(it.nblocks)
+        base.append(len(widths))
+        widths += it.row_bytes
+        aligned += it.begins_slot
+        nblocks.append(max(it.nblocks, 1))
+        runs_over.append(it.runs_over)
     a = {}
+    total = sum(counts)
     for k, lst in cols.items():
-        a[k] = _ints_or_none(lst)
+        a[k] = _ints_or_none(lst) if somewhere.get(k, True) else np.full(total, absent[k], dtype=np.int64)
         if a[k] is None:
             return None
     nb, nfiles = doc.num_buckets, len(doc.files)
-    fi, off, rows, dirs, first, last, packed, block = (a[k] for k in (*_SEG_KEYS, "packed", "block"))
+    fi, off, rows, dirs, first, last, packed, block, id0 = (a[k] for k in (*_SEG_KEYS, "packed", "block", "id0"))
     counts_a = np.asarray(counts, dtype=np.int64)
     table_of = np.repeat(np.arange(len(items)), counts_a)
+    n_rows = np.asarray(runs_over, dtype=np.int64)[table_of]   # 0 for a table without row runs (id0 all -1)
+    run = id0 >= 0
     ok = ((fi >= 0) & (fi < nfiles) & (off >= 0) & (rows >= 1) & (rows < _U32)
-          & (dirs >= 1) & (dirs <= np.minimum(rows, nb)) & (first >= 0) & (first <= last) & (last < nb)
+          & np.where(run, dirs == 0, (dirs >= 1) & (dirs <= np.minimum(rows, nb)))
+          & (first >= 0) & (first <= last) & (last < nb)
           & (last - first + 1 >= dirs) & ((packed == 0) | (packed == 1))
-          & (block >= 0) & (block < np.maximum(np.asarray(nblocks, dtype=np.int64), 1)[table_of]))
+          & (block >= 0) & (block < np.asarray(nblocks, dtype=np.int64)[table_of])
+          & (id0 >= -1) & (~run | (id0 <= n_rows - rows)))
     if not ok.all():
         return None
+    if run.any():
+        r = np.nonzero(run)[0]
+        nb64, nr = np.uint64(nb), n_rows[r].astype(np.uint64)   # id0 < N <= 2**40, B <= 2**24: exact
+        b0 = (id0[r].astype(np.uint64) * nb64 // nr).astype(np.int64)
+        b1 = ((id0[r] + rows[r] - 1).astype(np.uint64) * nb64 // nr).astype(np.int64)
+        if not ((first[r] == b0) & (last[r] == b1)).all():
+            return None
+        order = r[np.lexsort((id0[r], block[r], table_of[r]))]   # each row once per table and column block
+        same = (table_of[order][1:] == table_of[order][:-1]) & (block[order][1:] == block[order][:-1])
+        if np.any(same & (id0[order][1:] < id0[order][:-1] + rows[order][:-1])):
+            return None
+    ncols = [len(w) for w in widths]
     width = max(ncols, default=1)
-    rb = np.zeros((len(rb_rows), width), dtype=np.int64)
-    for j, r in enumerate(rb_rows):
-        rb[j, :len(r)] = r
-    lengths = rows[:, None] * rb[np.asarray(rb_base, dtype=np.int64)[table_of] + block]   # < 2**62
+    rb = np.zeros((len(widths), width), dtype=np.int64)
+    al = np.zeros((len(widths), width), dtype=bool)
+    for j, (w, b) in enumerate(zip(widths, aligned)):
+        rb[j, :len(w)] = w
+        al[j, :len(b)] = b
+    which = np.asarray(base, dtype=np.int64)[table_of] + block
+    lengths = rows[:, None] * rb[which]   # < 2**62
+    lengths[run, 0] = 0                    # a run stores no ids
+    al = al[which] & ~packed.astype(bool)[:, None]
     starts = np.empty_like(lengths)
     pos = off + 8 * dirs
     if (pos >= _LIMIT62).any():
         return None
-    unpadded = packed.astype(bool)
     for k in range(width):
         ln = lengths[:, k]
-        starts[:, k] = pos if k == 0 else np.where(unpadded | (ln == 0), pos, layout.align_up(pos))
+        starts[:, k] = np.where(al[:, k] & (ln != 0), layout.align_up(pos), pos)
         pos = starts[:, k] + ln
         if (pos >= _LIMIT62).any():
             return None
     if len(pos) and (pos > np.asarray([sz for _, sz in doc.files], dtype=np.int64)[fi]).any():
         return None
     out, lo = [], 0
-    no_runs = np.full(len(fi), -1, dtype=np.int64)   # no row runs: every segment stores its ids
     rows_before = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(rows, out=rows_before[1:])   # exact: fewer than 2**31 segments of fewer than 2**32 rows
     rows_before = rows_before.tolist()
-    for it, n, w in zip(items, counts, ncols):
+    for it, n, b0 in zip(items, counts, base):
         hi = lo + n
+        nc = ncols[b0:b0 + max(it.nblocks, 1)]
+        w = max(nc)
         out.append(_SegArrays(it.where, it.raw, {k: a[k][lo:hi] for k in _SEG_KEYS}, packed[lo:hi],
-                              block[lo:hi], no_runs[lo:hi], starts[lo:hi, :w], lengths[lo:hi, :w],
-                              pos[lo:hi], [w] * max(it.nblocks, 1), uniform=True,
+                              block[lo:hi], id0[lo:hi], starts[lo:hi, :w], lengths[lo:hi, :w], pos[lo:hi], nc,
                               rows_total=rows_before[hi] - rows_before[lo]))
         lo = hi
     return out
@@ -1199,9 +1225,10 @@ def _segments_all(parts: list[_SegArrays], doc: IndexDoc) -> list[list[Segment]]
     for p in parts:
         lengths[lo:lo + len(p.ends), :p.lengths.shape[1]] = p.lengths
         lo += len(p.ends)
+    has_dir = np.concatenate([p.id0 < 0 for p in parts]).astype(np.int64)   # a row run has no directory
     steps = layout.checksum_steps(lengths, doc.chunk_bytes)
     per_col = layout.crc_count(lengths, steps)
-    counts = 1 + per_col.sum(axis=1)   # the directory's CRC, then the columns'
+    counts = has_dir + per_col.sum(axis=1)   # the directory's CRC, then the columns'
     texts, lo = [], 0
     for p in parts:
         text = p.raw.get("crc32c") if type(p.raw) is dict else None
@@ -1210,28 +1237,26 @@ def _segments_all(parts: list[_SegArrays], doc: IndexDoc) -> list[list[Segment]]
             return None
         texts.append(text)
         lo += n
-    joined = "".join(texts)
-    if not _HEX.fullmatch(joined):
+    crcs = _crcs_from_hex("".join(texts))
+    if crcs is None:
         return None
-    crcs = np.frombuffer(bytes.fromhex(joined), dtype=">u4").astype(np.uint32)
     ends = np.cumsum(counts).tolist()
-    lengths_l, steps_l, per_l = lengths.tolist(), steps.tolist(), per_col.tolist()
+    lengths_l, steps_l, per_l, dir_l = lengths.tolist(), steps.tolist(), per_col.tolist(), has_dir.tolist()
     out, i, c0 = [], 0, 0
     for p in parts:
-        w = p.lengths.shape[1]
-        file_l, off_l, rows_l, dir_l, first_l, last_l = (p.a[k].tolist() for k in _SEG_KEYS)
-        packed_l, block_l, starts_l = p.packed.tolist(), p.block.tolist(), p.starts.tolist()
+        file_l, off_l, rows_l, k_dir_l, first_l, last_l = (p.a[k].tolist() for k in _SEG_KEYS)
+        packed_l, block_l, id0_l, starts_l = p.packed.tolist(), p.block.tolist(), p.id0.tolist(), p.starts.tolist()
         segs = []
         for j in range(len(file_l)):
-            c = c0 + 1
+            c = c0 + dir_l[i]
             cs = []
-            for k in range(w):
+            for k in range(p.ncols[block_l[j]]):
                 m = per_l[i][k]
                 cs.append(Column(starts_l[j][k], lengths_l[i][k], crcs[c:c + m], steps_l[i][k]))
                 c += m
-            k_dir = dir_l[j]
-            segs.append(Segment(file_l[j], rows_l[j], Column(off_l[j], 8 * k_dir, crcs[c0:c0 + 1], 8 * k_dir),
-                                tuple(cs), k_dir, first_l[j], last_l[j], bool(packed_l[j]), block_l[j]))
+            k_dir = k_dir_l[j]
+            segs.append(Segment(file_l[j], rows_l[j], Column(off_l[j], 8 * k_dir, crcs[c0:c0 + dir_l[i]], 8 * k_dir),
+                                tuple(cs), k_dir, first_l[j], last_l[j], bool(packed_l[j]), block_l[j], id0_l[j]))
             c0 = ends[i]
             i += 1
         out.append(segs)

@@ -85,8 +85,8 @@ def test_batched_phase1_declines_anything_out_of_order(tmp_path):
         out = []
         for name, t in o["tables"].items():
             info = m.tables[name]
-            out.append(schema._SegsInput(name, t["segments"], [info.geometry(doc.format_version).widths(0)],
-                                             True, False, 1))
+            geo = info.geometry(doc.format_version)
+            out.append(schema._SegsInput(name, t["segments"], [geo.widths(0)], [geo.begins_slot(0)], True, False, 1))
         return out
     assert schema._segs_v4_all(items(obj), doc) is not None
     for key, value in [("rows", 0), ("first", 5000), ("dir", 10**6), ("packed", 2), ("file", 7), ("offset", -1),
@@ -280,10 +280,7 @@ def re_escape(s):
 
 
 
-def test_a_version_5_index_batches_its_hash_tables_and_leaves_row_runs_to_the_rules(tmp_path, monkeypatch):
-    """Format version 5: fixed-size (row_range) tables' segments carry id0 and column groups, which the batched
-    phase does not take: they go through the per-table rules while the hash tables are still checked at once,
-    and the index read equals the per-table reading (row runs, groups and geometry included)."""
+def _v5_checkpoint(tmp_path):
     from helpers.fake_tables import FixedRows
     m = torch.nn.Module()
     for t in range(6):
@@ -295,19 +292,53 @@ def test_a_version_5_index_batches_its_hash_tables_and_leaves_row_runs_to_the_ru
             getattr(m, f"t{t}")(torch.arange(1 + 37 * t) * 13 - 50)
     out = str(tmp_path / "out")
     Saver(m, output_dir=out, options=SaveOptions(fsync=False, segment_bytes=16384)).save("a")
-    man, obj = _read(out, "a")
+    return _read(out, "a")
+
+
+def test_a_version_5_index_batches_row_runs_and_column_groups_with_the_hash_tables(tmp_path, monkeypatch):
+    """Format version 5: fixed-size (row_range) tables' segments are row runs (id0, no ids, no directory) of
+    column groups. They are checked in the same batched pass as the hash tables (a model of hundreds of
+    TorchRec tables parsed them one by one, a millisecond and a half each), and the index read equals the
+    per-table reading (row runs, groups and geometry included)."""
+    man, obj = _v5_checkpoint(tmp_path)
     assert obj["format_version"] == 5 and "id0" in obj["tables"]["f0"]["segments"]
     batched = []
     real = schema._segs_v4_all
     monkeypatch.setattr(schema, "_segs_v4_all", lambda items, doc: batched.append([i.where for i in items])
                         or real(items, doc))
+    from_text = []
+    real_segments = schema._segments_from
+    monkeypatch.setattr(schema, "_segments_from", lambda *a: from_text.append(a) or real_segments(*a))
     got = index_from_json(copy.deepcopy(obj), "index.json", man)
-    assert batched and all("'f" not in w for w in batched[0]) and len(batched[0]) == 6   # the hash tables only
+    assert len(batched) == 1 and len(batched[0]) == 8 and any("'f1'" in w for w in batched[0])
+    assert not from_text   # phase 2 at once too
     assert _keys(got) == _keys(_by_table(man, obj))
     segs = got.tables["f0"][1]
     assert all(s.is_run for s in segs) and len(segs) > 1 and got.geometry_of("f0").grouped
-    # a bad row run is found and worded by the rules, whichever path the other tables took
-    bad = copy.deepcopy(obj)
-    bad["tables"]["f1"]["segments"]["id0"][-1] = 699
-    with pytest.raises(CorruptCheckpointError, match=r"f1.*id0.*passes the table's 700 rows"):
-        index_from_json(bad, "index.json", man)
+
+
+_I63 = (1 << 63) - 1
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda s: s["id0"].__setitem__(-1, 699), r"id0\[\d+\]: the row run passes the table's 700 rows"),
+    # id0 + rows wraps in int64: still past the table's rows
+    (lambda s: s["id0"].__setitem__(-1, _I63 - 5), r"id0\[\d+\]: the row run passes the table's 700 rows"),
+    # not a run (id0 < 0) yet holding no directory: the first rule it breaks is the directory's
+    (lambda s: s["id0"].__setitem__(-2, -2), r"dir\[\d+\]: expected 1 <= dir <= min\(rows, B\)"),
+    (lambda s: s["dir"].__setitem__(0, 1), r"dir\[0\]: a row run \(id0 >= 0\) has no directory"),
+    (lambda s: [s[k].__setitem__(1, s[k][0]) for k in ("id0", "rows", "first", "last")],
+     r"id0\[1\]: row runs of one column block overlap"),
+    (lambda s: s["last"].__setitem__(0, s["last"][0] + 1), r"first\[0\]: a row run's first and last buckets"),
+])
+def test_a_bad_row_run_is_declined_by_the_batch_and_worded_by_the_rules(tmp_path, monkeypatch, edit, words):
+    man, obj = _v5_checkpoint(tmp_path)
+    segs = obj["tables"]["f1"]["segments"]
+    assert len(segs["id0"]) >= 2 and min(segs["id0"]) >= 0
+    edit(segs)
+    answers = []
+    real = schema._segs_v4_all
+    monkeypatch.setattr(schema, "_segs_v4_all", lambda items, doc: answers.append(real(items, doc)) or answers[-1])
+    with pytest.raises(CorruptCheckpointError, match=r"tables\['f1'\]\.segments\." + words):
+        index_from_json(obj, "index.json", man)
+    assert answers == [None]

@@ -337,7 +337,7 @@ def _run_jobs(rank, world, spec):
     for job in spec["jobs"]:
         model, inner, dense_opt = _build(job, world, rank)
         _train(job, model, dense_opt, rank)
-        res = {"name": job.get("name")}
+        res = {"name": job.get("name"), "table_keys": _table_keys(model, dense_opt)}
         if job.get("dump_before"):
             _dump(model, dense_opt, job["dump_before"], rank)
         if job.get("rss"):
@@ -377,6 +377,15 @@ def _run_jobs(rank, world, spec):
         json.dump(results, f)
     if world > 1:
         dist.destroy_process_group()
+
+
+def _table_keys(model, dense_opt):
+    """[whether the table keys a load finds from the plan alone (`table_keys`) are those `find_tables`
+    returns, how many]: dense_load_dict relies on them being the same."""
+    from recckpt.integrations.torchrec import discover
+    sd = model.state_dict()
+    keys = discover.find_tables(model, sd, [dense_opt] if dense_opt is not None else [])[1]
+    return [discover.table_keys(model, sd) == keys, len(keys)]
 
 
 def _entry(rank, world, spec):

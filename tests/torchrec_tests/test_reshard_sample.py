@@ -106,7 +106,7 @@ def _job(name, plan, opt, tmp, *, save=False, load=None, steps=0, tables=TABLES,
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("torchrec"))
-    run_jobs(tmp, 2, [
+    saved = run_jobs(tmp, 2, [
         _job("tw2", TW, "adagrad", tmp, save=True, steps=3),
         _with_big(_job("rowwise_rw2", RW, "rowwise", tmp, save=True, steps=3)),
         _job("dp2", DP_MIX, "adagrad", tmp, save=True, steps=3),
@@ -138,6 +138,7 @@ def runs(tmp_path_factory):
         _mch("mch_un_from_rw2", "unsharded", tmp, load="mch_rw2"),
         _mch("mch_un1", "unsharded", tmp, save=True, steps=3),
     ])
+    keys = {r["name"]: r["table_keys"] for ranks in (saved, unsharded) for r in ranks[0]}
     errors = {r["name"]: r["error"] for r in unsharded[0] if "error" in r}
     results = run_jobs(tmp, 3, [
         _job("rw3_from_tw2", RW, "adagrad", tmp, load="tw2"),
@@ -165,7 +166,17 @@ def runs(tmp_path_factory):
         _mch_fill("mchf_rw3_from_rw2", tmp, load="mchf_rw2"),
     ])
     errors.update({r["name"]: r.get("error") for r in results[0] if r["name"] == "mchs_err"})
-    return tmp, results, errors
+    keys.update({r["name"]: r["table_keys"] for r in results[0]})
+    return tmp, results, errors, keys
+
+
+def test_a_load_finds_table_keys_from_the_plan_alone(runs):
+    """The dense load passes TorchRec's load hooks every table's entry, knowing which entries are tables from
+    the plan and the state_dict's keys (`table_keys`), without building the tables again; under every plan
+    and kind above (MCH buffers included) those are the keys `find_tables` takes."""
+    keys = runs[3]
+    assert len(keys) > 40 and keys["mch_rw2"][1] > len(MCH_BIG)   # the MCH buffers are table keys too
+    assert {name for name, (agree, n) in keys.items() if not agree or n == 0} == set()
 
 
 def _tables(tmp, name):
@@ -272,7 +283,7 @@ def _states_equal(src, dst, names):
 def test_dp2_to_rw3_rows_and_optimizer_state(runs):
     """A data-parallel table becomes row-wise: its rows, and its Adagrad state moves from the dense
     KeyedOptimizer into the fused optimizer; the dense optimizer loads without refusing (no exclude)."""
-    tmp, results, _ = runs
+    tmp, results, *_ = runs
     src, dst = _tables(tmp, "dp2"), _tables(tmp, "rw3_from_dp2")
     _weights_equal(src, dst)
     assert "sum" in src["coll.embedding_bags.a"]["states"], "the DP table's state is in the dense optimizer"
@@ -328,7 +339,7 @@ def test_sharded_to_unsharded_and_back(runs):
 def test_mismatch_is_refused_and_nothing_applied(runs, why, needles):
     """Another row count, another dim, a missing table, another optimizer: a recckpt error naming the
     table (and slot), raised before any row is written."""
-    tmp, _, errors = runs
+    tmp, _, errors, _ = runs
     err = errors[f"bad_{why}"]
     assert err is not None and err.startswith("IncompatibleCheckpointError"), err
     for needle in needles:
@@ -496,7 +507,7 @@ def test_mch_over_capacity_error_or_evict(runs):
     """A shard routed more admitted ids than it has slots: by default a recckpt error naming the table and
     the counts, with nothing loaded; with load_conf {'overflow': 'evict'} each shard keeps its ids of
     highest LFU count (ties: the smaller raw id), each with its own rows."""
-    tmp, _, errors = runs
+    tmp, _, errors, _ = runs
     src, _ = load_mch_dump(os.path.join(tmp, "d_mchs_rw2"))
     assert len(src[MCH_S]) == 6
     err = errors["mchs_err"]
@@ -528,7 +539,7 @@ def test_reads_bounded_by_the_shard(runs, save, load, opt):
     without ids, and stores the embedding and Adagrad state in groups of 4 columns (a column-wise rank reads
     the groups of its columns); a column-wise save's blocks hold each row once (a data-parallel table: all
     of it, on every rank). docs/FORMAT.md, what a loading rank reads."""
-    tmp, results, _ = runs
+    tmp, results, *_ = runs
     name = _load_of(save, load, opt)
     for rank, res in enumerate(results):
         r = next(x for x in res if x["name"] == name)
@@ -551,7 +562,7 @@ def test_mch_reads_bounded_by_its_raw_id_range(runs):
     (the buckets of its raw-id range and the reserved one; the other ranks' ids only, 8 bytes each, for the
     capacity check of every shard), where a whole-table read is ~3x that; every admitted id keeps its rows
     exactly, on the rank TorchRec routes it to."""
-    tmp, results, _ = runs
+    tmp, results, *_ = runs
     man = json.load(open(os.path.join(tmp, "ck_mchf_rw2", "ckpt_1", "manifest.json")))
     t = man["tables"][MCH_F]
     assert (t["bucket_fn"], t["input_size"]) == ("id_range", MCH_FILL_INPUT)

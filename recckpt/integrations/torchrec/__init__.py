@@ -17,7 +17,7 @@ TORCHREC_VERSION, FBGEMM_VERSION = check()
 
 from . import tracking  # noqa: E402  (after the version check, which must fail first)
 from .dense_optim import loaded_state, saved_state  # noqa: E402
-from .discover import collections, find_tables, moved_params, table_param_names  # noqa: E402
+from .discover import collections, find_tables, moved_params, table_keys, table_param_names  # noqa: E402
 from .table import TorchRecTable  # noqa: E402
 
 __all__ = ["TorchRecTable", "dense_load_dict", "find_tables", "loaded_object_state", "manifest_metadata",
@@ -64,8 +64,7 @@ def dense_load_dict(model, dense: Dict[str, Any]) -> Dict[str, Any]:
     hook reads its tables' entries even under strict=False. The entries are views of the live tables
     (already loaded through the adapter), so loading them copies each table onto itself."""
     sd = model.state_dict()
-    _, keys, _ = find_tables(model, sd)
-    return {**{k: sd[k] for k in keys}, **dense}
+    return {**{k: sd[k] for k in table_keys(model, sd)}, **dense}
 
 
 def saved_object_state(model, obj, state):

@@ -125,11 +125,8 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
     fused = f.module.fused_optimizer.state_dict().get("state", {})
     tables, keys = [], []
     for tname, ps in plan.items():
+        full_name, key = _weight_key(f, tname, sd)
         rel = f"{f.tables_attr}.{tname}.weight"
-        full_name = f.prefix + rel[:-len(".weight")]
-        key = next((p + rel for p in f.raw_prefixes if p + rel in sd), None)
-        if key is None:
-            raise InvalidArgumentError(f"TorchRec table {full_name!r}: no state_dict entry {f.prefix + rel!r}")
         w = sd[key]
         n, d = (int(x) for x in w.shape)
         shards = _local_shards(w)
@@ -218,11 +215,7 @@ def _unsharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts
                       ) -> Tuple[List[TorchRecTable], List[str]]:
     tables, keys = [], []
     for tname, sub in getattr(f.module, f.tables_attr).items():
-        rel = f"{f.tables_attr}.{tname}.weight"
-        full_name = f.prefix + rel[:-len(".weight")]
-        key = next((p + rel for p in f.raw_prefixes if p + rel in sd), None)
-        if key is None:
-            raise InvalidArgumentError(f"TorchRec table {full_name!r}: no state_dict entry {f.prefix + rel!r}")
+        full_name, key = _weight_key(f, tname, sd)
         param = sub.weight
         if param.is_meta:
             raise InvalidArgumentError(f"TorchRec table {full_name!r} is on the meta device: shard it "
@@ -236,6 +229,34 @@ def _unsharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts
                            opt_slots=opt_slots, replicated=True, sharding="unsharded"))
         keys.append(key)
     return tables, keys
+
+
+def _weight_key(f: Found, tname: str, sd: Dict[str, Any]) -> Tuple[str, str]:
+    """(the table's name in the checkpoint, its weight's key in `sd`) of table `tname` of collection `f`."""
+    rel = f"{f.tables_attr}.{tname}.weight"
+    name = f.prefix + rel[:-len(".weight")]
+    key = next((p + rel for p in f.raw_prefixes if p + rel in sd), None)
+    if key is None:
+        raise InvalidArgumentError(f"TorchRec table {name!r}: no state_dict entry {f.prefix + rel!r}")
+    return name, key
+
+
+def _table_names(f: Found) -> List[str]:
+    """The names of collection `f`'s tables, in the order `find_tables` takes them."""
+    return list(f.module.module_sharding_plan if f.sharded else getattr(f.module, f.tables_attr))
+
+
+def table_keys(model, sd: Dict[str, Any]) -> List[str]:
+    """The state_dict keys `find_tables` returns (each table's weight and MCH buffers), from the collections
+    and `sd`'s keys alone: no table is built, no optimizer state read and no other rank asked, for a load
+    that only needs to know which entries are tables."""
+    keys = []
+    for f in collections(model):
+        names = [_weight_key(f, tname, sd) for tname in _table_names(f)]
+        keys += [key for _, key in names]
+        if f.mc is not None:
+            keys += _mch_keys(f, sd, [name for name, _ in names])
+    return keys
 
 
 def find_tables(model, sd: Dict[str, Any], objects: Sequence[Any] = ()) -> Tuple[List[Any], List[str], List[Found]]:
@@ -269,7 +290,7 @@ def find_tables(model, sd: Dict[str, Any], objects: Sequence[Any] = ()) -> Tuple
     by_found = {id(f): f for f in found}
     owner = {}
     for f in found:
-        for tname in getattr(f.module, f.tables_attr) if not f.sharded else f.module.module_sharding_plan:
+        for tname in _table_names(f):
             owner[f"{f.prefix}{f.tables_attr}.{tname}"] = (id(f), tname)
     out = []
     for t in tables:

@@ -403,8 +403,9 @@ def main():
     if world == 1:
         _entry(0, 1, spec)
         return
-    import torch.multiprocessing as mp
-    mp.spawn(_entry, args=(world, spec), nprocs=world)
+    # not torch.multiprocessing.spawn: this launcher never imports torch (see rank_procs.py)
+    from rank_procs import spawn
+    spawn(_entry, (world, spec), world)
 
 
 if __name__ == "__main__":

@@ -178,8 +178,9 @@ def _entry(rank, world, spec):
 
 def main():
     spec = json.load(open(sys.argv[1]))
-    import torch.multiprocessing as mp
-    mp.spawn(_entry, args=(spec["world"], spec), nprocs=spec["world"])
+    # not torch.multiprocessing.spawn: this launcher never imports torch (see rank_procs.py)
+    from rank_procs import spawn
+    spawn(_entry, (spec["world"], spec), spec["world"])
 
 
 if __name__ == "__main__":

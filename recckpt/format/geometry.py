@@ -14,6 +14,7 @@ that the schema can use it without an import cycle.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -117,6 +118,18 @@ class TableGeometry:
         """Per column: whether it begins a slot (padded to the alignment, when not empty, in a segment
         that is not packed)."""
         return [False] + [k == 0 for p in self.blocks[block] for k in range(p.count)]
+
+    # Geometries are shared between a model's tables (schema._shared_geometry), so these are worked out once
+    # per distinct layout, not once per table of an index.
+    @functools.cached_property
+    def widths_per_block(self) -> list[list[int]]:
+        """`widths(j)` of every column block j (do not modify: shared)."""
+        return [self.widths(j) for j in range(len(self.blocks))]
+
+    @functools.cached_property
+    def begins_per_block(self) -> list[list[bool]]:
+        """`begins_slot(j)` of every column block j (do not modify: shared)."""
+        return [self.begins_slot(j) for j in range(len(self.blocks))]
 
     def column_name(self, k: int, block: int = 0) -> str:
         """A column named for errors: "ids", "slot 'embedding'", "slot 'embedding' columns [4, 8)"."""

@@ -1006,13 +1006,12 @@ def _phase1_all_tables(v: _V, tables: dict, doc: IndexDoc, manifest: Manifest, w
         cb = info.column_blocks
         nblocks = len(cb.blocks) if cb is not None else 1
         runs = geo.runs and doc.format_version >= COLUMN_GROUPS_SINCE
-        items.append(_SegsInput(f"{where}.segments", t["segments"], [geo.widths(j) for j in range(nblocks)],
-                                [geo.begins_slot(j) for j in range(nblocks)], True, cb is not None, nblocks,
-                                geo.num_rows if runs else 0))
+        items.append(_SegsInput(f"{where}.segments", t["segments"], geo.widths_per_block, geo.begins_per_block,
+                                True, cb is not None, nblocks, geo.num_rows if runs else 0))
         if "removed" in t:
             if not info.changes:
                 return None
-            items.append(_SegsInput(f"{where}.removed", t["removed"], [[8]], [[False]], False, False, 1))
+            items.append(_SegsInput(f"{where}.removed", t["removed"], *_IDS_ONLY, False, False, 1))
         tabs.append((name, info, "removed" in t, nblocks, geo))
     parts = _segs_v4_all(items, doc)
     if parts is None:
@@ -1082,6 +1081,8 @@ def _phase1_table(v: _V, name, t, doc: IndexDoc, manifest: Manifest, worker: boo
 # exactly (naming the table, field and position). A hostile or corrupt index is refused with the same
 # message either way, only more slowly.
 _LIMIT62 = 1 << 62
+#: The columns of removed ids' segments: the ids alone (row bytes and alignment, as _SegsInput takes them).
+_IDS_ONLY = ([[8]], [[False]])
 #: The keys a table's SEGS holds: (with packed, with block, with id0) -> keys.
 _SEGS_KEYS = {(p, b, r): frozenset(_SEG_KEYS) | {"crc32c"} | ({"packed"} if p else set()) | ({"block"} if b else set())
               | ({"id0"} if r else set()) for p in (False, True) for b in (False, True) for r in (False, True)}
@@ -1121,6 +1122,7 @@ def _segs_v4_all(items: list[_SegsInput], doc: IndexDoc) -> list[_SegArrays] | N
                  "id0": any(it.runs_over > 0 for it in items)}
     cols = {k: [] for k in (*_SEG_KEYS, *absent)}
     counts, widths, aligned, base, nblocks, runs_over = [], [], [], [], [], []
+    layouts = {}   # a shared geometry's lists (by identity, alive for this call) -> their first row in widths
     for it in items:
         raw = it.raw
         if type(raw) is not dict or raw.keys() != _SEGS_KEYS[(it.with_packed, it.with_block, it.runs_over > 0)]:
@@ -1141,9 +1143,13 @@ def _segs_v4_all(items: list[_SegsInput], doc: IndexDoc) -> list[_SegArrays] | N
         if any(x * (_U32 - 1) >= _LIMIT62 for rbs in it.row_bytes for x in rbs):
             return None   # "a slot row is too large for any segment"
         counts.append(n)
-        base.append(len(widths))
-        widths += it.row_bytes
-        aligned += it.begins_slot
+        key = (id(it.row_bytes), id(it.begins_slot))
+        row = layouts.get(key)
+        if row is None:
+            row = layouts[key] = len(widths)
+            widths += it.row_bytes
+            aligned += it.begins_slot
+        base.append(row)
         nblocks.append(max(it.nblocks, 1))
         runs_over.append(it.runs_over)
     a = {}
@@ -1179,11 +1185,8 @@ def _segs_v4_all(items: list[_SegsInput], doc: IndexDoc) -> list[_SegArrays] | N
             return None
     ncols = [len(w) for w in widths]
     width = max(ncols, default=1)
-    rb = np.zeros((len(widths), width), dtype=np.int64)
-    al = np.zeros((len(widths), width), dtype=bool)
-    for j, (w, b) in enumerate(zip(widths, aligned)):
-        rb[j, :len(w)] = w
-        al[j, :len(b)] = b
+    rb = np.array([w + [0] * (width - len(w)) for w in widths], dtype=np.int64).reshape(len(widths), width)
+    al = np.array([b + [False] * (width - len(b)) for b in aligned], dtype=bool).reshape(len(widths), width)
     which = np.asarray(base, dtype=np.int64)[table_of] + block
     lengths = rows[:, None] * rb[which]   # < 2**62
     lengths[run, 0] = 0                    # a run stores no ids
@@ -1225,7 +1228,7 @@ def _segments_all(parts: list[_SegArrays], doc: IndexDoc) -> list[list[Segment]]
     for p in parts:
         lengths[lo:lo + len(p.ends), :p.lengths.shape[1]] = p.lengths
         lo += len(p.ends)
-    has_dir = np.concatenate([p.id0 < 0 for p in parts]).astype(np.int64)   # a row run has no directory
+    has_dir = (np.concatenate([p.id0 for p in parts]) < 0).astype(np.int64)   # a row run has no directory
     steps = layout.checksum_steps(lengths, doc.chunk_bytes)
     per_col = layout.crc_count(lengths, steps)
     counts = has_dir + per_col.sum(axis=1)   # the directory's CRC, then the columns'

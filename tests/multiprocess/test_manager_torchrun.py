@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,16 +88,33 @@ def verified(out, ckpt_id):
     return report
 
 
+# The uninterrupted 2-worker run (24 steps, an async save every 4) is saved once per module: it is the
+# reference of the kill-and-restart test and the saved job of the 2 -> 3 restore (one torchrun job fewer).
+STEPS, EVERY = 24, 4
+ASYNC = ["--steps", STEPS, "--interval", EVERY, "--async"]
+
+
+@pytest.fixture(scope="module")
+def whole2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole2")
+    run(2, out, *ASYNC)
+    return out
+
+
 @pytest.mark.parametrize("before,after,mode", [(2, 3, "--async"), pytest.param(3, 2, "--sync", marks=pytest.mark.slow)])
-def test_restore_on_another_world_size_gives_every_id_exactly_once(tmp_path, before, after, mode):
-    flags = ["--interval", 5] + (["--async"] if mode == "--async" else [])
-    run(before, tmp_path, "--steps", 10, *flags)
-    assert committed(tmp_path) == ["ckpt_5", "ckpt_10"]
-    with open(os.path.join(tmp_path, "ckpt", "ckpt_10", "manifest.json")) as f:
+def test_restore_on_another_world_size_gives_every_id_exactly_once(tmp_path, request, before, after, mode):
+    flags = ["--steps", STEPS, "--interval", EVERY] + (["--async"] if mode == "--async" else [])
+    if (before, mode) == (2, "--async"):
+        shutil.copytree(request.getfixturevalue("whole2"), tmp_path, dirs_exist_ok=True)   # that very run
+    else:
+        run(before, tmp_path, *flags)
+    last = f"ckpt_{STEPS}"
+    assert committed(tmp_path) == [f"ckpt_{s}" for s in range(EVERY, STEPS + 1, EVERY)]
+    with open(os.path.join(tmp_path, "ckpt", last, "manifest.json")) as f:
         assert f'"shard_num":{before}' in f.read().replace(" ", ""), "every rank's rows, not one rank's"
-    verified(tmp_path, "ckpt_10")
+    verified(tmp_path, last)
     saved = end_state(tmp_path, before)
-    run(after, tmp_path, "--steps", 10, *flags)      # restore only: the loop has nothing left to do
+    run(after, tmp_path, *flags)      # restore only: the loop has nothing left to do
     loaded = end_state(tmp_path, after)
     want, got = rows_by_id(saved), rows_by_id(loaded)
     assert set(got) == set(want) and len(got) > 1000
@@ -104,15 +122,14 @@ def test_restore_on_another_world_size_gives_every_id_exactly_once(tmp_path, bef
         assert np.array_equal(got[i][0], e) and np.array_equal(got[i][1], a)
     for r, s in enumerate(loaded):   # each rank holds exactly the ids it owns under the new world size
         assert (recckpt.partition(__import__("torch").from_numpy(s["ids"]), after).numpy() == r).all()
-        assert int(s["step"]) == 10 and str(s["restored_from"]) == "ckpt_10"
+        assert int(s["step"]) == STEPS and str(s["restored_from"]) == last
         for k in (k for k in s if k.startswith("dense.")):
             assert np.array_equal(s[k], saved[0][k]), k
 
 
-def test_a_job_killed_mid_save_restarts_bit_identically(tmp_path):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    run(2, whole, "--steps", 24, "--interval", 4, "--async")
-    p = launch(2, killed, "--steps", 24, "--interval", 4, "--async", "--sleep", 0.05)
+def test_a_job_killed_mid_save_restarts_bit_identically(tmp_path, whole2):
+    whole, killed = whole2, tmp_path / "killed"
+    p = launch(2, killed, *ASYNC, "--sleep", 0.05)
     deadline = time.monotonic() + 120
     path = os.path.join(killed, "report", "losses-2-0.txt")
     while time.monotonic() < deadline and not (os.path.exists(path) and max(losses(killed, 2), default=0) >= 14):
@@ -120,10 +137,10 @@ def test_a_job_killed_mid_save_restarts_bit_identically(tmp_path):
         time.sleep(0.02)
     kill_job(p, killed, 2)
     cut = max(losses(killed, 2))
-    assert cut < 24
-    run(2, killed, "--steps", 24, "--interval", 4, "--async")
+    assert cut < STEPS
+    run(2, killed, *ASYNC)
     a, b = losses(whole, 2), losses(killed, 2)
-    assert sorted(a) == sorted(b) == list(range(1, 25))
+    assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
     assert a == b, "a resumed run must reproduce the uninterrupted one bit for bit"
     for x, y in zip(end_state(whole, 2), end_state(killed, 2)):   # row order differs after a load: by id
         ox, oy = np.argsort(x["ids"]), np.argsort(y["ids"])
@@ -188,7 +205,7 @@ def test_a_rank_that_stalls_inside_an_async_save_fails_it_within_the_timeout(tmp
     fails that save (none waits for ever), nothing of it commits, and later saves work again."""
     t0 = time.monotonic()
     run(2, tmp_path, "--steps", 20, "--interval", 5, "--async", "--fail-rank", 1, "--fail-save", 1,
-        "--stall", 12, "--timeout", 4, timeout=300)
+        "--stall", 9, "--timeout", 3, timeout=300)
     assert "ckpt_10" not in committed(tmp_path)
     assert committed(tmp_path)[0] == "ckpt_5" and committed(tmp_path)[-1] == "ckpt_20"
     for rank in (0, 1):

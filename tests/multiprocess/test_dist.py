@@ -103,7 +103,9 @@ def test_io_state_resize_rule(loaded):
 
 
 def test_failures_never_hang_and_the_next_save_works(tmp_path):
-    timeout, sleep = 4.0, 9.0
+    # the sleeping rank wakes more than twice the timeout after it stopped (4 s past it): the others
+    # have given up on that save by then even on a busy machine; 3 s of timeout is ample for a normal save
+    timeout, sleep = 3.0, 7.0
     out = str(tmp_path / "run")
     rep = ok(run_ranks(3, sc.failures, out, timeout, sleep, out_dir=str(tmp_path / "r")))
     for rank, r in enumerate(rep):
@@ -129,7 +131,7 @@ def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when)
     """Rank 0 stalls past the timeout around its commit. Rank 1 has handed its part over: it must not
     remove the staging directory rank 0 commits from, and it reports what it can see: the checkpoint
     committed (a warning, and save() returns) or not yet (CommitOutcomeUnknownError)."""
-    timeout, sleep = 4.0, 8.0
+    timeout, sleep = 3.0, 6.0   # rank 0 stalls twice the timeout: rank 1 gives up while it still sleeps
     out = str(tmp_path / "run")
     rep = ok(run_ranks(2, sc.stalled_committer, out, timeout, sleep, when, out_dir=str(tmp_path / "r")))
     assert rep[0] == {"error": None, "warnings": [], "next_error": None}

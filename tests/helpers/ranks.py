@@ -1,6 +1,10 @@
-"""Test-only: run a function on W real processes (torch.multiprocessing spawn, gloo on 127.0.0.1) and
-collect each rank's JSON-able result or error. Also the small model and table contents the
-multi-process tests share: row values are a function of the id, so any rank can check what it loaded."""
+"""Test-only: run a function on W real processes (gloo on 127.0.0.1) and collect each rank's JSON-able
+result or error. The processes are forked from multiprocessing's forkserver, which imports torch,
+recckpt and these helpers once per test session (as tests/helpers/stress_harness.py does); a spawned
+process imported torch again for every rank, ~3 s of CPU each on the 2-core CI machine.
+
+Also the small model and table contents the multi-process tests share: row values are a function of the
+id, so any rank can check what it loaded."""
 from __future__ import annotations
 
 import json
@@ -27,7 +31,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world, port, out_dir, fn, args, init_pg):
+def _entry(rank, world, port, out_dir, fn, args, init_pg, environ):
+    os.environ.clear()   # the caller's environment now, as a spawned process would have it (not the server's)
+    os.environ.update(environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     res = {"rank": rank}
@@ -53,15 +59,18 @@ def _entry(rank, world, port, out_dir, fn, args, init_pg):
 
 def run_ranks(world: int, fn, *args, out_dir: str, init_pg: bool = True, timeout: float = 150.0) -> list[dict]:
     """Start `world` processes running fn(rank, world, *args); returns each rank's report."""
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
+    import multiprocessing
+    ctx = multiprocessing.get_context("forkserver")
+    # only read when the server starts (the first use in this session, by whichever harness comes first)
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "recckpt", "helpers.ranks", "helpers.rank_scenarios"])
     os.makedirs(out_dir, exist_ok=True)
     for r in range(world):
         p = os.path.join(out_dir, f"rank-{r}.json")
         if os.path.exists(p):
             os.remove(p)
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, out_dir, fn, args, init_pg)) for r in range(world)]
+    procs = [ctx.Process(target=_entry, args=(r, world, port, out_dir, fn, args, init_pg, dict(os.environ)))
+             for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout

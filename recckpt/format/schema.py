@@ -1003,33 +1003,31 @@ def _phase1_all_tables(v: _V, tables: dict, doc: IndexDoc, manifest: Manifest, w
             return None
         geo = info.geometry(doc.format_version)
         where = f"tables[{name!r}]"
-        cb = info.column_blocks
-        nblocks = len(cb.blocks) if cb is not None else 1
-        runs = geo.runs and doc.format_version >= COLUMN_GROUPS_SINCE
+        # (the geometry has row runs only where the index's version has them)
         items.append(_SegsInput(f"{where}.segments", t["segments"], geo.widths_per_block, geo.begins_per_block,
-                                True, cb is not None, nblocks, geo.num_rows if runs else 0))
+                                True, info.column_blocks is not None, geo.num_rows))
         if "removed" in t:
             if not info.changes:
                 return None
-            items.append(_SegsInput(f"{where}.removed", t["removed"], *_IDS_ONLY, False, False, 1))
-        tabs.append((name, info, "removed" in t, nblocks, geo))
+            items.append(_SegsInput(f"{where}.removed", t["removed"], *_IDS_ONLY, False, False))
+        tabs.append((name, info, "removed" in t, geo))
     parts = _segs_v4_all(items, doc)
     if parts is None:
         return None
     out, k = [], 0
-    for name, info, has_removed, nblocks, geo in tabs:
+    for name, info, has_removed, geo in tabs:
         segs = parts[k]
         removed = parts[k + 1] if has_removed else None
         k += 2 if has_removed else 1
         if not worker:
+            nblocks = len(geo.blocks)
             per_block = (np.bincount(segs.block, weights=segs.a["rows"], minlength=nblocks).tolist() if nblocks > 1
                          else (segs.rows_total,))
             gone = removed.rows_total if removed is not None else 0
             if any(r != info.rows for r in per_block) or gone != info.removed:
                 return None
-        out.append((name, list(info.slots), segs, removed, info.column_blocks is not None))
-    for name, _, _, _, geo in tabs:
         doc.geometry[name] = geo
+        out.append((name, list(info.slots), segs, removed, info.column_blocks is not None))
     return out
 
 
@@ -1097,7 +1095,6 @@ class _SegsInput:
     begins_slot: list[list[bool]]  # per column block: whether each column begins a slot (is padded)
     with_packed: bool
     with_block: bool
-    nblocks: int
     runs_over: int = 0           # > 0: a version 5 row_range table of this many rows (segments carry id0)
 
 
@@ -1150,7 +1147,7 @@ def _segs_v4_all(items: list[_SegsInput], doc: IndexDoc) -> list[_SegArrays] | N
             widths += it.row_bytes
             aligned += it.begins_slot
         base.append(row)
-        nblocks.append(max(it.nblocks, 1))
+        nblocks.append(len(it.row_bytes))
         runs_over.append(it.runs_over)
     a = {}
     total = sum(counts)
@@ -1209,7 +1206,7 @@ def _segs_v4_all(items: list[_SegsInput], doc: IndexDoc) -> list[_SegArrays] | N
     rows_before = rows_before.tolist()
     for it, n, b0 in zip(items, counts, base):
         hi = lo + n
-        nc = ncols[b0:b0 + max(it.nblocks, 1)]
+        nc = ncols[b0:b0 + len(it.row_bytes)]
         w = max(nc)
         out.append(_SegArrays(it.where, it.raw, {k: a[k][lo:hi] for k in _SEG_KEYS}, packed[lo:hi],
                               block[lo:hi], id0[lo:hi], starts[lo:hi, :w], lengths[lo:hi, :w], pos[lo:hi], nc,

@@ -86,7 +86,7 @@ def test_batched_phase1_declines_anything_out_of_order(tmp_path):
         for name, t in o["tables"].items():
             info = m.tables[name]
             geo = info.geometry(doc.format_version)
-            out.append(schema._SegsInput(name, t["segments"], [geo.widths(0)], [geo.begins_slot(0)], True, False, 1))
+            out.append(schema._SegsInput(name, t["segments"], [geo.widths(0)], [geo.begins_slot(0)], True, False))
         return out
     assert schema._segs_v4_all(items(obj), doc) is not None
     for key, value in [("rows", 0), ("first", 5000), ("dir", 10**6), ("packed", 2), ("file", 7), ("offset", -1),

@@ -11,7 +11,10 @@ RowWiseAdagrad, and trained one step. Then, in the same processes, each round al
   fused optimizer state_dict + the dense optimizer's) with a `FileSystemWriter`; bytes on disk;
 - load at the same world size, warm (page cache as the save left it) and cold (every file of both
   checkpoints dropped from the page cache with posix_fadvise DONTNEED first): `Saver.load()` vs `dcp.load`
-  with a `FileSystemReader` followed by the `load_state_dict` calls TorchRec documents;
+  with a `FileSystemReader` followed by the `load_state_dict` calls TorchRec documents. Beside the cold
+  loads, the disk's pace: each rank reads its own shard files of the recckpt checkpoint front to back in
+  1 MiB reads (cache dropped first), no checks, no copies into the model; a cold load cannot beat it by
+  much, so the cold ratio against DCP says how far DCP's load is from the disk;
 - the async stall: `Saver.capture_copy` into reused host buffers (what `CheckpointManager(async_save=True)`
   does on the step that saves), against the sync save.
 Each side runs at its own default: DCP's `FileSystemWriter` with one writer thread (`thread_count=1`) and
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import shutil
@@ -82,6 +86,19 @@ def _drop_cache(*paths: str) -> None:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 finally:
                     os.close(fd)
+
+
+def _read_plain(paths: list) -> int:
+    """Bytes of `paths` read front to back in 1 MiB reads (the disk's pace for a rank's share)."""
+    buf, n = bytearray(1 << 20), 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while True:
+                k = f.readinto(buf)
+                if not k:
+                    break
+                n += k
+    return n
 
 
 def _free_port() -> int:
@@ -344,6 +361,13 @@ def _phase_save(a, rank: int, world: int, opt: str, res: dict) -> None:
                 r.setdefault("loads_exact", []).append(ok)
                 if not ok:
                     raise AssertionError(f"{opt}: the {temp} {name} load did not restore the trained shards")
+            if temp == "cold":   # the disk's pace for this rank's share, in the same round
+                mine = sorted(glob.glob(os.path.join(rk, "c", "sparse", f"shard-{rank:05d}-*.bin")))
+                dist.barrier()
+                if rank == 0:
+                    _drop_cache(rk)
+                t, _, _ = _timed(lambda: _read_plain(mine), rank)
+                r.setdefault("read_cold_plain", []).append(t)
         # The async stall: the step that saves copies the state into reused host buffers.
         bufs = HostBuffers()
         for i in range(2):
@@ -497,6 +521,10 @@ def report(a, res: dict) -> dict:
         row("  CPU s, all ranks", "load_warm_cpu")
         targets[f"{opt}.load_cold_speedup"] = (row("load @2, cold (cache dropped)", "load_cold"), ">=", 1.2)
         row("  CPU s, all ranks", "load_cold_cpu")
+        if r.get("read_cold_plain"):
+            f, x, y = _median(r["read_cold_plain"]), _median(r["load_cold_recckpt"]), _median(r["load_cold_dcp"])
+            lines.append(f"{'  plain read of rank files, cold':34}{f:>25.3f}s   (the disk's pace: recckpt's cold load "
+                         f"{f / x:.2f}x it, DCP's {f / y:.2f}x)")
         for kind in ("rw", "cw"):
             key = f"reshard_{kind}3"
             if f"{key}_recckpt" in r or f"{key}_recckpt_error" in r:
@@ -529,7 +557,7 @@ def report(a, res: dict) -> dict:
     return out
 
 
-def main():
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--tables", type=int, default=8)
@@ -542,7 +570,7 @@ def main():
                     help="DCP FileSystemWriter thread_count (default 1: FileSystemWriter's own default)")
     ap.add_argument("--concurrency", type=int, default=4, help="recckpt Saver concurrency (default 4: Saver's own)")
     ap.add_argument("--phases", default="save,track", help="save (save/load/reshard vs DCP), track (tracking)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     keep = a.dir is not None
     a.dir = a.dir or tempfile.mkdtemp(prefix="recckpt-bench-torchrec-")
     shutil.rmtree(a.dir, ignore_errors=True)    # checkpoints of an earlier run would be refused
@@ -556,9 +584,11 @@ def main():
             for opt, r in _spawn(a, 3, "reshard").items():
                 res[opt].update(r)
         targets = report(a, res)
+        out = {"args": vars(a), "results": res, "targets": targets}
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"args": vars(a), "results": res, "targets": targets}, f, indent=1)
+                json.dump(out, f, indent=1)
+        return out
     finally:
         if not keep:
             shutil.rmtree(a.dir, ignore_errors=True)

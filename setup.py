@@ -25,6 +25,7 @@ ParallelCompile("RECCKPT_BUILD_JOBS", default=0).install()
 ext = Pybind11Extension(
     "recckpt._C",
     sorted(glob.glob("csrc/*.cpp")),
+    depends=sorted(glob.glob("csrc/*.h")),   # a header's edit rebuilds the engine (else a stale build loads)
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=extra_compile_args,

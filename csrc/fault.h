@@ -7,6 +7,8 @@
 // std::bad_alloc at the writer's allocation points: where a pwrite's error message is built (in the pwrite
 // thread, or in the worker for small writes) and where PwriteThread::write makes its vector of one write;
 // it proves that running out of memory in a writer thread fails the save instead of ending the process.
+// "setup" throws std::bad_alloc in a ShardWriter's constructor right after it opened its N-th file, as its
+// allocations there could: it proves a constructor that fails midway closes every file it opened.
 // Off by default; when off, a check is one relaxed atomic load and increment.
 #pragma once
 #include <atomic>
@@ -15,7 +17,8 @@
 namespace recckpt {
 namespace fault {
 
-enum Op { kWrite = 0, kFsync = 1, kMmap = 2, kDirect = 3, kCachestat = 4, kSweep = 5, kAlloc = 6, kNumOps = 7 };
+enum Op { kWrite = 0, kFsync = 1, kMmap = 2, kDirect = 3, kCachestat = 4, kSweep = 5, kAlloc = 6, kSetup = 7,
+          kNumOps = 8 };
 
 struct Slot {
   std::atomic<int64_t> seen{0};     // operations of this kind since the last arm() (always counted)

@@ -19,8 +19,9 @@ fault::Op op_of(const std::string& op) {
   if (op == "cachestat") return fault::kCachestat;
   if (op == "sweep") return fault::kSweep;
   if (op == "alloc") return fault::kAlloc;
-  throw py::value_error("fault op must be 'write', 'fsync', 'mmap', 'direct', 'cachestat', 'sweep' or 'alloc', got '" +
-                        op + "'");
+  if (op == "setup") return fault::kSetup;
+  throw py::value_error("fault op must be 'write', 'fsync', 'mmap', 'direct', 'cachestat', 'sweep', 'alloc' or "
+                        "'setup', got '" + op + "'");
 }
 
 }  // namespace
@@ -31,7 +32,7 @@ void bind_fault(py::module_& m) {
       [](const std::string& op, int64_t fail_at, int err) {
         const fault::Op o = op_of(op);
         if (fail_at < 0) throw py::value_error("_inject_fault: fail_at must be >= 0 (0 turns it off)");
-        if (o == fault::kAlloc && err == 0) err = ENOMEM;  // it throws std::bad_alloc, whatever the errno
+        if ((o == fault::kAlloc || o == fault::kSetup) && err == 0) err = ENOMEM;  // they throw std::bad_alloc
         if (fail_at > 0 && err <= 0) throw py::value_error("_inject_fault: errno must be > 0");
         fault::arm(o, fail_at, err);
       },
@@ -39,7 +40,8 @@ void bind_fault(py::module_& m) {
       "test hook: fail the fail_at-th engine 'write' (pwrite), 'fsync', 'mmap' (of a column, in a mapped "
       "read), 'direct' (O_DIRECT read of a piece), 'cachestat' (page-cache probe) or 'sweep' (a cold strided read's "
       "sequential read ahead of its workers) from now with errno, or make the fail_at-th 'alloc' (a writer "
-      "thread's allocation point) throw std::bad_alloc; 0 = off. "
+      "thread's allocation point) or 'setup' (a file a ShardWriter constructor opened) throw std::bad_alloc; "
+      "0 = off. "
       "Also resets the operation counter.");
   m.def(
       "_fault_seen", [](const std::string& op) { return fault::seen(op_of(op)); }, py::arg("op"),

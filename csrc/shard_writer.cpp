@@ -93,27 +93,21 @@ ShardWriter::ShardWriter(const std::vector<std::string>& paths, int64_t num_buck
   staging_bytes_ = (size_t)chunk_bytes <= kStagingBytes ? kStagingBytes / chunk_bytes * chunk_bytes
                                                         : kStagingBytes;
 
+  // A throw below leaves every file opened so far to its File's destructor (files_ and `f`).
   std::set<std::pair<dev_t, ino_t>> inodes;
-  auto close_all = [&] {
-    for (auto& f : files_)
-      if (f->fd >= 0) ::close(f->fd);
-  };
   for (const auto& p : paths) {
     auto f = std::make_unique<File>();
     f->path = p;
     f->oom.emplace(ENOMEM, p, "ShardWriter: out of memory");
     f->fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (f->fd < 0) {
-      int e = errno;
-      close_all();
+      const int e = errno;
       throw OsError(e, p, "ShardWriter: cannot create file");
     }
     struct stat st;
-    if (::fstat(f->fd, &st) == 0 && !inodes.insert({st.st_dev, st.st_ino}).second) {
-      ::close(f->fd);
-      close_all();
+    if (::fstat(f->fd, &st) == 0 && !inodes.insert({st.st_dev, st.st_ino}).second)
       throw std::invalid_argument("ShardWriter: path '" + p + "' is the same file as an earlier path");
-    }
+    if (fault::check(fault::kSetup)) throw std::bad_alloc();  // test hook: as the allocations here can
     files_.push_back(std::move(f));
   }
   try {

@@ -1,6 +1,8 @@
 // ShardWriter: bucket-sorted segment writes, one worker thread per file (see docs/ENGINE.md).
 // Pure C++: the caller keeps the input buffers alive until the segment's `done` flag is set.
 #pragma once
+#include <unistd.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -95,6 +97,12 @@ class ShardWriter {
     int64_t bytes = 0;
   };
   struct File {
+    File() = default;
+    File(const File&) = delete;
+    File& operator=(const File&) = delete;
+    ~File() {  // a constructor that throws midway closes what it opened (the writer closes and resets fd)
+      if (fd >= 0) ::close(fd);
+    }
     std::string path;
     int fd = -1;
     std::deque<Job> queue;

@@ -531,6 +531,34 @@ def test_writer_out_of_memory_in_a_writer_thread_fails_the_write(tmp_path, n, fa
     assert out["rows"] == n and out["size"] == out["end"], "the next write, without the fault, succeeded"
 
 
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open descriptors in /proc/self/fd (Linux)")
+@pytest.mark.parametrize("what", ["out of memory", "same file", "cannot create"])
+def test_writer_constructor_that_fails_midway_closes_the_files_it_opened(tmp_path, what):
+    """A ShardWriter whose constructor fails after opening some of its files closes them: a save that retries
+    after running out of memory (or on a bad path) must not leak a descriptor per file each time."""
+    paths = [str(tmp_path / f"f{i}") for i in range(4)]
+    if what == "same file":
+        open(paths[0], "wb").close()
+        os.link(paths[0], paths[2])
+    elif what == "cannot create":
+        paths[2] = str(tmp_path / "no-such-dir" / "f2")
+    before = _open_fds()
+    if what == "out of memory":
+        _C._inject_fault("setup", 3)
+    try:
+        with pytest.raises((MemoryError, ValueError, OSError)) as ei:
+            _C.ShardWriter(paths, 8, 64, 1 << 20)
+        if what == "out of memory":
+            assert ei.type is MemoryError and _C._fault_seen("setup") == 3   # files 0-2 were open
+    finally:
+        _C._inject_fault("setup", 0)
+    assert _open_fds() == before, "every file the constructor opened is closed again"
+
+
 def test_writer_abort_keeps_files_and_stops(tmp_path):
     paths = [str(tmp_path / "a"), str(tmp_path / "b")]
     w = _C.ShardWriter(paths, 8, 64, 1 << 30)

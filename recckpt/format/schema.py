@@ -7,7 +7,6 @@ any offset in it is used.
 from __future__ import annotations
 
 import binascii
-import functools
 import re
 from dataclasses import dataclass, field, replace
 
@@ -136,17 +135,7 @@ class TableInfo:
         """Where each slot lies among a segment's columns (format/geometry.py); in format version 5 a
         row_range table's segments may be row runs."""
         runs = self.num_rows if self.bucket_fn == "row_range" and format_version >= COLUMN_GROUPS_SINCE else 0
-        try:
-            return _shared_geometry(tuple(self.slots.items()), self.column_blocks, self.column_groups, runs)
-        except TypeError:   # a spec that cannot be a key (not from a parsed manifest): built afresh
-            return TableGeometry.of(self.slots, self.column_blocks, self.column_groups, runs)
-
-
-@functools.lru_cache(maxsize=1024)
-def _shared_geometry(slots: tuple, column_blocks, column_groups, runs: int) -> TableGeometry:
-    # Geometries are immutable, and a model's tables mostly share a few specs: a thousand small tables
-    # cost two geometries, not two thousand (a 1000-table verify built each twice: ~50 ms).
-    return TableGeometry.of(dict(slots), column_blocks, column_groups, runs)
+        return TableGeometry.shared(self.slots, self.column_blocks, self.column_groups, runs)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ class TableSource:
 
     @functools.cached_property
     def _geometry(self) -> TableGeometry:   # asked for twice a save (the index, the writer's groups)
-        return TableGeometry.of(self.slots, self.column_blocks, self.column_groups, self.num_rows)
+        return TableGeometry.shared(self.slots, self.column_blocks, self.column_groups, self.num_rows)
 
     def group_bytes(self) -> list[int]:
         """Per slot, the bytes of each row of one column group as the engine cuts them (0: one column)."""

@@ -502,7 +502,9 @@ class Saver:
                 extras=snap.extras if shard_id == 0 else None,
                 io_state=snap.io_state, opts=self._write_options(), step=step, parent=parent,
                 removed=[r for _, r in sources if r is not None])
-            parts = coord.submit(key, part.to_json())
+            # A world of one hands its part to nobody: it is not serialised only to be dropped (a thousand
+            # tables' index and digests)
+            parts = coord.submit(key, part.to_json() if coord.world > 1 else {"worker": part.worker})
             handed_over = parts is None
             if parts is not None:
                 # this worker's own part as built here (its index not parsed back), the others' as received
@@ -515,7 +517,7 @@ class Saver:
                 self.last_save = SaveStats(ckpt_id, self.storage.describe(ckpt_id),
                                            sum(t.rows for t in manifest.tables.values()),
                                            sum(f.size for f in manifest.files.values()) + sum(
-                                               f["size"] for p in parts for f in p["index"]["files"]),
+                                               f["size"] for p in mine for f in p.index["files"]),
                                            time.perf_counter() - t0,
                                            parent.ckpt_id if parent is not None else None, full_reason)
                 stats = self.last_save

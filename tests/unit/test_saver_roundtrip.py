@@ -317,3 +317,24 @@ def test_large_table_many_segments_and_threads(tmp_path):
     Saver(Holder([t2]), output_dir=tmp_path, concurrency=3).load()
     ids = t.ids()
     assert torch.equal(t2.read_rows("embedding", t2.lookup(ids)), t.read_rows("embedding", t.lookup(ids)))
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_last_save_counts_every_byte_the_checkpoint_holds_but_its_manifest(tmp_path, shards):
+    """`SaveStats.bytes_written` of the committing worker is the checkpoint's files on disk (the manifest
+    aside, which is written last): with one worker, whose part is never serialised, and with two shards
+    saved from this process."""
+    import os
+    gen = torch.Generator().manual_seed(3)
+    savers = []
+    for k in range(shards):
+        t = HashTable("t", dim=8)
+        t(make_ids(500, gen))
+        savers.append(Saver(Holder([t]), output_dir=str(tmp_path), options=SMALL))
+    for k in reversed(range(shards)):   # worker 0 last: it commits
+        savers[k].save("c", shard_id=k, shard_num=shards)
+    stats = savers[0].last_save
+    on_disk = {os.path.relpath(os.path.join(d, f), tmp_path / "c"): os.path.getsize(os.path.join(d, f))
+               for d, _, fs in os.walk(tmp_path / "c") for f in fs}
+    assert sum(1 for p in on_disk if p.startswith("sparse/shard-")) >= shards
+    assert stats.committed and stats.bytes_written == sum(on_disk.values()) - on_disk["manifest.json"]

@@ -119,7 +119,7 @@ class TableGeometry:
         that is not packed)."""
         return [False] + [k == 0 for p in self.blocks[block] for k in range(p.count)]
 
-    # Geometries are shared between a model's tables (schema._shared_geometry), so these are worked out once
+    # Geometries are shared between a model's tables (`TableGeometry.shared`), so these are worked out once
     # per distinct layout, not once per table of an index.
     @functools.cached_property
     def widths_per_block(self) -> list[list[int]]:

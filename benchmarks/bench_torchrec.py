@@ -317,6 +317,7 @@ def _timed(fn, rank: int) -> tuple:
 
 
 def _phase_save(a, rank: int, world: int, opt: str, res: dict) -> None:
+    import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
@@ -363,11 +364,16 @@ def _phase_save(a, rank: int, world: int, opt: str, res: dict) -> None:
                     raise AssertionError(f"{opt}: the {temp} {name} load did not restore the trained shards")
             if temp == "cold":   # the disk's pace for this rank's share, in the same round
                 mine = sorted(glob.glob(os.path.join(rk, "c", "sparse", f"shard-{rank:05d}-*.bin")))
+                if not mine:
+                    raise AssertionError(f"rank {rank}: no shard files of its own under {rk}/c/sparse")
                 dist.barrier()
                 if rank == 0:
                     _drop_cache(rk)
-                t, _, _ = _timed(lambda: _read_plain(mine), rank)
+                t, _, nread = _timed(lambda: _read_plain(mine), rank)
+                both = torch.tensor([nread], dtype=torch.int64)
+                dist.all_reduce(both, op=dist.ReduceOp.SUM)
                 r.setdefault("read_cold_plain", []).append(t)
+                r.setdefault("read_cold_plain_bytes", []).append(int(both[0]))
         # The async stall: the step that saves copies the state into reused host buffers.
         bufs = HostBuffers()
         for i in range(2):

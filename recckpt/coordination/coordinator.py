@@ -32,7 +32,8 @@ class Coordinator:
         raise NotImplementedError
 
     def submit(self, key: tuple, part: dict) -> list[dict] | None:
-        """Hand over this worker's part; returns all parts to the worker that must commit, else None."""
+        """Hand over this worker's part; returns all parts to the worker that must commit, else None. In a
+        world of one the Saver hands over only ``{"worker": 0}`` (it commits the part it built)."""
         raise NotImplementedError
 
     def end(self, key: tuple, error: str | None) -> None:

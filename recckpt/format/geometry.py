@@ -15,6 +15,7 @@ that the schema can use it without an import cycle.
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -158,8 +159,8 @@ class TableGeometry:
         share a few specs, so a thousand small tables cost two geometries, not two thousand (a 1000-table
         verify built each twice: ~50 ms; a save builds one per table). Specs that cannot be a key are
         built afresh."""
-        try:
-            return _shared(tuple(slots.items()), column_blocks, column_groups, runs_over)
+        try:   # (an int key: numpy's int64 would otherwise share the entry of the equal int)
+            return _shared(tuple(slots.items()), column_blocks, column_groups, operator.index(runs_over))
         except TypeError:
             return TableGeometry.of(slots, column_blocks, column_groups, runs_over)
 

@@ -503,7 +503,7 @@ class Saver:
                 io_state=snap.io_state, opts=self._write_options(), step=step, parent=parent,
                 removed=[r for _, r in sources if r is not None])
             # A world of one hands its part to nobody: it is not serialised only to be dropped (a thousand
-            # tables' index and digests)
+            # tables' index and digests).
             parts = coord.submit(key, part.to_json() if coord.world > 1 else {"worker": part.worker})
             handed_over = parts is None
             if parts is not None:

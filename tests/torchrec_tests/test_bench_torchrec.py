@@ -3,6 +3,7 @@ gloo ranks, checks every load it times, and reports every number it promises, th
 cold loads included: so that the benchmark cannot rot between the runs that fill benchmarks/README.md."""
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
@@ -29,6 +30,8 @@ def test_bench_torchrec_smoke(tmp_path, capsys):
     for k in ("save_recckpt", "save_dcp", "load_warm_recckpt", "load_cold_recckpt", "load_cold_dcp",
               "read_cold_plain", "reshard_rw3_recckpt", "reshard_cw3_recckpt", "stall_reused"):
         assert len(r[k]) >= 1 and all(v > 0 for v in r[k]), k
+    shard_files = glob.glob(str(work / "rowwise" / "recckpt_0" / "c" / "sparse" / "shard-*.bin"))
+    assert r["read_cold_plain_bytes"] == [sum(os.path.getsize(p) for p in shard_files)]   # every rank read its own
     assert r["reshard_rw3_equal"] is True   # recckpt's and DCP's 3-rank loads agree
     assert "reshard_cw3_dcp_error" in r     # DCP cannot load RowWiseAdagrad column-wise (the documented failure)
     t = out["targets"]

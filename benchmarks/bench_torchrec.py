@@ -2,7 +2,7 @@
 
     python benchmarks/bench_torchrec.py [--rows 1000000] [--tables 8] [--dim 64] [--opts adagrad,rowwise]
                                         [--rounds 3] [--dir /tmp/x] [--json out.json]
-                                        [--dcp-threads 1] [--concurrency 4]
+                                        [--dcp-threads 1] [--concurrency 4] [--timeout 600]
 
 A DistributedModelParallel model (an EBC of `--tables` tables, `--rows` rows in all, dim `--dim`, and a
 small dense layer trained with Adam) is built on 2 gloo ranks, table-wise, with a fused Adagrad or
@@ -429,7 +429,7 @@ def _worker(rank: int, world: int, a, phase: str, out: str) -> None:
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=a.timeout))
     res: dict = {}
     try:
         for opt in a.opts.split(","):
@@ -576,6 +576,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="DCP FileSystemWriter thread_count (default 1: FileSystemWriter's own default)")
     ap.add_argument("--concurrency", type=int, default=4, help="recckpt Saver concurrency (default 4: Saver's own)")
     ap.add_argument("--phases", default="save,track", help="save (save/load/reshard vs DCP), track (tracking)")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds a rank waits in a collective before failing (gloo's timeout; default 600)")
     a = ap.parse_args(argv)
     keep = a.dir is not None
     a.dir = a.dir or tempfile.mkdtemp(prefix="recckpt-bench-torchrec-")

@@ -24,7 +24,8 @@ def test_bench_torchrec_smoke(tmp_path, capsys):
         sys.path.pop(0)
     work = tmp_path / "work"
     out = bench_torchrec.main(["--rows", "4000", "--tables", "2", "--dim", "8", "--rounds", "1", "--opts", "rowwise",
-                               "--phases", "save", "--dir", str(work), "--json", str(tmp_path / "r.json")])
+                               "--phases", "save", "--dir", str(work), "--json", str(tmp_path / "r.json"),
+                               "--timeout", "120"])   # a rank stuck in a collective fails the test, not CI
     r = out["results"]["rowwise"]
     assert all(r["loads_exact"]) and len(r["loads_exact"]) == 4   # warm and cold, each side
     for k in ("save_recckpt", "save_dcp", "load_warm_recckpt", "load_cold_recckpt", "load_cold_dcp",

@@ -10,7 +10,6 @@ older than what the child reported done; and that every listed checkpoint verifi
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import signal
@@ -19,6 +18,7 @@ import time
 import torch
 
 import recckpt
+from helpers.forks import forkserver_context
 from helpers.stress_harness import Trials
 from recckpt import HashTable, SaveOptions, Saver
 from recckpt.errors import CheckpointNotFoundError
@@ -130,8 +130,7 @@ def run_kill_incremental(n: int, work_dir: str, seed: int = 0, max_delay: float 
     rng = random.Random(seed)
     out_dir = os.path.join(work_dir, "ckpts")
     progress = os.path.join(work_dir, "progress")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "recckpt.train.saver", "helpers.incremental_harness"])
+    ctx = forkserver_context()
     for trial in range(n):
         p = ctx.Process(target=_child, args=(out_dir, progress), daemon=True)
         p.start()

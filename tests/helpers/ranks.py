@@ -1,6 +1,6 @@
 """Test-only: run a function on W real processes (gloo on 127.0.0.1) and collect each rank's JSON-able
 result or error. The processes are forked from multiprocessing's forkserver, which imports torch,
-recckpt and these helpers once per test session (as tests/helpers/stress_harness.py does); a spawned
+recckpt and these helpers once per test session (helpers/forks.py); a spawned
 process imported torch again for every rank, ~3 s of CPU each on the 2-core CI machine.
 
 Also the small model and table contents the multi-process tests share: row values are a function of the
@@ -16,6 +16,7 @@ import traceback
 import numpy as np
 import torch
 
+from helpers.forks import forkserver_context
 from helpers.tables import DictTable
 from recckpt.state.protocol import SlotSpec
 
@@ -59,10 +60,7 @@ def _entry(rank, world, port, out_dir, fn, args, init_pg, environ):
 
 def run_ranks(world: int, fn, *args, out_dir: str, init_pg: bool = True, timeout: float = 150.0) -> list[dict]:
     """Start `world` processes running fn(rank, world, *args); returns each rank's report."""
-    import multiprocessing
-    ctx = multiprocessing.get_context("forkserver")
-    # only read when the server starts (the first use in this session, by whichever harness comes first)
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "recckpt", "helpers.ranks", "helpers.rank_scenarios"])
+    ctx = forkserver_context()
     os.makedirs(out_dir, exist_ok=True)
     for r in range(world):
         p = os.path.join(out_dir, f"rank-{r}.json")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import multiprocessing
 import os
 import random
 import shutil
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 import recckpt
+from helpers.forks import forkserver_context
 from recckpt import HashTable, SaveOptions, Saver
 from recckpt.errors import CheckpointNotFoundError, CheckpointSaveError, CorruptCheckpointError
 from recckpt.storage.faulty import OPS, FaultyStorage
@@ -174,8 +174,7 @@ def run_kill(n: int, work_dir: str, seed: int = 0, max_delay: float = 0.4) -> Tr
     rng = random.Random(seed)
     out_dir = os.path.join(work_dir, "ckpts")
     progress = os.path.join(work_dir, "progress")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "recckpt.train.saver", "helpers.stress_harness"])
+    ctx = forkserver_context()
     next_step, last_seen = 0, None   # the step the next child saves first; the newest restored
     for trial in range(n):
         before = len(_reported(progress))

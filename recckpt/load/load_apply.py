@@ -106,6 +106,7 @@ class LoadPlan:
         sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model, objects))
         self.model_sparse, self.model_dense = sparse, dense
         self.sparse_jobs = []   # (ckpt name, table, [(slot, SlotInfo, SlotSpec)])
+        self.left_out: dict[str, list[str]] = {}   # ckpt name -> slots a replacing load resets (`_clear`)
         if conf.wants("sparse") or conf.wants("sparse_opt"):
             self.reader.verify_worker_indexes()
             if m.index is not None:
@@ -147,6 +148,7 @@ class LoadPlan:
                 for slot, spec in meta.slots.items():
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
                         self.problems_missing.append(f"slot {slot!r} of model table {target!r} is not in the checkpoint")
+                self._plan_left_out(name, target, table, meta, slots)
                 self.sparse_jobs.append((name, target, table, slots))
             self._plan_chains(shard_id, world)
             for target in sparse:
@@ -590,7 +592,7 @@ class LoadPlan:
             try:
                 cleared = self._clears(slots)
                 if cleared:
-                    table.clear_rows()
+                    self._clear(name, table)
                 expected = (self.m.tables[name].rows // world if conf.ownership is not None else
                             self.m.tables[name].rows * (hi - lo) // self.m.num_buckets)
                 names = [s for s, _, _ in slots]
@@ -706,6 +708,33 @@ class LoadPlan:
         conf = self.conf
         return conf.wants("sparse") and not conf.merge and any(si.category == "sparse" for _, si, _ in slots)
 
+    def _plan_left_out(self, name: str, target: str, table, meta, slots) -> None:
+        """The slots a replacing load of a table that keeps its rows leaves out (`left_out`): they must start
+        over (docs/LOADING.md), so such a table needs `reset_slots`; refused before anything is applied
+        where it has none."""
+        if not self._clears(slots) or not (implements(table, FixedSize) or implements(table, RoutedRows)):
+            return
+        loaded = {s for s, _, _ in slots}
+        left = [s for s in meta.slots if s not in loaded]
+        if not left:
+            return
+        if not callable(getattr(table, "reset_slots", None)):
+            self.incompatible.append(
+                f"table {name!r}: model table {target!r} keeps its rows through a replacing load, and this load "
+                f"leaves its slots {left} out, which it cannot reset (it has no reset_slots); load those slots "
+                f"too, or load with 'merge': True to keep their values")
+            return
+        self.left_out[name] = left
+
+    def _clear(self, name: str, table) -> None:
+        """Empty `table` for checkpoint table `name`'s rows. A table that keeps its rows (fixed-size, or
+        routed: TorchRec's) then starts the slots this load leaves out over (`prepare` found them), as an
+        emptied table's new rows would."""
+        table.clear_rows()
+        left_out = self.left_out.get(name)
+        if left_out:
+            table.reset_slots(left_out)
+
     def _fixed_run(self, k: int) -> list[int]:
         """Indexes into `sparse_jobs`, from k on, of the run of fixed-size tables (TorchRec's) that load the
         plain way (no chain, no routing) and were not yet tried for `_plan_fixed_run`."""
@@ -761,7 +790,7 @@ class LoadPlan:
         for j, _, _ in planned:   # the loop has cleared the table it is at (`at`)
             _, _, table, slots = self.sparse_jobs[j]
             if table is not at and self._clears(slots):
-                table.clear_rows()
+                self._clear(self.sparse_jobs[j][0], table)
         self.reader.segments.read_together([(p.table, p.reqs, p.dsts) for _, _, plans in planned for p in plans])
         return {self.sparse_jobs[j][0]: sum(direct.loaded(p) for p in plans) for j, direct, plans in planned}
 

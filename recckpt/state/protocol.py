@@ -406,7 +406,11 @@ class FixedSize(Protocol):
     this process holds; ``export_chunks``/``import_rows`` use global row ids, and when ``columns`` is
     set they carry only columns [c0, c1) of column-split slots (:func:`column_split_slots`), shape
     ``[n, c1 - c0]``. A loader gives each process the rows of its ``owned_rows`` (all rows when
-    ``replicated``); ``clear_rows`` cannot remove rows of such a table (a load overwrites them)."""
+    ``replicated``); ``clear_rows`` cannot remove rows of such a table (a load overwrites them). A replacing
+    load that leaves some of its slots out (``exclude: ["sparse_opt"]``) calls ``reset_slots(slots)`` right
+    after ``clear_rows``: it sets those slots of every row the process holds to their initial value, as an
+    emptied table's new rows would have. A table without ``reset_slots`` is refused such a load before
+    anything is applied."""
 
     def row_layout(self) -> RowRangeLayout: ...
 
@@ -475,7 +479,8 @@ class RoutedRows(Protocol):
     :meth:`plan_rows`, which decides which ids this process keeps as :class:`Admission`
     says, and raises :class:`~recckpt.errors.IncompatibleCheckpointError` (naming the table and the
     counts) when they do not fit and ``overflow`` is ``"error"``, or when ids it cannot hold are found
-    under ``strict``. Then, while applying, ``clear_rows`` installs the planned ids and
+    under ``strict``. Then, while applying, ``clear_rows`` installs the planned ids, ``reset_slots(slots)``
+    (as for :class:`FixedSize`) starts the slots the load leaves out over in the rows of those ids, and
     :meth:`import_rows` gets only the rows :meth:`keep` selects."""
 
     def plan_slots(self) -> Sequence[str]:

@@ -7,7 +7,8 @@ TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`.
    "opt": "adagrad"|"rowwise"|"sgd", "tables": [[name, rows, dim, dtype], ...], "train_steps": k,
    "save": dir or null, "load": dir or null, "load_conf": {...} or null, "dump": dir or null,
    "dtensor": bool, "expect_error": true or null, "dump_before": dir or null,
-   "dense_opt": "keyed" (KeyedOptimizer, default) or "torch" (torch.optim), "kind" may also be "mch"}
+   "dense_opt": "keyed" (KeyedOptimizer, default) or "torch" (torch.optim), "kind" may also be "mch",
+   "opt_kwargs": {...} more arguments of the tables' optimizer (e.g. initial_accumulator_value)}
 `dump` gets `<dump>/rank<r>.pt`: per table, the live local shards read straight from TorchRec's own
 state (state_dict + fused optimizer state, or the in-backward optimizer when unsharded), independent of
 recckpt's adapter, so the test compares what TorchRec holds.
@@ -64,7 +65,7 @@ def _build(job, world, rank):
     opt_cls = {"adagrad": torch.optim.Adagrad, "rowwise": RowWiseAdagrad, "sgd": torch.optim.SGD}[job["opt"]]
     dp_tables = {t for t, p in (job["plan"].items() if isinstance(job["plan"], dict) else []) if p == "dp"}
     fused = [p for n, p in coll.named_parameters() if n.split(".")[-2] not in dp_tables]
-    apply_optimizer_in_backward(opt_cls, fused, {"lr": 0.05})
+    apply_optimizer_in_backward(opt_cls, fused, {"lr": 0.05, **job.get("opt_kwargs", {})})
 
     class Model(torch.nn.Module):
         def __init__(self):

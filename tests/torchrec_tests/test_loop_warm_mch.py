@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from .harness import needs_torchrec, run_jobs
+from .harness import load_mch_dump, needs_torchrec, run_jobs
 
 pytestmark = needs_torchrec
 
@@ -41,7 +41,9 @@ def mch_runs(tmp_path_factory, slow_mode):
     admit_src = _hashtable_ckpt(tmp, feeds, "ht_admit")
     big = torch.iinfo(torch.int64).max
     unfit_src = _hashtable_ckpt(tmp, [GOOD + [-5, -1, big, 1000, 5000, 2**40]], "ht_unfit")
-    jobs = [_mch_job(tmp, raw_src, "raw", {}),
+    trained = _mch_job(tmp, raw_src, "raw_trained", {})
+    trained.update(train_steps=4, mch_batch=30, dump_before=os.path.join(str(tmp), "d_raw_trained_pre"))
+    jobs = [_mch_job(tmp, raw_src, "raw", {}), trained,
             _mch_job(tmp, admit_src, "by_freq", {"admit_by": "freq"}),
             _mch_job(tmp, admit_src, "by_last", {"admit_by": "last_step"}),
             _mch_job(tmp, admit_src, "no_rule", {}, expect_error=True),
@@ -65,6 +67,24 @@ def test_hashtable_checkpoint_warm_starts_an_mch_table_by_raw_id(mch_runs):
     want = {int(i): c["embedding"] for i, c in zip(*_rows(src))}
     for k, i in enumerate(ids):
         assert np.array_equal(got["weight"][k].numpy(), want[int(i)]), f"raw id {i}: its row"
+
+
+def test_warm_start_into_a_trained_mch_table_gives_admitted_ids_fresh_optimizer_state(mch_runs):
+    """The warm start loads embeddings only. The admitted ids take the shard's first rows, which the trained
+    table had given other raw ids, with their Adagrad state: that state must not carry over to the new ids
+    (it starts at 0, as the optimizer state of any row the load fills without its optimizer slots)."""
+    tmp, src = mch_runs["tmp"], mch_runs["src"]["raw"]
+    assert mch_runs["raw_trained"]["rows"] == len(RAW)
+    before = load_mch_dump(os.path.join(tmp, "d_raw_trained_pre"))[0][MCH_TABLE]
+    assert len(before) >= len(RAW) and all(bool((st["sum"] != 0).any()) for _, st, _, _ in before.values()), \
+        "training gave every id it admitted (the shard's first rows) Adagrad state"
+    after = load_mch_dump(os.path.join(tmp, "d_raw_trained"))[0][MCH_TABLE]
+    assert sorted(after) == sorted(RAW)
+    want = {int(i): c["embedding"] for i, c in zip(*_rows(src))}
+    for raw, (weight, states, meta, _) in after.items():
+        assert np.array_equal(weight.numpy(), want[raw]), f"raw id {raw}: its row"
+        assert bool((states["sum"] == 0).all()), f"raw id {raw}: the Adagrad state of the row's former id"
+        assert all(v == 0 for v in meta.values()), f"raw id {raw}: eviction metadata starts at 0"
 
 
 def _rows(src):

@@ -53,6 +53,17 @@ def dp_slots(param: torch.Tensor, shape: Tuple[int, int], opts: List[Any]
     return {}, {}
 
 
+def accumulator_init(param: torch.Tensor, opts: List[Any]) -> float:
+    """The value the Adagrad-like `sum` state of `param` starts at: the `initial_accumulator_value` of the
+    param group holding it in the first of `opts` that has one (torch's Adagrad, TorchRec's RowWiseAdagrad);
+    0 where none says."""
+    for opt in opts:
+        for group in getattr(opt, "param_groups", None) or []:
+            if any(p is param for p in group.get("params", ())):
+                return float(group.get("initial_accumulator_value", 0.0))
+    return 0.0
+
+
 def _named(state: Any) -> bool:
     return isinstance(state, Mapping) and isinstance(state.get("state"), Mapping) and all(
         isinstance(k, str) for k in state["state"])

@@ -13,7 +13,7 @@ import torch
 
 from ...errors import InvalidArgumentError
 from .agree import agreed_slots
-from .dense_optim import dp_slots, optimizers
+from .dense_optim import accumulator_init, dp_slots, optimizers
 from .mch import MCHTable, persistent_buffers, writes_unsharded
 from .table import ADAGRAD, EMBEDDING, ROWWISE_ADAGRAD, Shard, TorchRecTable
 
@@ -154,12 +154,18 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
             if in_bw:
                 refs = dict(in_bw)
                 opt_slots = {slot: (st.dtype, (d,) if slot == ADAGRAD else ()) for slot, st in in_bw.items()}
+                owners = _in_backward_optimizers(params[key])
             else:
                 refs, opt_slots = dp_slots(params[key], (n, d), opts)
+                owners = opts
+            init = accumulator_init(params[key], owners)
+            opt_init = {slot: init for slot in opt_slots}
             for sh in local:
                 sh.states.update(refs)
+        else:
+            opt_init = {}   # FBGEMM's fused optimizer state starts at 0
         tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=_dtype_of(w, shards), shards=local,
-                           opt_slots=opt_slots, replicated=replicated, sharding=ps.sharding_type,
+                           opt_slots=opt_slots, opt_init=opt_init, replicated=replicated, sharding=ps.sharding_type,
                            column_blocks=None if replicated else _column_blocks(full_name, ps, d)))
         keys.append(key)
     return tables, keys
@@ -190,10 +196,14 @@ def _column_blocks(table: str, ps, dim: int):
     return tuple(ranges)
 
 
+def _in_backward_optimizers(param: torch.Tensor) -> List[Any]:
+    return list(getattr(param, "_in_backward_optimizers", None) or [])
+
+
 def _in_backward_states(table: str, param: torch.Tensor) -> Dict[str, torch.Tensor]:
     """The state of an unsharded table's in-backward optimizer (`apply_optimizer_in_backward`), as slots.
     torch's Adagrad and TorchRec's RowWiseAdagrad call it 'sum' ([N, D] and [N, 1]); SGD keeps none."""
-    opts = getattr(param, "_in_backward_optimizers", None) or []
+    opts = _in_backward_optimizers(param)
     out = {}
     for opt in opts:
         kind = type(opt).__name__
@@ -224,9 +234,11 @@ def _unsharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts
         states = _in_backward_states(full_name, param)
         shard = Shard(0, n, 0, d, param.data, dict(states))
         opt_slots = {slot: (st.dtype, (d,) if slot == ADAGRAD else ()) for slot, st in states.items()}
+        init = accumulator_init(param, _in_backward_optimizers(param))
         # An unsharded module holds every row in every process that has it: written once, loaded by all.
         tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=param.dtype, shards=[shard],
-                           opt_slots=opt_slots, replicated=True, sharding="unsharded"))
+                           opt_slots=opt_slots, opt_init={slot: init for slot in opt_slots}, replicated=True,
+                           sharding="unsharded"))
         keys.append(key)
     return tables, keys
 

@@ -226,6 +226,17 @@ class MCHTable(SlotsTable):
             for n in self.meta_names:
                 getattr(m, "_mch_" + n).zero_()
 
+    def reset_slots(self, slots: Sequence[str]) -> None:
+        """After `clear_rows`: slots `slots`, which the load leaves out, start over in the rows of the planned
+        ids (optimizer state at its initial value; the metadata was zeroed by `clear_rows`). Without this
+        each admitted id would train on with the optimizer state of whatever id its row held before."""
+        self.check_slots(slots)
+        if self._planned is None:
+            raise InvalidArgumentError(f"TorchRec MCH table {self.name!r} is replaced only by a planned load")
+        inner = [s for s in slots if s in self.inner.slots]
+        if inner:
+            self.inner.reset_slots(inner, (self.offset, self.offset + int(self._planned.shape[0])))
+
     def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
         """Rows of planned ids (after `clear_rows`): each id's rows go to its slot."""
         self.check_slots(list(columns))

@@ -67,8 +67,12 @@ class TorchRecTable(SlotsTable):
 
     def __init__(self, name: str, num_rows: int, dim: int, dtype: torch.dtype, shards: List[Shard],
                  opt_slots: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]], replicated: bool,
-                 sharding: str, column_blocks: Tuple[Tuple[int, int], ...] | None = None):
+                 sharding: str, column_blocks: Tuple[Tuple[int, int], ...] | None = None,
+                 opt_init: Dict[str, float] | None = None):
         self.name, self.num_rows_global, self.dim, self.dtype = name, num_rows, dim, dtype
+        # What each optimizer slot starts at (`reset_slots`): FBGEMM's fused state starts at 0; an
+        # Adagrad-like torch optimizer at its `initial_accumulator_value` (discover.py finds it).
+        self.opt_init = {slot: float((opt_init or {}).get(slot, 0.0)) for slot in opt_slots}
         self.column_blocks = column_blocks   # the plan's column ranges per rank (None: whole rows)
         self.shards, self.replicated, self.sharding = shards, replicated, sharding
         self.slots = {EMBEDDING: SlotSpec(dtype, (dim,), "sparse")}
@@ -294,4 +298,24 @@ class TorchRecTable(SlotsTable):
 
     def clear_rows(self) -> None:
         """A fixed-size table keeps its rows: a replacing load overwrites every row it holds (the loader
-        checks that the checkpoint has them all)."""
+        checks that the checkpoint has them all), and resets the slots it does not load (`reset_slots`)."""
+
+    def reset_slots(self, slots: Sequence[str], rows: Tuple[int, int] | None = None) -> None:
+        """Set optimizer slots `slots` of the rows this process holds (those in global rows [rows[0],
+        rows[1]) when given) to their initial value: what a replacing load that leaves them out gives, as
+        a table emptied and refilled would (docs/LOADING.md). The embedding has no initial value recckpt
+        knows (the model's initializer drew it), so it cannot be reset."""
+        self.check_slots(slots)
+        if EMBEDDING in slots:
+            raise InvalidArgumentError(f"TorchRec table {self.name!r}: the embedding cannot be reset to an initial "
+                                       f"value (its initializer is the model's); load it")
+        lo, hi = rows if rows is not None else (0, self.num_rows_global)
+        with torch.no_grad():
+            for s in self.shards:
+                a, b = max(lo, s.row0), min(hi, s.row0 + s.rows)
+                if b <= a:
+                    continue
+                for slot in slots:
+                    s.state(slot)[a - s.row0:b - s.row0] = self.opt_init[slot]
+                if self.tracker is not None:   # changed rows, as a load's are
+                    self.tracker.touch_range(s.row0, s.rows, a - s.row0, b - s.row0)

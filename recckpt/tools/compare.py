@@ -172,6 +172,8 @@ def _table_values(va: CheckpointView, vb: CheckpointView, table: str) -> TableVa
         out.only_a += len(ia) - len(common)
         out.only_b += len(ib) - len(common)
         out.common += len(common)
+        if len(common) == 0:   # (an empty table, or no id in both: nothing to compare, and no row shape to infer)
+            continue
         changed = np.zeros(len(common), dtype=bool)
         for s in slots:
             x, y = ca[s][xa].reshape(len(common), -1), cb[s][xb].reshape(len(common), -1)

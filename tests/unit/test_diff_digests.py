@@ -146,3 +146,23 @@ def test_an_increment_against_a_full_checkpoint(tmp_path, capsys):
     assert code == 0 and text.splitlines()[-1] == "no differences"
     code, text = _cli(capsys, "diff", str(out / "c1"), str(out / "again"))
     assert code == 1 and "? rows of emb" in text
+
+
+@pytest.mark.parametrize("case", ["empty", "disjoint"])
+def test_values_of_a_table_with_no_id_in_both(tmp_path, case):
+    """--values on a table that is empty in both checkpoints, or whose ids differ entirely: counted, not a
+    crash (numpy cannot infer the row shape of no rows)."""
+    paths = []
+    for k in range(2):
+        m = torch.nn.Module()
+        m.add_module("a", recckpt.HashTable("a", dim=4))
+        m.add_module("e", recckpt.HashTable("e", dim=4))
+        with torch.no_grad():
+            m.a(torch.arange(10))
+            if case == "disjoint":
+                m.e(torch.arange(5) + 100 * k)
+        Saver(m, output_dir=str(tmp_path / f"{case}{k}"), options=FAST).save("c")
+        paths.append(str(tmp_path / f"{case}{k}" / "c"))
+    e = recckpt.diff(*paths, values=True).values["e"]
+    assert (e.common, e.changed_rows) == (0, 0)
+    assert (e.only_a, e.only_b) == ((5, 5) if case == "disjoint" else (0, 0))

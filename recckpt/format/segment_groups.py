@@ -67,7 +67,7 @@ def check_dirs(raw: np.ndarray, offsets: list[int], segs: list[Segment], num_buc
         return None   # a version 1-3 offsets block: BucketDir.from_bytes, one by one
     at = np.zeros(len(segs) + 1, dtype=np.int64)
     np.cumsum(k, out=at[1:])
-    words = raw.view("<u4")
+    words = raw[:raw.size - raw.size % 4].view("<u4")   # (a caller's buffer may go on with other columns)
     base = np.repeat(np.asarray(offsets, dtype=np.int64) // 4 - at[:-1], k)   # u32 word of entry 0
     j = np.arange(at[-1], dtype=np.int64)
     b = words[base + j].astype(np.int64)                      # bucket[k] of each segment, then

@@ -5,6 +5,7 @@ issue's: dim 16 with SparseAdam's two slots, 200 bytes a row with the id. (With 
 8-byte bucket-directory entry per row of a small table is a larger share: 24-byte rows cost 1.23x.)"""
 import os
 
+import pytest
 import torch
 
 import recckpt
@@ -131,6 +132,41 @@ def test_verify_of_many_small_tables_names_the_one_corrupt_table(tmp_path):
     assert not rep.ok and len(rep.problems) == 1
     assert f"'t123', slot {slots[1]!r}: CRC mismatch" in rep.problems[0] and rel in rep.problems[0], rep.problems
     assert rep.tables["t122"] == 50 and rep.tables["t123"] == 0
+
+
+@pytest.mark.parametrize("shape", ["fp16_dim1", "uint8_flag"])
+def test_verify_of_small_tables_whose_columns_are_not_whole_words(tmp_path, shape):
+    """The grouped check of small segments reads directories, ids and slot columns into one buffer; slot
+    columns of any byte count (fp16 rows of 2 bytes, a uint8 flag beside the embedding) must not stop it
+    (it raised numpy's ValueError on these valid checkpoints, which load exactly), and it still finds a
+    flipped byte in them."""
+    src = torch.nn.Module()
+    for t in range(21):   # 93 rows in all: an odd number of 2-byte fp16 rows
+        if shape == "fp16_dim1":
+            src.add_module(f"t{t}", HashTable(f"t{t}", dim=1, dtype=torch.float16))
+        else:
+            src.add_module(f"t{t}", HashTable(f"t{t}", dim=16))
+            getattr(src, f"t{t}").add_slot("flag", torch.uint8, (1,), init=0, category="sparse")
+    with torch.no_grad():
+        for t, m in enumerate(src.children()):
+            m(torch.arange(3 + t % 4) + 1000 * t)   # 3 to 6 rows: odd byte counts in every group
+    out = str(tmp_path / "v")
+    Saver(src, output_dir=out, options=SaveOptions(fsync=False)).save("c")
+    path = os.path.join(out, "c")
+    rep = recckpt.verify(path)
+    assert rep.ok, rep.problems
+    assert rep.tables == {f"t{t}": 3 + t % 4 for t in range(21)}
+    index = CheckpointReader(open_storage(path), "").index
+    _, segs = index.tables["t7"]
+    col = segs[0].columns[-1]
+    rel = index.files[segs[0].file][0]
+    with open(os.path.join(path, rel), "r+b") as f:
+        f.seek(col.offset)
+        b = f.read(1)
+        f.seek(col.offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+    rep = recckpt.verify(path)
+    assert not rep.ok and rep.tables["t7"] == 0 and "'t7'" in rep.problems[0], rep.problems
 
 
 def test_a_load_of_many_small_tables_reads_them_in_a_few_engine_calls(tmp_path, monkeypatch):

@@ -434,7 +434,9 @@ class LoadPlan:
 
     def _check_compatible(self, what: str, ck_dtype: str, ck_shape, dtype: torch.dtype, shape):
         if tuple(ck_shape) != tuple(shape):
-            self.incompatible.append(f"{what}: checkpoint shape {tuple(ck_shape)} vs model shape {tuple(shape)}")
+            self.incompatible.append(f"{what}: checkpoint shape {tuple(ck_shape)} vs model shape {tuple(shape)} "
+                                     f"(build the model with the checkpoint's shape, or leave this out of the load "
+                                     f"with load_conf 'tables', 'slots', 'dense_keys' or 'exclude')")
             return
         model_name = dtypes.name_of(dtype)
         if ck_dtype != model_name and not (self.conf.cast and dtypes.is_float(ck_dtype) and dtypes.is_float(model_name)):

@@ -397,7 +397,14 @@ def parse_args(argv=None):
                     help="run every method in this process instead of a fresh process per method and round. "
                          "Faster to start, but a method's speed then depends on what the methods before it "
                          "left in the process's memory (on this VM up to 2x)")
+    ap.add_argument("--warm-alone", action="store_true",
+                    help="with --cache both and a fresh process per method: the warm load runs in a process of its "
+                         "own that loads the files the first one saved and nothing else (what a restart does), "
+                         "instead of after a cold load in the same process, whose freed memory this VM has "
+                         "often returned to the host (benchmarks/README.md, 'What was tried' 17)")
     ap.add_argument("--record", default=None, help=argparse.SUPPRESS)  # a child's raw results (see run)
+    ap.add_argument("--keep-files", action="store_true", help=argparse.SUPPRESS)  # a child: leave the files, and
+    ap.add_argument("--warm-from", default=None, help=argparse.SUPPRESS)  # their fingerprint, for a warm child
     args = ap.parse_args(argv)
     explicit = set(a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]))
     if args.scale:
@@ -414,6 +421,8 @@ def parse_args(argv=None):
     for m in args.methods:
         if m not in METHODS:
             ap.error(f"--methods: unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
+    if args.warm_alone and (args.in_process or args.cache != "both"):
+        ap.error("--warm-alone needs --cache both and a fresh process per method (not --in-process)")
     if args.ids < 1 or args.dim < 1 or args.threads < 1 or args.repeat < 1 or args.dense_mb < 0:
         ap.error("--ids, --dim, --threads, --repeat must be >= 1 and --dense-mb >= 0")
     return args
@@ -430,18 +439,19 @@ def run(args) -> dict:
         for r in range(args.repeat):
             for m in order_of(args.methods, r, args.seed):
                 rec_path = os.path.join(root, f"record-{m}-{r}.json")
+                child_dir = os.path.join(root, f"{m}-{r}")
                 cmd = [sys.executable, os.path.abspath(__file__), "--in-process", "--record", rec_path,
                        "--methods", m, "--repeat", "1", "--ids", str(args.ids), "--dim", str(args.dim),
-                       "--dense-mb", str(args.dense_mb), "--threads", str(args.threads), "--cache", args.cache,
-                       "--seed", str(args.seed),
-                       "--dir", os.path.join(root, f"{m}-{r}")] + (["--free-source"] if args.free_source else [])
-                out = subprocess.run(cmd, capture_output=True, text=True)
-                if out.returncode:
-                    raise SystemExit(f"{m}, round {r}: the child process failed:\n{out.stdout}{out.stderr}")
-                with open(rec_path) as f:
-                    child = json.load(f)
+                       "--dense-mb", str(args.dense_mb), "--threads", str(args.threads),
+                       "--seed", str(args.seed), "--dir", child_dir] + (["--free-source"] if args.free_source else [])
+                first = cmd + (["--cache", "cold", "--keep-files"] if args.warm_alone else ["--cache", args.cache])
+                child = _child(first, rec_path, m, r)
                 state_bytes, build_s = child["state_bytes"], child["build_s"]
                 rec = child["runs"][m][0]
+                if args.warm_alone:   # the warm load alone in a new process, from the files the first one left
+                    warm = _child(cmd + ["--cache", "warm", "--warm-from", child_dir], rec_path, m, r)
+                    rec.update({k: v for k, v in warm["runs"][m][0].items() if k.startswith("load_warm")})
+                    shutil.rmtree(child_dir, ignore_errors=True)
                 runs[m].append(rec)
                 print(f"  round {r} {m:<12} " + ", ".join(
                     f"{k.replace('_s', '')} {rec[k]:.2f} s (peak +{rec[k.replace('_s', '_peak_extra_bytes')] / 2**20:.0f} MiB)"
@@ -452,6 +462,14 @@ def run(args) -> dict:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
     return summarize(args, runs, state_bytes, build_s, floors)
+
+
+def _child(cmd: list[str], rec_path: str, m: str, r: int) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{m}, round {r}: the child process failed:\n{out.stdout}{out.stderr}")
+    with open(rec_path) as f:
+        return json.load(f)
 
 
 def order_of(methods: list[str], r: int, seed: int = 0) -> list[str]:
@@ -477,6 +495,8 @@ def run_here(args):
 
 
 def _run_here(args, root):
+    if args.warm_from:
+        return _warm_only(args, root)
     t0 = time.perf_counter()
     src, opt = build(args.ids, args.dim, args.dense_mb)
     build_s = time.perf_counter() - t0
@@ -530,7 +550,11 @@ def _run_here(args, root):
     def do_load(m, r, rec):
         for cache in (("cold", "warm") if args.cache == "both" else (args.cache,)):
             load_once(m, r, rec, cache)
-        remove(path_of(m, r))
+        if args.keep_files:   # for a warm load in a process of its own (--warm-alone)
+            torch.save({"n": fp[0], "pick": fp[1], "vals": fp[2], "dense_keys": dense_keys, "state_bytes": state_bytes,
+                        "build_s": build_s}, os.path.join(root, FINGERPRINT))
+        else:
+            remove(path_of(m, r))
 
     def do_floor(r):
         if args.record:  # a child: the parent measures the floor
@@ -568,6 +592,33 @@ def _run_here(args, root):
 
 
 PHASES = ("save", "load", "load_warm")  # load = cold page cache
+FINGERPRINT = "fingerprint.pt"   # what a --warm-from child checks its load against
+
+
+def _warm_only(args, root):
+    """A --warm-from child: nothing built or saved; the files a first child left in `root` are read once
+    (warm page cache), then loaded into a fresh model, timed and checked as in `_run_here`."""
+    (m,) = args.methods
+    meta = torch.load(os.path.join(root, FINGERPRINT), weights_only=True)
+    fp = (meta["n"], meta["pick"], meta["vals"])
+    p = os.path.join(root, f"{m}-0-{METHODS[m][2]}")
+    warm_cache(p)
+    dst, dst_opt = fresh_model(meta["dense_keys"], args.dim)
+    gc.collect()
+    with PeakRss() as pk:
+        t, c = time.perf_counter(), time.process_time()
+        METHODS[m][1](dst, dst_opt, p, args.threads)
+        dt, dc = time.perf_counter() - t, time.process_time() - c
+    if m == "raw":
+        if raw_load.last.size != du(p):
+            raise SystemExit("raw: read back a different number of bytes")
+    else:
+        check(dst, fp, m)
+    rec = {"load_warm_s": dt, "load_warm_cpu_s": dc, "load_warm_peak_extra_bytes": pk.extra}
+    runs = {m: [rec]}
+    with open(args.record, "w") as f:
+        json.dump({"runs": runs, "state_bytes": meta["state_bytes"], "build_s": meta["build_s"]}, f)
+    return runs, meta["state_bytes"], meta["build_s"], []
 
 
 def summarize(args, runs: dict, state_bytes: int, build_s: float, floors: list[tuple[float, float]]) -> dict:
@@ -596,7 +647,8 @@ def summarize(args, runs: dict, state_bytes: int, build_s: float, floors: list[t
            "fresh_memory_floor_s": statistics.median(walls) if walls else None,
            "fresh_memory_floor_s_all": walls,
            "fresh_memory_floor_cpu_s": statistics.median(cpus) if cpus else None,
-           "fresh_memory_floor_cpu_s_all": cpus, "isolated": not args.in_process}
+           "fresh_memory_floor_cpu_s_all": cpus, "isolated": not args.in_process,
+           "warm_alone": bool(args.warm_alone)}
     return out
 
 
@@ -639,7 +691,8 @@ def print_table(res: dict) -> None:
     med = res["methods"]
     gb = res["state_bytes"] / 1e9
     print(f"\n{res['ids']:,} ids x {res['dim']} x 3 slots + {res['dense_mb']} MB dense = {gb:.2f} GB, "
-          f"{res['threads']} threads, {res['cpus']} CPUs, median of {res['repeat']}")
+          f"{res['threads']} threads, {res['cpus']} CPUs, median of {res['repeat']}"
+          + ("; warm loads each in a process of their own (--warm-alone)" if res.get("warm_alone") else ""))
     phases = [k for k in PHASES if f"{k}_s" in next(iter(med.values()))]
     title = {"save": "save", "load": "load cold", "load_warm": "load warm"}
     hdr = f"{'method':<12}" + "".join(f" | {title[k] + ' s':>12} {'GB/s':>6} {'/raw':>5} {'peak+MiB':>8}" for k in phases)

@@ -369,3 +369,14 @@ def test_compare_benchmark_smoke(tmp_path):
                   "--methods", "recckpt,raw", "--dir", str(tmp_path / "scratch2"), "--json", str(fresh)])
     got = json.loads(fresh.read_text())["methods"]
     assert set(got) == {"recckpt", "raw"} and all(r["load_warm_s"] > 0 and r["save_cpu_s"] > 0 for r in got.values())
+    # --warm-alone: each warm load in a process of its own, from the files (and fingerprint) the first left
+    alone = tmp_path / "alone.json"
+    compare.main(["--ids", "3000", "--dim", "8", "--dense-mb", "4", "--repeat", "1", "--threads", "2",
+                  "--methods", "recckpt,raw", "--warm-alone", "--dir", str(tmp_path / "scratch3"), "--json", str(alone)])
+    doc = json.loads(alone.read_text())
+    assert doc["warm_alone"] and all(r["load_warm_s"] > 0 and r["load_warm_cpu_s"] > 0 and r["load_s"] > 0
+                                     for r in doc["methods"].values())
+    assert sorted(os.listdir(tmp_path / "scratch3")) == ["record-raw-0.json", "record-recckpt-0.json"], \
+        "each method's files are removed once its warm load has run"
+    with pytest.raises(SystemExit):   # needs both caches and fresh processes
+        compare.parse_args(["--warm-alone", "--in-process"])

@@ -529,23 +529,10 @@ def _run_here(args, root):
     def load_once(m, r, rec, cache):
         p = path_of(m, r)
         (drop_cache if cache == "cold" else warm_cache)(p)
-        dst, dst_opt = fresh_model(dense_keys, args.dim)
-        gc.collect()
-        with PeakRss() as pk:
-            t, c = time.perf_counter(), time.process_time()
-            METHODS[m][1](dst, dst_opt, p, args.threads)
-            dt, dc = time.perf_counter() - t, time.process_time() - c
-        if m == "raw":
-            if raw_load.last.size != rec["bytes_written"]:
-                raise SystemExit("raw: read back a different number of bytes")
-            raw_load.last = None
-        else:
-            check(dst, fp, m)
+        dt, dc, peak = timed_load(m, p, dense_keys, args, fp, rec["bytes_written"])
         key = "load" if cache == "cold" else "load_warm"
-        rec.update({f"{key}_s": dt, f"{key}_cpu_s": dc, f"{key}_peak_extra_bytes": pk.extra})
-        print(f"  round {r} {m:<12} load {dt:7.2f} s  peak +{pk.extra / 2**20:7.0f} MiB  ({cache} cache)", flush=True)
-        del dst, dst_opt
-        gc.collect()
+        rec.update({f"{key}_s": dt, f"{key}_cpu_s": dc, f"{key}_peak_extra_bytes": peak})
+        print(f"  round {r} {m:<12} load {dt:7.2f} s  peak +{peak / 2**20:7.0f} MiB  ({cache} cache)", flush=True)
 
     def do_load(m, r, rec):
         for cache in (("cold", "warm") if args.cache == "both" else (args.cache,)):
@@ -595,6 +582,26 @@ PHASES = ("save", "load", "load_warm")  # load = cold page cache
 FINGERPRINT = "fingerprint.pt"   # what a --warm-from child checks its load against
 
 
+def timed_load(m: str, p: str, dense_keys, args, fp, nbytes: int) -> tuple[float, float, int]:
+    """Method `m` loads `p` into a fresh model, checked against `fp` (raw: `nbytes` read back): (seconds,
+    CPU seconds, peak extra RSS)."""
+    dst, dst_opt = fresh_model(dense_keys, args.dim)
+    gc.collect()
+    with PeakRss() as pk:
+        t, c = time.perf_counter(), time.process_time()
+        METHODS[m][1](dst, dst_opt, p, args.threads)
+        dt, dc = time.perf_counter() - t, time.process_time() - c
+    if m == "raw":
+        if raw_load.last.size != nbytes:
+            raise SystemExit("raw: read back a different number of bytes")
+        raw_load.last = None
+    else:
+        check(dst, fp, m)
+    del dst, dst_opt
+    gc.collect()
+    return dt, dc, pk.extra
+
+
 def _warm_only(args, root):
     """A --warm-from child: nothing built or saved; the files a first child left in `root` are read once
     (warm page cache), then loaded into a fresh model, timed and checked as in `_run_here`."""
@@ -603,18 +610,8 @@ def _warm_only(args, root):
     fp = (meta["n"], meta["pick"], meta["vals"])
     p = os.path.join(root, f"{m}-0-{METHODS[m][2]}")
     warm_cache(p)
-    dst, dst_opt = fresh_model(meta["dense_keys"], args.dim)
-    gc.collect()
-    with PeakRss() as pk:
-        t, c = time.perf_counter(), time.process_time()
-        METHODS[m][1](dst, dst_opt, p, args.threads)
-        dt, dc = time.perf_counter() - t, time.process_time() - c
-    if m == "raw":
-        if raw_load.last.size != du(p):
-            raise SystemExit("raw: read back a different number of bytes")
-    else:
-        check(dst, fp, m)
-    rec = {"load_warm_s": dt, "load_warm_cpu_s": dc, "load_warm_peak_extra_bytes": pk.extra}
+    dt, dc, peak = timed_load(m, p, meta["dense_keys"], args, fp, du(p))
+    rec = {"load_warm_s": dt, "load_warm_cpu_s": dc, "load_warm_peak_extra_bytes": peak}
     runs = {m: [rec]}
     with open(args.record, "w") as f:
         json.dump({"runs": runs, "state_bytes": meta["state_bytes"], "build_s": meta["build_s"]}, f)

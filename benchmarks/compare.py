@@ -511,11 +511,8 @@ def _run_here(args, root):
     runs = {m: [] for m in args.methods}
     floors = []
 
-    def path_of(m, r):
-        return os.path.join(root, f"{m}-{r}-{METHODS[m][2]}")
-
     def do_save(m, r):
-        p = path_of(m, r)
+        p = method_path(root, m, r)
         remove(p)
         gc.collect()
         with PeakRss() as pk:
@@ -527,7 +524,7 @@ def _run_here(args, root):
         return rec
 
     def load_once(m, r, rec, cache):
-        p = path_of(m, r)
+        p = method_path(root, m, r)
         (drop_cache if cache == "cold" else warm_cache)(p)
         dt, dc, peak = timed_load(m, p, dense_keys, args, fp, rec["bytes_written"])
         key = "load" if cache == "cold" else "load_warm"
@@ -541,7 +538,7 @@ def _run_here(args, root):
             torch.save({"n": fp[0], "pick": fp[1], "vals": fp[2], "dense_keys": dense_keys, "state_bytes": state_bytes,
                         "build_s": build_s}, os.path.join(root, FINGERPRINT))
         else:
-            remove(path_of(m, r))
+            remove(method_path(root, m, r))
 
     def do_floor(r):
         if args.record:  # a child: the parent measures the floor
@@ -582,6 +579,11 @@ PHASES = ("save", "load", "load_warm")  # load = cold page cache
 FINGERPRINT = "fingerprint.pt"   # what a --warm-from child checks its load against
 
 
+def method_path(root: str, m: str, r: int) -> str:
+    """Where method `m` writes round `r`'s checkpoint under `root`."""
+    return os.path.join(root, f"{m}-{r}-{METHODS[m][2]}")
+
+
 def timed_load(m: str, p: str, dense_keys, args, fp, nbytes: int) -> tuple[float, float, int]:
     """Method `m` loads `p` into a fresh model, checked against `fp` (raw: `nbytes` read back): (seconds,
     CPU seconds, peak extra RSS)."""
@@ -608,7 +610,7 @@ def _warm_only(args, root):
     (m,) = args.methods
     meta = torch.load(os.path.join(root, FINGERPRINT), weights_only=True)
     fp = (meta["n"], meta["pick"], meta["vals"])
-    p = os.path.join(root, f"{m}-0-{METHODS[m][2]}")
+    p = method_path(root, m, 0)   # (the first child ran one round: round 0)
     warm_cache(p)
     dt, dc, peak = timed_load(m, p, meta["dense_keys"], args, fp, du(p))
     rec = {"load_warm_s": dt, "load_warm_cpu_s": dc, "load_warm_peak_extra_bytes": peak}

@@ -790,9 +790,9 @@ class LoadPlan:
         if len(planned) < 2:
             return {}
         for j, _, _ in planned:   # the loop has cleared the table it is at (`at`)
-            _, _, table, slots = self.sparse_jobs[j]
+            name, _, table, slots = self.sparse_jobs[j]
             if table is not at and self._clears(slots):
-                self._clear(self.sparse_jobs[j][0], table)
+                self._clear(name, table)
         self.reader.segments.read_together([(p.table, p.reqs, p.dsts) for _, _, plans in planned for p in plans])
         return {self.sparse_jobs[j][0]: sum(direct.loaded(p) for p in plans) for j, direct, plans in planned}
 

@@ -333,7 +333,7 @@ class LoadPlan:
             elif not optim_names.is_named(saved):
                 continue   # no parameters to map (an empty state): applied as it is
             # an integration's tables may hold some parameters' state (a TorchRec data-parallel table's)
-            saved = plugins.loaded_object_state(self.model, obj, saved)
+            saved = plugins.loaded_object_state(self.model, obj, saved, self.conf.renamed)
             try:
                 m = optim_names.match_optimizer_state(
                     obj, self.model, saved, rename=self.conf.renamed, selected=self.conf.dense_selected,

@@ -8,7 +8,10 @@ TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`.
    "save": dir or null, "load": dir or null, "load_conf": {...} or null, "dump": dir or null,
    "dtensor": bool, "expect_error": true or null, "dump_before": dir or null,
    "dense_opt": "keyed" (KeyedOptimizer, default) or "torch" (torch.optim), "kind" may also be "mch",
-   "opt_kwargs": {...} more arguments of the tables' optimizer (e.g. initial_accumulator_value)}
+   "opt_kwargs": {...} more arguments of the tables' optimizer (e.g. initial_accumulator_value),
+   "dense_kwargs": {...} more arguments of the dense optimizer (e.g. lr_decay),
+   "train_after": k steps trained after the load and save (batches drawn from "after_seed", default 7),
+   before the dump}
 `dump` gets `<dump>/rank<r>.pt`: per table, the live local shards read straight from TorchRec's own
 state (state_dict + fused optimizer state, or the in-backward optimizer when unsharded), independent of
 recckpt's adapter, so the test compares what TorchRec holds.
@@ -90,7 +93,7 @@ def _build(job, world, rank):
 
     model = Model()
     if not sharded:
-        return model, model, _dense_opt(model, opt_cls, job.get("dense_opt", "keyed"))
+        return model, model, _dense_opt(model, opt_cls, job.get("dense_opt", "keyed"), job.get("dense_kwargs"))
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import (
         column_wise,
@@ -124,10 +127,10 @@ def _build(job, world, rank):
             plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
                                                                         device_type="cpu", sharder=sharders[0])})
     dmp = DistributedModelParallel(model, env=env, plan=plan, device=torch.device("cpu"), sharders=sharders)
-    return dmp, model, _dense_opt(dmp, opt_cls, job.get("dense_opt", "keyed"))
+    return dmp, model, _dense_opt(dmp, opt_cls, job.get("dense_opt", "keyed"), job.get("dense_kwargs"))
 
 
-def _dense_opt(model, opt_cls, kind="keyed"):
+def _dense_opt(model, opt_cls, kind="keyed", kwargs=None):
     """The user's dense optimizer, a KeyedOptimizer keyed by parameter name over every parameter without
     an in-backward optimizer: the dense arch and data-parallel tables (registered as "dense_opt"); Adagrad
     (SGD in SGD jobs)."""
@@ -136,17 +139,18 @@ def _dense_opt(model, opt_cls, kind="keyed"):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     dense_cls = torch.optim.SGD if opt_cls is torch.optim.SGD else torch.optim.Adagrad   # RowWiseAdagrad wants 2-D
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    kwargs = {"lr": 0.05, **(kwargs or {})}
     if kind == "torch":     # a plain torch.optim optimizer (numbered state)
-        return dense_cls(list(params.values()), lr=0.05)
-    return KeyedOptimizerWrapper(params, lambda ps: dense_cls(ps, lr=0.05))
+        return dense_cls(list(params.values()), **kwargs)
+    return KeyedOptimizerWrapper(params, lambda ps: dense_cls(ps, **kwargs))
 
 
-def _train(job, model, dense_opt, rank):
+def _train(job, model, dense_opt, rank, steps=None, seed=99):
     import torch
     from torchrec import KeyedJaggedTensor
     names = [t[0] for t in job["tables"]]
-    g = torch.Generator().manual_seed(99 + rank)
-    for _ in range(job.get("train_steps", 0)):
+    g = torch.Generator().manual_seed(seed + rank)
+    for _ in range(job.get("train_steps", 0) if steps is None else steps):
         vals, lens = [], []
         for n, r, *_ in job["tables"]:
             # "mch_batch": that many ids a step (2 bags), to admit many raw ids in few steps
@@ -369,6 +373,11 @@ def _run_jobs(rank, world, spec):
             if not job.get("expect_error"):
                 raise
             res["error"] = f"{type(e).__name__}: {e}"
+        if job.get("train_after"):
+            _train(job, model, dense_opt, rank, job["train_after"], job.get("after_seed", 7))
+        if dense_opt is not None:   # 0-dim state (Adagrad's step) is not in the dump
+            res["dense_steps"] = {n: float(dense_opt.state[p]["step"]) for n, p in model.named_parameters()
+                                  if "step" in dense_opt.state.get(p, {})}
         if job.get("dump"):
             _dump(model, dense_opt, job["dump"], rank)
         results.append(res)

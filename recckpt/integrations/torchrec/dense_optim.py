@@ -7,12 +7,13 @@ table's fused state, so a table that changes sides (data-parallel <-> sharded) k
 
 - `dp_slots` finds the state of each data-parallel table's parameter in the registered optimizers
   (Adagrad's and RowWiseAdagrad's `sum`, as the fused kernels' `momentum1`);
-- a save leaves those parameters out of a name-keyed optimizer's own saved state (`saved_state`): the
-  table's slots hold it;
-- a load gives a name-keyed optimizer its live entries for the data-parallel parameters it holds that the
-  checkpoint's state lacks (`loaded_state`), so `KeyedOptimizer.load_state_dict`, which wants exactly its
-  own parameters, does not refuse a table that was sharded when saved; the table's rows then write the
-  state in place.
+- a save leaves the accumulator of those parameters out of a name-keyed optimizer's own saved state
+  (`saved_state`): the table's slots hold it. The rest of their entry (the `step` count, which Adagrad's
+  `lr_decay` reads) stays there, so that a restore gives it back;
+- a load gives a name-keyed optimizer its live accumulator for each data-parallel parameter it holds
+  (`loaded_state`), and its whole live entry where the checkpoint has none (the table was sharded when
+  saved), so `KeyedOptimizer.load_state_dict`, which wants exactly its own parameters and keys, does not
+  refuse a table that changed sides; the table's rows then write the accumulator in place.
 """
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ import torch
 
 from ...state.optim_names import named_optimizer_state, param_names
 from .table import ADAGRAD, ROWWISE_ADAGRAD
+
+#: The key of the Adagrad-like accumulator in an optimizer's per-parameter state (torch's Adagrad,
+#: TorchRec's RowWiseAdagrad): the state a data-parallel table's slots hold.
+ACC = "sum"
 
 
 def optimizers(objects: Iterable[Any]) -> List[Any]:
@@ -41,13 +46,13 @@ def dp_slots(param: torch.Tensor, shape: Tuple[int, int], opts: List[Any]
         st = opt.state.get(param)
         if not isinstance(st, Mapping):
             continue
-        acc = st.get("sum")
+        acc = st.get(ACC)
         if not isinstance(acc, torch.Tensor):
             return {}, {}
         if tuple(acc.shape) == (n, d):
-            return {ADAGRAD: lambda o=opt: o.state[param]["sum"]}, {ADAGRAD: (acc.dtype, (d,))}
+            return {ADAGRAD: lambda o=opt: o.state[param][ACC]}, {ADAGRAD: (acc.dtype, (d,))}
         if acc.numel() == n and acc.dim() in (1, 2):
-            return ({ROWWISE_ADAGRAD: lambda o=opt: o.state[param]["sum"].view(n)},
+            return ({ROWWISE_ADAGRAD: lambda o=opt: o.state[param][ACC].view(n)},
                     {ROWWISE_ADAGRAD: (acc.dtype, ())})
         return {}, {}
     return {}, {}
@@ -80,41 +85,47 @@ def _param_items(obj: Any, model) -> List[Tuple[str, Any]]:
 
 
 def saved_state(obj: Any, state: Any, moved: set, model=None) -> Any:
-    """`state` (obj's state_dict) without the entries of parameters whose state the tables' slots hold
-    (a name-keyed state: a KeyedOptimizer's; a torch.optim optimizer's numbered state is saved whole and
-    `loaded_state` leaves those entries out)."""
+    """`state` (obj's state_dict) without the accumulators of parameters whose state the tables' slots
+    hold (a name-keyed state: a KeyedOptimizer's; a torch.optim optimizer's numbered state is saved whole
+    and loaded whole). The rest of those parameters' entries is kept: `step` and any other scalar."""
     if not _named(state):
         return state
     names = {n for n, p in _param_items(obj, model) if id(p) in moved}
     if not names:
         return state
-    out = dict(state, state={k: v for k, v in state["state"].items() if k not in names})
-    if isinstance(state.get("param_groups"), list):
-        out["param_groups"] = [dict(g, params=[p for p in g.get("params", []) if p not in names])
-                               for g in state["param_groups"]]
-    return out
+    return dict(state, state={k: ({s: x for s, x in v.items() if s != ACC} if k in names and isinstance(v, Mapping)
+                                  else v) for k, v in state["state"].items()})
 
 
-def loaded_state(obj: Any, state: Any, moved: set, table_params: set, model) -> Any:
+def loaded_state(obj: Any, state: Any, moved: set, table_params: set, model,
+                 rename: Callable[[str], str] = lambda n: n) -> Any:
     """The checkpoint's name-keyed `state` for optimizer `obj`, as the tables leave it: entries of TorchRec
     tables' parameters that `obj` does not hold now (a table saved data-parallel, sharded now) are left
-    out, and `obj`'s own live entries are added for its moved parameters the checkpoint lacks (a table
-    sharded when saved, data-parallel now): loading them copies each onto itself, and the table's rows
-    are written afterwards."""
+    out; the entries `saved_state` wrote without their accumulator get `obj`'s live one; and `obj`'s own
+    live entries are added for its moved parameters the checkpoint has no entry for (a table sharded when
+    saved, data-parallel now, or a checkpoint from before the step was kept). Loading the live
+    accumulators copies each onto itself, and the table's rows are written afterwards. `rename`:
+    checkpoint name -> model name, as the load applies it afterwards."""
     if not _named(state):
         return state
     held = _param_items(obj, model)
     held_names = {n for n, _ in held}
+    moved_names = {n for n, p in held if id(p) in moved}
     drop = {k for k in state["state"] if k in table_params and k not in held_names}
     groups = state.get("param_groups")
     if isinstance(groups, list):
         drop |= {p for g in groups for p in g.get("params", []) if p in table_params and p not in held_names}
-    missing = [n for n, p in held if id(p) in moved and n not in state["state"]]
-    if not drop and not missing:
+    # saved entries of moved parameters (after the rename), which saved_state wrote without accumulator
+    partial = {s: rename(s) for s, v in state["state"].items()
+               if s not in drop and rename(s) in moved_names and isinstance(v, Mapping) and ACC not in v}
+    targeted = {rename(s) for s in state["state"] if s not in drop}
+    missing = [n for n in moved_names if n not in targeted]
+    if not drop and not missing and not partial:
         return state
-    live = named_optimizer_state(obj, model) if missing else {"state": {}}
-    out = dict(state, state={**{k: v for k, v in state["state"].items() if k not in drop},
-                             **{n: live["state"][n] for n in missing if n in live["state"]}})
+    live = named_optimizer_state(obj, model)["state"]
+    out = dict(state, state={**{k: ({**live[partial[k]], **v} if k in partial and partial[k] in live else v)
+                                for k, v in state["state"].items() if k not in drop},
+                             **{n: live[n] for n in missing if n in live}})
     if isinstance(groups, list):
         new_groups = [dict(g, params=[p for p in g.get("params", []) if p not in drop]) for g in groups]
         have = {p for g in new_groups for p in g["params"]}

@@ -1,0 +1,55 @@
+"""A data-parallel table's dense-optimizer entry comes back whole after a restore: its accumulator from the
+table's slots, and its `step` from the optimizer's saved state. Before, a name-keyed optimizer
+(KeyedOptimizer) saved nothing of a data-parallel table's parameter (the slots hold its Adagrad `sum`), so a
+restore left that parameter's `step` at the live value: 0 after a crash. Adagrad's `lr_decay` reads it
+(lr / (1 + (step - 1) * lr_decay)), so the resumed run stepped that table with another learning rate than
+the uninterrupted run, silently. Real DMP sharding on 2 gloo ranks (a table-wise table beside a
+data-parallel one), with a KeyedOptimizer and with a plain torch.optim optimizer (numbered state, saved
+whole) as the dense optimizer."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from .harness import full, load_dump, needs_torchrec, run_jobs
+
+pytestmark = needs_torchrec
+
+TABLES = [["a", 40, 8, "fp32"], ["d", 20, 8, "fp32"]]
+PLAN = {"a": "tw", "d": "dp"}
+DP_WEIGHT = "coll.embedding_bags.d.weight"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("dp_step"))
+    jobs = []
+    for kind in ("keyed", "torch"):
+        ck = os.path.join(tmp, f"ck_{kind}")
+        base = {"kind": "ebc", "plan": PLAN, "opt": "adagrad", "tables": TABLES, "dense_opt": kind,
+                "dense_kwargs": {"lr_decay": 0.5}, "train_after": 2}
+        # uninterrupted: 3 steps, a save, 2 more; resumed: a fresh model restored from that save, 2 more
+        jobs += [dict(base, name=f"{kind}_ref", train_steps=3, save=ck, dump=os.path.join(tmp, f"{kind}_ref")),
+                 dict(base, name=f"{kind}_resumed", train_steps=0, load=ck, dump=os.path.join(tmp, f"{kind}_res"))]
+    results = run_jobs(tmp, 2, jobs)
+    return tmp, {r["name"]: r for r in results[0]}
+
+
+@pytest.mark.parametrize("kind", ["keyed", "torch"])
+def test_a_restored_data_parallel_table_steps_on_as_the_uninterrupted_run(runs, kind):
+    tmp, res = runs
+    ref, resumed = res[f"{kind}_ref"], res[f"{kind}_resumed"]
+    assert ref["dense_steps"][DP_WEIGHT] == 5.0, ref["dense_steps"]
+    # every parameter's step, the data-parallel table's included, continues from the saved 3
+    assert resumed["dense_steps"] == ref["dense_steps"], (resumed["dense_steps"], ref["dense_steps"])
+    a, b = load_dump(os.path.join(tmp, f"{kind}_ref")), load_dump(os.path.join(tmp, f"{kind}_res"))
+    assert set(a) == set(b) == {"coll.embedding_bags.a", "coll.embedding_bags.d"}
+    for t in a:
+        assert torch.equal(full(b[t]["weight"], b[t]["shape"]), full(a[t]["weight"], a[t]["shape"])), \
+            f"{t}: the resumed run's weights differ from the uninterrupted run's"
+        assert set(a[t]["states"]) == set(b[t]["states"]) and a[t]["states"], t
+        for k in a[t]["states"]:
+            assert torch.equal(full(b[t]["states"][k], b[t]["shape"]), full(a[t]["states"][k], a[t]["shape"])), \
+                f"{t}: optimizer state {k!r} differs"

@@ -26,7 +26,8 @@ from .schema import (
     TableInfo,
     index_from_json,
 )
-from .sparse_io import ReadOptions, SegmentReader, SparseWriteOptions, TableSource, write_tables
+from .sparse_io import ReadOptions, SegmentReader
+from .sparse_write import SparseWriteOptions, TableSource, write_tables
 
 if TYPE_CHECKING:
     import torch

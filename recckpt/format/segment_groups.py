@@ -4,7 +4,7 @@ A model of a thousand small tables is a thousand segments of a few kilobytes eac
 time, each costs two engine calls (its bucket directory, then its rows) and a few dozen Python and numpy
 calls around them; read here, a group of them costs two engine calls in all and a few numpy passes:
 every directory read into one buffer and checked at once (`check_dirs`: the rule of
-`sparse_io.BucketDir.valid_many`), then every row range into one buffer laid out table by
+`bucket_dirs.BucketDir.valid_many`), then every row range into one buffer laid out table by
 table, column by column (`read_rows`). Used by loads of small tables (recckpt/load/small_tables.py)
 and by `verify` (its groups of small segments).
 
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CorruptCheckpointError
+from .bucket_dirs import BucketDir
 from .schema import Segment
-from .sparse_io import BucketDir, ReadRequest, SegmentReader
+from .sparse_io import ReadRequest, SegmentReader
 
 #: Bucket numbers fit 24 bits (NUM_BUCKETS_LIMIT); a segment's number above them orders every entry.
 _SEG_SHIFT = 32

@@ -1,224 +1,29 @@
-"""Sparse tables to shard files and back, through the C++ engine.
-
-Writing: each table arrives as a stream of bounded chunks (ids + one uint8 row-bytes array per slot);
-every chunk becomes one *segment*, sorted by bucket by the engine, appended to whichever of the
-worker's shard files has the least queued work. Reading: for each segment, the rows of a bucket range
-are one contiguous range per column, read in parallel and checked against the chunk checksums.
+"""Reading sparse tables back from shard files, through the C++ engine: for each segment, the rows of
+a bucket range are one contiguous range per column (or a row run's rows, or column groups), read in
+parallel and checked against the chunk checksums. Writing is `sparse_write`; where each bucket's rows
+lie in a segment is `bucket_dirs`.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import logging
 import os
 import shutil
 import tempfile
 import weakref
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import numpy as np
 
 from .. import _C
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, InvalidArgumentError
 from ..storage import Storage
-from . import gcpause, layout, names
+from . import layout
+from .bucket_dirs import BucketDir, RunDir
 from .catalog import check_inside
-from .digest import TableDigest
-from .geometry import TableGeometry
-from .schema import Column, ColumnBlocks, ColumnGroups, IndexDoc, Segment, SlotInfo
-
-
-class WriteReceipts:
-    """What the writer has taken from one chunk stream, so that the stream can reuse its buffers.
-
-    The writer keeps reading a chunk's arrays after taking it, until the chunk is written; a stream that
-    fills the same memory again must first `wait` for the chunks that used it. Call sequence: the
-    writer calls `taken` for every chunk as it queues it; the stream reads `len(receipts)` (chunks
-    taken so far) after yielding the last chunk of a buffer, and later calls `wait(that count)` before
-    filling the buffer again."""
-
-    def __init__(self) -> None:
-        self._writer = None
-        self._segments: list[int] = []
-        self._written = 0
-
-    def __len__(self) -> int:
-        return len(self._segments)
-
-    def taken(self, writer: _C.ShardWriter, segment: int) -> None:
-        """The writer queued the next chunk of the stream as segment `segment`."""
-        if self._writer is not None and writer is not self._writer:
-            raise ValueError("WriteReceipts: one stream is written by one writer")
-        self._writer = writer
-        self._segments.append(segment)
-
-    def wait(self, count: int) -> None:
-        """Block until the first `count` chunks taken are written (their arrays may then be reused);
-        raises the writer's failure (OSError) instead."""
-        for seg in self._segments[self._written:count]:
-            self._writer.wait(seg)
-        self._written = max(self._written, min(count, len(self._segments)))
-
-
-@dataclass
-class TableSource:
-    """A table as the writer sees it: slot specs in column order and a stream of chunks, each
-    `(ids int64[n], [uint8[n, row_bytes] per slot])`, C-contiguous numpy arrays. A stream that reuses
-    its arrays passes `receipts` and waits on them (see WriteReceipts)."""
-    name: str
-    slots: dict[str, SlotInfo]
-    rows: int
-    chunks: Iterable[tuple[np.ndarray, list[np.ndarray]]]
-    receipts: WriteReceipts | None = None
-    digest: TableDigest | None = None   # set: the writer adds every chunk it takes to it
-    num_rows: int = 0                    # > 0: a fixed-size table of N rows, bucketed "row_range"
-    column_blocks: ColumnBlocks | None = None   # saved column-split: the table's blocks ...
-    block: int = 0                       # ... and the one these chunks hold (split slots narrowed to it)
-    input_size: int = 0                  # > 0: ids in [0, H) bucketed "id_range" (managed-collision tables)
-    column_groups: ColumnGroups | None = None   # format version 5: split slots stored by column group
-
-    @property
-    def bucket_fn(self) -> str:
-        return "row_range" if self.num_rows > 0 else "id_range" if self.input_size > 0 else "hash"
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * (8 + sum(s.row_bytes for s in self.slots.values()))
-
-    def geometry(self) -> TableGeometry:
-        """Where the writer puts each slot among a segment's columns (a row_range table's segments may be
-        row runs: format version 5)."""
-        return self._geometry
-
-    @functools.cached_property
-    def _geometry(self) -> TableGeometry:   # asked for twice a save (the index, the writer's groups)
-        return TableGeometry.shared(self.slots, self.column_blocks, self.column_groups, self.num_rows)
-
-    def group_bytes(self) -> list[int]:
-        """Per slot, the bytes of each row of one column group as the engine cuts them (0: one column)."""
-        if self.column_blocks is None and self.column_groups is None:
-            return [0] * len(self.slots)   # a thousand small hash tables: nothing to look up
-        places = self.geometry().blocks[self.block]
-        return [p.unit * (p.ranges[0][1] - p.ranges[0][0]) if p.count > 1 else 0 for p in places]
-
-
-#: A worker writes a shard file (and keeps a writer thread busy) per this many bytes of rows, up to its
-#: `concurrency`: a save of tens of megabytes is bucketed, checksummed and written by several threads.
-FILE_BYTES = 8 << 20
-
-
-@dataclass(frozen=True)
-class SparseWriteOptions:
-    num_buckets: int
-    chunk_bytes: int
-    concurrency: int
-    segment_bytes: int
-    max_inflight_bytes: int
-    fsync: bool = True
-
-
-def write_tables(storage: Storage, stage: str, worker: int, tables: list[TableSource],
-                 opts: SparseWriteOptions, removed: list[TableSource] = ()) -> IndexDoc:
-    """Write one worker's shard files under `stage`; returns that worker's index. `removed`: per table
-    of an incremental checkpoint, its removed ids (a source with no slots, named like its table)."""
-    doc = IndexDoc(opts.num_buckets, opts.chunk_bytes)
-    for t in tables:
-        doc.tables[t.name] = (list(t.slots), [])
-        doc.geometry[t.name] = t.geometry()
-        if t.column_blocks is not None:
-            doc.blocked.add(t.name)
-    for t in removed:
-        if t.slots or t.name not in doc.tables:
-            raise ValueError(f"removed ids of table {t.name!r}: need no slots and a table of that name")
-        doc.removed[t.name] = []
-    sources = list(tables) + list(removed)
-    total = sum(t.nbytes for t in sources)
-    if total == 0:
-        return doc
-    nfiles = max(1, min(opts.concurrency, -(-total // min(opts.segment_bytes, FILE_BYTES))))
-    rels = [names.shard_file(worker, k) for k in range(nfiles)]
-    storage.makedirs(f"{stage}/{names.SPARSE_DIR}")
-    # The store says where the engine writes (the files themselves, or local files it uploads after).
-    with storage.engine_outputs(stage, rels) as paths:
-        # A save that fsyncs its local files starts their writeback as it writes (the engine's PwriteThread).
-        writeback = opts.fsync and storage.engine_path(stage) is not None
-        writer = _C.ShardWriter(paths, opts.num_buckets, opts.chunk_bytes, opts.max_inflight_bytes, writeback)
-        try:
-            _submit_all(writer, sources, len(tables), opts.concurrency)
-            records = writer.finish(opts.fsync)
-        except BaseException:
-            writer.abort()
-            raise
-        with gcpause.paused():   # a segment of each of a thousand tables: metadata only
-            _add_records(doc, rels, paths, records, tables, sources)
-    return doc
-
-
-#: Chunks smaller than this are handed to the writer, and digested, together (`_submit_all`) ...
-SMALL_CHUNK_BYTES = 1 << 20
-#: ... up to this many bytes of them, or this many chunks, at a time.
-SMALL_BATCH_BYTES = 8 << 20
-SMALL_BATCH_CHUNKS = 512
-
-
-def _submit_all(writer: _C.ShardWriter, sources: list[TableSource], n_tables: int, threads: int) -> None:
-    """Every chunk of `sources` (tables, then from `n_tables` on removed ids) to the writer, in order, each
-    added to its source's digest while the writer threads write it. Small chunks (a model of many small
-    tables) go in batches: one `submit_many` and one digest call for many tables instead of two calls per
-    table. A stream that reuses its buffers (`receipts`) has each chunk handed over alone, so that its
-    receipt is taken before the next."""
-    pending, nbytes = [], 0
-
-    def flush():
-        nonlocal nbytes
-        if pending:
-            writer.submit_many([(ti, ids, cols, t.num_rows, t.input_size, groups, runs)
-                                for ti, t, ids, cols, groups, runs in pending])
-            TableDigest.update_many([(t.digest, ids, cols) for _, t, ids, cols, _, _ in pending
-                                     if t.digest is not None], threads)
-            pending.clear()
-            nbytes = 0
-
-    for ti, t in enumerate(sources):
-        # column groups and row runs (format version 5): a table's segments; never removed ids
-        groups, runs = (t.group_bytes(), t.num_rows > 0) if ti < n_tables else ([], False)
-        for ids, cols in t.chunks:
-            if len(ids) == 0:
-                continue   # a segment holds at least one row
-            size = ids.nbytes + sum(c.nbytes for c in cols)
-            if t.receipts is None and size < SMALL_CHUNK_BYTES:
-                pending.append((ti, t, ids, cols, groups, runs))
-                nbytes += size
-                if nbytes >= SMALL_BATCH_BYTES or len(pending) >= SMALL_BATCH_CHUNKS:
-                    flush()
-                continue
-            flush()
-            segment = writer.submit(ti, ids, cols, t.num_rows, t.input_size, groups, runs)
-            if t.receipts is not None:
-                t.receipts.taken(writer, segment)
-            if t.digest is not None:   # while the writer threads write the chunk
-                t.digest.update(ids, cols, threads)
-    flush()
-
-
-def _add_records(doc: IndexDoc, rels, paths, records, tables: list[TableSource], sources: list[TableSource]):
-    """The engine's segment records, per file, into `doc`."""
-    for fi, (rel, path, recs) in enumerate(zip(rels, paths, records)):
-        doc.files.append((rel, os.path.getsize(path)))
-        for r in recs:
-            b = r["buckets"]
-            ti = r["table"]
-            run = r["id0"] >= 0   # a row run: no directory (and so no CRC of it), no ids
-            seg = Segment(fi, r["rows"], Column(b["offset"], b["length"], () if run else (b["crc32c"],), b["length"]),
-                          tuple(Column(c["offset"], c["length"], c["crc32c"], c["step"]) for c in r["columns"]),
-                          r["dir"], r["first"], r["last"], bool(r["packed"]), sources[ti].block, r["id0"])
-            if ti < len(tables):
-                doc.tables[tables[ti].name][1].append(seg)
-            else:
-                doc.removed[sources[ti].name].append(seg)
-
+from .schema import Column, IndexDoc, Segment
 
 log = logging.getLogger("recckpt")
 
@@ -1100,106 +905,3 @@ class ReadBatch:
             slots = [c[rb * pos:rb * (pos + n)].reshape(n, rb) for c, rb in zip(cols[1:], self.row_bytes)]
             pos += n
             yield ids, slots, reqs
-
-
-class RunDir:
-    """Where each bucket's rows lie in a row run (format version 5): ids [id0, id0 + rows) of a "row_range"
-    table of N rows, so bucket(id) = id * B // N and the first id of bucket b is ceil(b * N / B). Answers
-    as BucketDir does, from four integers (nothing is stored or read)."""
-
-    __slots__ = ("id0", "rows", "num_rows", "num_buckets")
-    nbytes = 0
-
-    def __init__(self, id0: int, rows: int, num_rows: int, num_buckets: int):
-        self.id0, self.rows, self.num_rows, self.num_buckets = id0, rows, num_rows, num_buckets
-
-    def __getitem__(self, b: int) -> int:
-        first_id = -(-b * self.num_rows // self.num_buckets)
-        return min(self.rows, max(0, first_id - self.id0))
-
-    def bucket_of_rows(self, rows: np.ndarray) -> np.ndarray:
-        ids = (self.id0 + np.asarray(rows, dtype=np.int64)).astype(np.uint64)   # id * B < 2**64
-        return (ids * np.uint64(self.num_buckets) // np.uint64(self.num_rows)).astype(np.int64)
-
-
-class BucketDir:
-    """Where each bucket's rows lie in one segment: the non-empty buckets (sorted) and their first rows.
-    `d[b]` is the first row of bucket b or of the next non-empty one (`rows` past the last), so the rows
-    of buckets [lo, hi) are `[d[lo], d[hi])`, as with versions 1-3's dense offsets."""
-
-    __slots__ = ("buckets", "starts", "rows")
-
-    def __init__(self, buckets: np.ndarray, starts: np.ndarray, rows: int):
-        self.buckets, self.starts, self.rows = buckets, starts, rows
-
-    @property
-    def nbytes(self) -> int:
-        return self.buckets.nbytes + self.starts.nbytes
-
-    def __getitem__(self, b: int) -> int:
-        j = int(np.searchsorted(self.buckets, b, side="left"))
-        return int(self.starts[j]) if j < len(self.starts) else self.rows
-
-    def bucket_of_rows(self, rows: np.ndarray) -> np.ndarray:
-        """The bucket each of `rows` (row positions in the segment) lies in."""
-        return self.buckets[np.searchsorted(self.starts, rows, side="right") - 1]
-
-    @staticmethod
-    def from_bytes(raw: np.ndarray, seg: Segment, num_buckets: int) -> "BucketDir | None":
-        """The directory of `seg` from its verified block, or None if it is not a valid partition."""
-        return BucketDir.all_from_bytes([raw], [seg], num_buckets)[0]
-
-    @staticmethod
-    def all_from_bytes(raws: list[np.ndarray], segs: list[Segment], num_buckets: int) -> list["BucketDir | None"]:
-        """`from_bytes` of each segment, the version 4 directories checked together: a few numpy passes
-        over all of them, not a few per directory (a chain's links hold hundreds of small ones)."""
-        out: list[BucketDir | None] = [None] * len(segs)
-        v4 = []
-        for i, (raw, seg) in enumerate(zip(raws, segs)):
-            if not seg.dir_entries:
-                out[i] = BucketDir._offsets_block(raw, seg, num_buckets)
-            elif len(raw) == 8 * seg.dir_entries:   # format version 4: uint32 bucket[k], uint32 start[k]
-                v4.append(i)
-        if not v4:
-            return out
-        k = np.array([segs[i].dir_entries for i in v4], dtype=np.int64)
-        both = [raws[i].view("<u4") for i in v4]
-        b = np.concatenate([x[:n] for x, n in zip(both, k.tolist())]).astype(np.int64)
-        st = np.concatenate([x[n:] for x, n in zip(both, k.tolist())]).astype(np.int64)
-        ok = BucketDir.valid_many(b, st, k, [segs[i] for i in v4], num_buckets)
-        end = np.cumsum(k)
-        first = end - k
-        for j, i in enumerate(v4):
-            if ok[j]:
-                out[i] = BucketDir(b[first[j]:end[j]], st[first[j]:end[j]], segs[i].rows)
-        return out
-
-    @staticmethod
-    def valid_many(b: np.ndarray, st: np.ndarray, k: np.ndarray, segs: list[Segment],
-                   num_buckets: int) -> np.ndarray:
-        """Whether each of the version 4 directories concatenated in `b` (their bucket[k]) and `st` (their
-        start[k]), `k[i]` >= 1 entries for segment `segs[i]`, is a valid partition of its rows: the one home
-        of the rule (`all_from_bytes`, and `segment_groups.check_dirs` for a group of small tables). First
-        and last bucket as the index says, the last below the bucket count, starts from row 0 and below the
-        segment's rows, both strictly increasing within each directory."""
-        if not len(k):
-            return np.ones(0, dtype=bool)
-        end = np.cumsum(k)
-        first = end - k
-        ok = ((b[first] == [s.first for s in segs]) & (b[end - 1] == [s.last for s in segs])
-              & (b[end - 1] < num_buckets) & (st[first] == 0) & (st[end - 1] < [s.rows for s in segs]))
-        rising = (np.diff(b) > 0) & (np.diff(st) > 0)
-        rising[end[:-1] - 1] = True   # (a step across two directories does not count)
-        bad = np.flatnonzero(~rising)
-        if bad.size:
-            ok[np.searchsorted(end, bad, side="right")] = False
-        return ok
-
-    @staticmethod
-    def _offsets_block(raw: np.ndarray, seg: Segment, num_buckets: int) -> "BucketDir | None":
-        """Versions 1-3: the dense offsets block as a directory."""
-        off = raw.view("<i8")
-        if len(off) != num_buckets + 1 or off[0] != 0 or off[num_buckets] != seg.rows or np.any(np.diff(off) < 0):
-            return None
-        nonempty = np.nonzero(np.diff(off))[0]
-        return BucketDir(nonempty.astype(np.int64), off[nonempty].astype(np.int64), seg.rows)

@@ -23,11 +23,12 @@ from .. import _C
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, IncompatibleCheckpointError
 from ..storage import Storage, open_storage
 from . import extras as extras_fmt, gcpause, names, safetensors_io, structure
+from .bucket_dirs import BucketDir
 from .chain import split_path, walk_chain
 from .checkpoint import CheckpointReader, parse_index_bytes
 from .schema import IndexDoc, index_from_json
 from .segment_groups import check_dirs
-from .sparse_io import BucketDir, ReadRequest, SegmentReader
+from .sparse_io import ReadRequest, SegmentReader
 
 _WINDOW = 64 << 20  # bytes of one column read at a time
 _GROUP_BYTES = 16 << 20  # bytes of small segments checked in one parallel read

@@ -24,7 +24,7 @@ from ..format.fold import Scratch, bucket_groups, fill_live, plan_fold
 from ..format.layout import row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.retention import META_COMPACTED_FROM, recorded_step
-from ..format.sparse_io import SparseWriteOptions, TableSource, WriteReceipts
+from ..format.sparse_write import SparseWriteOptions, TableSource, WriteReceipts
 from ..storage import open_storage
 
 log = logging.getLogger("recckpt")

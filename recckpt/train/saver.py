@@ -30,7 +30,8 @@ from ..format.layout import granule_cut, row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.retention import META_EPHEMERAL, recorded_step, restore_order
 from ..format.schema import ColumnBlocks, ParentRef, SlotInfo, column_groups_for
-from ..format.sparse_io import ReadOptions, SparseWriteOptions, TableSource
+from ..format.sparse_io import ReadOptions
+from ..format.sparse_write import SparseWriteOptions, TableSource
 from ..load.load_apply import LoadResult
 from ..load.load_config import LoadConfig
 from ..load.loader import LoadRequest, LoadTarget, load_checkpoint

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from recckpt.format.bucket_dirs import BucketDir
 from recckpt.format.schema import Column, Segment
-from recckpt.format.sparse_io import BucketDir
 
 NB = 64
 

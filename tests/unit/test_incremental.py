@@ -564,7 +564,7 @@ def test_compaction_reuses_a_buffer_only_after_the_writer_wrote_it(tmp_path, mon
     # cut from it (group k - 2), and must not wait for the group just before (written meanwhile).
     import recckpt
     import recckpt.tools.compaction as C
-    from recckpt.format.sparse_io import WriteReceipts
+    from recckpt.format.sparse_write import WriteReceipts
     model = torch.nn.Module()
     model.emb = HashTable("emb", 16, track_changes=True)
     opt = SparseAdam([model.emb], lr=0.05)

@@ -11,9 +11,10 @@ import torch
 from helpers.tables import small_tables
 from recckpt import SaveOptions, Saver
 from recckpt.errors import DuplicateIdsError
+from recckpt.format.bucket_dirs import BucketDir
 from recckpt.format.schema import Column, Segment
 from recckpt.format.segment_groups import check_dirs
-from recckpt.format.sparse_io import BucketDir, SegmentReader
+from recckpt.format.sparse_io import SegmentReader
 
 NB = 64
 

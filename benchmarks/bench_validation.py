@@ -7,7 +7,7 @@ Builds the index JSON of one table with N segments (one shard file per 1000 segm
 as the writer would, then times, best of `repeat`, in this process:
 - json.loads of the index text (the baseline: what any reader pays);
 - checked_json.loads (depth, number and key rules, the checksum re-serialisation);
-- schema.index_from_json (fields, offsets, lengths, column layout);
+- index_parse.index_from_json (fields, offsets, lengths, column layout);
 - structure.tiling_problems (the blocks tile every file).
 Ratios are against json.loads measured in the same run.
 """
@@ -18,7 +18,7 @@ import json
 import time
 
 from recckpt.format import checked_json, layout, names, structure
-from recckpt.format.schema import index_from_json
+from recckpt.format.index_parse import index_from_json
 
 
 def build(segments: int, nb: int = 16, cb: int = 1 << 16) -> dict:

@@ -19,7 +19,8 @@ from ..errors import CorruptCheckpointError, InvalidCheckpointIdError
 from ..storage import Storage
 from . import checked_json, gcpause, names
 from .catalog_file import CatalogEntry, read_catalog, write_catalog
-from .schema import Manifest, manifest_from_json
+from .manifest_parse import manifest_from_json
+from .schema import Manifest
 
 log = logging.getLogger("recckpt")
 

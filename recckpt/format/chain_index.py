@@ -1,4 +1,4 @@
-"""The indexes of a chain's links validated together, in one pass of `schema.index_from_json`.
+"""The indexes of a chain's links validated together, in one pass of `index_parse.index_from_json`.
 
 A load of a chain opens every link; validating a hundred small increment indexes one by one cost about
 as much as the whole full load of their base (the validation is vectorised over segments, so each call
@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from . import gcpause, names
 from .checkpoint import CheckpointReader
-from .schema import IndexDoc, Manifest, index_from_json
+from .index_parse import index_from_json
+from .schema import IndexDoc, Manifest
 
 _PARTS = ("segments", "removed")
 #: The format versions whose indexes are merged, and the fields of their indexes and of their SEGS; any

@@ -15,6 +15,7 @@ from ..errors import CheckpointSaveError, CorruptCheckpointError, IncompatibleCh
 from ..storage import Storage
 from . import catalog, checked_json, gcpause, names, safetensors_io, structure, tree_codec, visibility
 from .digest import DenseDigest, Digest, Digests, TableDigest, dense_digest
+from .index_parse import index_from_json
 from .schema import (
     ColumnBlocks,
     ColumnGroups,
@@ -24,7 +25,6 @@ from .schema import (
     ParentRef,
     SlotInfo,
     TableInfo,
-    index_from_json,
 )
 from .sparse_io import ReadOptions, SegmentReader
 from .sparse_write import SparseWriteOptions, TableSource, write_tables

@@ -201,7 +201,7 @@ class TableDigest:
 
     @staticmethod
     def from_json(obj: dict, slots: list[str]) -> "TableDigest":
-        """Parse (no validation beyond the hex digits and slot names: schema.py validates manifests)."""
+        """Parse (no validation beyond the hex digits and slot names: manifest_parse validates manifests)."""
         got = obj["slots"]
         if set(got) != set(slots):
             raise ValueError(f"digest slots {sorted(got)} differ from the table's {sorted(slots)}")
@@ -210,7 +210,7 @@ class TableDigest:
 
 
 class ParsedTableDigests(Mapping):
-    """A manifest's table digests, checked already (schema.py), each built as a TableDigest when first
+    """A manifest's table digests, checked already (manifest_parse), each built as a TableDigest when first
     asked for: opening a checkpoint of a thousand tables to load it builds none (only `diff`, `verify`'s
     digest check and re-serialisation use them). `parts`: name -> (slots in column order, rows, the flat
     lane values of the ids then each slot: 2 ints a digest)."""

@@ -26,7 +26,8 @@ from . import extras as extras_fmt, gcpause, names, safetensors_io, structure
 from .bucket_dirs import BucketDir
 from .chain import split_path, walk_chain
 from .checkpoint import CheckpointReader, parse_index_bytes
-from .schema import IndexDoc, index_from_json
+from .index_parse import index_from_json
+from .schema import IndexDoc
 from .segment_groups import check_dirs
 from .sparse_io import ReadRequest, SegmentReader
 

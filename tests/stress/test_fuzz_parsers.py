@@ -16,7 +16,8 @@ from hypothesis import given, settings, strategies as st
 from helpers import stress_harness as h
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
 from recckpt.format import catalog, checked_json, dtypes, extras, safetensors_io, tree_codec
-from recckpt.format.schema import index_from_json, manifest_from_json
+from recckpt.format.index_parse import index_from_json
+from recckpt.format.manifest_parse import manifest_from_json
 from recckpt.storage import open_storage
 
 FUZZ = settings()  # example count, deadline and health checks: the "recckpt" profile in conftest.py

@@ -12,7 +12,7 @@ import torch
 from helpers import hostile
 from recckpt import HashTable, SaveOptions, Saver
 from recckpt.errors import CorruptCheckpointError
-from recckpt.format import chain_index, schema
+from recckpt.format import chain_index, index_parse
 from recckpt.format.chain import open_chain, walk_chain
 from recckpt.format.checkpoint import CheckpointReader
 from recckpt.storage import open_storage
@@ -164,7 +164,7 @@ def test_every_gate_is_needed_the_merge_alone_accepts_the_crc_shift(tmp_path):
     links = walk_chain(_reader(out, f"i{LINKS}"))
     merged, spans = chain_index._merge([(link, link.index_object()) for link in links[1:]])
     assert len(spans) == LINKS
-    doc = schema.index_from_json(merged, "merged", links[1].manifest, worker=True)
+    doc = index_parse.index_from_json(merged, "merged", links[1].manifest, worker=True)
     assert [chain_index._cut(doc, span) is None for span in spans] == [False, False, True, True, False, False]
 
 

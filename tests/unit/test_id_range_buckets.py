@@ -16,7 +16,7 @@ from helpers.fake_tables import Holder, RecordsImports
 from recckpt import _C, SaveOptions, Saver
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
 from recckpt.format.hashing import id_range_buckets
-from recckpt.format.schema import manifest_from_json
+from recckpt.format.manifest_parse import manifest_from_json
 from recckpt.format.verifier import verify
 from recckpt.state.protocol import Admitted, SlotSpec, SparseTableMeta
 

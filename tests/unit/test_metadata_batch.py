@@ -1,5 +1,5 @@
 """The metadata of many tables read in a few passes (issue 26 item 3), with the same answers as the
-per-table rules: a version 4 index validated for all tables at once (schema._segs_v4_all), the JSON
+per-table rules: a version 4 index validated for all tables at once (index_parse._segs_v4_all), the JSON
 rules checked on the text by the engine (checked_json), a compact checked file's CRC taken from its bytes."""
 import copy
 import json
@@ -12,9 +12,11 @@ import torch
 
 from recckpt import _C, HashTable, SaveOptions, Saver, SparseAdam
 from recckpt.errors import CorruptCheckpointError
-from recckpt.format import checked_json, names, schema
+from recckpt.format import checked_json, index_parse, manifest_parse, names
 from recckpt.format.checkpoint import CheckpointReader, parse_index_bytes
-from recckpt.format.schema import _V, IndexDoc, _phase1_by_table, _segments_from, index_from_json
+from recckpt.format.field_checks import Fields
+from recckpt.format.index_parse import _phase1_by_table, _segments_from, index_from_json
+from recckpt.format.schema import IndexDoc
 from recckpt.storage import open_storage
 
 
@@ -53,7 +55,7 @@ def _keys(doc):
 
 def _by_table(m, obj):
     """The index as the per-table functions build it (the reference)."""
-    v = _V("index.json")
+    v = Fields("index.json")
     doc = IndexDoc(obj["num_buckets"], obj["chunk_bytes"], format_version=obj["format_version"])
     doc.files = [(f["path"], f["size"]) for f in obj["files"]]
     for name, slots, segs, removed, blocked in _phase1_by_table(v, obj["tables"], doc, m, False):
@@ -86,9 +88,9 @@ def test_batched_phase1_declines_anything_out_of_order(tmp_path):
         for name, t in o["tables"].items():
             info = m.tables[name]
             geo = info.geometry(doc.format_version)
-            out.append(schema._SegsInput(name, t["segments"], [geo.widths(0)], [geo.begins_slot(0)], True, False))
+            out.append(index_parse._SegsInput(name, t["segments"], [geo.widths(0)], [geo.begins_slot(0)], True, False))
         return out
-    assert schema._segs_v4_all(items(obj), doc) is not None
+    assert index_parse._segs_v4_all(items(obj), doc) is not None
     for key, value in [("rows", 0), ("first", 5000), ("dir", 10**6), ("packed", 2), ("file", 7), ("offset", -1),
                        ("rows", True), ("offset", 1.5), ("rows", 1 << 64), ("block", 0)]:
         bad = copy.deepcopy(obj)
@@ -97,7 +99,7 @@ def test_batched_phase1_declines_anything_out_of_order(tmp_path):
             segs[key][-1] = value
         else:
             segs[key] = [value] * len(segs["file"])
-        assert schema._segs_v4_all(items(bad), doc) is None, key
+        assert index_parse._segs_v4_all(items(bad), doc) is None, key
 
 
 @pytest.mark.parametrize("field,value,words", [
@@ -232,16 +234,16 @@ def _manifest_obj(tmp_path, incremental=False):
 
 @pytest.mark.parametrize("incremental", [False, True])
 def test_manifest_tables_and_digests_read_as_the_rules_read_them(tmp_path, incremental):
-    from recckpt.format.schema import _digests_from_json, _table_from_json, manifest_from_json
+    from recckpt.format.manifest_parse import _digests_from_json, _table_from_json, manifest_from_json
     obj = _manifest_obj(tmp_path, incremental)
     m = manifest_from_json(copy.deepcopy(obj), "manifest.json")
-    v = _V("manifest.json")
+    v = Fields("manifest.json")
     want = {n: _table_from_json(v, n, t, m.format_version) for n, t in obj["tables"].items()}
     assert m.tables == want
-    assert all(schema._table_info_fast(n, t, m.format_version, schema._SlotLayouts()) is not None
+    assert all(manifest_parse._table_info_fast(n, t, m.format_version, manifest_parse._SlotLayouts()) is not None
                for n, t in obj["tables"].items())   # the fast path read them
     if not incremental:
-        assert schema._table_digests_fast(obj["digests"]["tables"], m.tables) is not None
+        assert manifest_parse._table_digests_fast(obj["digests"]["tables"], m.tables) is not None
     slow = _digests_from_json(v, dict(obj["digests"], hash="rowsum128"), want)
     assert m.digests.to_json() == slow.to_json()
 
@@ -255,7 +257,7 @@ def test_manifest_tables_and_digests_read_as_the_rules_read_them(tmp_path, incre
     (lambda t: t["slots"].append(t["slots"][0]), "slot 'embedding' listed twice"),
 ])
 def test_a_bad_manifest_table_is_worded_by_the_rules(tmp_path, edit, words):
-    from recckpt.format.schema import manifest_from_json
+    from recckpt.format.manifest_parse import manifest_from_json
     obj = _manifest_obj(tmp_path)
     edit(obj["tables"]["t4"])
     with pytest.raises(CorruptCheckpointError, match=re_escape(words)):
@@ -263,7 +265,7 @@ def test_a_bad_manifest_table_is_worded_by_the_rules(tmp_path, edit, words):
 
 
 def test_a_bad_digest_is_worded_by_the_rules(tmp_path):
-    from recckpt.format.schema import manifest_from_json
+    from recckpt.format.manifest_parse import manifest_from_json
     obj = _manifest_obj(tmp_path)
     obj["digests"]["tables"]["t6"]["slots"]["adam.v"] = "A" * 32
     with pytest.raises(CorruptCheckpointError, match=re_escape("digests.tables['t6'].slots['adam.v']")):
@@ -303,12 +305,12 @@ def test_a_version_5_index_batches_row_runs_and_column_groups_with_the_hash_tabl
     man, obj = _v5_checkpoint(tmp_path)
     assert obj["format_version"] == 5 and "id0" in obj["tables"]["f0"]["segments"]
     batched = []
-    real = schema._segs_v4_all
-    monkeypatch.setattr(schema, "_segs_v4_all", lambda items, doc: batched.append([i.where for i in items])
+    real = index_parse._segs_v4_all
+    monkeypatch.setattr(index_parse, "_segs_v4_all", lambda items, doc: batched.append([i.where for i in items])
                         or real(items, doc))
     from_text = []
-    real_segments = schema._segments_from
-    monkeypatch.setattr(schema, "_segments_from", lambda *a: from_text.append(a) or real_segments(*a))
+    real_segments = index_parse._segments_from
+    monkeypatch.setattr(index_parse, "_segments_from", lambda *a: from_text.append(a) or real_segments(*a))
     got = index_from_json(copy.deepcopy(obj), "index.json", man)
     assert len(batched) == 1 and len(batched[0]) == 8 and any("'f1'" in w for w in batched[0])
     assert not from_text   # phase 2 at once too
@@ -337,8 +339,8 @@ def test_a_bad_row_run_is_declined_by_the_batch_and_worded_by_the_rules(tmp_path
     assert len(segs["id0"]) >= 2 and min(segs["id0"]) >= 0
     edit(segs)
     answers = []
-    real = schema._segs_v4_all
-    monkeypatch.setattr(schema, "_segs_v4_all", lambda items, doc: answers.append(real(items, doc)) or answers[-1])
+    real = index_parse._segs_v4_all
+    monkeypatch.setattr(index_parse, "_segs_v4_all", lambda items, doc: answers.append(real(items, doc)) or answers[-1])
     with pytest.raises(CorruptCheckpointError, match=r"tables\['f1'\]\.segments\." + words):
         index_from_json(obj, "index.json", man)
     assert answers == [None]

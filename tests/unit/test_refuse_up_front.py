@@ -11,7 +11,7 @@ import torch
 from recckpt import SaveOptions, Saver, verify
 from recckpt.errors import CorruptCheckpointError, StorageURLError
 from recckpt.format import names
-from recckpt.format.schema import index_from_json
+from recckpt.format.index_parse import index_from_json
 from recckpt.storage import LocalStorage, open_storage
 from recckpt.storage.regular import open_regular, read_regular
 

@@ -6,7 +6,6 @@ import logging
 import warnings
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ..errors import (
@@ -19,8 +18,7 @@ from ..errors import (
 from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
-from ..format.column_join import FROM_OVERLAP, iter_joined
-from ..format.hashing import bucket_range, hash_ownership, id_range_buckets
+from ..format.hashing import bucket_range, hash_ownership
 from ..format.segment_groups import read_rows
 from ..state import optim_names, plugins
 from ..state.protocol import (
@@ -32,6 +30,7 @@ from ..state.protocol import (
     split_sparse_dense_state_dict,
 )
 from ..state.registry import Registry
+from . import kept_rows
 from .chain_load import load_chain_rows, plan_chain
 from .fixed_rows import DirectRows, OwnedRows
 from .load_config import LoadConfig
@@ -274,7 +273,7 @@ class LoadPlan:
         rbs = [info.slots[s].row_bytes for s in want]
         sis = [info.slots[s] for s in want]
 
-        mine = self._routed_bucket_ranges(name, table)
+        mine = kept_rows.routed_bucket_ranges(self.m, name, table)
 
         def chunks():
             # The buckets of this process's ids with the ranking slots; every other bucket with its ids
@@ -389,7 +388,7 @@ class LoadPlan:
                 if implements(table, FixedSize):
                     # the buckets of its owned rows ("row_range"; every bucket under "hash"); OwnedRows keeps
                     # exactly its rows and columns of what the fold gives
-                    ranges = self._fixed_bucket_ranges(name, table.row_layout())
+                    ranges = kept_rows.fixed_bucket_ranges(self.m, name, table.row_layout())
                     t_lo, t_hi = (min(a for a, _ in ranges), max(b for _, b in ranges)) if ranges else (0, 0)
                 self.chain_plans[name] = plan_chain(tl, name, t_lo, t_hi, rank=shard_id, world=world,
                                                     ownership=self.conf.ownership,
@@ -615,7 +614,7 @@ class LoadPlan:
                     applied.append(target)
                     continue
                 if name not in ready and implements(table, RoutedRows):   # (a ready table is neither)
-                    self.result.sparse_rows += self._load_routed(name, table, slots)
+                    self.result.sparse_rows += kept_rows.load_routed(self.reader, name, table, slots)
                     applied.append(target)
                     continue
                 if name not in ready and implements(table, FixedSize):
@@ -631,7 +630,9 @@ class LoadPlan:
                         fixed_read.update(self._read_fixed_together(planned, table))
                         left = "partially loaded"
                     rows = fixed_read.pop(name, None)
-                    self.result.sparse_rows += self._load_fixed(name, target, table, slots) if rows is None else rows
+                    if rows is None:
+                        rows = kept_rows.load_fixed(self.reader, name, target, table, slots)
+                    self.result.sparse_rows += rows
                     applied.append(target)
                     continue
                 t_lo, t_hi, ownership = lo, hi, conf.ownership
@@ -765,15 +766,15 @@ class LoadPlan:
             layout = table.row_layout()
             names = [s for s, _, _ in slots]
             if (not layout.owned_rows or self.m.tables[name].column_blocks is not None
-                    or self._column_window(name, layout, set(column_split_slots(table.sparse_meta())), names)
-                    is not None):
+                    or kept_rows.column_window(self.m, name, layout, set(column_split_slots(table.sparse_meta())),
+                                               names) is not None):
                 continue
             direct = DirectRows.of(table, slots, lambda si: dtypes.torch_dtype(si.dtype))
             if direct is None:
                 continue
             rbs, plans = [si.row_bytes for _, si, _ in slots], []
             try:
-                for b_lo, b_hi in self._fixed_bucket_ranges(name, layout):
+                for b_lo, b_hi in kept_rows.fixed_bucket_ranges(self.m, name, layout):
                     for batch in segments.batches(name, names, rbs, b_lo, b_hi):
                         plans.append(direct.plan_batch(segments, batch, name, target, where))
             except Exception:  # noqa: BLE001 - raised again, naming this table, when it loads its own way
@@ -795,175 +796,6 @@ class LoadPlan:
                 self._clear(name, table)
         self.reader.segments.read_together([(p.table, p.reqs, p.dsts) for _, _, plans in planned for p in plans])
         return {self.sparse_jobs[j][0]: sum(direct.loaded(p) for p in plans) for j, direct, plans in planned}
-
-    def _load_fixed(self, name: str, target: str, table, slots) -> int:
-        """Rows of a fixed-size table (TorchRec's): this process keeps the row ids its layout owns (all
-        of them when replicated) and the columns it holds of column-split slots. A table saved with
-        format version 4's "row_range" buckets over the same N rows is read by the bucket ranges that
-        hold the owned rows only (docs/FORMAT.md: what a loading rank reads); one saved with "hash"
-        buckets spreads a row range over every bucket, so every bucket is read. A row outside [0, N) is
-        refused with the table's name."""
-        layout = table.row_layout()
-        if not layout.owned_rows:
-            return 0   # this process holds no rows of the table (table-wise, another rank's)
-        if self.m.tables[name].column_blocks is not None:
-            return self._load_fixed_blocks(name, target, table, slots, layout)
-        rows = 0
-        for lo, hi in self._fixed_bucket_ranges(name, layout):
-            rows += self._load_fixed_range(name, target, table, slots, layout, lo, hi)
-        return rows
-
-    def _fixed_bucket_ranges(self, name: str, layout) -> list[tuple[int, int]]:
-        """The bucket ranges that hold a fixed-size table's owned rows: by row range when the checkpoint
-        bucketed the table "row_range" over the same N, else every bucket."""
-        info, nb = self.m.tables[name], self.m.num_buckets
-        if layout.replicated or info.bucket_fn != "row_range" or info.num_rows != layout.num_rows:
-            return [(0, nb)]
-        n = layout.num_rows
-        out: list[tuple[int, int]] = []
-        for a, b in layout.owned_rows:
-            lo, hi = a * nb // n, (b - 1) * nb // n + 1
-            if out and lo <= out[-1][1]:
-                out[-1] = (out[-1][0], max(out[-1][1], hi))
-            else:
-                out.append((lo, hi))
-        return out
-
-    def _load_fixed_range(self, name: str, target: str, table, slots, layout, bucket_lo: int,
-                          bucket_hi: int) -> int:
-        """The owned rows of one bucket range of a fixed-size table (see `_load_fixed`): read straight into
-        the storage the table lends (`DirectRows`) where it can, else read and imported row by row range."""
-        starts = np.array([a for a, _ in layout.owned_rows], dtype=np.int64)
-        ends = np.array([b for _, b in layout.owned_rows], dtype=np.int64)
-        split = set(column_split_slots(table.sparse_meta()))
-        c0, c1 = layout.columns or (0, None)
-        names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
-        window = self._column_window(name, layout, split, names)
-        if window is not None:   # the columns this process holds of the split slots, read alone
-            geo = self.m.tables[name].geometry(self.m.format_version)
-            rbs = [geo.place(s).row_bytes(window) for s in names]
-        segments, where = self.reader.segments, self.reader.describe()
-        direct = DirectRows.of(table, slots, lambda si: dtypes.torch_dtype(si.dtype))
-        rows = 0
-        for batch in segments.batches(name, names, rbs, bucket_lo, bucket_hi, columns=window):
-            if direct is not None and window is None:
-                n = direct.load_batch(segments, batch, name, target, where)
-                if n is not None:
-                    rows += n
-                    continue
-            for ids, cols, _ in batch.split(segments.read_batch(batch)):
-                rows += self._import_owned(name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1,
-                                           window is not None)
-        return rows
-
-    def _column_window(self, name: str, layout, split: set, names: list[str]) -> "tuple[int, int] | None":
-        """The columns [c0, c1) to read of a table saved with column groups (format version 5) when this
-        process holds only those of its split slots: then a read takes only the groups holding them
-        (docs/FORMAT.md, what a loading rank reads). None: read whole rows (and keep the columns held)."""
-        groups = self.m.tables[name].column_groups
-        if layout.columns is None or groups is None:
-            return None
-        grouped = [s for s in names if s in groups.slots]
-        if not grouped or any(s not in split for s in grouped):
-            return None   # the model splits other slots than the checkpoint grouped: whole rows, cut below
-        return layout.columns
-
-    def _import_owned(self, name, target, table, slots, layout, ids, cols, starts, ends, split, c0, c1,
-                      narrowed: bool = False) -> int:
-        """One segment's rows (`ids`, raw slot columns) into a fixed-size table: the owned rows only.
-        `narrowed`: the split slots were read in this process's columns only."""
-        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= layout.num_rows):
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-            raise IncompatibleCheckpointError(
-                f"checkpoint {self.reader.describe()}: table {name!r} holds row id {bad}, outside model "
-                f"table {target!r}'s {layout.num_rows} rows", table=target)
-        if not layout.replicated:
-            k = np.searchsorted(starts, ids, side="right") - 1
-            mask = (k >= 0) & (ids < ends[np.maximum(k, 0)])
-            if not mask.all():   # (a fancy-indexed copy of every column only where rows are dropped)
-                keep = np.nonzero(mask)[0]
-                ids, cols = ids[keep], [c[keep] for c in cols]
-        n = len(ids)
-        if n == 0:
-            return 0
-        tensors = {}
-        for (slot, si, spec), raw in zip(slots, cols):
-            t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype))
-            if narrowed and slot in split:
-                t = t.reshape(n, -1)
-            else:
-                t = t.reshape(n, *si.shape)
-                if slot in split and layout.columns is not None:
-                    t = t[:, c0:c1]
-            tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
-        table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
-        return n
-
-    def _load_fixed_blocks(self, name: str, target: str, table, slots, layout) -> int:
-        """A fixed-size table saved column-split (a column-wise plan): this process reads its owned rows of
-        the column blocks that overlap its columns only (`column_join`). A per-row (unsplit) slot is each
-        block's own value (RowWiseAdagrad's per-column-shard state): this process gets the width-weighted
-        mean over the blocks it reads, weighted by the columns of its own each holds, so an unchanged split
-        gets each shard's own value back and a whole-row process the row-wise value (docs/TORCHREC.md)."""
-        info = self.m.tables[name]
-        names = [s for s, _, _ in slots]
-        spec_of = {s: (si, spec) for s, si, spec in slots}
-        row_bytes = sum(si.row_bytes for _, si, _ in slots) + 8
-        chunk = max(1, self.reader.segments.options.batch_bytes // row_bytes)
-        rows = 0
-        for ids, split, unsplit in iter_joined(self.reader.segments, name, info, names, list(layout.owned_rows),
-                                               layout.columns, chunk, FROM_OVERLAP):
-            n = len(ids)
-            if n == 0:
-                continue
-            tensors = {}
-            for s, raw in split.items():
-                si, spec = spec_of[s]
-                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape[:-1], -1)
-                tensors[s] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
-            for s, parts in unsplit.items():
-                si, spec = spec_of[s]
-                ts = [(w, torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape))
-                      for w, raw in parts]
-                if len(ts) == 1 or not ts[0][1].is_floating_point():
-                    t = ts[0][1]
-                else:
-                    t = (sum(x.to(torch.float64) * w for w, x in ts) / sum(w for w, _ in ts)).to(ts[0][1].dtype)
-                tensors[s] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
-            table.import_rows(torch.from_numpy(ids), tensors)
-            rows += n
-        return rows
-
-    def _load_routed(self, name: str, table, slots) -> int:
-        """Rows of a `RoutedRows` table: the buckets that can hold this process's ids (`_routed_bucket_ranges`)
-        are read, and the table keeps the ids it planned to (`prepare` called `plan_rows`; `clear_rows`
-        installed them)."""
-        names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
-        rows = 0
-        for ids, cols in (part for lo, hi in self._routed_bucket_ranges(name, table)
-                          for part in self.reader.segments.iter_table(name, names, rbs, lo, hi)):
-            t_ids = torch.from_numpy(ids)
-            keep = table.keep(t_ids)
-            n = int(keep.sum())
-            if n == 0:
-                continue
-            tensors = {}
-            for (slot, si, spec), raw in zip(slots, cols):
-                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(len(ids), *si.shape)[keep]
-                tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
-            table.import_rows(t_ids[keep].contiguous(), tensors)
-            rows += n
-        return rows
-
-    def _routed_bucket_ranges(self, name: str, table) -> list[tuple[int, int]]:
-        """The bucket ranges that can hold a `RoutedRows` table's ids of this process: those of its id range
-        (`owned_ids`) when the checkpoint bucketed the table "id_range", plus the reserved bucket; else (a
-        "hash" table: every checkpoint before the id_range function, or an unsharded target) every bucket."""
-        info, nb = self.m.tables[name], self.m.num_buckets
-        owned = table.owned_ids()
-        if info.bucket_fn != "id_range" or owned is None:
-            return [(0, nb)]
-        return id_range_buckets(owned[0], owned[1], info.input_size, nb)
 
     def _apply_extra(self, name, entry):
         obj = self.registry.object(name)

@@ -332,7 +332,7 @@ class LoadPlan:
             elif not optim_names.is_named(saved):
                 continue   # no parameters to map (an empty state): applied as it is
             # an integration's tables may hold some parameters' state (a TorchRec data-parallel table's)
-            saved = plugins.loaded_object_state(self.model, obj, saved, self.conf.renamed)
+            saved = plugins.loaded_object_state(self.model, obj, saved, self._opt_tables())
             try:
                 m = optim_names.match_optimizer_state(
                     obj, self.model, saved, rename=self.conf.renamed, selected=self.conf.dense_selected,
@@ -345,6 +345,11 @@ class LoadPlan:
             self.problems_missing += missing
             self.problems_unexpected += unexpected
             objs[name] = dict(entry, state=m.state_dict)
+
+    def _opt_tables(self) -> dict[str, str]:
+        """Checkpoint table -> model table, for the tables whose optimizer slots this load applies."""
+        return {name: target for name, target, _, slots in self.sparse_jobs
+                if any(si.category == "sparse_opt" for _, si, _ in slots)}
 
     def _positional_optimizer(self, name: str, what: str, ckpt_shapes: dict[str, tuple]) -> None:
         """An optimizer's numbered state without names (older checkpoints): safe only when the

@@ -5,7 +5,8 @@ restore left that parameter's `step` at the live value: 0 after a crash. Adagrad
 (lr / (1 + (step - 1) * lr_decay)), so the resumed run stepped that table with another learning rate than
 the uninterrupted run, silently. Real DMP sharding on 2 gloo ranks (a table-wise table beside a
 data-parallel one), with a KeyedOptimizer and with a plain torch.optim optimizer (numbered state, saved
-whole) as the dense optimizer."""
+whole) as the dense optimizer; and the step follows its table through a rename, and stays out of a load
+that leaves the table out or shards it."""
 from __future__ import annotations
 
 import os
@@ -33,6 +34,14 @@ def runs(tmp_path_factory):
         # uninterrupted: 3 steps, a save, 2 more; resumed: a fresh model restored from that save, 2 more
         jobs += [dict(base, name=f"{kind}_ref", train_steps=3, save=ck, dump=os.path.join(tmp, f"{kind}_ref")),
                  dict(base, name=f"{kind}_resumed", train_steps=0, load=ck, dump=os.path.join(tmp, f"{kind}_res"))]
+    # the keyed checkpoint, into a model whose data-parallel table is renamed "e", or sharded row-wise
+    ck = os.path.join(tmp, "ck_keyed")
+    renamed = [["a", 40, 8, "fp32"], ["e", 20, 8, "fp32"]]
+    base = {"kind": "ebc", "opt": "adagrad", "dense_kwargs": {"lr_decay": 0.5}, "train_steps": 0, "load": ck}
+    jobs += [dict(base, name="renamed", plan={"a": "tw", "e": "dp"}, tables=renamed,
+                  load_conf={"rename": {"coll.embedding_bags.d": "coll.embedding_bags.e"}}),
+             dict(base, name="sharded", plan={"a": "tw", "d": "rw"}, tables=TABLES),
+             dict(base, name="left_out", plan={"a": "tw"}, tables=TABLES[:1], load_conf={"strict": False})]
     results = run_jobs(tmp, 2, jobs)
     return tmp, {r["name"]: r for r in results[0]}
 
@@ -53,3 +62,15 @@ def test_a_restored_data_parallel_table_steps_on_as_the_uninterrupted_run(runs, 
         for k in a[t]["states"]:
             assert torch.equal(full(b[t]["states"][k], b[t]["shape"]), full(a[t]["states"][k], a[t]["shape"])), \
                 f"{t}: optimizer state {k!r} differs"
+
+
+def test_the_step_follows_its_table(runs):
+    _, res = runs
+    saved = 3.0   # the keyed run's step at its save
+    assert res["renamed"]["loaded_tables"] == ["coll.embedding_bags.a", "coll.embedding_bags.e"], res["renamed"]
+    assert res["renamed"]["dense_steps"] == {"coll.embedding_bags.e.weight": saved, "dense.weight": saved,
+                                             "dense.bias": saved}, res["renamed"]["dense_steps"]
+    # sharded now: the table's state is the fused optimizer's; the dense optimizer holds the dense arch only
+    assert res["sharded"]["dense_steps"] == {"dense.weight": saved, "dense.bias": saved}, res["sharded"]
+    assert res["left_out"]["loaded_tables"] == ["coll.embedding_bags.a"]
+    assert res["left_out"]["dense_steps"] == {"dense.weight": saved, "dense.bias": saved}, res["left_out"]

@@ -7,13 +7,14 @@ table's fused state, so a table that changes sides (data-parallel <-> sharded) k
 
 - `dp_slots` finds the state of each data-parallel table's parameter in the registered optimizers
   (Adagrad's and RowWiseAdagrad's `sum`, as the fused kernels' `momentum1`);
-- a save leaves the accumulator of those parameters out of a name-keyed optimizer's own saved state
-  (`saved_state`): the table's slots hold it. The rest of their entry (the `step` count, which Adagrad's
-  `lr_decay` reads) stays there, so that a restore gives it back;
-- a load gives a name-keyed optimizer its live accumulator for each data-parallel parameter it holds
-  (`loaded_state`), and its whole live entry where the checkpoint has none (the table was sharded when
-  saved), so `KeyedOptimizer.load_state_dict`, which wants exactly its own parameters and keys, does not
-  refuse a table that changed sides; the table's rows then write the accumulator in place.
+- a save leaves those parameters out of a name-keyed optimizer's own saved state (`saved_state`): the
+  table's slots hold their accumulator, and the rest of each entry (the `step` count, which Adagrad's
+  `lr_decay` reads) is kept beside the state by table name (`TABLE_STATE`), so it follows its table
+  through a rename;
+- a load gives a name-keyed optimizer its live entries for the data-parallel parameters it holds
+  (`loaded_state`), with the saved step of the table loaded into each, so `KeyedOptimizer.load_state_dict`,
+  which wants exactly its own parameters and keys, does not refuse a table that changed sides; the table's
+  rows then write the accumulator in place.
 """
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ from .table import ADAGRAD, ROWWISE_ADAGRAD
 #: The key of the Adagrad-like accumulator in an optimizer's per-parameter state (torch's Adagrad,
 #: TorchRec's RowWiseAdagrad): the state a data-parallel table's slots hold.
 ACC = "sum"
+#: Where a name-keyed optimizer's saved state keeps the rest of a data-parallel table's parameter entry
+#: (all but `ACC`, which the table's slots hold), keyed by the table's name: an optimizer's
+#: `load_state_dict` reads only "state" and "param_groups", so it never sees this key.
+TABLE_STATE = "recckpt.table_state"
 
 
 def optimizers(objects: Iterable[Any]) -> List[Any]:
@@ -84,48 +89,54 @@ def _param_items(obj: Any, model) -> List[Tuple[str, Any]]:
     return [(n, p) for n, p in zip(names, (p for g in obj.param_groups for p in g["params"])) if n is not None]
 
 
-def saved_state(obj: Any, state: Any, moved: set, model=None) -> Any:
-    """`state` (obj's state_dict) without the accumulators of parameters whose state the tables' slots
-    hold (a name-keyed state: a KeyedOptimizer's; a torch.optim optimizer's numbered state is saved whole
-    and loaded whole). The rest of those parameters' entries is kept: `step` and any other scalar."""
+def saved_state(obj: Any, state: Any, moved: Mapping[int, str], model=None) -> Any:
+    """`state` (obj's state_dict) without the entries of parameters whose state the tables' slots hold
+    (`moved`: parameter id -> table name), for a name-keyed state (a KeyedOptimizer's; a torch.optim
+    optimizer's numbered state is saved whole and `loaded_state` leaves those entries out). The rest of
+    each such entry (its `step`, which Adagrad's `lr_decay` reads) is kept under `TABLE_STATE`, by table
+    name, so that it follows its table through a rename or a change of sides."""
     if not _named(state):
         return state
-    names = {n for n, p in _param_items(obj, model) if id(p) in moved}
-    if not names:
+    tables = {n: moved[id(p)] for n, p in _param_items(obj, model) if id(p) in moved}
+    if not tables:
         return state
-    return dict(state, state={k: ({s: x for s, x in v.items() if s != ACC} if k in names and isinstance(v, Mapping)
-                                  else v) for k, v in state["state"].items()})
+    out = dict(state, state={k: v for k, v in state["state"].items() if k not in tables})
+    if isinstance(state.get("param_groups"), list):
+        out["param_groups"] = [dict(g, params=[p for p in g.get("params", []) if p not in tables])
+                               for g in state["param_groups"]]
+    rest = {t: {k: v for k, v in state["state"][n].items() if k != ACC} for n, t in tables.items()
+            if isinstance(state["state"].get(n), Mapping)}
+    if any(rest.values()):
+        out[TABLE_STATE] = {t: e for t, e in rest.items() if e}
+    return out
 
 
-def loaded_state(obj: Any, state: Any, moved: set, table_params: set, model,
-                 rename: Callable[[str], str] = lambda n: n) -> Any:
+def loaded_state(obj: Any, state: Any, moved: Mapping[int, str], table_params: set, model,
+                 loaded_tables: Mapping[str, str] | None = None) -> Any:
     """The checkpoint's name-keyed `state` for optimizer `obj`, as the tables leave it: entries of TorchRec
     tables' parameters that `obj` does not hold now (a table saved data-parallel, sharded now) are left
-    out; the entries `saved_state` wrote without their accumulator get `obj`'s live one; and `obj`'s own
-    live entries are added for its moved parameters the checkpoint has no entry for (a table sharded when
-    saved, data-parallel now, or a checkpoint from before the step was kept). Loading the live
-    accumulators copies each onto itself, and the table's rows are written afterwards. `rename`:
-    checkpoint name -> model name, as the load applies it afterwards."""
+    out, and `obj`'s own live entries are added for its moved parameters (`moved`: parameter id -> table
+    name) the checkpoint lacks (the slots hold their accumulator): loading them copies each onto itself,
+    and the table's rows are written afterwards. `loaded_tables`: checkpoint table -> model table, for the
+    tables whose optimizer slots this load applies; their `TABLE_STATE` (the step) goes into their
+    parameter's entry."""
     if not _named(state):
         return state
     held = _param_items(obj, model)
     held_names = {n for n, _ in held}
-    moved_names = {n for n, p in held if id(p) in moved}
+    kept = {(loaded_tables or {}).get(t): e for t, e in (state.get(TABLE_STATE) or {}).items()}
+    from_table = {n: kept[moved[id(p)]] for n, p in held if id(p) in moved and moved[id(p)] in kept}
     drop = {k for k in state["state"] if k in table_params and k not in held_names}
     groups = state.get("param_groups")
     if isinstance(groups, list):
         drop |= {p for g in groups for p in g.get("params", []) if p in table_params and p not in held_names}
-    # saved entries of moved parameters (after the rename), which saved_state wrote without accumulator
-    partial = {s: rename(s) for s, v in state["state"].items()
-               if s not in drop and rename(s) in moved_names and isinstance(v, Mapping) and ACC not in v}
-    targeted = {rename(s) for s in state["state"] if s not in drop}
-    missing = [n for n in moved_names if n not in targeted]
-    if not drop and not missing and not partial:
+    missing = [n for n, p in held if id(p) in moved and n not in state["state"]]
+    if not drop and not missing and TABLE_STATE not in state:
         return state
-    live = named_optimizer_state(obj, model)["state"]
-    out = dict(state, state={**{k: ({**live[partial[k]], **v} if k in partial and partial[k] in live else v)
-                                for k, v in state["state"].items() if k not in drop},
-                             **{n: live[n] for n in missing if n in live}})
+    live = named_optimizer_state(obj, model)["state"] if missing else {}
+    out = {k: v for k, v in state.items() if k != TABLE_STATE}
+    out["state"] = {**{k: v for k, v in state["state"].items() if k not in drop},
+                    **{n: {**live[n], **from_table.get(n, {})} for n in missing if n in live}}
     if isinstance(groups, list):
         new_groups = [dict(g, params=[p for p in g.get("params", []) if p not in drop]) for g in groups]
         have = {p for g in new_groups for p in g["params"]}

@@ -342,14 +342,14 @@ def _mch_keys(f: Found, sd: Dict[str, Any], names: List[str]) -> List[str]:
     return out
 
 
-def moved_params(model, objects: Sequence[Any]) -> set:
-    """ids of the data-parallel tables' parameters whose state, kept by one of `objects`, is saved as the
-    table's slots (`dense_optim`)."""
+def moved_params(model, objects: Sequence[Any]) -> Dict[int, str]:
+    """{id of a data-parallel table's parameter whose state, kept by one of `objects`, is saved as the
+    table's slots (`dense_optim`): the table's name}."""
     opts = optimizers(objects)
     if not opts:
-        return set()
+        return {}
     params = dict(model.named_parameters())
-    out = set()
+    out = {}
     for f in collections(model):
         if not f.sharded:
             continue
@@ -359,7 +359,7 @@ def moved_params(model, objects: Sequence[Any]) -> set:
             rel = f"{f.tables_attr}.{tname}.weight"
             key = next((p + rel for p in f.raw_prefixes if p + rel in params), None)
             if key is not None and dp_slots(params[key], tuple(params[key].shape), opts)[0]:
-                out.add(id(params[key]))
+                out[id(params[key])] = f.prefix + rel[:-len(".weight")]
     return out
 
 

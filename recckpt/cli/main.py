@@ -154,10 +154,12 @@ def cmd_diff(a) -> int:
     if r.layout:
         print("  layout (not a difference of contents): "
               + ", ".join(f"{f} {x} -> {y}" for f, (x, y) in r.layout.items()))
-    for what, d in (("table", r.tables), ("dense key", r.dense), ("object", r.objects)):
+    for what, d in (("table", r.tables), ("dense key", r.dense), ("object", r.objects), ("IO state of", r.io_state)):
         for sign, key in (("+", "added"), ("-", "removed"), ("~", "changed")):
             for n in d[key]:
                 print(f"{sign} {what} {n}")
+    if r.sparse_optimizer is not None:
+        print(f"{dict(added='+', removed='-', changed='~')[r.sparse_optimizer]} sparse optimizer state")
     for t, d in r.slots.items():
         for sign, key in (("+", "added"), ("-", "removed"), ("~", "changed")):
             for n in d[key]:

@@ -55,13 +55,18 @@ class DiffReport:
     """Table -> why its rows could not be compared without values (no digest on a side)."""
     dense: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
     objects: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
+    sparse_optimizer: str | None = None
+    """The sparse optimizer's own state (hyper-parameters, step): "added", "removed", "changed" or None."""
+    io_state: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
+    """IO state (readers' positions, RNG) by "worker W"."""
     values: dict[str, TableValues] | None = None
 
     @property
     def differs(self) -> bool:
         """True when a difference was found."""
         structural = (any(self.tables.values()) or any(any(v.values()) for v in self.slots.values())
-                      or any(self.dense.values()) or any(self.objects.values()))
+                      or any(self.dense.values()) or any(self.objects.values()) or any(self.io_state.values())
+                      or self.sparse_optimizer is not None)
         rows = self.values is not None and any(v.only_a or v.only_b or v.changed_rows for v in self.values.values())
         return bool(self.metadata or structural or self.contents or rows)
 
@@ -108,11 +113,22 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
         for t in sorted(set(va.schema) & set(vb.schema)):
             _compare_table(va, vb, t, r)
     r.dense = _compare_dense(va, vb)
-    r.objects = _added_removed_changed(va.objects(arrays=True)["objects"], vb.objects(arrays=True)["objects"],
-                                       _tree_equal)
+    oa, ob = va.objects(arrays=True), vb.objects(arrays=True)
+    r.objects = _added_removed_changed(oa["objects"], ob["objects"], _tree_equal)
+    sa, sb = oa.get("sparse_optimizer"), ob.get("sparse_optimizer")
+    if (sa is None) != (sb is None):
+        r.sparse_optimizer = "added" if sa is None else "removed"
+    elif sa is not None and not _tree_equal(sa, sb):
+        r.sparse_optimizer = "changed"
+    r.io_state = _added_removed_changed(_io_states(va), _io_states(vb), _tree_equal)
     if values:
         r.values = {t: _table_values(va, vb, t) for t in sorted(set(va.schema) & set(vb.schema))}
     return r
+
+
+def _io_states(view: CheckpointView) -> dict[str, Any]:
+    """Each worker's saved IO state, by "worker W" (workers that saved none left out)."""
+    return {f"worker {w}": view.io_state(w, arrays=True) for w in view.io_state_workers}
 
 
 def _compare_table(va: CheckpointView, vb: CheckpointView, table: str, r: DiffReport) -> None:

@@ -166,3 +166,41 @@ def test_values_of_a_table_with_no_id_in_both(tmp_path, case):
     e = recckpt.diff(*paths, values=True).values["e"]
     assert (e.common, e.changed_rows) == (0, 0)
     assert (e.only_a, e.only_b) == ((5, 5) if case == "disjoint" else (0, 0))
+
+
+def test_io_state_and_the_sparse_optimizers_state_are_compared(tmp_path, capsys):
+    """Checkpoints that differ only in a worker's IO state (a reader's position), or only in the sparse
+    optimizer's own state (its learning rate), differ: diff once called both identical."""
+    from helpers.checkpoints import Pos
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t = recckpt.HashTable("t", dim=4)
+
+    m = M()
+    opt = recckpt.SparseAdam(m, lr=0.01)
+    with torch.no_grad():
+        m.t(torch.arange(6))
+    pos = Pos(10)
+    s = Saver(m, sparse_optim=opt, output_dir=str(tmp_path), options=FAST, max_keep=None)
+    s.register_io_state("reader", pos)
+    s.save("base")
+    s.save("again")
+    pos.pos = 11
+    s.save("io")
+    pos.pos, opt.lr = 10, 0.5
+    s.save("lr")
+    same = recckpt.diff(str(tmp_path / "base"), str(tmp_path / "again"))
+    assert same.same and not same.differs, same
+    io = recckpt.diff(str(tmp_path / "base"), str(tmp_path / "io"))
+    assert io.differs and not io.same and io.io_state["changed"] == ["worker 0"], io
+    assert io.sparse_optimizer is None and not any(io.objects.values()), io
+    lr = recckpt.diff(str(tmp_path / "base"), str(tmp_path / "lr"))
+    assert lr.differs and lr.sparse_optimizer == "changed" and not any(lr.io_state.values()), lr
+    code, out = _cli(capsys, "diff", str(tmp_path / "base"), str(tmp_path / "io"))
+    assert code == 1 and "~ IO state of worker 0" in out, out
+    code, out = _cli(capsys, "diff", "--values", str(tmp_path / "base"), str(tmp_path / "lr"))
+    assert code == 1 and "~ sparse optimizer state" in out, out
+    code, out = _cli(capsys, "diff", str(tmp_path / "base"), str(tmp_path / "again"))
+    assert code == 0 and "no differences" in out, out

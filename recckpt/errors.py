@@ -77,7 +77,9 @@ class LoadConfigError(RecckptError, ValueError):
 
 class CoordinationError(RecckptError):
     """A collective on recckpt's coordination group failed or timed out: another rank failed, exited
-    or stopped responding. The message names this rank and the step of the protocol. `rank` may also
+    or stopped responding; or the ranks disagree on what they see (a restore whose ranks find different
+    checkpoints under one name: an output directory that is not shared). The message names this rank
+    and the step of the protocol. `rank` may also
     be given positionally."""
 
     def __init__(self, message: str = "", rank: int | None = None, *, path: str | None = None,

@@ -24,6 +24,7 @@ from ..coordination import agreement_for, check_world, resolve_shard
 from ..errors import (
     CheckpointNotFoundError,
     CommitOutcomeUnknownError,
+    CoordinationError,
     CorruptCheckpointError,
     InvalidArgumentError,
     InvalidCheckpointIdError,
@@ -378,7 +379,9 @@ class CheckpointManager:
     def restore(self, global_step: int | None = None, load_conf=None) -> int | None:
         """Load the newest committed checkpoint in output_dir (or the one of `global_step`) into every
         registered object, on every rank; returns the restored global step, or None (nothing changed)
-        when output_dir has no committed checkpoint. Every rank restores the same checkpoint: a newest
+        when output_dir has no committed checkpoint. Every rank restores the same checkpoint (the same
+        manifest: ranks that find different checkpoints under one name, an output directory that is not
+        shared, raise CoordinationError before anything is loaded): a newest
         checkpoint found corrupt by any rank is skipped by all for the next older one (each load
         replaces the whole state), with a warning. A checkpoint saved by another number of workers is
         resharded; per-worker state follows `resize_policy` (which sets `io_state_on_resize` of
@@ -414,6 +417,7 @@ class CheckpointManager:
         conf = LoadConfig.coerce(load_conf)
         conf = dataclasses.replace(conf, io_state_on_resize="drop" if self.resize_policy == "reseed" else "error")
         for i, (cid, step) in enumerate(candidates):
+            self._same_as_rank0s(cid)
             error, result = None, None
             try:
                 result = self.saver.load(ckpt_id=cid, load_conf=conf, shard_id=self.shard_id,
@@ -439,6 +443,27 @@ class CheckpointManager:
                 f"(see its error); this rank loaded it, but a restore must be the same on every rank: "
                 f"fix or remove the checkpoint, or restore an explicit global_step", path=storage.describe(cid))
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _same_as_rank0s(self, cid: str) -> None:
+        """Raise on every rank, before any loads, when some rank's `cid` is not the checkpoint rank 0 sees
+        under that name (its manifest differs): the output directory is not shared, and each rank would
+        restore its own disk's state. A collective: every rank calls it."""
+        try:
+            mine = catalog.read_manifest(self.saver.storage, cid).content_sha256
+        except (OSError, RecckptError):
+            mine = None   # unreadable here: the load says why
+        ref = self._agreement.broadcast0(mine)
+        differs = mine is not None and ref is not None and mine != ref
+        if not self._agreement.worst(int(differs)):
+            return
+        where, rank = self.saver.storage.describe(cid), self._agreement.rank
+        seen = (f"its manifest's sha256 is {mine[:16]}... here and {ref[:16]}... on rank 0" if differs
+                else "another rank read a different manifest under that name")
+        raise CoordinationError(
+            f"rank {rank}: checkpoint {where} is not the same checkpoint on every rank ({seen}): the output "
+            f"directory is not shared between the ranks (a node-local path given to a multi-node job?), so "
+            f"each rank would restore another state. Nothing was loaded; give every rank one shared output_dir",
+            rank, path=where)
 
     def _restored(self, cid: str, step: int | None, result: LoadResult, found) -> int:
         storage = self.saver.storage

@@ -294,3 +294,23 @@ def chain_save_async(rank, world, out, n_ids):
     mgr.close()
     found = dict(catalog.committed(s.storage))
     return {c: (m.parent.ckpt_id if m.parent is not None else None) for c, m in found.items()}
+
+
+def unshared_restore(rank, world, base):
+    """Each rank restores from its own disk's `<base>/node<rank>` (what a node-local output_dir gives a
+    multi-node job): every rank's ckpt_1 there is another checkpoint. Reports the error and whether the
+    model changed."""
+    import os
+
+    from recckpt import CheckpointManager
+    table = owned_table(rank, world, all_ids(5), salt=9.0)
+    model = Holder(table)
+    before = (table.ids.clone(), model.lin.weight.detach().clone())
+    mgr = CheckpointManager(Saver(model, output_dir=os.path.join(base, f"node{rank}"), options=OPTS), 1,
+                            save_rng=False)
+    try:
+        got = {"restored": mgr.restore()}
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        got = {"error": f"{type(e).__name__}: {e}"}
+    got["unchanged"] = bool(torch.equal(table.ids, before[0]) and torch.equal(model.lin.weight, before[1]))
+    return got

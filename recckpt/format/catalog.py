@@ -159,6 +159,11 @@ def _listing3(storage: Storage, trust_catalog: bool = True, top: list[str] | Non
     check_top(top)
     candidates = [n for n in top if not n.startswith(".") and n != names.VERSION_FILE]
     found: dict[str, CatalogEntry] = {n: cached[n] for n in candidates if n in cached}
+    if found and not storage.size_is_a_request:
+        # A folder whose manifest is gone (an interrupted `rm -rf`, a hand edit) is not committed, whatever
+        # the catalog says: on a local disk that costs one stat per entry. (On an object store it would be
+        # a request per checkpoint; there the newest is checked below and the rest trusted.)
+        found = {n: e for n, e in found.items() if storage.exists(f"{n}/{names.MANIFEST}")}
     known = known or {}
     found.update({n: CatalogEntry.from_manifest(known[n]) for n in candidates if n not in found and n in known})
     unknown = [n for n in candidates if n not in found]

@@ -133,6 +133,27 @@ def test_stale_entries_follow_the_directories(tmp_path):
                                                                ("ckpt_5", 5)]
 
 
+def test_a_folder_without_its_manifest_is_not_listed(tmp_path, capsys):
+    """An interrupted `rm -rf ckpt_2` that took the manifest and left the folder: ckpt_2 is not committed,
+    so neither a listing, nor retention's count, nor a restore's fallback may count it (before, the
+    catalog's entry kept it listed: `ls` showed it, `load` refused it as never committed while listing it,
+    and `prune --keep 2` would have left one loadable checkpoint)."""
+    _run(tmp_path, 3)
+    (tmp_path / "ckpt_2" / "manifest.json").unlink()
+    assert "ckpt_2" in _catalog(tmp_path)
+    st = open_storage(str(tmp_path))
+    assert [i for i, _ in catalog.committed(st)] == ["ckpt_1", "ckpt_3"]
+    assert [c.ckpt_id for c in recckpt.list_checkpoints(str(tmp_path)).checkpoints] == ["ckpt_1", "ckpt_3"]
+    # the newest damaged too: the restore falls back to the one intact checkpoint
+    shard = sorted((tmp_path / "ckpt_3" / "sparse").glob("*.bin"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    m, mgr = _manager(tmp_path)
+    with pytest.warns(UserWarning, match="corrupt"):
+        assert mgr.restore() == 1
+
+
 def test_a_newest_entry_that_does_not_match_its_manifest_makes_a_rebuild(tmp_path, caplog):
     _run(tmp_path, 3)
     _resign(tmp_path / ".catalog.json",

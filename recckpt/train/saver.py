@@ -547,7 +547,15 @@ class Saver:
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
             if handed_over:
-                return self._failed_after_handover(ckpt_id, e, t0)
+                stats = self._failed_after_handover(ckpt_id, e, t0)   # returns only when committed after all
+                # then it is the next increment's parent on this rank too, as on a rank that heard the outcome
+                try:
+                    done = catalog.read_manifest(self.storage, ckpt_id)
+                except (OSError, RecckptError):
+                    done, marks = None, None   # the next incremental save writes a full checkpoint
+                self._committed_chain(ckpt_id, done, marks,
+                                      [(t, m.name) for t, m in zip(snap.tables, metas)] if live else None)
+                return stats
             committed = manifest is not None or self.is_committed(ckpt_id)
             # A private staging target (stage != ckpt_id) is this save's alone, even when a rival
             # committed the id; a target under the final keys may hold a rival's files.

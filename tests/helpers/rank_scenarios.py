@@ -141,12 +141,15 @@ def stalled_committer(rank, world, out, timeout_s, sleep_s, when):
             err = f"{type(e).__name__}: {e}"
     if rank == 0:
         saver_mod.finalize = real
-    try:  # the ranks must still agree on the coordination group: the next save works everywhere
-        s.save("d")
+    # the ranks must still agree on the coordination group: the next save works everywhere; where every
+    # rank knows "c" committed, as an increment on it (each rank builds on the same parent)
+    try:
+        s.save("d", incremental=when == "after")
         next_err = None
     except CheckpointSaveError as e:
         next_err = f"{type(e).__name__}: {e}"
-    return {"error": err, "warnings": [str(w.message) for w in caught], "next_error": next_err}
+    return {"error": err, "warnings": [str(w.message) for w in caught], "next_error": next_err,
+            "next_parent": s.last_save.parent if s.last_save is not None else None}
 
 
 def save_duplicates(rank, world, out):

@@ -134,8 +134,9 @@ def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when)
     timeout, sleep = 3.0, 6.0   # rank 0 stalls twice the timeout: rank 1 gives up while it still sleeps
     out = str(tmp_path / "run")
     rep = ok(run_ranks(2, sc.stalled_committer, out, timeout, sleep, when, out_dir=str(tmp_path / "r")))
-    assert rep[0] == {"error": None, "warnings": [], "next_error": None}
-    assert rep[1]["next_error"] is None
+    parent = "c" if when == "after" else None
+    assert rep[0] == {"error": None, "warnings": [], "next_error": None, "next_parent": parent}
+    assert rep[1]["next_error"] is None, rep[1]
     if when == "before":
         assert rep[1]["error"].startswith("CommitOutcomeUnknownError") and "may still commit" in rep[1]["error"] \
             and "complete or absent" in rep[1]["error"]

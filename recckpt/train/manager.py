@@ -188,9 +188,10 @@ class CheckpointManager:
     # ------------------------------------------------------------------------------------- save
     def step(self) -> SaveHandle | None:
         """Count one training step; save `ckpt_<step>` if a policy says so (or a preemption signal
-        arrived on any rank). Raises a failure of an earlier background save."""
-        self._writer.raise_failure()
+        arrived on any rank). Raises a failure of an earlier background save: the step is counted
+        first (the training step it follows has happened), and no save is decided for it."""
         self.global_step += 1
+        self._writer.raise_failure()
         last = self._last.step if self._last is not None else None
         context = SaveContext(time.monotonic() - self._last_save_time, last, self.shard_num)
         signal = 0

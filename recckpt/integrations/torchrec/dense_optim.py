@@ -124,7 +124,8 @@ def loaded_state(obj: Any, state: Any, moved: Mapping[int, str], table_params: s
         return state
     held = _param_items(obj, model)
     held_names = {n for n, _ in held}
-    kept = {(loaded_tables or {}).get(t): e for t, e in (state.get(TABLE_STATE) or {}).items()}
+    loaded_tables = loaded_tables or {}
+    kept = {loaded_tables[t]: e for t, e in (state.get(TABLE_STATE) or {}).items() if t in loaded_tables}
     from_table = {n: kept[moved[id(p)]] for n, p in held if id(p) in moved and moved[id(p)] in kept}
     drop = {k for k in state["state"] if k in table_params and k not in held_names}
     groups = state.get("param_groups")

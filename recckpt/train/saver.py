@@ -365,7 +365,8 @@ class Saver:
         and manifest hash; dense state, registered objects and IO state are written in full. Tables that
         cannot tell their changes (no `ChangeTracking`) are written whole. With no such parent still
         committed it writes a full checkpoint and says why (a log line and `last_save.full_reason`).
-        Every worker of a distributed save must make the same choice (docs/INCREMENTAL.md)."""
+        Under torch.distributed the workers compare their parents before writing, and all write a full
+        checkpoint where they differ (docs/INCREMENTAL.md)."""
         if not isinstance(incremental, bool):
             raise InvalidArgumentError(f"save: incremental must be a bool, got {incremental!r}")
         return self.write(ckpt_id, shard_id=shard_id, shard_num=shard_num, step=step,
@@ -456,7 +457,15 @@ class Saver:
         if incremental and snap is not None and snap.marks is None:
             raise InvalidArgumentError("an incremental save from a prepared snapshot needs one taken with "
                              "Saver.capture_copy(..., incremental=True)")
-        nonce = coord.begin(key)
+        # The parent is chosen before `begin`, which shows every worker the others' choice before anything
+        # is written (a worker that missed a commit's outcome builds on an older parent than rank 0).
+        if snap is None:
+            parent, full_reason = self._parent_for(incremental)
+            chain = self._chain
+        else:
+            chain = snap.chain
+            parent, full_reason = (None, snap.full_reason) if chain is None else self._parent_for(True, chain)
+        nonce, proposed = coord.begin(key, None if parent is None else parent.to_json())
         # The store decides where a save writes: a staging directory, or the checkpoint's own keys.
         stage = self.storage.save_target(ckpt_id, catalog.new_staging_dir(ckpt_id, nonce))
         manifest = None
@@ -478,8 +487,6 @@ class Saver:
             live = snap is None
             if live:
                 self._forget_written()
-                parent, full_reason = self._parent_for(incremental)
-                chain = self._chain
                 if self.eviction is not None:
                     self._evict(step)
                 snap = self.capture(shard_id)
@@ -488,13 +495,13 @@ class Saver:
                          if implements(t, ChangeTracking)}
             else:
                 metas = [t.sparse_meta() for t in snap.tables]
-                marks, chain = snap.marks, snap.chain
-                parent, full_reason = (None, snap.full_reason) if chain is None else self._parent_for(True, chain)
+                marks = snap.marks
                 if chain is not None and parent is None:
                     raise CheckpointSaveError(
                         f"the parent {chain.ckpt_id!r} of incremental checkpoint {ckpt_id!r} changed between the "
                         f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
                         f"was written: the next save writes a full checkpoint")
+            parent, full_reason = self._agreed_parent(ckpt_id, parent, full_reason, proposed, not live)
             since = chain.marks if parent is not None else {}
             sources = [self._table_source(t, since.get(m.name), step, shard_id, m) for t, m in zip(snap.tables, metas)]
             part = write_worker_part(
@@ -624,6 +631,29 @@ class Saver:
                 reason = self._broken_chain(chain.ckpt_id, have)
                 if reason is None:
                     return ParentRef(chain.ckpt_id, have.content_sha256), None
+        log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
+        return None, reason
+
+    def _agreed_parent(self, ckpt_id: str, parent: ParentRef | None, full_reason: str | None,
+                       proposed: list | None, from_snapshot: bool) -> tuple[ParentRef | None, str | None]:
+        """(parent, why full) as every worker writes it: its own choice when all workers proposed the same
+        parent (`proposed`, from `begin`; None: not known before writing); otherwise a full save. Every
+        worker sees the same list, so all decide alike. A snapshot taken as changes cannot be written
+        whole: then every worker raises and its next save writes a full checkpoint."""
+        if proposed is None or all(p == proposed[0] for p in proposed):
+            return parent, full_reason
+        which = ", ".join(f"rank {r}: {p['ckpt_id']!r}" if p else f"rank {r}: none"
+                          for r, p in enumerate(proposed))
+        reason = (f"the workers would build on different parents ({which}), as after a save whose commit a "
+                  f"worker did not hear of")
+        if from_snapshot:
+            self._chain = None
+            raise CheckpointSaveError(
+                f"incremental checkpoint {ckpt_id!r} was not written: {reason}; some workers' snapshots hold "
+                f"only their changes, so it cannot be written in full. Nothing was committed; the next save "
+                f"writes a full checkpoint on every worker.")
+        if parent is None:
+            return None, full_reason
         log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
         return None, reason
 

@@ -111,10 +111,11 @@ def failures(rank, world, out, timeout_s, sleep_s):
     return report
 
 
-def stalled_committer(rank, world, out, timeout_s, sleep_s, when):
+def stalled_committer(rank, world, out, timeout_s, sleep_s, when, via_snapshot=False):
     """Rank 0 stalls past the coordination timeout inside its commit step, `when` = "before" or "after"
     the commit itself, so the other ranks time out waiting for the outcome after handing their parts
-    over. Reports what each rank's save() did."""
+    over. Then two incremental saves, "d" (from a snapshot of changes with `via_snapshot`, as an async
+    save writes) and "e". Reports what each rank's saves did."""
     import warnings
 
     import recckpt.train.saver as saver_mod
@@ -141,15 +142,22 @@ def stalled_committer(rank, world, out, timeout_s, sleep_s, when):
             err = f"{type(e).__name__}: {e}"
     if rank == 0:
         saver_mod.finalize = real
-    # the ranks must still agree on the coordination group: the next save works everywhere; where every
-    # rank knows "c" committed, as an increment on it (each rank builds on the same parent)
-    try:
-        s.save("d", incremental=when == "after")
-        next_err = None
-    except CheckpointSaveError as e:
-        next_err = f"{type(e).__name__}: {e}"
-    return {"error": err, "warnings": [str(w.message) for w in caught], "next_error": next_err,
-            "next_parent": s.last_save.parent if s.last_save is not None else None}
+    # The ranks must still agree on the coordination group: the next save works everywhere. Where every
+    # rank knows "c" committed, it is an increment on it; where only rank 0 does, the ranks see that their
+    # parents differ before writing, and all write a full checkpoint (or, from snapshots of changes, all
+    # refuse). Either way the save after it is an increment on it again.
+    rep = {"error": err, "warnings": [str(w.message) for w in caught]}
+    for name, snapshot in (("d", via_snapshot), ("e", False)):
+        try:
+            if snapshot:
+                from recckpt.train.snapshot import HostBuffers
+                stats = s.write(name, s.capture_copy(HostBuffers(), rank, incremental=True), incremental=True)
+            else:
+                stats = s.write(name, incremental=True)
+            rep[name] = {"error": None, "parent": stats.parent, "full_reason": stats.full_reason}
+        except CheckpointSaveError as e:
+            rep[name] = {"error": f"{type(e).__name__}: {e}"}
+    return rep
 
 
 def save_duplicates(rank, world, out):

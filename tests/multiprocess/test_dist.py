@@ -126,17 +126,30 @@ def test_failures_never_hang_and_the_next_save_works(tmp_path):
     assert not os.path.exists(os.path.join(out, "boom")) and not os.path.exists(os.path.join(out, "slow"))
 
 
-@pytest.mark.parametrize("when", ["before", "after"])
-def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when):
+@pytest.mark.parametrize("when,via_snapshot", [("before", False), ("after", False), ("before", True)])
+def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when, via_snapshot):
     """Rank 0 stalls past the timeout around its commit. Rank 1 has handed its part over: it must not
     remove the staging directory rank 0 commits from, and it reports what it can see: the checkpoint
-    committed (a warning, and save() returns) or not yet (CommitOutcomeUnknownError)."""
+    committed (a warning, and save() returns) or not yet (CommitOutcomeUnknownError). The incremental
+    saves after it never fail on the parent rank 1 did not hear of: every rank learns the others' parent
+    before writing."""
     timeout, sleep = 3.0, 6.0   # rank 0 stalls twice the timeout: rank 1 gives up while it still sleeps
     out = str(tmp_path / "run")
-    rep = ok(run_ranks(2, sc.stalled_committer, out, timeout, sleep, when, out_dir=str(tmp_path / "r")))
-    parent = "c" if when == "after" else None
-    assert rep[0] == {"error": None, "warnings": [], "next_error": None, "next_parent": parent}
-    assert rep[1]["next_error"] is None, rep[1]
+    rep = ok(run_ranks(2, sc.stalled_committer, out, timeout, sleep, when, via_snapshot,
+                       out_dir=str(tmp_path / "r")))
+    assert rep[0]["error"] is None and rep[0]["warnings"] == []
+    for r in rep:
+        if when == "after":
+            assert r["d"] == {"error": None, "parent": "c", "full_reason": None}, r
+        elif via_snapshot:   # rank 0's snapshot holds only changes since "c": nobody writes, all say why
+            assert "different parents (rank 0: 'c', rank 1: none)" in r["d"]["error"], r
+            assert "next save writes a full checkpoint" in r["d"]["error"], r
+        else:
+            assert r["d"]["error"] is None and r["d"]["parent"] is None, r
+        if when == "before" and not via_snapshot and r is rep[0]:
+            assert "different parents (rank 0: 'c', rank 1: none)" in r["d"]["full_reason"], r
+        assert r["e"]["error"] is None, r
+        assert r["e"]["parent"] == (None if via_snapshot else "d"), r
     if when == "before":
         assert rep[1]["error"].startswith("CommitOutcomeUnknownError") and "may still commit" in rep[1]["error"] \
             and "complete or absent" in rep[1]["error"]
@@ -145,7 +158,7 @@ def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when)
         assert rep[1]["error"] is None
         assert len(rep[1]["warnings"]) == 1 and "is committed, so this save succeeded" in rep[1]["warnings"][0]
     # either way rank 0 committed a complete checkpoint
-    assert [i for i, _ in committed(open_storage(out))] == ["c", "d"]
+    assert [i for i, _ in committed(open_storage(out))] == (["c", "e"] if via_snapshot else ["c", "d", "e"])
     verify(os.path.join(out, "c")).raise_if_failed()
     assert not [n for n in os.listdir(out) if n.startswith(".staging")]
 

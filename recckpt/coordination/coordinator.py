@@ -1,7 +1,7 @@
 """How the workers of one save agree on a staging directory and hand their parts to the committer.
 
-A save runs: `begin` (all workers learn one staging nonce, and every worker's proposed parent) → each
-worker writes its part → `submit`
+A save runs: `begin` (all workers learn one staging nonce, and every worker's plan) → each worker
+writes its part → `submit`
 (the committer receives every part) → the committer finalizes → `end` (every worker learns whether
 the commit happened). Implementations differ only in how the parts travel.
 
@@ -28,11 +28,11 @@ class Coordinator:
     #: from one process): the save that handed it over returns before anything is committed.
     defers_commit: bool = False
 
-    def begin(self, key: tuple, parent: dict | None = None) -> tuple[str, list | None]:
-        """A nonce shared by every worker of this save, and every worker's `parent` (the increment's
-        parent it proposes, as JSON; None: a full save) in rank order, so that all workers can choose
-        the same kind of save before writing. None instead of the list where the workers cannot learn
-        it before writing (shards saved one after another from one process)."""
+    def begin(self, key: tuple, plan: dict | None = None) -> tuple[str, list | None]:
+        """A nonce shared by every worker of this save, and every worker's `plan` (JSON: what it means to
+        write, e.g. its increment's parent and the options every part must share) in rank order, so
+        that all workers can check they agree before writing. None instead of the list where the
+        workers cannot learn it before writing (shards saved one after another from one process)."""
         raise NotImplementedError
 
     def submit(self, key: tuple, part: dict) -> list[dict] | None:
@@ -55,8 +55,8 @@ class Coordinator:
 class SingleCoordinator(Coordinator):
     rank, world = 0, 1
 
-    def begin(self, key, parent=None):
-        return uuid.uuid4().hex[:12], [parent]
+    def begin(self, key, plan=None):
+        return uuid.uuid4().hex[:12], [plan]
 
     def submit(self, key, part):
         return [part]
@@ -93,13 +93,13 @@ class InProcessCoordinator(Coordinator):
                             "again (start-up recovery removes its staging directory)", key[1], key[0],
                             sorted(s["parts"]), missing, s["world"], s["timeout_s"])
 
-    def begin(self, key, parent=None):
+    def begin(self, key, plan=None):
         with self._lock:
             self._expire()
             s = self._saves.setdefault(key, {"nonce": uuid.uuid4().hex[:12], "parts": {}, "world": self.world,
                                              "timeout_s": self.timeout_s})
             s["touched"] = time.monotonic()
-            return s["nonce"], None   # the later shards' parents are not known yet: finalize compares them
+            return s["nonce"], None   # the later shards' plans are not known yet: finalize compares the parts
 
     def submit(self, key, part):
         with self._lock:

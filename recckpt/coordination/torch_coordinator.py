@@ -3,8 +3,8 @@
 Everything travels on recckpt's gloo group for saves (groups.py: it works beside NCCL training and
 never queues behind training collectives), as JSON in uint8 tensors (no pickle):
 
-    begin  : all-gather (ckpt id, candidate nonce, proposed parent) → every rank checks the ids agree,
-             takes rank 0's nonce and sees every rank's parent
+    begin  : all-gather (ckpt id, candidate nonce, plan) → every rank checks the ids agree, takes rank
+             0's nonce and sees every rank's plan (its increment's parent, its layout options)
     submit : gather of each rank's part *or its error* to rank 0
     end    : rank 0 broadcasts the outcome ("committed" or why not)
 
@@ -98,8 +98,8 @@ class TorchCoordinator(Coordinator):
         return _decode(buf)
 
     # ------------------------------------------------------------------------------- protocol
-    def begin(self, key, parent=None):
-        mine = {"ckpt_id": key[1], "nonce": uuid.uuid4().hex[:12], "parent": parent}
+    def begin(self, key, plan=None):
+        mine = {"ckpt_id": key[1], "nonce": uuid.uuid4().hex[:12], "plan": plan}
 
         def start():
             self.group = groups.group(groups.SAVE, self.timeout_s)
@@ -113,7 +113,7 @@ class TorchCoordinator(Coordinator):
                 f"rank {self.rank}: the ranks are saving different checkpoints at once ({which}); every "
                 f"rank must call save() with the same ckpt_id", rank=self.rank)
         self._phase[key] = "writing"
-        return got[0]["nonce"], [g["parent"] for g in got]
+        return got[0]["nonce"], [g["plan"] for g in got]
 
     def _submit(self, key, msg):
         got = self._collective(key, "gathering worker parts", lambda: self._gather0(msg))

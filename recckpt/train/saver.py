@@ -465,7 +465,8 @@ class Saver:
         else:
             chain = snap.chain
             parent, full_reason = (None, snap.full_reason) if chain is None else self._parent_for(True, chain)
-        nonce, proposed = coord.begin(key, None if parent is None else parent.to_json())
+        nonce, plans = coord.begin(key, {"parent": None if parent is None else parent.to_json(),
+                                         "layout": self._layout()})
         # The store decides where a save writes: a staging directory, or the checkpoint's own keys.
         stage = self.storage.save_target(ckpt_id, catalog.new_staging_dir(ckpt_id, nonce))
         manifest = None
@@ -501,7 +502,10 @@ class Saver:
                         f"the parent {chain.ckpt_id!r} of incremental checkpoint {ckpt_id!r} changed between the "
                         f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
                         f"was written: the next save writes a full checkpoint")
-            parent, full_reason = self._agreed_parent(ckpt_id, parent, full_reason, proposed, not live)
+            if plans is not None:
+                self._check_layouts(ckpt_id, [p["layout"] for p in plans])
+                parent, full_reason = self._agreed_parent(ckpt_id, parent, full_reason,
+                                                          [p["parent"] for p in plans], not live)
             since = chain.marks if parent is not None else {}
             sources = [self._table_source(t, since.get(m.name), step, shard_id, m) for t, m in zip(snap.tables, metas)]
             part = write_worker_part(
@@ -634,13 +638,28 @@ class Saver:
         log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
         return None, reason
 
+    def _layout(self) -> dict:
+        """The SaveOptions every worker's part must share: they lay out the rows of the whole checkpoint."""
+        return {"num_buckets": self.options.num_buckets, "chunk_bytes": self.options.chunk_bytes}
+
+    def _check_layouts(self, ckpt_id: str, layouts: list[dict]) -> None:
+        """Raises, on every worker alike, where the workers' `_layout()`s differ."""
+        for name in layouts[0]:
+            values = [lay[name] for lay in layouts]
+            if any(v != values[0] for v in values):
+                which = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+                raise InvalidArgumentError(
+                    f"checkpoint {ckpt_id!r} was not written: the ranks' SaveOptions.{name} differ ({which}); "
+                    f"every rank must save with the same SaveOptions.{name}. Nothing was committed and earlier "
+                    f"checkpoints are intact.")
+
     def _agreed_parent(self, ckpt_id: str, parent: ParentRef | None, full_reason: str | None,
-                       proposed: list | None, from_snapshot: bool) -> tuple[ParentRef | None, str | None]:
+                       proposed: list, from_snapshot: bool) -> tuple[ParentRef | None, str | None]:
         """(parent, why full) as every worker writes it: its own choice when all workers proposed the same
-        parent (`proposed`, from `begin`; None: not known before writing); otherwise a full save. Every
-        worker sees the same list, so all decide alike. A snapshot taken as changes cannot be written
-        whole: then every worker raises and its next save writes a full checkpoint."""
-        if proposed is None or all(p == proposed[0] for p in proposed):
+        parent (`proposed`, from `begin`); otherwise a full save. Every worker sees the same list, so
+        all decide alike. A snapshot taken as changes cannot be written whole: then every worker raises
+        and its next save writes a full checkpoint."""
+        if all(p == proposed[0] for p in proposed):
             return parent, full_reason
         which = ", ".join(f"rank {r}: {p['ckpt_id']!r}" if p else f"rank {r}: none"
                           for r, p in enumerate(proposed))

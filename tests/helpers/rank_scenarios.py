@@ -325,3 +325,22 @@ def unshared_restore(rank, world, base):
         got = {"error": f"{type(e).__name__}: {e}"}
     got["unchanged"] = bool(torch.equal(table.ids, before[0]) and torch.equal(model.lin.weight, before[1]))
     return got
+
+
+def mixed_layouts(rank, world, out, option):
+    """Rank 1 saves with another SaveOptions.`option` than rank 0; then both save with the same."""
+    import dataclasses
+
+    from recckpt.errors import InvalidArgumentError
+    t = owned_table(rank, world, all_ids(3000, seed=7))
+    other = {"num_buckets": 1024, "chunk_bytes": 64 << 10}[option]
+    mine = dataclasses.replace(OPTS, coordination_timeout_s=30, **({option: other} if rank == 1 else {}))
+    rep = {}
+    try:
+        Saver(Holder(t), output_dir=out, options=mine, max_keep=None).save("x")
+        rep["error"] = None
+    except InvalidArgumentError as e:
+        rep["error"] = str(e)
+    Saver(Holder(t), output_dir=out, options=OPTS, max_keep=None).save("y")
+    rep["committed"] = Saver(Holder(t), output_dir=out).checkpoints()
+    return rep

@@ -163,6 +163,20 @@ def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when,
     assert not [n for n in os.listdir(out) if n.startswith(".staging")]
 
 
+@pytest.mark.parametrize("option", ["num_buckets", "chunk_bytes"])
+def test_ranks_with_different_layout_options_are_told_which(tmp_path, option):
+    """Ranks whose SaveOptions lay rows out differently all refuse before writing, naming the option and
+    each rank's value (not a corrupt-index message from the commit), and the next save works."""
+    out = str(tmp_path / "run")
+    rep = ok(run_ranks(2, sc.mixed_layouts, out, option, out_dir=str(tmp_path / "r")))
+    other = {"num_buckets": 1024, "chunk_bytes": 64 << 10}[option]
+    first = getattr(sc.OPTS, option)
+    for r in rep:
+        assert f"SaveOptions.{option} differ (rank 0: {first}, rank 1: {other})" in r["error"], r
+        assert r["committed"] == ["y"], r
+    assert not [n for n in os.listdir(out) if n.startswith(".staging")]
+
+
 def test_duplicate_ids_across_ranks(tmp_path):
     import torch
 

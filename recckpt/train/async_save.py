@@ -127,12 +127,17 @@ class AsyncWriter:
             t.join()
             self._thread = None
 
-    def raise_failure(self) -> None:
-        """Raise a background failure not yet reported to the caller (once)."""
+    def take_failure(self) -> BaseException | None:
+        """The background failure not yet reported to the caller, now reported (once); None if none."""
         with self._lock:
             h, self._unreported = self._unreported, None
-        if h is not None:
-            raise h.error
+        return h.error if h is not None else None
+
+    def raise_failure(self) -> None:
+        """Raise a background failure not yet reported to the caller (once)."""
+        err = self.take_failure()
+        if err is not None:
+            raise err
 
 
 __all__ = ["AsyncSaveError", "AsyncCommitOutcomeUnknownError", "AsyncWriter", "SaveHandle", "STAGED", "DURABLE", "FAILED"]

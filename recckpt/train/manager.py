@@ -188,10 +188,11 @@ class CheckpointManager:
     # ------------------------------------------------------------------------------------- save
     def step(self) -> SaveHandle | None:
         """Count one training step; save `ckpt_<step>` if a policy says so (or a preemption signal
-        arrived on any rank). Raises a failure of an earlier background save: the step is counted
-        first (the training step it follows has happened), and no save is decided for it."""
+        arrived on any rank). Raises a failure of an earlier background save, after counting the step
+        and starting its save: when a rank learns of the failure depends on when its background write
+        ended, so a rank that skipped this step's save for it would leave the others saving alone."""
         self.global_step += 1
-        self._writer.raise_failure()
+        earlier = self._writer.take_failure()
         last = self._last.step if self._last is not None else None
         context = SaveContext(time.monotonic() - self._last_save_time, last, self.shard_num)
         signal = 0
@@ -209,6 +210,8 @@ class CheckpointManager:
             if self._preemption.requested is None:
                 self._preemption.requested = signal  # another rank was signalled
             self._preempt()
+        if earlier is not None:
+            raise earlier
         return handle
 
     def save(self) -> SaveHandle:

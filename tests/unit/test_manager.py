@@ -265,6 +265,36 @@ def test_a_failure_found_while_draining_for_the_next_save_does_not_cancel_that_s
     assert committed(tmp_path) == ["ckpt_4"]
 
 
+def test_a_failure_reported_by_a_saving_step_does_not_cancel_that_steps_save(tmp_path, monkeypatch):
+    """The previous async save's failure is recorded just before a step that saves. When a rank learns of
+    it depends on when its background write ended; a rank that skipped this step's save for it would
+    leave the other ranks saving alone. So step() saves, then raises the earlier failure."""
+    job = make_job(tmp_path, interval=2, async_save=True, keep=None)
+    model, sopt, dopt, reader, mgr = job
+    storage = mgr.saver.storage
+    real_open = storage.open_write
+    release = threading.Event()
+
+    def failing(path, *a, **kw):
+        if "ckpt_2" in path:
+            assert release.wait(30)       # fail only after step 3 has looked for failures
+            raise Boom("disk full")
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(storage, "open_write", failing)
+    train(job, 3)                         # step 2 starts a save that fails once released
+    h = mgr.saves[-1]
+    release.set()
+    assert h._done.wait(30) and h.state == "failed"
+    train_step(model, sopt, dopt, reader)
+    with pytest.raises(AsyncSaveError, match="ckpt_2.*disk full"):
+        mgr.step()                        # step 4: a saving step
+    assert mgr.global_step == 4
+    assert [x.ckpt_id for x in mgr.saves] == ["ckpt_2", "ckpt_4"]
+    mgr.wait()                            # ckpt_4 is durable; the failure was reported once
+    assert committed(tmp_path) == ["ckpt_4"]
+
+
 @pytest.mark.parametrize("async_save", [False, True])
 @pytest.mark.parametrize("rank0_committed", [True, False])
 def test_a_save_whose_outcome_was_lost_is_looked_up_before_saving_the_step_again(

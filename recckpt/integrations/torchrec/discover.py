@@ -49,30 +49,44 @@ def _is_torchrec(m) -> bool:
 
 
 def collections(model) -> Iterator[Found]:
-    """Every TorchRec EBC/EC (sharded or not) in `model`, outermost first; their children are not searched."""
+    """Every TorchRec EBC/EC (sharded or not) in `model`, outermost first, `model` itself included;
+    their children are not searched."""
     def walk(m, norm: str, raw: str, wrapper_child: str | None):
         for child_name, child in m.named_children():
             skip = child_name == wrapper_child
             n = norm if skip else f"{norm}{child_name}."
             r = f"{raw}{child_name}."
-            cls = type(child).__name__
-            if _is_torchrec(child) and cls in MANAGED:
-                inner = getattr(child, MC_EMBEDDING)
-                icls = type(inner).__name__
-                sharded = icls in SHARDED
-                if not (sharded or icls in UNSHARDED):
-                    raise InvalidArgumentError(f"TorchRec {cls} at {n!r} wraps a {icls}; recckpt maps "
-                                               f"EmbeddingBagCollection / EmbeddingCollection tables")
-                yield Found(f"{n}{MC_EMBEDDING}.", (f"{r}{MC_EMBEDDING}.", f"{n}{MC_EMBEDDING}."), inner,
-                            (SHARDED if sharded else UNSHARDED)[icls], sharded, getattr(child, MC_COLLECTION),
-                            (f"{r}{MC_COLLECTION}.", f"{n}{MC_COLLECTION}."))
+            found = _collection(child, n, r)
+            if found is not None:
+                yield found
                 continue
-            if _is_torchrec(child) and (cls in UNSHARDED or cls in SHARDED):
-                sharded = cls in SHARDED
-                yield Found(n, (r, n), child, (SHARDED if sharded else UNSHARDED)[cls], sharded)
-                continue
-            yield from walk(child, n, r, WRAPPERS.get(cls))
+            yield from walk(child, n, r, WRAPPERS.get(type(child).__name__))
+    root = _collection(model, "", "")
+    if root is not None:   # an EBC/EC given as the model: its tables are `embedding_bags.<name>`
+        yield root
+        return
     yield from walk(model, "", "", WRAPPERS.get(type(model).__name__))
+
+
+def _collection(m, n: str, r: str) -> Found | None:
+    """`m` as a TorchRec collection found under the normalised prefix `n` (raw prefix `r`), or None."""
+    cls = type(m).__name__
+    if not _is_torchrec(m):
+        return None
+    if cls in MANAGED:
+        inner = getattr(m, MC_EMBEDDING)
+        icls = type(inner).__name__
+        sharded = icls in SHARDED
+        if not (sharded or icls in UNSHARDED):
+            raise InvalidArgumentError(f"TorchRec {cls} at {n!r} wraps a {icls}; recckpt maps "
+                                       f"EmbeddingBagCollection / EmbeddingCollection tables")
+        return Found(f"{n}{MC_EMBEDDING}.", (f"{r}{MC_EMBEDDING}.", f"{n}{MC_EMBEDDING}."), inner,
+                     (SHARDED if sharded else UNSHARDED)[icls], sharded, getattr(m, MC_COLLECTION),
+                     (f"{r}{MC_COLLECTION}.", f"{n}{MC_COLLECTION}."))
+    if cls in UNSHARDED or cls in SHARDED:
+        sharded = cls in SHARDED
+        return Found(n, (r, n), m, (SHARDED if sharded else UNSHARDED)[cls], sharded)
+    return None
 
 
 def _local_shards(t) -> List[Tuple[Tuple[int, ...], torch.Tensor]]:

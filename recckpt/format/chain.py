@@ -104,9 +104,12 @@ def table_links(links: list[CheckpointReader], table: str) -> list[CheckpointRea
             raise CorruptCheckpointError(f"{link.describe()}: has no table {table!r}, but its child in the chain "
                                          f"of {newest.describe()} holds only that table's changes", link.describe())
         if have.slots != newest.manifest.tables[table].slots:
-            raise CorruptCheckpointError(f"{link.describe()}: table {table!r} has slots {list(have.slots)}, the "
-                                         f"newest link {newest.describe()} {list(newest.manifest.tables[table].slots)}; "
-                                         f"links of a chain share a table's slots", link.describe())
+            def spelled(slots):   # names alone can be equal where a dtype or shape differs
+                return ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in slots.items())
+            raise CorruptCheckpointError(f"{link.describe()}: table {table!r} has slots {spelled(have.slots)}, the "
+                                         f"newest link {newest.describe()} "
+                                         f"{spelled(newest.manifest.tables[table].slots)}; links of a chain share "
+                                         f"a table's slots", link.describe())
         out.append(link)
         info = have
     if info.changes:

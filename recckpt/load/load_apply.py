@@ -95,6 +95,7 @@ class LoadPlan:
         self.problems_missing: list[str] = []
         self.problems_unexpected: list[str] = []
         self.incompatible: list[str] = []
+        self.cast_tables: set[str] = set()   # checkpoint tables some slot of which is loaded with a cast
         self.skipped_objects: set[str] = set()   # registered objects whose saved state must not be applied
         self._fixed_tried: set[str] = set()   # fixed-size tables planned for a read with others (or found unfit)
 
@@ -134,6 +135,8 @@ class LoadPlan:
                         continue
                     self._check_compatible(f"table {name!r} slot {slot!r}", si.dtype, si.shape,
                                            spec.dtype, tuple(spec.shape))
+                    if si.dtype != dtypes.name_of(spec.dtype):
+                        self.cast_tables.add(name)
                     slots.append((slot, si, spec))
                 if implements(table, FixedSize) and slots and not conf.merge and m.parent is None:
                     n = table.row_layout().num_rows   # (a chain's is checked on its base, in _plan_chains)
@@ -403,8 +406,10 @@ class LoadPlan:
         """Whether this load replaced every sparse table of the model with the checkpoint's, all slots,
         under the same names: then the checkpoint can be the parent of the next incremental save."""
         c = self.conf
+        # A table loaded with a cast holds other slot dtypes than the checkpoint: an increment on it could
+        # never be folded onto its parent (a chain's links share each table's slots).
         return (c.wants("sparse") and c.wants("sparse_opt") and not c.merge and not self.problems_missing
-                and not self.problems_unexpected
+                and not self.problems_unexpected and not self.cast_tables
                 and all(name == target for name, target, _, _ in self.sparse_jobs)
                 and set(self.result.tables) == set(self.model_sparse))
 

@@ -604,3 +604,31 @@ def test_compaction_reuses_a_buffer_only_after_the_writer_wrote_it(tmp_path, mon
     m2.emb = HashTable("emb", 16)
     Saver(m2, SparseAdam([m2.emb], lr=0.05), output_dir=tmp_path, options=OPTS).load(ckpt_id="folded")
     assert_contents(m2.emb, want)
+
+
+def test_a_load_that_casts_a_table_is_not_the_parent_of_the_next_increment(tmp_path):
+    """An fp32 checkpoint loaded into an fp16 table (cast is on by default): an increment on it would
+    hold fp16 rows under an fp32 parent, and no load could fold the chain. The next incremental save
+    is full and says why; a load without a cast still becomes the parent."""
+    def model(dtype):
+        m = torch.nn.Module()
+        m.emb = HashTable("emb", dim=4, dtype=dtype)
+        return m
+    src = model(torch.float32)
+    with torch.no_grad():
+        src.emb(torch.arange(50))
+    Saver(src, output_dir=tmp_path, options=OPTS).save("c1")
+    for dtype, want_parent in ((torch.float16, None), (torch.float32, "c1")):
+        dst = model(dtype)
+        s = Saver(dst, output_dir=tmp_path, options=OPTS, max_keep=None)
+        s.load(ckpt_id="c1")
+        with torch.no_grad():
+            dst.emb(torch.arange(40, 60))
+        name = f"after_{str(dtype).split('.')[-1]}"
+        stats = s.write(name, incremental=True)
+        assert stats.parent == want_parent, stats
+        if want_parent is None:
+            assert "has not committed or fully loaded" in stats.full_reason, stats
+        again = model(dtype)
+        Saver(again, output_dir=tmp_path).load(ckpt_id=name)   # loads: the chain is consistent
+        assert sorted(again.emb.ids().tolist()) == list(range(60))

@@ -153,8 +153,11 @@ class LoadPlan:
                 self._plan_left_out(name, target, table, meta, slots)
                 self.sparse_jobs.append((name, target, table, slots))
             self._plan_chains(shard_id, world)
+            # A model table the checkpoint holds under its own name but renames away (a copy of t0 into
+            # t1) is not a target of this load: it is left as it is, not missing.
+            moved_away = {n for n in m.tables if conf.table_selected(n) and conf.renamed(n) != n}
             for target in sparse:
-                if target not in matched_model and conf.table_selected(target):
+                if target not in matched_model and conf.table_selected(target) and target not in moved_away:
                     self.problems_missing.append(f"model sparse table {target!r} is not in the checkpoint")
         self.dense_out = {}
         if conf.wants("dense"):
@@ -173,8 +176,9 @@ class LoadPlan:
                 self._check_compatible(f"dense key {key!r}", dtypes.name_of(t.dtype), tuple(t.shape),
                                        cur.dtype, tuple(cur.shape))
                 self.dense_out[target] = t.to(cur.dtype) if t.dtype != cur.dtype else t
+            moved_away = {k for k in ckpt_dense if conf.dense_selected(k) and conf.renamed(k) != k}
             for key in dense:
-                if key not in matched and conf.dense_selected(key):
+                if key not in matched and conf.dense_selected(key) and key not in moved_away:
                     self.problems_missing.append(f"model dense key {key!r} is not in the checkpoint")
         sparse_wanted = conf.wants("sparse") or conf.wants("sparse_opt")
         self.problems_unexpected += conf.unmatched(

@@ -128,6 +128,27 @@ def test_rename_and_table_glob(tmp_path):
     assert torch.equal(m.head.weight, src.lin.weight) and sorted(res.dense_keys) == ["head.bias", "head.weight"]
 
 
+def test_a_table_copied_onto_another_leaves_its_own_name_alone_under_strict(tmp_path):
+    """rename user -> item with tables [user]: checkpoint 'user' is loaded into model 'item', and model
+    'user' (which the checkpoint holds, renamed away) is no target: not reported missing, left as it is.
+    A model table the checkpoint does not hold at all is still missing."""
+    src, _ = saved(tmp_path)
+    m, _, s, _, _ = fresh(tmp_path)
+    before = table_contents(m.user)
+    res = s.load(load_conf={"rename": {"user": "item"}, "tables": ["user"], "load": ["sparse"], "strict": True})
+    assert res.tables == ["item"] and res.missing == [], res
+    assert_tables_equal(src.user, m.item, slots=["embedding"])
+    assert table_contents(m.user) == before
+
+    class Extra(M):
+        def __init__(self):
+            super().__init__()
+            self.other = HashTable("other", dim=4)
+
+    with pytest.raises(IncompatibleCheckpointError, match="model sparse table 'other' is not in the checkpoint"):
+        Saver(Extra(), output_dir=tmp_path).load(load_conf={"load": ["sparse"], "strict": True})
+
+
 def test_slot_glob(tmp_path):
     src, _ = saved(tmp_path)
     m, opt, s, _, _ = fresh(tmp_path)

@@ -42,6 +42,14 @@ def runs(tmp_path_factory):
                   load_conf={"rename": {"coll.embedding_bags.d": "coll.embedding_bags.e"}}),
              dict(base, name="sharded", plan={"a": "tw", "d": "rw"}, tables=TABLES),
              dict(base, name="left_out", plan={"a": "tw"}, tables=TABLES[:1], load_conf={"strict": False})]
+    # a torch.optim optimizer's state holds the data-parallel table's entry too: a load that leaves the
+    # table out (not selected; no sparse state at all) must leave that entry as live as the table's rows
+    for name, conf in (("torch_not_selected", {"tables": ["coll.embedding_bags.a"]}),
+                       ("torch_dense_only", {"exclude": ["sparse", "sparse_opt"]})):
+        jobs.append({"kind": "ebc", "plan": PLAN, "opt": "adagrad", "tables": TABLES, "dense_opt": "torch",
+                     "dense_kwargs": {"lr_decay": 0.5}, "name": name, "train_steps": 1, "load_conf": conf,
+                     "load": os.path.join(tmp, "ck_torch"), "dump_before": os.path.join(tmp, f"{name}_before"),
+                     "dump": os.path.join(tmp, f"{name}_after")})
     results = run_jobs(tmp, 2, jobs)
     return tmp, {r["name"]: r for r in results[0]}
 
@@ -74,3 +82,18 @@ def test_the_step_follows_its_table(runs):
     assert res["sharded"]["dense_steps"] == {"dense.weight": saved, "dense.bias": saved}, res["sharded"]
     assert res["left_out"]["loaded_tables"] == ["coll.embedding_bags.a"]
     assert res["left_out"]["dense_steps"] == {"dense.weight": saved, "dense.bias": saved}, res["left_out"]
+
+
+@pytest.mark.parametrize("name", ["torch_not_selected", "torch_dense_only"])
+def test_a_data_parallel_table_left_out_keeps_its_live_optimizer_entry(runs, name):
+    tmp, res = runs
+    r = res[name]
+    assert r["dense_steps"][DP_WEIGHT] == 1.0, r["dense_steps"]        # live: one step; the checkpoint's: 3
+    assert r["dense_steps"]["dense.weight"] == 3.0, r["dense_steps"]   # the dense arch's entry is loaded
+    before, after = load_dump(os.path.join(tmp, f"{name}_before")), load_dump(os.path.join(tmp, f"{name}_after"))
+    d = "coll.embedding_bags.d"
+    assert torch.equal(full(after[d]["weight"], after[d]["shape"]), full(before[d]["weight"], before[d]["shape"]))
+    assert after[d]["states"] and set(after[d]["states"]) == set(before[d]["states"])
+    for k in after[d]["states"]:
+        assert torch.equal(full(after[d]["states"][k], after[d]["shape"]),
+                           full(before[d]["states"][k], before[d]["shape"])), f"{d}: optimizer state {k!r} changed"

@@ -119,7 +119,7 @@ def loaded_state(obj: Any, state: Any, moved: Mapping[int, str], table_params: s
     name) the checkpoint lacks (the slots hold their accumulator): loading them copies each onto itself,
     and the table's rows are written afterwards. `loaded_tables`: checkpoint table -> model table, for the
     tables whose optimizer slots this load applies; their `TABLE_STATE` (the step) goes into their
-    parameter's entry."""
+    parameter's entry, and every other held table's parameter keeps its live entry."""
     if not _named(state):
         return state
     held = _param_items(obj, model)
@@ -132,11 +132,16 @@ def loaded_state(obj: Any, state: Any, moved: Mapping[int, str], table_params: s
     if isinstance(groups, list):
         drop |= {p for g in groups for p in g.get("params", []) if p in table_params and p not in held_names}
     missing = [n for n, p in held if id(p) in moved and n not in state["state"]]
-    if not drop and not missing and TABLE_STATE not in state:
+    # A torch.optim optimizer's state is saved whole, the tables' entries too: a held table that this load
+    # leaves alone (not selected, or its optimizer slots not loaded) keeps its live entry, as its rows do.
+    applied = set(loaded_tables.values())
+    stay = {n for n, p in held if id(p) in moved and moved[id(p)] not in applied and n in state["state"]}
+    if not drop and not missing and not stay and TABLE_STATE not in state:
         return state
-    live = named_optimizer_state(obj, model)["state"] if missing else {}
+    live = named_optimizer_state(obj, model)["state"] if missing or stay else {}
     out = {k: v for k, v in state.items() if k != TABLE_STATE}
-    out["state"] = {**{k: v for k, v in state["state"].items() if k not in drop},
+    out["state"] = {**{k: v for k, v in state["state"].items() if k not in drop and k not in stay},
+                    **{n: live[n] for n in stay if n in live},
                     **{n: {**live[n], **from_table.get(n, {})} for n in missing if n in live}}
     if isinstance(groups, list):
         new_groups = [dict(g, params=[p for p in g.get("params", []) if p not in drop]) for g in groups]

@@ -143,8 +143,15 @@ class LoadPlan:
                     if info.rows != n:
                         self.incompatible.append(
                             f"table {name!r}: the checkpoint holds {info.rows} rows, model table {target!r} has "
-                            f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads the rows "
-                            f"that fit)")
+                            f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads it into a "
+                            f"larger table)")
+                elif implements(table, FixedSize) and slots and conf.merge and info.num_rows > table.row_layout().num_rows:
+                    # Checked here, before anything is applied: the row paths refuse an id past the table's end.
+                    self.incompatible.append(
+                        f"table {name!r}: the checkpoint's table has {info.num_rows} rows, model table {target!r} "
+                        f"{table.row_layout().num_rows}; a merge loads a fixed-size table into one at least as "
+                        f"large (rows past the end are not dropped): build the model table with >= "
+                        f"{info.num_rows} rows, or leave this table out with load_conf 'tables'")
                 if implements(table, RoutedRows) and slots and not self.incompatible:
                     self._plan_routed(name, target, table, info, slots)
                 for slot, spec in meta.slots.items():
@@ -394,7 +401,7 @@ class LoadPlan:
                     self.incompatible.append(
                         f"table {name!r}: the chain's base {tl[0].describe()} holds {have} rows, model table "
                         f"{target!r} has {n} (a fixed-size table is replaced whole; load_conf 'merge': True "
-                        f"loads the rows that fit)")
+                        f"loads it into a larger table)")
             if len(tl) > 1:
                 t_lo, t_hi = lo, hi
                 if implements(table, FixedSize):

@@ -62,3 +62,29 @@ def test_left_out_slots_are_reset_and_loaded_ones_are_not(tmp_path):
     recckpt.Saver(dst2, output_dir=str(tmp_path)).load()
     assert dst2.t.resets == [], "a load of every slot resets none (no pass over memory it then overwrites)"
     assert torch.equal(dst2.t.cols["adagrad.acc"], src.t.cols["adagrad.acc"])
+
+
+def test_a_merge_into_a_smaller_fixed_table_is_refused_before_anything_is_applied(tmp_path):
+    """merge=True loads a fixed-size table into a larger one (rows past the checkpoint's keep their values);
+    into a smaller one the rows past its end have nowhere to go: refused before anything is applied (a
+    registered object included), naming both row counts. Before, the row paths raised mid-load."""
+    src = _model(FixedRows, 0)
+    saver = recckpt.Saver(src, output_dir=str(tmp_path))
+    saver.register_for_checkpointing("meta", {"step": 5})
+    saver.save("c")
+    torch.manual_seed(1)
+    small = torch.nn.Module()
+    small.t = FixedRows("fixed", n=200, d=4)
+    before = {k: v.clone() for k, v in small.t.cols.items()}
+    meta = {"step": 1}
+    s = recckpt.Saver(small, output_dir=str(tmp_path))
+    s.register_for_checkpointing("meta", meta)
+    with pytest.raises(IncompatibleCheckpointError, match=r"has 300 rows, model table 'fixed' 200.*Nothing was loaded"):
+        s.load(load_conf={"merge": True})
+    assert all(torch.equal(small.t.cols[k], v) for k, v in before.items()) and meta == {"step": 1}
+    big = torch.nn.Module()
+    big.t = FixedRows("fixed", n=400, d=4)
+    tail = {k: v[300:].clone() for k, v in big.t.cols.items()}
+    recckpt.Saver(big, output_dir=str(tmp_path)).load(load_conf={"merge": True, "exclude": ["extra"]})
+    for k in tail:
+        assert torch.equal(big.t.cols[k][:300], src.t.cols[k]) and torch.equal(big.t.cols[k][300:], tail[k]), k

@@ -138,20 +138,20 @@ class LoadPlan:
                     if si.dtype != dtypes.name_of(spec.dtype):
                         self.cast_tables.add(name)
                     slots.append((slot, si, spec))
-                if implements(table, FixedSize) and slots and not conf.merge and m.parent is None:
-                    n = table.row_layout().num_rows   # (a chain's is checked on its base, in _plan_chains)
-                    if info.rows != n:
+                if implements(table, FixedSize) and slots:
+                    n = table.row_layout().num_rows
+                    if not conf.merge and m.parent is None and info.rows != n:   # (a chain's: _plan_chains)
                         self.incompatible.append(
                             f"table {name!r}: the checkpoint holds {info.rows} rows, model table {target!r} has "
                             f"{n} (a fixed-size table is replaced whole; load_conf 'merge': True loads it into a "
                             f"larger table)")
-                elif implements(table, FixedSize) and slots and conf.merge and info.num_rows > table.row_layout().num_rows:
-                    # Checked here, before anything is applied: the row paths refuse an id past the table's end.
-                    self.incompatible.append(
-                        f"table {name!r}: the checkpoint's table has {info.num_rows} rows, model table {target!r} "
-                        f"{table.row_layout().num_rows}; a merge loads a fixed-size table into one at least as "
-                        f"large (rows past the end are not dropped): build the model table with >= "
-                        f"{info.num_rows} rows, or leave this table out with load_conf 'tables'")
+                    elif conf.merge and info.num_rows > n:
+                        # Checked here, before anything is applied: the row paths refuse an id past the end.
+                        self.incompatible.append(
+                            f"table {name!r}: the checkpoint's table has {info.num_rows} rows, model table "
+                            f"{target!r} {n}; a merge loads a fixed-size table into one at least as large (rows "
+                            f"past the end are not dropped): build the model table with >= {info.num_rows} rows, "
+                            f"or leave this table out with load_conf 'tables'")
                 if implements(table, RoutedRows) and slots and not self.incompatible:
                     self._plan_routed(name, target, table, info, slots)
                 for slot, spec in meta.slots.items():

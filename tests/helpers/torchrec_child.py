@@ -3,7 +3,8 @@
 SPEC: {"world": W, "port": P, "jobs": [...]}. With W > 1 it spawns W processes on gloo (with a timeout);
 W == 1 runs one process with no process group. Every rank runs every job in order (one process pays
 TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`. A job:
-  {"kind": "ebc"|"ec", "plan": {table: "tw"|"rw"|"cw"|"dp"|"twrw"} or "unsharded" or "default",
+  {"kind": "ebc"|"ec", "plan": {table: "tw"|"rw"|"cw"|"cw001"|"cw412"|"dp"|"twrw"} or "unsharded" or
+   "default",
    "opt": "adagrad"|"rowwise"|"sgd", "tables": [[name, rows, dim, dtype], ...], "train_steps": k,
    "save": dir or null, "load": dir or null, "load_conf": {...} or null, "dump": dir or null,
    "dtensor": bool, "expect_error": true or null, "dump_before": dir or null,
@@ -12,6 +13,7 @@ TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`.
    "dense_kwargs": {...} more arguments of the dense optimizer (e.g. lr_decay),
    "train_after": k steps trained after the load and save (batches drawn from "after_seed", default 7),
    before the dump}
+Each rank's result also holds "dense": the unwrapped model's dense layer's parameters after the job.
 `dump` gets `<dump>/rank<r>.pt`: per table, the live local shards read straight from TorchRec's own
 state (state_dict + fused optimizer state, or the in-backward optimizer when unsharded), independent of
 recckpt's adapter, so the test compares what TorchRec holds.
@@ -114,6 +116,8 @@ def _build(job, world, rank):
                 "cw": lambda i: column_wise(ranks=list(range(world))), "dp": lambda i: data_parallel(),
                 # two adjacent column shards on rank 0, one on rank 1 (a rank's shards joined into one block)
                 "cw001": lambda i: column_wise(ranks=[0, 0, 1]),
+                # column shards of uneven width (a 16-wide table on 2 ranks)
+                "cw412": lambda i: column_wise(size_per_rank=[4, 12]),
                 "twrw": lambda i: table_row_wise(host_index=0)}
         per = {n: gens[job["plan"][n]](i) for i, (n, *_rest) in enumerate(job["tables"])}
         plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
@@ -378,6 +382,7 @@ def _run_jobs(rank, world, spec):
         if dense_opt is not None:   # 0-dim state (Adagrad's step) is not in the dump
             res["dense_steps"] = {n: float(dense_opt.state[p]["step"]) for n, p in model.named_parameters()
                                   if "step" in dense_opt.state.get(p, {})}
+        res["dense"] = {n: p.detach().tolist() for n, p in inner.dense.named_parameters()}
         if job.get("dump"):
             _dump(model, dense_opt, job["dump"], rank)
         results.append(res)

@@ -60,11 +60,11 @@ def manifest_metadata(model) -> Dict[str, str]:
 
 
 def dense_load_dict(model, dense: Dict[str, Any]) -> Dict[str, Any]:
-    """`dense` plus every TorchRec table's current state_dict entry: a sharded EmbeddingCollection's load
-    hook reads its tables' entries even under strict=False. The entries are views of the live tables
+    """`dense` plus the current state_dict entries of the TorchRec tables whose load hooks read them even
+    under strict=False (`table_keys(..., hooked_only=True)`). The entries are views of the live tables
     (already loaded through the adapter), so loading them copies each table onto itself."""
     sd = model.state_dict()
-    return {**{k: sd[k] for k in table_keys(model, sd)}, **dense}
+    return {**{k: sd[k] for k in table_keys(model, sd, hooked_only=True)}, **dense}
 
 
 def saved_object_state(model, obj, state):

@@ -272,14 +272,20 @@ def _table_names(f: Found) -> List[str]:
     return list(f.module.module_sharding_plan if f.sharded else getattr(f.module, f.tables_attr))
 
 
-def table_keys(model, sd: Dict[str, Any]) -> List[str]:
+def table_keys(model, sd: Dict[str, Any], hooked_only: bool = False) -> List[str]:
     """The state_dict keys `find_tables` returns (each table's weight and MCH buffers), from the collections
-    and `sd`'s keys alone: no table is built, no optimizer state read and no other rank asked, for a load
-    that only needs to know which entries are tables."""
+    and `sd`'s keys alone: no table is built, no optimizer state read and no other rank asked.
+
+    With `hooked_only`, only those TorchRec's load hooks read even under strict=False: a sharded
+    EmbeddingCollection's weights (its pre-load hook indexes every table) and the managed-collision
+    buffers. A sharded EmbeddingBagCollection's hook skips an absent weight and an unsharded collection
+    is a plain module, so their weights are left out; TorchRec 1.8 cannot load a sharded EBC's own
+    weight entry back when its column shards differ in width."""
     keys = []
     for f in collections(model):
         names = [_weight_key(f, tname, sd) for tname in _table_names(f)]
-        keys += [key for _, key in names]
+        if not hooked_only or (f.sharded and f.tables_attr == "embeddings"):
+            keys += [key for _, key in names]
         if f.mc is not None:
             keys += _mch_keys(f, sd, [name for name, _ in names])
     return keys

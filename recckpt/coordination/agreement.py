@@ -40,7 +40,14 @@ class Agreement(LocalAgreement):
         self._dist, self._groups = dist, groups
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.timeout_s = timeout_s
-        groups.ensure_groups(timeout_s)   # both groups, in a fixed order, on the training thread
+        try:   # both groups, in a fixed order, on the training thread
+            groups.ensure_groups(timeout_s)
+        except Exception as e:
+            raise CoordinationError(
+                f"rank {self.rank} of {self.world}: building recckpt's gloo groups failed (timeout "
+                f"{groups.rendezvous_s(timeout_s):g}s; every rank must construct its CheckpointManager "
+                f"together, and another rank failed, exited or did not): {type(e).__name__}: {e}",
+                rank=self.rank) from e
 
     def _run(self, what: str, fn):
         try:

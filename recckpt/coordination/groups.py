@@ -37,12 +37,23 @@ def _release_groups() -> None:
     _groups.clear()
 
 
+def rendezvous_s(timeout_s: float) -> float:
+    """How long building a group waits for every rank, under coordination timeout `timeout_s`."""
+    return max(timeout_s, RENDEZVOUS_MIN_S)
+
+
+def is_built(purpose: str, timeout_s: float) -> bool:
+    """Whether `group(purpose, timeout_s)` would return a group without the rendezvous of building it."""
+    world_then, g = _groups.get((purpose, timeout_s), (None, None))
+    return g is not None and world_then is dist.group.WORLD
+
+
 def group(purpose: str, timeout_s: float):
     """The gloo group for `purpose`, built on first use (a collective: all ranks, same order)."""
     world = dist.group.WORLD
     world_then, g = _groups.get((purpose, timeout_s), (None, None))
     if g is None or world_then is not world:
-        g = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_MIN_S)))
+        g = dist.new_group(backend="gloo", timeout=timedelta(seconds=rendezvous_s(timeout_s)))
         _groups[(purpose, timeout_s)] = (world, g)
     return g
 
@@ -65,4 +76,5 @@ def built() -> dict[str, object]:
     return {purpose: g for (purpose, _), (_, g) in _groups.items()}
 
 
-__all__ = ["SAVE", "STEP", "group", "ensure_groups", "drop_group", "built", "RENDEZVOUS_MIN_S"]
+__all__ = ["SAVE", "STEP", "group", "ensure_groups", "drop_group", "built", "is_built", "rendezvous_s",
+           "RENDEZVOUS_MIN_S"]

@@ -49,7 +49,9 @@ class TorchCoordinator(Coordinator):
         self._phase: dict[tuple, str] = {}    # key → "writing" | "submitted" | "done"
 
     # ---------------------------------------------------------------------------- collectives
-    def _collective(self, key, what: str, fn, error=CheckpointSaveError):
+    def _collective(self, key, what: str, fn, error=CheckpointSaveError, limit_s: float | None = None):
+        """`fn()`, a collective bounded by `limit_s` (default: the coordination timeout); its failure
+        becomes `error`, naming the step."""
         try:
             return fn()
         except CheckpointSaveError:
@@ -59,7 +61,8 @@ class TorchCoordinator(Coordinator):
             groups.drop_group(groups.SAVE, self.timeout_s)
             raise error(
                 f"rank {self.rank}: coordination of checkpoint {key[1]!r} failed during {what} "
-                f"(timeout {self.timeout_s:g}s; another rank failed or stopped responding): "
+                f"(timeout {self.timeout_s if limit_s is None else limit_s:g}s; another rank failed, stopped "
+                f"responding or did not call save; every rank must call save() together): "
                 f"{type(e).__name__}: {e}") from e
 
     def _run(self, op, *args, **kw):
@@ -101,10 +104,13 @@ class TorchCoordinator(Coordinator):
     def begin(self, key, plan=None):
         mine = {"ckpt_id": key[1], "nonce": uuid.uuid4().hex[:12], "plan": plan}
 
-        def start():
-            self.group = groups.group(groups.SAVE, self.timeout_s)
-            return self._all_gather(mine)
-        got = self._collective(key, "begin", start)
+        if not groups.is_built(groups.SAVE, self.timeout_s):
+            # Building the group is a rendezvous of every rank with its own, longer bound.
+            self._collective(key, "begin (building recckpt's gloo group)",
+                             lambda: groups.group(groups.SAVE, self.timeout_s),
+                             limit_s=groups.rendezvous_s(self.timeout_s))
+        self.group = groups.group(groups.SAVE, self.timeout_s)
+        got = self._collective(key, "begin", lambda: self._all_gather(mine))
         ids = {g["ckpt_id"] for g in got}
         if len(ids) != 1:
             self._phase[key] = "done"

@@ -344,3 +344,26 @@ def mixed_layouts(rank, world, out, option):
     Saver(Holder(t), output_dir=out, options=OPTS, max_keep=None).save("y")
     rep["committed"] = Saver(Holder(t), output_dir=out).checkpoints()
     return rep
+
+
+def lone_first_save(rank, world, out, rendezvous_s):
+    """Only rank 0 calls save (a habit from DDP), with a coordination timeout shorter than building the
+    save group may take (`rendezvous_s`, lowered from 120 s for the test); rank 1 stays alive meanwhile.
+    Reports rank 0's error and how long it waited."""
+    import dataclasses
+
+    from recckpt.coordination import groups
+    groups.RENDEZVOUS_MIN_S = rendezvous_s
+    rep = {}
+    if rank == 0:
+        t = owned_table(rank, world, all_ids(100))
+        start = time.monotonic()
+        try:
+            Saver(Holder(t), output_dir=out, options=dataclasses.replace(OPTS, coordination_timeout_s=1)).save("x")
+            rep["error"] = None
+        except CheckpointSaveError as e:
+            rep["error"] = str(e)
+        rep["waited_s"] = time.monotonic() - start
+    else:
+        time.sleep(rendezvous_s + 4)
+    return rep

@@ -177,6 +177,17 @@ def test_ranks_with_different_layout_options_are_told_which(tmp_path, option):
     assert not [n for n in os.listdir(out) if n.startswith(".staging")]
 
 
+def test_a_save_only_rank_0_calls_names_the_group_rendezvous_and_its_real_timeout(tmp_path):
+    """The first save builds recckpt's gloo group, a rendezvous bounded by max(coordination timeout,
+    groups.RENDEZVOUS_MIN_S). Before, rank 0 waited that long and then blamed the coordination timeout
+    ("timeout 1s" after 120 s here)."""
+    rep = ok(run_ranks(2, sc.lone_first_save, str(tmp_path / "run"), 4.0, out_dir=str(tmp_path / "r")))
+    err = rep[0]["error"]
+    assert err is not None and "building recckpt's gloo group" in err and "(timeout 4s;" in err, err
+    assert "every rank must call save() together" in err, err
+    assert rep[0]["waited_s"] >= 3.5, rep[0]
+
+
 def test_duplicate_ids_across_ranks(tmp_path):
     import torch
 

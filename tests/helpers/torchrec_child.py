@@ -3,7 +3,7 @@
 SPEC: {"world": W, "port": P, "jobs": [...]}. With W > 1 it spawns W processes on gloo (with a timeout);
 W == 1 runs one process with no process group. Every rank runs every job in order (one process pays
 TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`. A job:
-  {"kind": "ebc"|"ec", "plan": {table: "tw"|"rw"|"cw"|"cw001"|"cw412"|"dp"|"twrw"} or "unsharded" or
+  {"kind": "ebc"|"ec", "plan": {table: "tw"|"rw"|"cw"|"cw001"|"cw412"|"cw010"|"dp"|"twrw"} or "unsharded" or
    "default",
    "opt": "adagrad"|"rowwise"|"sgd", "tables": [[name, rows, dim, dtype], ...], "train_steps": k,
    "save": dir or null, "load": dir or null, "load_conf": {...} or null, "dump": dir or null,
@@ -118,6 +118,8 @@ def _build(job, world, rank):
                 "cw001": lambda i: column_wise(ranks=[0, 0, 1]),
                 # column shards of uneven width (a 16-wide table on 2 ranks)
                 "cw412": lambda i: column_wise(size_per_rank=[4, 12]),
+                # rank 0 holds two column shards that are not adjacent (refused by recckpt)
+                "cw010": lambda i: column_wise(ranks=[0, 1, 0]),
                 "twrw": lambda i: table_row_wise(host_index=0)}
         per = {n: gens[job["plan"][n]](i) for i, (n, *_rest) in enumerate(job["tables"])}
         plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
@@ -346,7 +348,12 @@ def _run_jobs(rank, world, spec):
     for job in spec["jobs"]:
         model, inner, dense_opt = _build(job, world, rank)
         _train(job, model, dense_opt, rank)
-        res = {"name": job.get("name"), "table_keys": _table_keys(model, dense_opt)}
+        try:
+            res = {"name": job.get("name"), "table_keys": _table_keys(model, dense_opt)}
+        except Exception:  # noqa: BLE001 - a job expecting an error may hold a plan find_tables refuses
+            if not job.get("expect_error"):
+                raise
+            res = {"name": job.get("name"), "table_keys": None}
         if job.get("dump_before"):
             _dump(model, dense_opt, job["dump_before"], rank)
         if job.get("rss"):

@@ -171,9 +171,9 @@ def runs(tmp_path_factory):
 
 
 def test_a_load_finds_table_keys_from_the_plan_alone(runs):
-    """The dense load passes TorchRec's load hooks every table's entry, knowing which entries are tables from
-    the plan and the state_dict's keys (`table_keys`), without building the tables again; under every plan
-    and kind above (MCH buffers included) those are the keys `find_tables` takes."""
+    """The dense load passes TorchRec's load hooks the table entries they read, knowing which entries are
+    tables from the plan and the state_dict's keys (`table_keys`), without building the tables again; under
+    every plan and kind above (MCH buffers included) those are the keys `find_tables` takes."""
     keys = runs[3]
     assert len(keys) > 40 and keys["mch_rw2"][1] > len(MCH_BIG)   # the MCH buffers are table keys too
     assert {name for name, (agree, n) in keys.items() if not agree or n == 0} == set()

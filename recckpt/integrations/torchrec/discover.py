@@ -190,12 +190,19 @@ def _column_blocks(table: str, ps, dim: int):
     from the plan every rank knows, so that every rank names the same column blocks; None when every rank
     holds whole rows."""
     shards = getattr(getattr(ps, "sharding_spec", None), "shards", None) or []
-    per_rank: Dict[int, Tuple[int, int]] = {}
+    held: Dict[int, set] = {}
     for sm in shards:
-        r, c0 = sm.placement.rank(), int(sm.shard_offsets[1])
-        c1 = c0 + int(sm.shard_sizes[1])
-        lo, hi = per_rank.get(r, (c0, c1))
-        per_rank[r] = (min(lo, c0), max(hi, c1))
+        c0 = int(sm.shard_offsets[1])
+        held.setdefault(sm.placement.rank(), set()).add((c0, c0 + int(sm.shard_sizes[1])))
+    per_rank: Dict[int, Tuple[int, int]] = {}
+    for r, cols in sorted(held.items()):
+        cols = sorted(cols)
+        if any(b[0] > a[1] for a, b in zip(cols, cols[1:])):
+            raise InvalidArgumentError(
+                f"TorchRec table {table!r}: rank {r} holds the column shards {cols}, which are not adjacent; "
+                f"recckpt saves column-wise plans whose shards on one rank are adjacent (for example "
+                f"column_wise(ranks=[0, 0, 1]), not [0, 1, 0])")
+        per_rank[r] = (cols[0][0], max(c1 for _, c1 in cols))
     ranges = sorted(set(per_rank.values()))
     if not ranges or ranges == [(0, dim)]:
         return None

@@ -387,7 +387,9 @@ class CheckpointManager:
         manifest: ranks that find different checkpoints under one name, an output directory that is not
         shared, raise CoordinationError before anything is loaded): a newest
         checkpoint found corrupt by any rank is skipped by all for the next older one (each load
-        replaces the whole state), with a warning. A checkpoint saved by another number of workers is
+        replaces the whole state), with a warning; any other failure on any rank raises on every rank,
+        and a rank killed during the load makes the others raise CoordinationError saying what they
+        applied. A checkpoint saved by another number of workers is
         resharded; per-worker state follows `resize_policy` (which sets `io_state_on_resize` of
         `load_conf`). Only checkpoints that record a global step are restore points, and the newest is
         the one of the highest step (ties: the one committed last). Takes precedence
@@ -426,11 +428,11 @@ class CheckpointManager:
             try:
                 result = self.saver.load(ckpt_id=cid, load_conf=conf, shard_id=self.shard_id,
                                          shard_num=self.shard_num)
-            except RecckptError as e:
+            except Exception as e:  # noqa: BLE001 - any failure: the other ranks must still hear of it
                 error = e
             # 0: loaded, 1: corrupt here (an older one may do), 2: any other failure (no fallback).
             code = 0 if error is None else 1 if isinstance(error, CorruptCheckpointError) else 2
-            worst = self._agreement.worst(code)
+            worst = self._outcome_agreed(cid, step, code, error)
             if worst == 0:
                 restored = self._restored(cid, step, result, found)
                 self._loaded(result, "restore")
@@ -442,11 +444,29 @@ class CheckpointManager:
                 continue
             if error is not None:
                 raise error
-            raise CorruptCheckpointError(
-                f"rank {self._agreement.rank}: restoring {storage.describe(cid)} failed on another rank "
-                f"(see its error); this rank loaded it, but a restore must be the same on every rank: "
-                f"fix or remove the checkpoint, or restore an explicit global_step", path=storage.describe(cid))
+            if worst == 1:
+                raise CorruptCheckpointError(
+                    f"rank {self._agreement.rank}: another rank found {storage.describe(cid)} corrupt (see its "
+                    f"error); this rank loaded it, but a restore must be the same on every rank: fix or remove "
+                    f"the checkpoint, or restore an explicit global_step", path=storage.describe(cid))
+            raise CoordinationError(
+                f"rank {self._agreement.rank}: restoring {storage.describe(cid)} failed on another rank (see its "
+                f"error); this rank loaded it, but a restore must be the same on every rank: fix the cause and "
+                f"restore again on every rank", rank=self._agreement.rank, path=storage.describe(cid))
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _outcome_agreed(self, cid: str, step: int, code: int, error: BaseException | None) -> int:
+        """The worst of every rank's restore `code`. Where the ranks cannot agree (a rank was killed or
+        stopped responding during the load), the CoordinationError says what this rank applied."""
+        try:
+            return self._agreement.worst(code)
+        except CoordinationError as e:
+            did = ("this rank loaded it" if error is None else
+                   f"this rank's load failed ({type(error).__name__}: {error}), so its state may be partly loaded")
+            raise CoordinationError(
+                f"restoring {self.saver.storage.describe(cid)} (global step {step}): {did}, but the ranks could "
+                f"not agree on the outcome, so the ranks may now hold different states; restart every rank and "
+                f"restore again. {e}", rank=e.rank) from (error if error is not None else e)
 
     def _same_as_rank0s(self, cid: str) -> None:
         """Raise on every rank, before any loads, when some rank's `cid` is not the checkpoint rank 0 sees

@@ -367,3 +367,54 @@ def lone_first_save(rank, world, out, rendezvous_s):
     else:
         time.sleep(rendezvous_s + 4)
     return rep
+
+
+class _KillOnLoad:
+    """A registered object whose load_state_dict SIGKILLs its process on the chosen rank, after leaving the
+    report the test harness reads (a killed rank writes none)."""
+
+    def __init__(self, rank, kill_rank, report_dir):
+        self.rank, self.kill_rank, self.report_dir, self.v = rank, kill_rank, report_dir, 1
+
+    def state_dict(self):
+        return {"v": self.v}
+
+    def load_state_dict(self, state):
+        if self.rank == self.kill_rank:
+            import json
+            import os
+            import signal
+            with open(os.path.join(self.report_dir, f"rank-{self.rank}.json"), "w") as f:
+                json.dump({"rank": self.rank, "result": {"killed": True}}, f)
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.v = state["v"]
+
+
+def restore_with_a_rank_killed(rank, world, out, report_dir):
+    """Both ranks save ckpt_1 through a CheckpointManager; then rank 1 is SIGKILLed in the middle of the
+    restore. Rank 0 reports its error, how long it waited, and whether its table was loaded."""
+    import dataclasses
+
+    from recckpt import CheckpointManager
+    opts = dataclasses.replace(OPTS, coordination_timeout_s=10)
+
+    def manager(salt):
+        saver = Saver(Holder(owned_table(rank, world, all_ids(500), salt=salt)), output_dir=out, options=opts)
+        saver.register_for_checkpointing("counter", _KillOnLoad(rank, 1, report_dir))
+        return CheckpointManager(saver, 1, save_rng=False), saver
+    mgr, _ = manager(0.0)
+    mgr.step()                      # ckpt_1
+    fresh, saver = manager(9.0)
+    start = time.monotonic()
+    rep = {}
+    try:
+        rep["restored"] = fresh.restore()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        rep["error"] = f"{type(e).__name__}: {e}"
+    rep["waited_s"] = time.monotonic() - start
+    try:
+        check_rows(saver.model.emb, 0.0)
+        rep["loaded"] = True
+    except AssertionError:
+        rep["loaded"] = False
+    return rep

@@ -188,6 +188,21 @@ def test_a_save_only_rank_0_calls_names_the_group_rendezvous_and_its_real_timeou
     assert rep[0]["waited_s"] >= 3.5, rep[0]
 
 
+def test_a_restore_whose_other_rank_is_killed_says_what_this_rank_loaded(tmp_path):
+    """Rank 1 is SIGKILLed in the middle of CheckpointManager.restore(). Rank 0 finishes its load; the
+    agreement on the outcome then fails, and its error says that this rank loaded the checkpoint and that
+    the ranks may now differ (before, the bare agreement error said nothing of what was applied)."""
+    rdir = str(tmp_path / "r")
+    rep = run_ranks(2, sc.restore_with_a_rank_killed, str(tmp_path / "run"), rdir, out_dir=rdir)
+    assert rep[1]["result"] == {"killed": True}, rep[1]
+    got = ok(rep[:1])[0]
+    assert got.get("error", "").startswith("CoordinationError: restoring "), got
+    assert "ckpt_1 (global step 1): this rank loaded it, but the ranks could not agree on the outcome" in got["error"], \
+        got
+    assert "restart every rank and restore again" in got["error"], got
+    assert got["loaded"] is True, got
+
+
 def test_duplicate_ids_across_ranks(tmp_path):
     import torch
 

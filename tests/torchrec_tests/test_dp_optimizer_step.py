@@ -6,7 +6,8 @@ restore left that parameter's `step` at the live value: 0 after a crash. Adagrad
 the uninterrupted run, silently. Real DMP sharding on 2 gloo ranks (a table-wise table beside a
 data-parallel one), with a KeyedOptimizer and with a plain torch.optim optimizer (numbered state, saved
 whole) as the dense optimizer; and the step follows its table through a rename, and stays out of a load
-that leaves the table out or shards it."""
+that leaves the table out or shards it. A load that restarts the table's optimizer slots (`exclude:
+["sparse_opt"]`) restarts its step too (before, the live step stayed beside a zeroed accumulator)."""
 from __future__ import annotations
 
 import os
@@ -50,6 +51,13 @@ def runs(tmp_path_factory):
                      "dense_kwargs": {"lr_decay": 0.5}, "name": name, "train_steps": 1, "load_conf": conf,
                      "load": os.path.join(tmp, "ck_torch"), "dump_before": os.path.join(tmp, f"{name}_before"),
                      "dump": os.path.join(tmp, f"{name}_after")})
+    # a load that restarts the table's optimizer slots (exclude sparse_opt) restarts its step with them
+    for kind in ("keyed", "torch"):
+        name = f"{kind}_restarted"
+        jobs.append({"kind": "ebc", "plan": PLAN, "opt": "adagrad", "tables": TABLES, "dense_opt": kind,
+                     "dense_kwargs": {"lr_decay": 0.5}, "name": name, "train_steps": 1,
+                     "load_conf": {"exclude": ["sparse_opt"]}, "load": os.path.join(tmp, f"ck_{kind}"),
+                     "dump_before": os.path.join(tmp, f"{name}_before"), "dump": os.path.join(tmp, f"{name}_after")})
     results = run_jobs(tmp, 2, jobs)
     return tmp, {r["name"]: r for r in results[0]}
 
@@ -97,3 +105,17 @@ def test_a_data_parallel_table_left_out_keeps_its_live_optimizer_entry(runs, nam
     for k in after[d]["states"]:
         assert torch.equal(full(after[d]["states"][k], after[d]["shape"]),
                            full(before[d]["states"][k], before[d]["shape"])), f"{d}: optimizer state {k!r} changed"
+
+
+@pytest.mark.parametrize("kind", ["keyed", "torch"])
+def test_excluding_sparse_opt_restarts_a_data_parallel_tables_step_with_its_accumulator(runs, kind):
+    tmp, res = runs
+    r = res[f"{kind}_restarted"]
+    assert r["dense_steps"][DP_WEIGHT] == 0.0, r["dense_steps"]       # live: 1 step; a fresh optimizer's: 0
+    assert r["dense_steps"]["dense.weight"] == 3.0, r["dense_steps"]  # the dense optimizer itself is loaded
+    before = load_dump(os.path.join(tmp, f"{kind}_restarted_before"))
+    after = load_dump(os.path.join(tmp, f"{kind}_restarted_after"))
+    d = "coll.embedding_bags.d"
+    (k, pieces), = after[d]["states"].items()
+    assert bool((full(before[d]["states"][k], before[d]["shape"]) != 0).any()), "trained before the load"
+    assert bool((full(pieces, after[d]["shape"]) == 0).all()), "the accumulator starts over"

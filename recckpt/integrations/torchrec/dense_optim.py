@@ -63,6 +63,29 @@ def dp_slots(param: torch.Tensor, shape: Tuple[int, int], opts: List[Any]
     return {}, {}
 
 
+def step_restart(param: torch.Tensor, opts: List[Any]) -> Callable[[], None] | None:
+    """A function setting the `step` of `param`'s entry, in the first of `opts` holding state for it, back
+    to 0 (a fresh torch Adagrad's); None when that entry has no step. Called when a load restarts every
+    optimizer slot of the table `param` is (docs/LOADING.md: excluding sparse_opt starts it over), so the
+    restarted accumulator is not paired with the live step (Adagrad's lr_decay reads it)."""
+    for opt in opts:
+        st = opt.state.get(param)
+        if not isinstance(st, Mapping):
+            continue
+        if "step" not in st:
+            return None
+
+        def restart(o=opt) -> None:
+            entry = o.state[param]   # looked up when called: a load may have installed new tensors
+            step = entry.get("step")
+            if isinstance(step, torch.Tensor):
+                step.zero_()
+            elif step is not None:
+                entry["step"] = 0
+        return restart
+    return None
+
+
 def accumulator_init(param: torch.Tensor, opts: List[Any]) -> float:
     """The value the Adagrad-like `sum` state of `param` starts at: the `initial_accumulator_value` of the
     param group holding it in the first of `opts` that has one (torch's Adagrad, TorchRec's RowWiseAdagrad);

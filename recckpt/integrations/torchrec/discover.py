@@ -13,7 +13,7 @@ import torch
 
 from ...errors import InvalidArgumentError
 from .agree import agreed_slots
-from .dense_optim import accumulator_init, dp_slots, optimizers
+from .dense_optim import accumulator_init, dp_slots, optimizers, step_restart
 from .mch import MCHTable, persistent_buffers, writes_unsharded
 from .table import ADAGRAD, EMBEDDING, ROWWISE_ADAGRAD, Shard, TorchRecTable
 
@@ -174,12 +174,14 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
                 owners = opts
             init = accumulator_init(params[key], owners)
             opt_init = {slot: init for slot in opt_slots}
+            restart = step_restart(params[key], owners) if opt_slots else None
             for sh in local:
                 sh.states.update(refs)
         else:
-            opt_init = {}   # FBGEMM's fused optimizer state starts at 0
+            opt_init, restart = {}, None   # FBGEMM's fused optimizer state starts at 0
         tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=_dtype_of(w, shards), shards=local,
-                           opt_slots=opt_slots, opt_init=opt_init, replicated=replicated, sharding=ps.sharding_type,
+                           opt_slots=opt_slots, opt_init=opt_init, opt_restart=restart,
+                           replicated=replicated, sharding=ps.sharding_type,
                            column_blocks=None if replicated else _column_blocks(full_name, ps, d)))
         keys.append(key)
     return tables, keys
@@ -256,9 +258,11 @@ def _unsharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts
         shard = Shard(0, n, 0, d, param.data, dict(states))
         opt_slots = {slot: (st.dtype, (d,) if slot == ADAGRAD else ()) for slot, st in states.items()}
         init = accumulator_init(param, _in_backward_optimizers(param))
+        restart = step_restart(param, _in_backward_optimizers(param)) if opt_slots else None
         # An unsharded module holds every row in every process that has it: written once, loaded by all.
         tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=param.dtype, shards=[shard],
-                           opt_slots=opt_slots, opt_init={slot: init for slot in opt_slots}, replicated=True,
+                           opt_slots=opt_slots, opt_init={slot: init for slot in opt_slots}, opt_restart=restart,
+                           replicated=True,
                            sharding="unsharded"))
         keys.append(key)
     return tables, keys

@@ -8,7 +8,7 @@ load writes into them in place, so nothing is copied whole and a load works befo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -68,8 +68,12 @@ class TorchRecTable(SlotsTable):
     def __init__(self, name: str, num_rows: int, dim: int, dtype: torch.dtype, shards: List[Shard],
                  opt_slots: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]], replicated: bool,
                  sharding: str, column_blocks: Tuple[Tuple[int, int], ...] | None = None,
-                 opt_init: Dict[str, float] | None = None):
+                 opt_init: Dict[str, float] | None = None, opt_restart: Callable[[], None] | None = None):
         self.name, self.num_rows_global, self.dim, self.dtype = name, num_rows, dim, dtype
+        # Sets the per-parameter counters of the optimizer holding this table's slots (torch Adagrad's
+        # `step`) back to a fresh optimizer's, when a load restarts all of its slots; None for FBGEMM's
+        # fused state, which keeps no such counter per table.
+        self.opt_restart = opt_restart
         # What each optimizer slot starts at (`reset_slots`): FBGEMM's fused state starts at 0; an
         # Adagrad-like torch optimizer at its `initial_accumulator_value` (discover.py finds it).
         self.opt_init = {slot: float((opt_init or {}).get(slot, 0.0)) for slot in opt_slots}
@@ -319,3 +323,6 @@ class TorchRecTable(SlotsTable):
                     s.state(slot)[a - s.row0:b - s.row0] = self.opt_init[slot]
                 if self.tracker is not None:   # changed rows, as a load's are
                     self.tracker.touch_range(s.row0, s.rows, a - s.row0, b - s.row0)
+        every_slot = set(slots) >= {n for n, spec in self.slots.items() if spec.category == "sparse_opt"}
+        if self.opt_restart is not None and every_slot and (lo, hi) == (0, self.num_rows_global):
+            self.opt_restart()

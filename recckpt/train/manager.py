@@ -193,6 +193,18 @@ class CheckpointManager:
         ended, so a rank that skipped this step's save for it would leave the others saving alone."""
         self.global_step += 1
         earlier = self._writer.take_failure()
+        try:
+            handle = self._step_save()
+        except Exception as e:
+            if earlier is not None:   # taken above: raised here or never, so it leads, with this one as cause
+                raise earlier from e
+            raise
+        if earlier is not None:
+            raise earlier
+        return handle
+
+    def _step_save(self) -> SaveHandle | None:
+        """The save this step's policies (or a preemption signal on any rank) decide, and the preemption."""
         last = self._last.step if self._last is not None else None
         context = SaveContext(time.monotonic() - self._last_save_time, last, self.shard_num)
         signal = 0
@@ -210,14 +222,12 @@ class CheckpointManager:
             if self._preemption.requested is None:
                 self._preemption.requested = signal  # another rank was signalled
             self._preempt()
-        if earlier is not None:
-            raise earlier
         return handle
 
     def save(self) -> SaveHandle:
         """Save the current step now (a regular checkpoint); returns its handle. A step already saved
-        (or being saved) returns that save: if a policy saved it as ephemeral, it stays ephemeral
-        (committed checkpoints are never rewritten), which this warns about."""
+        (or being saved, or just restored) returns that save: if a policy saved it as ephemeral, it stays
+        ephemeral (committed checkpoints are never rewritten), which this warns about."""
         self._writer.raise_failure()
         last = self._last
         if last is not None and last.step == self.global_step and not self._needs_retry(last):
@@ -500,6 +510,10 @@ class CheckpointManager:
                 f"manifest metadata and its id does not match {self.prefix!r}<step>); it was not written "
                 f"by a CheckpointManager with this prefix", path=storage.describe(cid))
         self.global_step, self.restored_from, self.restored = step, cid, result
+        # The restored checkpoint is this step's save: save() (or a preemption) at this step returns it
+        # instead of writing the step again, which committed checkpoints refuse.
+        self._last = SaveHandle(cid, step, result.metadata.get(META_EPHEMERAL) == "1")
+        self._last.finish(storage.describe(cid), None)
         if result.io_state_dropped:
             if self._rng is not None:
                 self._rng.reseed(step, self.shard_id)

@@ -62,6 +62,26 @@ def test_step_saves_on_schedule_and_restore_returns_the_step(tmp_path):
         fresh[4].restore(global_step=5)
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_save_right_after_restore_returns_the_restored_checkpoint(tmp_path, async_save):
+    """A finished loop restarted (or one killed after its final save): restore() lands on the step, and the
+    loop's final save() at that step is that checkpoint. Before, it wrote the step again and failed with
+    CheckpointExistsError (sync) or AsyncSaveError (async)."""
+    job = make_job(tmp_path, interval=4, async_save=async_save)
+    train(job, 6)
+    job[4].save()
+    job[4].wait()
+    fresh = make_job(tmp_path, interval=4, async_save=async_save)
+    assert fresh[4].restore() == 6
+    h = fresh[4].save()
+    assert (h.ckpt_id, h.step, h.state) == ("ckpt_6", 6, "durable") and h.wait() == os.path.join(tmp_path, "ckpt_6")
+    fresh[4].wait()
+    assert fresh[4].saves == [] and committed(tmp_path) == ["ckpt_4", "ckpt_6"]
+    train(fresh, 2)                       # the run goes on: step 8 saves as scheduled
+    fresh[4].wait()
+    assert committed(tmp_path) == ["ckpt_4", "ckpt_6", "ckpt_8"]
+
+
 def test_retention_with_ephemeral_and_keep_every_k_across_restarts(tmp_path):
     kw = dict(interval=10, policies=[EphemeralEveryNSteps(3)], keep=KeepPolicy(max_keep=2, keep_every_n_steps=20))
     train(make_job(tmp_path, **kw), 25)
@@ -293,6 +313,41 @@ def test_a_failure_reported_by_a_saving_step_does_not_cancel_that_steps_save(tmp
     assert [x.ckpt_id for x in mgr.saves] == ["ckpt_2", "ckpt_4"]
     mgr.wait()                            # ckpt_4 is durable; the failure was reported once
     assert committed(tmp_path) == ["ckpt_4"]
+
+
+def test_an_earlier_failure_is_raised_even_when_the_steps_own_save_fails(tmp_path, monkeypatch):
+    """step() takes the previous async save's failure before its own save. When that save itself raised
+    (here its snapshot runs out of memory), the taken failure was dropped: never raised by any later call.
+    Now it is raised, with the step's own error as its cause."""
+    job = make_job(tmp_path, interval=2, async_save=True, keep=None)
+    model, sopt, dopt, reader, mgr = job
+    storage = mgr.saver.storage
+    real_open, real_capture = storage.open_write, mgr.saver.capture_copy
+    release = threading.Event()
+
+    def failing(path, *a, **kw):
+        if "ckpt_2" in path:
+            assert release.wait(30)       # fail only after step 3 has looked for failures
+            raise Boom("disk full")
+        return real_open(path, *a, **kw)
+
+    def no_memory(*a, **kw):
+        if mgr.global_step == 4:
+            raise MemoryError("cannot allocate host buffers")
+        return real_capture(*a, **kw)
+
+    monkeypatch.setattr(storage, "open_write", failing)
+    monkeypatch.setattr(mgr.saver, "capture_copy", no_memory)
+    train(job, 3)                         # step 2 starts a save that fails once released
+    h = mgr.saves[-1]
+    release.set()
+    assert h._done.wait(30) and h.state == "failed"
+    train_step(model, sopt, dopt, reader)
+    with pytest.raises(AsyncSaveError, match="ckpt_2.*disk full") as e:
+        mgr.step()                        # step 4: its snapshot fails
+    assert isinstance(e.value.__cause__, MemoryError)
+    mgr.wait()                            # reported once
+    assert committed(tmp_path) == []
 
 
 @pytest.mark.parametrize("async_save", [False, True])

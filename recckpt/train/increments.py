@@ -20,9 +20,13 @@ class IncrementPolicy:
 
     def __post_init__(self):
         if self.full_every is not None:
-            if isinstance(self.full_every, bool):
-                raise InvalidArgumentError("IncrementPolicy.full_every must be an int or None")
-            object.__setattr__(self, "full_every", operator.index(self.full_every))
+            try:
+                if isinstance(self.full_every, bool):
+                    raise TypeError
+                object.__setattr__(self, "full_every", operator.index(self.full_every))
+            except TypeError:
+                raise InvalidArgumentError(f"IncrementPolicy.full_every must be an int >= 1 or None, got "
+                                           f"{self.full_every!r}") from None
             if self.full_every < 1:
                 raise InvalidArgumentError(f"IncrementPolicy.full_every must be >= 1, got {self.full_every}")
         f = self.max_chain_fraction

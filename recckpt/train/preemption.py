@@ -35,6 +35,11 @@ class PreemptionHandler:
             if not isinstance(s, int) or s in (signal.SIGKILL, signal.SIGSTOP):
                 raise InvalidArgumentError(f"PreemptionHandler.signals: {s!r} cannot be handled (SIGKILL/SIGSTOP "
                                  f"cannot be caught; give signal numbers such as signal.SIGTERM)")
+        valid = signal.valid_signals()
+        bad = [s for s in sigs if s not in valid]
+        if bad:
+            raise InvalidArgumentError(f"PreemptionHandler.signals: {bad} are not signals of this platform; give "
+                                       f"signal numbers such as signal.SIGTERM")
         self.signals = tuple(signal.Signals(s) for s in sigs)
         if not isinstance(self.exit_after_save, bool):
             raise InvalidArgumentError(f"PreemptionHandler.exit_after_save must be a bool, got {self.exit_after_save!r}")

@@ -5,7 +5,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from recckpt import AnySavePolicy, AtSteps, EphemeralEveryNSteps, EveryNSeconds, EveryNSteps, KeepPolicy
+from recckpt import (
+    AnySavePolicy,
+    AtSteps,
+    EphemeralEveryNSteps,
+    EveryNSeconds,
+    EveryNSteps,
+    IncrementPolicy,
+    KeepPolicy,
+    PreemptionHandler,
+)
+from recckpt.errors import InvalidArgumentError
 from recckpt.train.policies import EPHEMERAL, PERMANENT, CkptEntry, SaveContext, SaveSchedule
 
 
@@ -61,9 +71,14 @@ def test_time_policy_uses_elapsed_seconds_and_rank0_agreement():
     (lambda: SaveSchedule([EphemeralEveryNSteps(2), EphemeralEveryNSteps(3)], KeepPolicy()), "at most one"),
     (lambda: SaveSchedule(["every 10"], KeepPolicy()), "should_save"),
     (lambda: AnySavePolicy([EveryNSteps(3), 7]), "should_save"),
+    (lambda: IncrementPolicy(full_every=2.5), r"IncrementPolicy.full_every must be an int >= 1 or None, got 2.5"),
+    (lambda: IncrementPolicy(full_every="3"), r"IncrementPolicy.full_every must be an int >= 1 or None, got '3'"),
+    (lambda: IncrementPolicy(full_every=True), "IncrementPolicy.full_every"),
+    (lambda: PreemptionHandler(signals=(99999,)), r"PreemptionHandler.signals: \[99999\] are not signals"),
+    (lambda: PreemptionHandler(signals=("TERM",)), "PreemptionHandler.signals"),
 ])
 def test_invalid_policies_fail_at_construction_with_the_reason(make, match):
-    with pytest.raises((ValueError, TypeError), match=match):
+    with pytest.raises(InvalidArgumentError, match=match):
         make()
 
 

@@ -87,18 +87,24 @@ class KeepPolicy:
         raise InvalidArgumentError(f"keep must be a KeepPolicy, an int (max_keep) or None (keep all), got {keep!r}")
 
     def doomed(self, entries: Sequence["CkptEntry"], restored_from: str | None = None) -> list[str]:
-        """Ids among `entries` (committed, oldest first; the last is the newest) that may be deleted."""
+        """Ids among `entries` (committed, oldest first) that may be deleted. "Newest" is what a restart
+        picks (`restore_order`: the highest step, ties to the one committed last), so a checkpoint
+        committed late with an older step (a compaction of an older link) never pushes the restore point
+        out; the one committed last is kept too, whatever its step. `restored_from`, the checkpoint a
+        run restored from, is kept while it is the newest."""
         if not entries:
             return []
-        keep = {entries[-1].ckpt_id}
-        regular = [e for e in entries if not e.ephemeral]
-        keep.update(e.ckpt_id for e in (regular if self.max_keep is None else regular[-self.max_keep:]))
-        if self.keep_every_n_steps is not None:
-            keep.update(e.ckpt_id for e in regular
-                        if e.step is not None and e.step % self.keep_every_n_steps == 0)
-        # Ephemeral checkpoints survive only while they are the newest (added above as entries[-1]).
         ids = [e.ckpt_id for e in entries]
-        if restored_from in ids and ids.index(restored_from) == len(ids) - 1:
+        newest_first = restore_order([(e.ckpt_id, e.step) for e in entries])
+        ephemeral = {e.ckpt_id for e in entries if e.ephemeral}
+        keep = {ids[-1], newest_first[0]}
+        regular = [i for i in newest_first if i not in ephemeral]
+        keep.update(regular if self.max_keep is None else regular[:self.max_keep])
+        if self.keep_every_n_steps is not None:
+            keep.update(e.ckpt_id for e in entries
+                        if not e.ephemeral and e.step is not None and e.step % self.keep_every_n_steps == 0)
+        # Ephemeral checkpoints survive only while they are the newest (kept above).
+        if restored_from == newest_first[0]:
             keep.add(restored_from)  # explicit: never delete the restore point before a newer one exists
         return [i for i in ids if i not in keep]
 

@@ -244,6 +244,37 @@ def without_needed_links(found: list[tuple[str, CatalogEntry]], doomed: list[str
     return [d for d in doomed if d not in needed]
 
 
+def links_lock(storage: Storage, needed: bool = True):
+    """The output directory's lock between increments' commits and deletes (`Storage.links_lock`):
+    held by a commit of an increment around its parent's last check, and by every deleter (retention,
+    prune, delete) from its last listing through its deletes. `needed=False`: nothing to hold (a full
+    checkpoint depends on no other)."""
+    return storage.links_lock(names.LINKS_LOCK) if needed else contextlib.nullcontext()
+
+
+def unneeded_now(storage: Storage, found: list[tuple[str, CatalogEntry]], doomed: list[str]) -> list[str]:
+    """`doomed` (chosen from `found`) minus the links that a checkpoint committed since `found` was listed
+    needs: another writer's increment on one of them, which deleting it would leave unloadable. One more
+    listing of the top of `storage`, and a manifest read per checkpoint not in `found`; retention's own
+    listing can be seconds old on a large output directory."""
+    if not doomed:
+        return doomed
+    try:
+        top = storage.listdir("")
+    except OSError:
+        return doomed
+    seen = {i for i, _ in found}
+    new = [n for n in top if not n.startswith(".") and n != names.VERSION_FILE and n not in seen]
+    if not new:
+        return doomed
+    now = list(found) + [(n, CatalogEntry.from_manifest(m)) for n, m in zip(new, _read_manifests(storage, new))
+                         if m is not None]
+    kept = [d for d in doomed if d not in without_needed_links(now, doomed)]
+    if kept:
+        log.info("recckpt: retention keeps %s: checkpoints committed meanwhile build on them", kept)
+    return [d for d in doomed if d not in kept]
+
+
 def write_version_file(storage: Storage, ids: list[str], fsync: bool = True,
                        entries: "dict[str, CatalogEntry] | None" = None) -> None:
     """Replace the version file in one step (the store decides how: temp file + rename, or one PUT);

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import _C, __version__
-from ..errors import CheckpointSaveError, CorruptCheckpointError, IncompatibleCheckpointError
+from ..errors import CheckpointSaveError, CorruptCheckpointError, IncompatibleCheckpointError, RecckptError
 from ..storage import Storage
 from . import catalog, checked_json, gcpause, names, safetensors_io, structure, tree_codec, visibility
 from .digest import DenseDigest, Digest, Digests, TableDigest, dense_digest
@@ -257,9 +257,40 @@ def finalize(storage: Storage, stage: str, ckpt_id: str, parts: list[WorkerPart]
                                       path=storage.describe(ckpt_id)) from None
     # What commits is exactly what the manifest and the index list: nothing missing, nothing more.
     storage.drop_leftovers(stage, set(m.files) | {rel for rel, _ in merged.files}, names.MANIFEST)
-    catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
+    # An increment is committed only while its parent is: another process's retention or delete may
+    # remove the parent while the increment's rows are written (its choice was checked only at the start).
+    # Deleters hold the same lock while they choose and delete (catalog.links_lock).
+    with catalog.links_lock(storage, m.parent is not None):
+        _require_parent(storage, ckpt_id, m.parent, committed=False)
+        catalog.commit(storage, stage, ckpt_id, data, fsync=opts.fsync)
+    try:   # ... and once more after the commit, where the store has no such lock
+        _require_parent(storage, ckpt_id, m.parent, committed=True)
+    except CheckpointSaveError:
+        catalog.delete(storage, ckpt_id)
+        raise
     m.content_sha256 = sha256
     return m
+
+
+def _require_parent(storage: Storage, ckpt_id: str, parent: ParentRef | None, committed: bool) -> None:
+    """Raise CheckpointSaveError when increment `ckpt_id`'s `parent` is no longer the committed checkpoint
+    it was written on (`committed`: the increment was committed, and the caller withdraws it)."""
+    if parent is None:
+        return
+    try:
+        sha = catalog.read_manifest(storage, parent.ckpt_id).content_sha256
+    except (OSError, RecckptError):
+        sha = None
+    if sha == parent.manifest_sha256:
+        return
+    what = "deleted" if sha is None else "replaced"
+    raise CheckpointSaveError(
+        f"incremental checkpoint {storage.describe(ckpt_id)} was "
+        f"{'withdrawn right after its commit' if committed else 'not committed'}: "
+        f"its parent {parent.ckpt_id!r} was {what} while it was written (another process's retention, "
+        f"prune or delete in this output directory). Earlier checkpoints are intact; the next save writes a "
+        f"full checkpoint. Give each job its own output_dir, or keep the parent (max_keep)",
+        path=storage.describe(ckpt_id))
 
 
 def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: SparseWriteOptions,

@@ -192,6 +192,15 @@ class Storage(abc.ABC):
         """Invalidate `ckpt_id` in one step (a reader then sees it absent, never partial), then remove
         its files; `trash` is a free name the store may rename it to first."""
 
+    @contextlib.contextmanager
+    def links_lock(self, name: str) -> Iterator[None]:
+        """Held (through the file `name`, a name the format layer reserved) while an increment's parent
+        is checked and the increment committed, and while retention, prune or delete choose and delete
+        checkpoints: so no process commits an increment on a parent another is deleting. A store with no
+        lock shared across processes (object stores) holds nothing; there the parent is checked again
+        right after the commit, which narrows the race without closing it (docs/SAFETY.md)."""
+        yield
+
     @abc.abstractmethod
     def claim(self, target: str, owner: str) -> Claim:
         """Mark `target` as being written by this live process (one worker of a save), through the file

@@ -247,6 +247,21 @@ class LocalStorage(Storage):
         self.fsync_dir("")
         self.remove_tree(trash)
 
+    @contextlib.contextmanager
+    def links_lock(self, name):
+        # flock: released by the kernel when the holder dies, so a killed process never leaves it held.
+        path = self.local_path(name)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot open the lock file {path}: {e.strerror}; it must be a regular "
+                                        f"file recckpt can write (remove it if it is not)", path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def claim(self, target, owner):
         path = self.local_path(owner)
         while True:

@@ -139,8 +139,9 @@ def prune(output_dir, keep: int, *, dry_run: bool = False,
     doomed = catalog.without_needed_links(found, KeepPolicy(max_keep=keep).doomed(entries))
     if dry_run:
         return doomed
-    catalog.retire(storage, [cid for cid, _ in found if cid not in doomed], doomed, entries=dict(found))
-    return doomed
+    with catalog.links_lock(storage, bool(doomed)):
+        doomed = catalog.unneeded_now(storage, found, doomed)   # a job may have committed on one meanwhile
+        return catalog.retire(storage, [cid for cid, _ in found if cid not in doomed], doomed, entries=dict(found))
 
 
 def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[str, Any] | None = None
@@ -154,22 +155,23 @@ def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[st
     ids = [ckpt_ids] if isinstance(ckpt_ids, str) else list(ckpt_ids)
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
-    found = catalog.committed(storage)
-    committed = [cid for cid, _ in found]
-    unknown = [cid for cid in ids if cid not in committed]
-    if unknown:
-        raise CheckpointNotFoundError(f"delete: {[storage.describe(c) for c in unknown]} not committed checkpoints "
-                                      f"of {storage.describe()}; committed: {committed}",
-                                      path=storage.describe(unknown[0]))
-    needed = sorted(set(ids) - set(catalog.without_needed_links(found, ids)))
-    if needed:
-        dependents = [cid for cid, m in found if m.parent is not None and m.parent.ckpt_id in needed
-                      and cid not in ids]
-        raise InvalidArgumentError(f"delete: {needed} are links of incremental checkpoints {dependents} that are "
-                                   f"not being deleted; delete those too, or compact them first "
-                                   f"(recckpt.compact)", path=storage.describe(needed[0]))
-    return catalog.retire(storage, [cid for cid in committed if cid not in ids],
-                          [cid for cid in committed if cid in ids], entries=dict(found))   # committed order: see retire
+    with catalog.links_lock(storage):   # no increment commits on one of them meanwhile
+        found = catalog.committed(storage)
+        committed = [cid for cid, _ in found]
+        unknown = [cid for cid in ids if cid not in committed]
+        if unknown:
+            raise CheckpointNotFoundError(f"delete: {[storage.describe(c) for c in unknown]} not committed checkpoints "
+                                          f"of {storage.describe()}; committed: {committed}",
+                                          path=storage.describe(unknown[0]))
+        needed = sorted(set(ids) - set(catalog.without_needed_links(found, ids)))
+        if needed:
+            dependents = [cid for cid, m in found if m.parent is not None and m.parent.ckpt_id in needed
+                          and cid not in ids]
+            raise InvalidArgumentError(f"delete: {needed} are links of incremental checkpoints {dependents} that are "
+                                       f"not being deleted; delete those too, or compact them first "
+                                       f"(recckpt.compact)", path=storage.describe(needed[0]))
+        return catalog.retire(storage, [cid for cid in committed if cid not in ids],
+                              [cid for cid in committed if cid in ids], entries=dict(found))   # committed order: see retire
 
 
 def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] | None = None

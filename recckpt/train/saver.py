@@ -618,11 +618,13 @@ class Saver:
             doomed = [d for d in keep.doomed(entries, protect) if d != ckpt_id]
             # never a link that a kept checkpoint's chain of increments needs (docs/INCREMENTAL.md)
             doomed = catalog.without_needed_links(found, doomed)
-            gone = set(doomed)
-            if doomed:
-                log.info("recckpt: retention (%s) deletes %s", keep, doomed)
-            deleted = catalog.retire(self.storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone], doomed,
-                                     self.options.fsync, dict(found))
+            with catalog.links_lock(self.storage, bool(doomed)):
+                doomed = catalog.unneeded_now(self.storage, found, doomed)
+                gone = set(doomed)
+                if doomed:
+                    log.info("recckpt: retention (%s) deletes %s", keep, doomed)
+                deleted = catalog.retire(self.storage, [e.ckpt_id for e in entries if e.ckpt_id not in gone],
+                                         doomed, self.options.fsync, dict(found))
             if not doomed:
                 catalog.write_version_file(self.storage, [e.ckpt_id for e in entries], self.options.fsync,
                                            dict(found))

@@ -1,0 +1,96 @@
+"""An increment and its parent in an output directory another process also deletes from (a second job's
+retention, `recckpt prune`, `recckpt.delete`). The parent was checked only when the save started: deleted
+while the increment was written, the increment still committed and the save reported success, and the
+newest checkpoint could not be loaded (restore fell back with a "corrupt" warning). Now the parent is
+checked again just before the commit and just after it (a committed increment whose parent vanished is
+withdrawn), and retention keeps a link that a checkpoint committed since its listing builds on."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import recckpt
+from recckpt import CheckpointManager, HashTable, IncrementPolicy, SaveOptions, Saver, SparseAdam
+from recckpt.errors import AsyncSaveError, CheckpointSaveError
+from recckpt.format import catalog
+from recckpt.storage import open_storage
+
+OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=4096, fsync=False)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = HashTable("emb", 4)
+        self.lin = torch.nn.Linear(4, 1)
+
+
+def _job(out, async_save=False):
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    mgr = CheckpointManager(Saver(model, opt, output_dir=out, options=OPTS, max_keep=None), save_interval=1,
+                            keep=None, save_rng=False, async_save=async_save,
+                            increments=IncrementPolicy(full_every=10, max_chain_fraction=None))
+    return model, opt, mgr
+
+
+def _train(model, opt, mgr, step):
+    model.emb.train()
+    model.lin(model.emb(torch.arange(step * 3, step * 3 + 20))).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    return mgr.step()
+
+
+@pytest.mark.parametrize("when", ["while_written", "right_after_commit"])
+@pytest.mark.parametrize("async_save", [False, True])
+def test_an_increment_whose_parent_is_deleted_meanwhile_is_not_committed(tmp_path, monkeypatch, when, async_save):
+    out = str(tmp_path / "out")
+    model, opt, mgr = _job(out, async_save)
+    for step in (1, 2):
+        _train(model, opt, mgr, step)
+    mgr.wait()
+    assert mgr.saver.last_save.parent == "ckpt_1"
+    if when == "while_written":
+        import recckpt.train.saver as saver_mod
+        real = saver_mod.write_worker_part
+
+        def hooked(*a, **kw):   # another process deletes the parent while this save writes its files
+            recckpt.delete(out, ["ckpt_2"])
+            return real(*a, **kw)
+        monkeypatch.setattr(saver_mod, "write_worker_part", hooked)
+    else:
+        real = catalog.commit
+
+        def hooked(storage, target, ckpt_id, *a, **kw):   # ... just after the commit
+            real(storage, target, ckpt_id, *a, **kw)
+            if ckpt_id == "ckpt_3":
+                catalog.delete(storage, "ckpt_2")
+        monkeypatch.setattr(catalog, "commit", hooked)
+    expect = "was not committed" if when == "while_written" else "was withdrawn right after its commit"
+    with pytest.raises(AsyncSaveError if async_save else CheckpointSaveError,
+                       match="its parent 'ckpt_2' was deleted while it was written") as e:
+        _train(model, opt, mgr, 3)
+        mgr.wait()
+    assert expect in str(e.value)
+    monkeypatch.undo()
+    assert Saver(Model(), output_dir=out).checkpoints() == ["ckpt_1"]
+    assert recckpt.verify(out + "/ckpt_1").ok
+    _train(model, opt, mgr, 4)            # the next save is full, and commits
+    mgr.wait()
+    assert mgr.saver.last_save.parent is None and Saver(Model(), output_dir=out).checkpoints() == ["ckpt_1", "ckpt_4"]
+    _, _, fresh = _job(out)
+    assert fresh.restore() == 4
+
+
+def test_retention_keeps_a_link_an_increment_committed_since_its_listing_builds_on(tmp_path):
+    out = str(tmp_path / "out")
+    model, opt, mgr = _job(out)
+    _train(model, opt, mgr, 1)            # ckpt_1, full
+    storage = open_storage(out)
+    listed = catalog.committed(storage)   # what another process's retention listed ...
+    _train(model, opt, mgr, 2)            # ... before this increment on ckpt_1 committed
+    assert mgr.saver.last_save.parent == "ckpt_1"
+    assert catalog.without_needed_links(listed, ["ckpt_1"]) == ["ckpt_1"]   # the old listing would delete it
+    assert catalog.unneeded_now(storage, listed, ["ckpt_1"]) == []
+    assert catalog.unneeded_now(storage, catalog.committed(storage), []) == []

@@ -249,7 +249,7 @@ def links_lock(storage: Storage, needed: bool = True):
     held by a commit of an increment around its parent's last check, and by every deleter (retention,
     prune, delete) from its last listing through its deletes. `needed=False`: nothing to hold (a full
     checkpoint depends on no other)."""
-    return storage.links_lock(names.LINKS_LOCK) if needed else contextlib.nullcontext()
+    return storage.links_lock() if needed else contextlib.nullcontext()
 
 
 def unneeded_now(storage: Storage, found: list[tuple[str, CatalogEntry]], doomed: list[str]) -> list[str]:

@@ -23,7 +23,6 @@ TRASH_PREFIX = ".deleting-"          # a checkpoint being deleted is renamed her
 VERSION_TMP_PREFIX = f".{VERSION_FILE}.tmp-"   # the version file being replaced
 OWNER_PREFIX = ".owner-"             # <output_dir>/.owner-<target>.w<worker>: a live writer's claim
 CATALOG = ".catalog.json"            # <output_dir>/.catalog.json: what listings need of each manifest
-LINKS_LOCK = ".links.lock"           # <output_dir>/.links.lock: increments' commits vs deletes (local disks)
 CATALOG_TMP_PREFIX = f"{CATALOG}.tmp-"   # the catalog being replaced
 
 MANIFEST = "manifest.json"

@@ -193,9 +193,8 @@ class Storage(abc.ABC):
         its files; `trash` is a free name the store may rename it to first."""
 
     @contextlib.contextmanager
-    def links_lock(self, name: str) -> Iterator[None]:
-        """Held (through the file `name`, a name the format layer reserved) while an increment's parent
-        is checked and the increment committed, and while retention, prune or delete choose and delete
+    def links_lock(self) -> Iterator[None]:
+        """Held while an increment's parent is checked and the increment committed, and while retention, prune or delete choose and delete
         checkpoints: so no process commits an increment on a parent another is deleting. A store with no
         lock shared across processes (object stores) holds nothing; there the parent is checked again
         right after the commit, which narrows the race without closing it (docs/SAFETY.md)."""

@@ -248,14 +248,14 @@ class LocalStorage(Storage):
         self.remove_tree(trash)
 
     @contextlib.contextmanager
-    def links_lock(self, name):
-        # flock: released by the kernel when the holder dies, so a killed process never leaves it held.
-        path = self.local_path(name)
+    def links_lock(self):
+        # flock on the output directory itself (no file of its own to leave behind); the kernel releases
+        # it when the holder dies, so a killed process never leaves it held.
         try:
-            fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o644)
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:
-            raise StorageError(e.errno, f"cannot open the lock file {path}: {e.strerror}; it must be a regular "
-                                        f"file recckpt can write (remove it if it is not)", path) from None
+            raise StorageError(e.errno, f"cannot open the output directory {self.root} to lock it: "
+                                        f"{e.strerror}", self.root) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

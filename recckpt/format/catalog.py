@@ -13,9 +13,15 @@ import hashlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from ..errors import CorruptCheckpointError, InvalidCheckpointIdError
+from ..errors import (
+    CheckpointDeletedError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    InvalidCheckpointIdError,
+    RecckptError,
+)
 from ..storage import Storage
 from . import checked_json, gcpause, names
 from .catalog_file import CatalogEntry, read_catalog, write_catalog
@@ -242,6 +248,32 @@ def without_needed_links(found: list[tuple[str, CatalogEntry]], doomed: list[str
     retention may really delete. Every deleter (Saver retention, the CLI's prune) filters through it."""
     needed = with_parents(found, {i for i, _ in found} - set(doomed))
     return [d for d in doomed if d not in needed]
+
+
+@contextlib.contextmanager
+def deleted_as_such(places: "list[tuple[Storage, str]]", doing: str) -> Iterator[None]:
+    """Re-raise a failure of reading a checkpoint (missing or short files, an I/O error) as
+    CheckpointDeletedError when one of `places` ((storage, checkpoint dir): the checkpoint and the links
+    of its chain) is no longer committed: it was deleted under the reader (retention in another process,
+    or by hand), which is not corruption and calls for reading the newest checkpoint again."""
+    try:
+        yield
+    except (RecckptError, OSError) as e:
+        if isinstance(e, (CheckpointDeletedError, InvalidArgumentError)):
+            raise
+        gone = None
+        for storage, ckpt_dir in places:
+            try:
+                if not storage.exists(f"{ckpt_dir}/{names.MANIFEST}" if ckpt_dir else names.MANIFEST):
+                    gone = storage.describe(ckpt_dir)
+                    break
+            except OSError:
+                continue
+        if gone is None:
+            raise
+        raise CheckpointDeletedError(
+            f"checkpoint {gone} was deleted while it was being {doing} (by retention in another process, or by "
+            f"hand): {type(e).__name__}: {e}. Open the newest checkpoint again.", path=gone) from e
 
 
 def links_lock(storage: Storage, needed: bool = True):

@@ -20,9 +20,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _C
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, IncompatibleCheckpointError
+from ..errors import (
+    CheckpointDeletedError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+)
 from ..storage import Storage, open_storage
-from . import extras as extras_fmt, gcpause, names, safetensors_io, structure
+from . import catalog, extras as extras_fmt, gcpause, names, safetensors_io, structure
 from .bucket_dirs import BucketDir
 from .chain import split_path, walk_chain
 from .checkpoint import CheckpointReader, parse_index_bytes
@@ -98,12 +103,19 @@ def _verify(path: str, threads: int, storage_options: dict | None) -> VerifyRepo
         raise CheckpointNotFoundError(
             f"{storage.describe()} is not a committed checkpoint (no {names.MANIFEST}); pass a checkpoint "
             f"directory, e.g. <output_dir>/<ckpt_id>")
-    m = _check_one(storage, report, threads)
-    if m is not None:
-        report.ckpt_id = m.ckpt_id
-        report.links = [m.ckpt_id]
-        if m.parent is not None:
-            _check_chain(path, report, threads, storage_options)
+    with catalog.deleted_as_such([(storage, "")], "verified"):
+        m = _check_one(storage, report, threads)
+        if m is not None:
+            report.ckpt_id = m.ckpt_id
+            report.links = [m.ckpt_id]
+            if m.parent is not None:
+                _check_chain(path, report, threads, storage_options)
+    if report.problems and not storage.exists(names.MANIFEST):
+        # its files went missing because the checkpoint was deleted, not corrupted
+        raise CheckpointDeletedError(
+            f"checkpoint {storage.describe()} was deleted while it was being verified (by retention in another "
+            f"process, or by hand): {report.problems[0]}. Verify the newest checkpoint instead.",
+            path=storage.describe())
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -103,7 +103,8 @@ def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int
         return CheckpointView(reader)
     root, ckpt_dir = split_path(path)
     out = _open_storage(root, storage_options)
-    return CheckpointView(reader, open_chain(CheckpointReader(out, ckpt_dir, threads=threads)))
+    with catalog.deleted_as_such([(storage, "")], "opened"):   # a link may go with it: open_chain says which
+        return CheckpointView(reader, open_chain(CheckpointReader(out, ckpt_dir, threads=threads)))
 
 
 def _not_a_checkpoint(storage: Storage) -> str:
@@ -165,6 +166,11 @@ class CheckpointView:
     def __repr__(self) -> str:
         return f"<recckpt checkpoint {self.path}: step {self.step}, {len(self.tables)} tables, {self.workers} workers>"
 
+    def _reading(self):
+        """Around every read of the checkpoint's files: a checkpoint (or a link of its chain) deleted under
+        this view raises CheckpointDeletedError, not a corrupt-checkpoint error or a bare OSError."""
+        return catalog.deleted_as_such([(link.storage, link.ckpt_dir) for link in self._links], "read")
+
     # ------------------------------------------------------------------------------------ metadata
     @property
     def step(self) -> int | None:
@@ -184,15 +190,17 @@ class CheckpointView:
     def size_bytes(self) -> int:
         """Bytes of the checkpoint's files as recorded: manifest entries plus the shard files in the index
         (which is read and checked: a view of a checkpoint reports a corrupt or hostile index)."""
-        return sum(f.size for f in self._r.manifest.files.values()) + sum(s for _, s in self._r.index.files)
+        with self._reading():
+            return sum(f.size for f in self._r.manifest.files.values()) + sum(s for _, s in self._r.index.files)
 
     @property
     def tables(self) -> Mapping[str, TableDesc]:
         """Each table's slots and rows. For an incremental checkpoint the rows are the folded state's,
         counted the first time this is read from the ids of every link (rows themselves are not read)."""
         if self._tables is None:
-            self._tables = {name: TableDesc(name, self._folded_rows(name), slots)
-                            for name, slots in self._slots.items()}
+            with self._reading():
+                self._tables = {name: TableDesc(name, self._folded_rows(name), slots)
+                                for name, slots in self._slots.items()}
         return self._tables
 
     def _folded_rows(self, table: str) -> int:
@@ -238,12 +246,14 @@ class CheckpointView:
     def dense(self) -> Mapping[str, DenseDesc]:
         """Dense keys with dtype and shape (reads and verifies the dense file once)."""
         if self._dense is None:  # from the verified file's header: no tensors made, no torch imported
-            self._dense = {k: DenseDesc(k, dt, shape) for k, (dt, shape) in self._r.dense_header().items()}
+            with self._reading():
+                self._dense = {k: DenseDesc(k, dt, shape) for k, (dt, shape) in self._r.dense_header().items()}
         return self._dense
 
     def dense_tensors(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
         """Copies of the dense tensors (all, or `keys`)."""
-        tensors = self._r.dense()
+        with self._reading():
+            tensors = self._r.dense()
         if keys is not None:
             unknown = [k for k in keys if k not in tensors]
             if unknown:
@@ -257,7 +267,8 @@ class CheckpointView:
         m = self._r.manifest
         if m.dense is None:
             return {}
-        arrays, _ = safetensors_io.read_arrays(self._r.read_file(m.dense), self._r.describe(m.dense))
+        with self._reading():
+            arrays, _ = safetensors_io.read_arrays(self._r.read_file(m.dense), self._r.describe(m.dense))
         return arrays
 
     def objects(self, arrays: bool = False) -> dict:
@@ -265,7 +276,8 @@ class CheckpointView:
         Objects saved with pickle keep kind 'pickled_*' and their state as a uint8 tensor: never unpickled.
         arrays=True: tensors come as numpy arrays (BF16 as uint16 bits) and torch is not imported."""
         from ..format import extras as extras_fmt
-        tree = self._r.extras(arrays)
+        with self._reading():
+            tree = self._r.extras(arrays)
         if tree is None:
             return {"objects": {}, "sparse_optimizer": None}
         return extras_fmt.validate(tree, self._r.describe(self._r.manifest.extras))
@@ -279,7 +291,8 @@ class CheckpointView:
         arrays=True: tensors as numpy arrays, as for objects()."""
         if not isinstance(worker, int) or not 0 <= worker < self.workers:
             raise InvalidArgumentError(f"{self.path}: worker {worker!r} is not in [0, {self.workers})")
-        return self._r.io_state(worker, arrays)
+        with self._reading():
+            return self._r.io_state(worker, arrays)
 
     # ---------------------------------------------------------------------------------------- rows
     def _table_slots(self, table: str) -> dict[str, SlotDesc]:
@@ -332,22 +345,23 @@ class CheckpointView:
         widths = [d.row_bytes for d in descs]
         if lo == hi:
             return
-        links = table_links(self._links, table)
-        if len(links) == 1 and table not in self._r.index.tables:
-            return
-        upper = sum(link.manifest.tables[table].rows for link in links)   # the table's rows, before folding
-        cap = max(1, min(chunk_rows, upper))  # no allocation beyond the table, whatever chunk_rows says
-        buf = _Chunk(cap, widths)
-        for ids, parts in self._pieces(links, table, slots, widths, lo, hi):
-            pos, n = 0, len(ids)
-            while pos < n:
-                take = buf.fill(ids, parts, pos, n)
-                pos += take
-                if buf.full:
-                    yield self._convert(buf, slots, descs, as_torch)
-                    buf = buf.emptied() if reuse else _Chunk(cap, widths)
-        if buf.rows:
-            yield self._convert(buf, slots, descs, as_torch)
+        with self._reading():
+            links = table_links(self._links, table)
+            if len(links) == 1 and table not in self._r.index.tables:
+                return
+            upper = sum(link.manifest.tables[table].rows for link in links)   # the table's rows, before folding
+            cap = max(1, min(chunk_rows, upper))  # no allocation beyond the table, whatever chunk_rows says
+            buf = _Chunk(cap, widths)
+            for ids, parts in self._pieces(links, table, slots, widths, lo, hi):
+                pos, n = 0, len(ids)
+                while pos < n:
+                    take = buf.fill(ids, parts, pos, n)
+                    pos += take
+                    if buf.full:
+                        yield self._convert(buf, slots, descs, as_torch)
+                        buf = buf.emptied() if reuse else _Chunk(cap, widths)
+            if buf.rows:
+                yield self._convert(buf, slots, descs, as_torch)
 
     def _pieces(self, links: list[CheckpointReader], table: str, slots: list[str], widths: list[int],
                 lo: int, hi: int):

@@ -94,3 +94,4 @@ def test_retention_keeps_a_link_an_increment_committed_since_its_listing_builds_
     assert catalog.without_needed_links(listed, ["ckpt_1"]) == ["ckpt_1"]   # the old listing would delete it
     assert catalog.unneeded_now(storage, listed, ["ckpt_1"]) == []
     assert catalog.unneeded_now(storage, catalog.committed(storage), []) == []
+

@@ -65,6 +65,9 @@ def cmd_ls(a) -> int:
         print(f"leftover: {name} (left by {what}; `recckpt gc` removes it)")
     for name, why in listing.strays:
         print(f"stray: {name} ({why})")
+    for name, why in listing.damaged:
+        print(f"damaged: {name} (its manifest does not verify: {why}; never loaded; "
+              f"recckpt.delete(output_dir, [{name!r}]) frees its id)")
     if listing.output_dirs_below:
         print("output directories below it (pass one of these):")
         for d in listing.output_dirs_below:

@@ -230,6 +230,26 @@ def _read_manifests(storage: Storage, dirs: list[str]) -> list[Manifest | None]:
         return list(pool.map(lambda d: _manifest_or_none(storage, d), dirs))
 
 
+def damaged(storage: Storage, top: list[str], committed_ids: "set[str]") -> list[tuple[str, str]]:
+    """(name, why) for each entry of `top` (the names at the top of `storage`) outside `committed_ids`
+    that holds a manifest which does not verify: listings skip it (it is not committed), but its id stays
+    taken, so a save under it is refused until it is deleted (`recckpt.delete` accepts such ids)."""
+    out = []
+    for name in top:
+        if name in committed_ids or name.startswith(".") or name == names.VERSION_FILE:
+            continue
+        try:
+            names.validate_ckpt_id(name)
+            if not storage.exists(f"{name}/{names.MANIFEST}"):
+                continue
+            read_manifest(storage, name)
+        except (FileNotFoundError, NotADirectoryError, InvalidCheckpointIdError):
+            continue
+        except Exception as e:  # noqa: BLE001 - whatever makes the manifest unreadable is the answer
+            out.append((name, f"{type(e).__name__}: {e}"))
+    return out
+
+
 def with_parents(found: list[tuple[str, CatalogEntry]], keep: "set[str] | list[str]") -> set[str]:
     """`keep` plus every checkpoint a kept incremental checkpoint depends on (its parent, the parent's
     parent, ... down to the full base), among the committed ones in `found`. Retention deletes only
@@ -344,7 +364,8 @@ def new_staging_dir(ckpt_id: str, nonce: str) -> str:
 
 
 def is_committed(storage: Storage, ckpt_id: str) -> bool:
-    """Whether `ckpt_id` has its commit marker (the manifest); a leftover without one is not."""
+    """Whether `ckpt_id` has its commit marker (the manifest); a leftover without one is not. (A manifest
+    that does not verify counts here, so that nothing writes over it; listings skip it: `damaged`.)"""
     return storage.exists(f"{ckpt_id}/{names.MANIFEST}")
 
 

@@ -35,6 +35,9 @@ class Listing:
     checkpoints: list[CheckpointSummary] = field(default_factory=list)   # oldest first
     leftovers: list[tuple[str, str]] = field(default_factory=list)       # (name, what left it)
     strays: list[tuple[str, str]] = field(default_factory=list)          # (name, why recckpt leaves it alone)
+    damaged: list[tuple[str, str]] = field(default_factory=list)
+    """(name, why): checkpoint directories whose manifest does not verify. Not committed (never loaded or
+    restored), but their ids stay taken until `recckpt.delete` removes them."""
     output_dirs_below: list[str] = field(default_factory=list)
     """When this directory holds no checkpoint: output directories found below it (a user who passed
     the run's folder instead of its output_dir), as paths relative to it."""
@@ -118,6 +121,8 @@ def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = Non
     committed_ids = {cid for cid, _ in found}   # committed: neither leftovers nor strays (no request per name)
     out.leftovers = recovery.find_leftovers(storage, keep=committed_ids, top=top)
     out.strays = recovery.find_strays(storage, keep=committed_ids, top=top)
+    taken = committed_ids | {name for name, _ in out.leftovers} | {name for name, _ in out.strays}
+    out.damaged = catalog.damaged(storage, top, taken)
     if not out.checkpoints and catalog.read_version_file(storage) is None:
         out.output_dirs_below = output_dirs_below(storage)
     return out
@@ -150,8 +155,9 @@ def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[st
     (`CheckpointManager.restore` after a corrupt newest checkpoint, or an explicit older step) will
     reach again. The version file is rewritten first, then each is invalidated before its data is
     removed (docs/SAFETY.md). Refuses, before deleting anything, an id that is not committed, and a
-    link that a checkpoint not being deleted depends on (delete its dependents too). Do not delete a
-    checkpoint that another process may be loading. Returns the ids deleted."""
+    link that a checkpoint not being deleted depends on (delete its dependents too). A checkpoint
+    directory whose manifest does not verify (`Listing.damaged`: never loaded, but its id stays taken) is
+    deleted too. Do not delete a checkpoint that another process may be loading. Returns the ids deleted."""
     ids = [ckpt_ids] if isinstance(ckpt_ids, str) else list(ckpt_ids)
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
@@ -159,6 +165,8 @@ def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[st
         found = catalog.committed(storage)
         committed = [cid for cid, _ in found]
         unknown = [cid for cid in ids if cid not in committed]
+        broken = dict(catalog.damaged(storage, unknown, set())) if unknown else {}
+        unknown = [cid for cid in unknown if cid not in broken]
         if unknown:
             raise CheckpointNotFoundError(f"delete: {[storage.describe(c) for c in unknown]} not committed checkpoints "
                                           f"of {storage.describe()}; committed: {committed}",
@@ -170,8 +178,13 @@ def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[st
             raise InvalidArgumentError(f"delete: {needed} are links of incremental checkpoints {dependents} that are "
                                        f"not being deleted; delete those too, or compact them first "
                                        f"(recckpt.compact)", path=storage.describe(needed[0]))
-        return catalog.retire(storage, [cid for cid in committed if cid not in ids],
-                              [cid for cid in committed if cid in ids], entries=dict(found))   # committed order: see retire
+        deleted = catalog.retire(storage, [cid for cid in committed if cid not in ids],
+                                 [cid for cid in committed if cid in ids], entries=dict(found))   # committed order
+        for cid in broken:   # not committed: nothing depends on them and no listing names them
+            log.info("recckpt: deleting %s (its manifest does not verify: %s)", storage.describe(cid), broken[cid])
+            catalog.delete(storage, cid)
+            deleted.append(cid)
+        return deleted
 
 
 def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] | None = None

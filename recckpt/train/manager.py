@@ -387,7 +387,15 @@ class CheckpointManager:
         if self._agreement.rank == 0:
             # no isdir first: a missing output directory lists empty, and on an object store an isdir
             # of a prefix with 10 000 checkpoints cost more than the listing itself
-            listing = [list(e) for e in self.checkpoints()]
+            found, top = catalog.committed_and_top(self.saver.storage)
+            listing = [[cid, m.global_step if m.global_step is not None else self._step_of(cid, {})]
+                       for cid, m in found]
+            damaged = catalog.damaged(self.saver.storage, top, {cid for cid, _ in found})
+            if damaged:
+                warnings.warn(
+                    f"recckpt: restore skips {[n for n, _ in damaged]} in {self.saver.storage.describe()}: their "
+                    f"manifests do not verify ({damaged[0][1]}); their ids stay taken until deleted "
+                    f"(recckpt.delete(output_dir, {[n for n, _ in damaged]!r}))", stacklevel=3)
         return self._agreement.broadcast0(listing)
 
     def restore(self, global_step: int | None = None, load_conf=None) -> int | None:

@@ -312,6 +312,13 @@ class Saver:
         key = (self.storage.describe(), ckpt_id)
         stats = None
         if catalog.is_committed(self.storage, ckpt_id):
+            broken = dict(catalog.damaged(self.storage, [ckpt_id], set()))
+            if broken:
+                raise CheckpointExistsError(
+                    f"{self.storage.describe(ckpt_id)} holds a checkpoint whose manifest does not verify "
+                    f"({broken[ckpt_id]}): it is never loaded, but nothing is written over it. Delete it "
+                    f"(recckpt.delete({self.storage.describe()!r}, [{ckpt_id!r}])) to save under this id again",
+                    path=self.storage.describe(ckpt_id))
             raise CheckpointExistsError(
                 f"checkpoint {self.storage.describe(ckpt_id)} already exists; committed checkpoints are never "
                 f"overwritten: choose another ckpt_id or delete it first")

@@ -418,9 +418,12 @@ class LoadPlan:
         under the same names: then the checkpoint can be the parent of the next incremental save."""
         c = self.conf
         # A table loaded with a cast holds other slot dtypes than the checkpoint: an increment on it could
-        # never be folded onto its parent (a chain's links share each table's slots).
+        # never be folded onto its parent (a chain's links share each table's slots). A slot the load left
+        # out restarted at its initial value, which a fold onto the parent would bring back (slots filter).
+        every_slot = all({slot for slot, _, _ in slots} == set(table.sparse_meta().slots)
+                         for _, _, table, slots in self.sparse_jobs)
         return (c.wants("sparse") and c.wants("sparse_opt") and not c.merge and not self.problems_missing
-                and not self.problems_unexpected and not self.cast_tables
+                and not self.problems_unexpected and not self.cast_tables and every_slot
                 and all(name == target for name, target, _, _ in self.sparse_jobs)
                 and set(self.result.tables) == set(self.model_sparse))
 
@@ -717,13 +720,30 @@ class LoadPlan:
                 raise LoadApplyError(f"{type(e).__name__}: {msg}", table=target) from e
             applied.append(target)
         self.result.tables = applied
+        objects = ", ".join(self.result.extras + (["the sparse optimizer"] if self._opt_loaded else []))
+        before = f"sparse tables {', '.join(applied) or 'none'}; {objects or 'no registered objects'}"
         if self.dense_out:
-            plugins.load_dense(self.model, self.dense_out)
+            try:
+                plugins.load_dense(self.model, self.dense_out)
+            except Exception as e:  # noqa: BLE001 - the model's own load_state_dict: say what was applied
+                raise LoadApplyError(
+                    f"checkpoint {self.reader.describe()}: the model's load_state_dict refused the dense state "
+                    f"({type(e).__name__}: {e}). Already applied: {before}; the dense keys it accepted may "
+                    f"be loaded (torch copies every key it can before raising); IO state was not applied. "
+                    f"Exclude 'dense' (or choose dense_keys) to load the rest") from e
             self.result.dense_keys = list(self.dense_out)
         if self.io_tree is not None:
             for name, obj in self.registry.io_items():
                 if name in self.io_tree:
-                    obj.load_io_state(self.io_tree[name])
+                    try:
+                        obj.load_io_state(self.io_tree[name])
+                    except Exception as e:  # noqa: BLE001 - the object's own code: say what was applied
+                        raise LoadApplyError(
+                            f"checkpoint {self.reader.describe()}: IO state object {name!r} refused its saved "
+                            f"state ({type(e).__name__}: {e}). Already applied: {before}; dense state "
+                            f"{'loaded' if self.dense_out else 'not selected'}; IO state of "
+                            f"{self.result.io_state or 'no other object'}. Exclude 'io_state' to load the "
+                            f"rest") from e
                     self.result.io_state.append(name)
 
     def _clears(self, slots) -> bool:

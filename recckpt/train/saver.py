@@ -74,6 +74,9 @@ class _ChainState:
     ckpt_id: str
     manifest_sha256: str | None
     marks: dict
+    shard: tuple[int, int] | None = None
+    """(worker, world) whose share of the rows the tables hold since that save or load: an increment
+    written by another worker or world would fold onto rows this process never held."""
 
 
 class Saver:
@@ -259,7 +262,7 @@ class Saver:
         self._forget_written()
         chain, reason = (self._chain, None)
         if incremental:
-            parent, reason = self._parent_for(True)
+            parent, reason = self._parent_for(True, shard=(shard_id, None))
             chain = self._chain if parent is not None else None
         if self.eviction is not None:
             self._evict(step)
@@ -328,11 +331,12 @@ class Saver:
         # The parent is chosen before `begin`, which shows every worker the others' choice before anything
         # is written (a worker that missed a commit's outcome builds on an older parent than rank 0).
         if snap is None:
-            parent, full_reason = self._parent_for(incremental)
+            parent, full_reason = self._parent_for(incremental, shard=(shard_id, shard_num))
             chain = self._chain
         else:
             chain = snap.chain
-            parent, full_reason = (None, snap.full_reason) if chain is None else self._parent_for(True, chain)
+            parent, full_reason = ((None, snap.full_reason) if chain is None else
+                                   self._parent_for(True, chain, (shard_id, shard_num)))
         nonce, plans = coord.begin(key, {"parent": None if parent is None else parent.to_json(),
                                          "layout": self._layout()})
         # The store decides where a save writes: a staging directory, or the checkpoint's own keys.
@@ -366,6 +370,8 @@ class Saver:
                 metas = [t.sparse_meta() for t in snap.tables]
                 marks = snap.marks
                 if chain is not None and parent is None:
+                    if self._chain is chain:
+                        self._chain = None   # what the message promises, whatever made the parent unusable
                     raise CheckpointSaveError(
                         f"the parent {chain.ckpt_id!r} of incremental checkpoint {ckpt_id!r} changed between the "
                         f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
@@ -417,7 +423,8 @@ class Saver:
                             "torch.distributed process group, the checkpoint commits when this process has "
                             "saved every shard", shard_id, shard_num, self.storage.describe(ckpt_id))
             self._committed_chain(ckpt_id, manifest, marks,
-                                  [(t, m.name) for t, m in zip(snap.tables, metas)] if live else None)
+                                  [(t, m.name) for t, m in zip(snap.tables, metas)] if live else None,
+                                  (shard_id, shard_num))
             if stats.committed:
                 kind = ("incremental" if parent is not None else
                         "ephemeral" if (metadata or {}).get(META_EPHEMERAL) == "1" else "full")
@@ -434,7 +441,8 @@ class Saver:
                 except (OSError, RecckptError):
                     done, marks = None, None   # the next incremental save writes a full checkpoint
                 self._committed_chain(ckpt_id, done, marks,
-                                      [(t, m.name) for t, m in zip(snap.tables, metas)] if live else None)
+                                      [(t, m.name) for t, m in zip(snap.tables, metas)] if live else None,
+                                      (shard_id, shard_num))
                 return stats
             committed = manifest is not None or self.is_committed(ckpt_id)
             # A private staging target (stage != ckpt_id) is this save's alone, even when a rival
@@ -479,15 +487,22 @@ class Saver:
             if n:
                 log.info("recckpt: evicted %d rows of table %r (%s)", n, name, self.eviction)
 
-    def _parent_for(self, incremental: bool, chain: _ChainState | None = None
+    def _parent_for(self, incremental: bool, chain: _ChainState | None = None, shard: tuple | None = None
                     ) -> tuple[ParentRef | None, str | None]:
         """(parent of the increment to write, None) or (None, why a full checkpoint is written instead).
-        `chain`: the parent state to check (default: this Saver's current one)."""
+        `chain`: the parent state to check (default: this Saver's current one). `shard`: (worker, world)
+        of the save, as far as known ((worker, None) when capturing a snapshot)."""
         if not incremental:
             return None, None
         chain, reason = (self._chain if chain is None else chain), None
         if chain is None:
             reason = "this Saver has not committed or fully loaded a checkpoint to build an increment on"
+        elif chain.shard is not None and shard is not None and any(
+                b is not None and a != b for a, b in zip(chain.shard, shard)):
+            reason = (f"the tables hold worker {chain.shard[0]} of {chain.shard[1]}'s share of {chain.ckpt_id!r} "
+                      f"(loaded or saved so), and this save is worker {shard[0]}"
+                      f"{'' if shard[1] is None else f' of {shard[1]}'}: an increment would fold onto rows this "
+                      f"process does not hold")
         else:
             try:
                 have = catalog.read_manifest(self.storage, chain.ckpt_id)
@@ -558,7 +573,7 @@ class Saver:
         return None
 
     def _committed_chain(self, ckpt_id: str, manifest, marks: dict | None,
-                         tables: list[tuple[object, str]] | None) -> None:
+                         tables: list[tuple[object, str]] | None, shard: tuple[int, int] | None = None) -> None:
         """Remember the checkpoint just committed as the parent of the next increment. `marks` None: it
         was saved from a prepared snapshot without marks, so the next incremental save writes a full
         one. `tables`: (live table, its name as this save's `sparse_meta()` gave it: asking each table again
@@ -568,7 +583,7 @@ class Saver:
         if marks is None:
             self._chain = None
             return
-        self._chain = _ChainState(ckpt_id, manifest.content_sha256 if manifest is not None else None, marks)
+        self._chain = _ChainState(ckpt_id, manifest.content_sha256 if manifest is not None else None, marks, shard)
         if tables is None:
             self._pending_forget = marks
             return
@@ -682,7 +697,7 @@ class Saver:
         if storage is self.storage and outcome.replaced_whole_state:
             marks = {t.sparse_meta().name: t.mark_changes() for t in outcome.tables
                      if implements(t, ChangeTracking)}
-            self._chain = _ChainState(outcome.result.ckpt_id, outcome.manifest_sha256, marks)
+            self._chain = _ChainState(outcome.result.ckpt_id, outcome.manifest_sha256, marks, (shard_id, world))
         return outcome.result
 
     def _forget_chain(self) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from ..errors import CheckpointDeletedError, CheckpointNotFoundError, RecckptError
 from ..format import catalog, gcpause
+from ..format.chain import split_path
 from ..format.checkpoint import CheckpointReader
 from ..format.names import MANIFEST, validate_ckpt_id
 from ..format.retention import recorded_step, restore_order
@@ -75,10 +76,10 @@ def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
                 f"direct_path=True pass the checkpoint directory itself, e.g. <output_dir>/<ckpt_id>",
                 path=storage.describe())
         if catalog.read_manifest(storage, "").parent is not None:
-            # An increment's parents are its sibling directories: open it from its output directory.
-            head, _, name = request.url.rstrip("/").rpartition("/")
-            if head:
-                return request.parent_storage(head), name, None
+            # An increment's parents are its sibling directories: open it from its output directory
+            # (split_path: a bare relative name such as "c2" is one below the working directory).
+            head, name = split_path(request.url)
+            return request.parent_storage(head), name, None
         return storage, "", None
     # No isdir up front: on an object store it costs as much as a listing. A named checkpoint is one
     # request (its manifest); a missing directory is told apart only when the answer is "not found".

@@ -632,3 +632,24 @@ def test_a_load_that_casts_a_table_is_not_the_parent_of_the_next_increment(tmp_p
         again = model(dtype)
         Saver(again, output_dir=tmp_path).load(ckpt_id=name)   # loads: the chain is consistent
         assert sorted(again.emb.ids().tolist()) == list(range(60))
+
+
+def test_direct_path_loads_an_increment_named_relative_to_the_working_directory(tmp_path, monkeypatch):
+    """direct_path=True with a bare name ("c2", the working directory being the output directory) found
+    no directory to open the increment's parents from and refused it, where "./c2" and recckpt.open("c2")
+    worked."""
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=str(tmp_path), options=OPTS)
+    train_step(model, opt, torch.arange(30))
+    saver.save("c1")
+    train_step(model, opt, torch.arange(5))
+    saver.save("c2", incremental=True)
+    assert saver.last_save.parent == "c1"
+    monkeypatch.chdir(tmp_path)
+    for path in ("c2", "./c2"):
+        dst = Model()
+        r = Saver(dst, SparseAdam([dst.emb], lr=0.05), output_dir=str(tmp_path / "elsewhere")).load(
+            ckpt_path=path, direct_path=True)
+        assert r.path.endswith("/c2") and len(dst.emb) == 30, path
+        assert_contents(dst.emb, snapshot(model.emb))

@@ -12,17 +12,10 @@ import pytest
 import torch
 
 from helpers.tables import table_contents
-from recckpt import HashTable, SaveOptions, Saver, SparseAdam
+from recckpt import Saver, SparseAdam
 from recckpt.errors import LoadApplyError
 
-OPTS = SaveOptions(num_buckets=16, chunk_bytes=256, segment_bytes=4096, fsync=False)
-
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = HashTable("emb", 4)
-        self.lin = torch.nn.Linear(4, 1)
+from .test_parent_races import OPTS, Model
 
 
 def train(model, opt, ids):

@@ -285,23 +285,26 @@ def test_a_failure_found_while_draining_for_the_next_save_does_not_cancel_that_s
     assert committed(tmp_path) == ["ckpt_4"]
 
 
+def _fail_ckpt_2_once(monkeypatch, storage, release: threading.Event) -> None:
+    """ckpt_2's (background) write fails with "disk full", once `release` is set."""
+    real_open = storage.open_write
+
+    def failing(path, *a, **kw):
+        if "ckpt_2" in path:
+            assert release.wait(30)
+            raise Boom("disk full")
+        return real_open(path, *a, **kw)
+    monkeypatch.setattr(storage, "open_write", failing)
+
+
 def test_a_failure_reported_by_a_saving_step_does_not_cancel_that_steps_save(tmp_path, monkeypatch):
     """The previous async save's failure is recorded just before a step that saves. When a rank learns of
     it depends on when its background write ended; a rank that skipped this step's save for it would
     leave the other ranks saving alone. So step() saves, then raises the earlier failure."""
     job = make_job(tmp_path, interval=2, async_save=True, keep=None)
     model, sopt, dopt, reader, mgr = job
-    storage = mgr.saver.storage
-    real_open = storage.open_write
-    release = threading.Event()
-
-    def failing(path, *a, **kw):
-        if "ckpt_2" in path:
-            assert release.wait(30)       # fail only after step 3 has looked for failures
-            raise Boom("disk full")
-        return real_open(path, *a, **kw)
-
-    monkeypatch.setattr(storage, "open_write", failing)
+    release = threading.Event()           # fail only after step 3 has looked for failures
+    _fail_ckpt_2_once(monkeypatch, mgr.saver.storage, release)
     train(job, 3)                         # step 2 starts a save that fails once released
     h = mgr.saves[-1]
     release.set()
@@ -321,22 +324,15 @@ def test_an_earlier_failure_is_raised_even_when_the_steps_own_save_fails(tmp_pat
     Now it is raised, with the step's own error as its cause."""
     job = make_job(tmp_path, interval=2, async_save=True, keep=None)
     model, sopt, dopt, reader, mgr = job
-    storage = mgr.saver.storage
-    real_open, real_capture = storage.open_write, mgr.saver.capture_copy
-    release = threading.Event()
-
-    def failing(path, *a, **kw):
-        if "ckpt_2" in path:
-            assert release.wait(30)       # fail only after step 3 has looked for failures
-            raise Boom("disk full")
-        return real_open(path, *a, **kw)
+    real_capture = mgr.saver.capture_copy
+    release = threading.Event()           # fail only after step 3 has looked for failures
+    _fail_ckpt_2_once(monkeypatch, mgr.saver.storage, release)
 
     def no_memory(*a, **kw):
         if mgr.global_step == 4:
             raise MemoryError("cannot allocate host buffers")
         return real_capture(*a, **kw)
 
-    monkeypatch.setattr(storage, "open_write", failing)
     monkeypatch.setattr(mgr.saver, "capture_copy", no_memory)
     train(job, 3)                         # step 2 starts a save that fails once released
     h = mgr.saves[-1]

@@ -117,16 +117,25 @@ def test_compacting_the_newest_link_elsewhere_does_not_warn_about_steps(tmp_path
     assert saver2.checkpoints()[-1] == "ckpt_3"
 
 
-def test_ls_json_shows_the_compacted_step(tmp_path):
-    out = tmp_path / "out"
+def _chain_then_compaction(out, steps: int) -> None:
+    """A managed chain of `steps` checkpoints in `out`, then its ckpt_2 compacted into ckpt_2_full beside it."""
+    import recckpt
     model, opt, saver, mgr = _managed(str(out))
-    for step in range(3):
+    for step in range(steps):
         train_step(model, opt, torch.arange(step * 5, step * 5 + 30))
         mgr.step()
-    import recckpt
     recckpt.compact(str(out / "ckpt_2"), str(out / "ckpt_2_full"))
-    p = subprocess.run([sys.executable, "-m", "recckpt", "ls", str(out), "--json"], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recckpt", *map(str, args)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+def test_ls_json_shows_the_compacted_step(tmp_path):
+    out = tmp_path / "out"
+    _chain_then_compaction(out, 3)
+    p = _cli("ls", out, "--json")
     doc = json.loads(p.stdout)
     steps = {c["ckpt_id"]: c["step"] for c in doc["checkpoints"]}
     assert steps == {"ckpt_1": 1, "ckpt_2": 2, "ckpt_3": 3, "ckpt_2_full": 2}
@@ -137,7 +146,6 @@ def test_retention_after_compacting_an_older_link_keeps_the_restore_point(tmp_pa
     compaction of an older link, listed last, it kept the compaction alone and deleted the checkpoint of
     the highest step, so the next restart rewound from step 4 to step 2. Now retention's newest is
     restore()'s, and the one committed last is kept beside it."""
-    import recckpt
     from recckpt.format.retention import CkptEntry, KeepPolicy
 
     entries = [CkptEntry(f"ckpt_{s}", s, False) for s in (1, 2, 3, 4)] + [CkptEntry("ckpt_2_full", 2, False)]
@@ -145,13 +153,8 @@ def test_retention_after_compacting_an_older_link_keeps_the_restore_point(tmp_pa
     assert KeepPolicy(max_keep=2).doomed(entries) == ["ckpt_1", "ckpt_2"]
 
     out = tmp_path / "out"
-    model, opt, saver, mgr = _managed(str(out))
-    for step in range(4):
-        train_step(model, opt, torch.arange(step * 5, step * 5 + 30))
-        mgr.step()
-    recckpt.compact(str(out / "ckpt_2"), str(out / "ckpt_2_full"))
-    p = subprocess.run([sys.executable, "-m", "recckpt", "prune", str(out), "--keep", "1"],
-                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    _chain_then_compaction(out, 4)
+    p = _cli("prune", out, "--keep", "1")
     assert p.returncode == 0, p.stderr
     # ckpt_4 is an increment: its chain (ckpt_1 .. ckpt_3) stays with it
     assert Saver(Model(), output_dir=str(out)).checkpoints() == ["ckpt_1", "ckpt_2", "ckpt_3", "ckpt_4", "ckpt_2_full"]

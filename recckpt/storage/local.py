@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import stat
@@ -21,6 +22,8 @@ from ..errors import ConcurrentCommitError, StorageError
 from . import claims
 from .base import Claim, Storage, fill_from
 from .regular import open_regular, read_regular, regular_size
+
+log = logging.getLogger("recckpt")
 
 _BODY_BYTES = 1024          # claim bodies are padded to this: a rewrite never leaves a shorter file
 _MAX_BODY_BYTES = 1 << 16   # what recovery reads of an owner file
@@ -45,6 +48,16 @@ class _FlockClaim(Claim):
             os.remove(self.path)   # removed while still locked: recovery never sees it free and present
         os.close(self.fd)
         self.fd = -1
+
+
+_no_lock_warned: set = set()
+
+
+def _warn_no_links_lock(root: str, e: OSError) -> None:
+    if root not in _no_lock_warned:
+        _no_lock_warned.add(root)
+        log.warning("recckpt: %s cannot be locked (%s); increments and deletes by other processes in it are "
+                    "checked against each other without a lock", root, e)
 
 
 class LocalStorage(Storage):
@@ -257,7 +270,13 @@ class LocalStorage(Storage):
             raise StorageError(e.errno, f"cannot open the output directory {self.root} to lock it: "
                                         f"{e.strerror}", self.root) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:
+                # Some network file systems emulate flock with record locks, which a directory opened
+                # read-only cannot take (EBADF), or offer none: then this store has no lock, like an
+                # object store, and the checks around it still narrow the race (docs/SAFETY.md).
+                _warn_no_links_lock(self.root, e)
             yield
         finally:
             os.close(fd)

@@ -95,3 +95,35 @@ def test_retention_keeps_a_link_an_increment_committed_since_its_listing_builds_
     assert catalog.unneeded_now(storage, listed, ["ckpt_1"]) == []
     assert catalog.unneeded_now(storage, catalog.committed(storage), []) == []
 
+
+
+def test_a_directory_that_cannot_be_locked_still_saves_increments_and_retires(tmp_path, monkeypatch, caplog):
+    """Some network file systems emulate flock with record locks, which a directory opened read-only cannot
+    take (EBADF). The links lock then holds nothing, as on an object store, with one warning: saves and
+    retention must go on (the checks around the lock still apply)."""
+    import errno
+    import logging
+    import os
+    import stat
+
+    import recckpt.storage.local as local
+    real = local.fcntl.flock
+
+    def nfs_like(fd, op):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real(fd, op)
+    monkeypatch.setattr(local.fcntl, "flock", nfs_like)
+    monkeypatch.setattr(local, "_no_lock_warned", set())
+    out = str(tmp_path / "out")
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    mgr = CheckpointManager(Saver(model, opt, output_dir=out, options=OPTS), save_interval=1, keep=1,
+                            save_rng=False, increments=IncrementPolicy(full_every=2, max_chain_fraction=None))
+    with caplog.at_level(logging.WARNING, logger="recckpt"):
+        for step in range(1, 6):
+            _train(model, opt, mgr, step)
+    warned = [r for r in caplog.records if "cannot be locked" in r.getMessage()]
+    assert len(warned) == 1 and "Bad file descriptor" in warned[0].getMessage()
+    assert mgr.saver.last_save.parent == "ckpt_4"
+    assert Saver(Model(), output_dir=out).checkpoints() == ["ckpt_4", "ckpt_5"]   # ckpt_5 and its base

@@ -370,8 +370,10 @@ class Saver:
                 metas = [t.sparse_meta() for t in snap.tables]
                 marks = snap.marks
                 if chain is not None and parent is None:
-                    if self._chain is chain:
-                        self._chain = None   # what the message promises, whatever made the parent unusable
+                    if self._chain is chain and self._parent_for(True, chain)[0] is not None:
+                        # unusable only for this save's worker or world, which the next capture cannot
+                        # see: forget it, so that the next save is full as the message says
+                        self._chain = None
                     raise CheckpointSaveError(
                         f"the parent {chain.ckpt_id!r} of incremental checkpoint {ckpt_id!r} changed between the "
                         f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "

@@ -114,3 +114,29 @@ def test_a_refusal_after_the_tables_were_applied_says_what_was_applied(tmp_path,
         assert "IO state object 'reader' refused its saved state (ValueError: reader refuses this state)" in msg
         assert "dense state loaded" in msg and "Exclude 'io_state'" in msg, msg
     assert len(dst.emb) == 50
+
+
+def test_a_snapshot_of_changes_on_a_share_loaded_at_another_world_fails_once_then_saves_full(tmp_path):
+    """The async path: a snapshot taken with incremental=True holds only changes, and at capture time the
+    world of the coming write is not known. Written as another world than the load's, it cannot become
+    full: the write fails with nothing committed, and the next capture is full."""
+    from recckpt.errors import CheckpointSaveError
+    from recckpt.train.snapshot import HostBuffers
+    out = str(tmp_path / "out")
+    _saved(out)
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.1)
+    saver = Saver(model, opt, output_dir=out, options=OPTS)
+    saver.load(shard_id=0, shard_num=2)
+    train(model, opt, torch.tensor([1000, 1001]))
+    bufs = HostBuffers()
+    snap = saver.capture_copy(bufs, 0, incremental=True)
+    with pytest.raises(CheckpointSaveError, match="worker 0 of 2's share of 'c1'.*nothing was written"):
+        saver.write("c2", snap, shard_id=0, shard_num=1, incremental=True)
+    assert saver.checkpoints() == ["c1"]
+    snap = saver.capture_copy(bufs, 0, incremental=True)
+    saver.write("c2", snap, shard_id=0, shard_num=1, incremental=True)
+    assert saver.last_save.parent is None and saver.checkpoints() == ["c2"]   # max_keep=1
+    back = Model()
+    Saver(back, SparseAdam([back.emb], lr=0.1), output_dir=out).load(ckpt_id="c2")
+    _assert_same(back.emb, model.emb)

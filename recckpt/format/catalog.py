@@ -387,12 +387,20 @@ def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = T
     order (oldest first) and is deleted newest first: an increment goes before the links it depends on,
     so a crash part way never leaves a committed increment whose parent is gone (recovery would list it
     again, unloadable). Returns the ids deleted; a failed delete is logged (a leftover checkpoint costs
-    space, not correctness) and start-up recovery or the next retention finishes it."""
+    space, not correctness) and start-up recovery or the next retention finishes it. A checkpoint that
+    stays committed because its delete failed keeps the links it builds on (`entries` says which), so a
+    failure part way never leaves a committed increment whose parent is gone either."""
     if not doomed:
         return []
     write_version_file(storage, kept, fsync, entries)   # if this fails nothing is deleted: the next save retries
+    parent_of = {i: e.parent.ckpt_id for i, e in (entries or {}).items() if e.parent is not None}
+    held: dict[str, str] = {}   # link -> the increment that could not be deleted and builds on it
     deleted = []
     for cid in reversed(doomed):
+        if cid in held:
+            log.warning("recckpt: kept %s: %s, which could not be deleted, builds on it", storage.describe(cid),
+                        storage.describe(held[cid]))
+            continue
         log.info("recckpt: deleting %s", storage.describe(cid))
         try:
             delete(storage, cid)
@@ -401,5 +409,10 @@ def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = T
             deleted.append(cid)   # another process's retention got there first
         except OSError as e:
             log.warning("recckpt: could not delete %s: %s", storage.describe(cid), e)
+            if is_committed(storage, cid):   # (a delete that failed after invalidating it holds nothing)
+                link = parent_of.get(cid)
+                while link is not None and link not in held:
+                    held[link] = cid
+                    link = parent_of.get(link)
     gone = set(deleted)
     return [cid for cid in doomed if cid in gone]

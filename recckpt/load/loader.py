@@ -105,9 +105,16 @@ def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
         validate_ckpt_id(ckpt_id)
         if not catalog.is_committed(storage, ckpt_id):
             _require_dir(storage)
+            listed = [i for i, _ in catalog.committed(storage)]
+            if ckpt_id in listed:   # the catalog still has it: its manifest went after (by hand, a bad copy)
+                raise CheckpointNotFoundError(
+                    f"checkpoint {storage.describe(ckpt_id)} has no manifest.json, though the output directory's "
+                    f"catalog still lists it: it was removed or damaged after its commit. Run `recckpt gc "
+                    f"{storage.describe()}` to bring the catalog in line; committed now: "
+                    f"{[i for i in listed if i != ckpt_id]}", path=storage.describe(ckpt_id))
             raise CheckpointNotFoundError(
                 f"checkpoint {storage.describe(ckpt_id)} does not exist or was never committed; "
-                f"committed: {[i for i, _ in catalog.committed(storage)]}", path=storage.describe(ckpt_id))
+                f"committed: {listed}", path=storage.describe(ckpt_id))
     return storage, ckpt_id, ckpt_id
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CheckpointNotFoundError, InvalidArgumentError
+from ..errors import CheckpointNotFoundError, InvalidArgumentError, StorageError
 from ..format import catalog, names, recovery
 from ..format.retention import CkptEntry, KeepPolicy
 from .reader import kind_of, open_output_dir, parent_of
@@ -146,7 +146,15 @@ def prune(output_dir, keep: int, *, dry_run: bool = False,
         return doomed
     with catalog.links_lock(storage, bool(doomed)):
         doomed = catalog.unneeded_now(storage, found, doomed)   # a job may have committed on one meanwhile
-        return catalog.retire(storage, [cid for cid, _ in found if cid not in doomed], doomed, entries=dict(found))
+        deleted = catalog.retire(storage, [cid for cid, _ in found if cid not in doomed], doomed,
+                                 entries=dict(found))
+    left = [cid for cid in doomed if cid not in deleted]
+    if left:
+        raise StorageError(f"prune: deleted {deleted}, but could not delete {left} of {storage.describe()} (the "
+                           f"warnings above say why; a link of a checkpoint that stayed is kept with it). Every "
+                           f"checkpoint listed is still loadable; fix the cause and prune again",
+                           path=storage.describe(left[0]))
+    return deleted
 
 
 def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[str, Any] | None = None

@@ -653,7 +653,8 @@ class Saver:
                 catalog.write_version_file(self.storage, [e.ckpt_id for e in entries], self.options.fsync,
                                            dict(found))
             if len(deleted) < len(doomed):   # a leftover checkpoint costs disk, not correctness
-                raise OSError(f"could not delete {sorted(gone - set(deleted))} (see the log); the next save retries")
+                raise OSError(f"could not delete {sorted(gone - set(deleted))} (see the log; a link of one that "
+                              f"stayed is kept with it)")
         except OSError as e:
             msg = (f"checkpoint {self.storage.describe(ckpt_id)} is committed, but updating the version file or "
                    f"deleting old checkpoints failed: {type(e).__name__}: {e}. The next save retries.{_os_error_hint(e)}")

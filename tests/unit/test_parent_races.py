@@ -127,3 +127,46 @@ def test_a_directory_that_cannot_be_locked_still_saves_increments_and_retires(tm
     assert len(warned) == 1 and "Bad file descriptor" in warned[0].getMessage()
     assert mgr.saver.last_save.parent == "ckpt_4"
     assert Saver(Model(), output_dir=out).checkpoints() == ["ckpt_4", "ckpt_5"]   # ckpt_5 and its base
+
+
+def _chain_and_a_full(out):
+    """c1 <- c2 <- c3 (increments) and c4 (full) in `out`, nothing deleted."""
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=out, options=OPTS, max_keep=None)
+    for k, cid in enumerate(["c1", "c2", "c3", "c4"]):
+        model.emb.train()
+        model.lin(model.emb(torch.arange(k * 3, k * 3 + 20))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        saver.save(cid, incremental=cid in ("c2", "c3"))
+    assert saver.checkpoints() == ["c1", "c2", "c3", "c4"]
+    return model, opt, saver
+
+
+@pytest.mark.parametrize("who", ["prune", "retention"])
+def test_a_delete_that_fails_part_way_keeps_the_links_of_what_stayed(tmp_path, monkeypatch, who):
+    """The store refuses to delete c2 (an increment on c1). Retention and prune went on down the chain and
+    deleted c1, leaving c2 listed as committed and unloadable; prune also reported success (exit 0)."""
+    from recckpt.errors import StorageError
+    out = str(tmp_path / "out")
+    model, opt, saver = _chain_and_a_full(out)
+    real = catalog.delete
+
+    def refuse_c2(storage, cid):
+        if cid == "c2":
+            raise PermissionError(13, "Access Denied", storage.describe(cid))
+        return real(storage, cid)
+    monkeypatch.setattr(catalog, "delete", refuse_c2)
+    if who == "prune":
+        with pytest.raises(StorageError, match=r"prune: deleted \['c3'\], but could not delete \['c1', 'c2'\]"):
+            recckpt.prune(out, 1)
+    else:
+        saver.keep = recckpt.KeepPolicy(max_keep=1)
+        with pytest.warns(UserWarning, match=r"could not delete \['c1', 'c2'\]"):
+            saver.save("c5")
+    monkeypatch.undo()
+    left = Saver(Model(), output_dir=out).checkpoints()
+    assert left == (["c1", "c2", "c4"] if who == "prune" else ["c1", "c2", "c5"]), left
+    for cid in left:
+        assert recckpt.verify(f"{out}/{cid}").ok, cid

@@ -127,3 +127,17 @@ def test_a_stale_or_garbled_catalog_on_s3_still_lists_what_is_committed(s3_serve
     with caplog.at_level(logging.WARNING, logger="recckpt"):
         assert [i for i, _ in catalog.committed(st)] == ids
     assert any("garbled" in r.getMessage() for r in caplog.records)
+
+
+def test_loading_a_checkpoint_whose_manifest_went_after_its_commit_says_so_and_names_gc(s3_server, s3_bucket):
+    """An older checkpoint's manifest removed by hand on S3 (the catalog, trusted there without a request per
+    checkpoint, still lists it). The load by id said "does not exist or was never committed; committed:
+    ['ckpt_1', ...]", naming the very checkpoint it said was not committed, and not what to do."""
+    url = f"s3://{s3_bucket}/run"
+    run(url, s3_server, 2)
+    s3_server.fs().rm(f"{s3_bucket}/run/ckpt_1/manifest.json")
+    with pytest.raises(recckpt.errors.CheckpointNotFoundError) as e:
+        Saver(Model(), output_dir=url, storage_options=s3_server.options()).load(ckpt_id="ckpt_1")
+    msg = str(e.value)
+    assert "has no manifest.json, though the output directory's catalog still lists it" in msg, msg
+    assert "recckpt gc" in msg and "committed now: ['ckpt_2']" in msg, msg

@@ -373,7 +373,31 @@ def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLik
         raise InvalidArgumentError(f"out_dir (--out) {out_dir}: exists and is not an empty directory; choose a new "
                                    f"directory (an export never overwrites files)")
     t0 = time.perf_counter()
+    created = not os.path.exists(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    try:
+        return _export_into(view, plan, opts, out_dir, progress, t0)
+    except BaseException:
+        # out_dir was empty or absent: everything in it is this export's, and a retry must find it empty
+        _remove_partial(out_dir, created)
+        raise
+
+
+def _remove_partial(out_dir: str, created: bool) -> None:
+    import shutil
+    try:
+        if created:
+            shutil.rmtree(out_dir)
+        else:
+            for name in os.listdir(out_dir):
+                path = os.path.join(out_dir, name)
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    except OSError:
+        pass   # the original error is what the caller needs
+
+
+def _export_into(view: CheckpointView, plan, opts: ExportOptions, out_dir: str,
+                 progress: Callable[[int], None] | None, t0: float) -> ExportResult:
     result = ExportResult(out_dir)
     for table, (slots, extra) in plan.items():
         os.makedirs(os.path.join(out_dir, table), exist_ok=True)

@@ -251,3 +251,34 @@ def test_python_api_errors_name_the_python_options(tmp_path):
         recckpt.export(tmp_path / "run" / "c", tmp_path / "o", ExportOptions(slots=["nope"]))
     with pytest.raises(InvalidArgumentError, match=r"^prune: keep=0"):
         recckpt.prune(str(tmp_path / "run"), 0)
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_failed_export_leaves_out_empty_so_a_retry_is_accepted(tmp_path, existed):
+    """A shard with a flipped byte fails the export (exit 1, naming the shard), which is right; but the
+    output directory kept the table folders it had made, so the retry with the same --out was refused as
+    "exists and is not an empty directory"."""
+    import shutil
+    src = str(tmp_path / "src")
+    shutil.copytree(os.path.dirname(make_checkpoint_dir(tmp_path)), src)
+    shard = sorted(glob.glob(os.path.join(src, "c", "sparse", "*.bin")))[0]
+    data = bytearray(open(shard, "rb").read())
+    for i in range(len(data) // 3, len(data) - 64, 97):   # whatever the rows read cover
+        data[i] ^= 0xFF
+    open(shard, "wb").write(bytes(data))
+    out = tmp_path / "out"
+    if existed:
+        out.mkdir()
+    with pytest.raises(recckpt.errors.CorruptCheckpointError, match="shard"):
+        recckpt.export(os.path.join(src, "c"), str(out))
+    assert (os.listdir(out) == []) if existed else not out.exists()
+    shutil.copy(os.path.join(make_checkpoint_dir(tmp_path), "sparse", os.path.basename(shard)), shard)
+    assert recckpt.export(os.path.join(src, "c"), str(out)).tables["user"]["rows"] == len(ROWS["ids"])
+
+
+def make_checkpoint_dir(tmp_path) -> str:
+    """A one-worker checkpoint of ROWS under tmp_path/orig (made once per test), returned as its path."""
+    path = str(tmp_path / "orig")
+    if not os.path.exists(path):
+        make_checkpoint(path, "c", ROWS, workers=1)
+    return os.path.join(path, "c")

@@ -230,6 +230,28 @@ def _read_manifests(storage: Storage, dirs: list[str]) -> list[Manifest | None]:
         return list(pool.map(lambda d: _manifest_or_none(storage, d), dirs))
 
 
+def not_a_checkpoint(storage: Storage) -> str:
+    """Why the root of `storage`, where a checkpoint was expected, holds none: it does not exist (a
+    missing bucket raises the store's StorageError naming it), it is an output directory (naming its
+    newest checkpoint), or it has no manifest."""
+    where = storage.describe()
+    try:
+        exists = storage.isdir("")
+    except FileNotFoundError:
+        exists = False
+    if not exists:
+        return f"{where} does not exist; pass a checkpoint directory, <output_dir>/<ckpt_id>"
+    try:
+        found = [i for i, _ in committed(storage)]
+    except OSError:
+        found = []
+    if found:
+        return (f"{where} is an output directory, not one checkpoint; pass one of its checkpoints, e.g. "
+                f"{storage.describe(found[-1])} (the newest of {len(found)})")
+    return (f"{where} is not a committed checkpoint (no {names.MANIFEST}); pass a checkpoint directory, "
+            f"<output_dir>/<ckpt_id>")
+
+
 def damaged(storage: Storage, top: list[str], committed_ids: "set[str]") -> list[tuple[str, str]]:
     """(name, why) for each entry of `top` (the names at the top of `storage`) outside `committed_ids`
     that holds a manifest which does not verify: listings skip it (it is not committed), but its id stays

@@ -100,9 +100,7 @@ def _verify(path: str, threads: int, storage_options: dict | None) -> VerifyRepo
     storage = open_storage(path, storage_options)
     report = VerifyReport(storage.describe())
     if not storage.exists(names.MANIFEST):
-        raise CheckpointNotFoundError(
-            f"{storage.describe()} is not a committed checkpoint (no {names.MANIFEST}); pass a checkpoint "
-            f"directory, e.g. <output_dir>/<ckpt_id>")
+        raise CheckpointNotFoundError(catalog.not_a_checkpoint(storage), path=storage.describe())
     with catalog.deleted_as_such([(storage, "")], "verified"):
         m = _check_one(storage, report, threads)
         if m is not None:

@@ -71,10 +71,8 @@ def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
     storage, ckpt_id = request.storage, request.ckpt_id
     if request.direct_path:
         if not storage.exists(MANIFEST):
-            raise CheckpointNotFoundError(
-                f"{storage.describe()} is not a committed checkpoint (no manifest.json); with "
-                f"direct_path=True pass the checkpoint directory itself, e.g. <output_dir>/<ckpt_id>",
-                path=storage.describe())
+            raise CheckpointNotFoundError(f"direct_path=True: {catalog.not_a_checkpoint(storage)}",
+                                          path=storage.describe())
         if catalog.read_manifest(storage, "").parent is not None:
             # An increment's parents are its sibling directories: open it from its output directory
             # (split_path: a bare relative name such as "c2" is one below the working directory).

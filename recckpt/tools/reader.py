@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointNotFoundError, InvalidArgumentError
-from ..format import catalog, dtypes, names
+from ..format import catalog, dtypes
 from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.column_join import iter_joined, row_range_of_buckets
@@ -98,26 +98,13 @@ def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int
     try:
         reader = CheckpointReader(storage, "", threads=threads)
     except FileNotFoundError:
-        raise CheckpointNotFoundError(_not_a_checkpoint(storage)) from None
+        raise CheckpointNotFoundError(catalog.not_a_checkpoint(storage)) from None
     if reader.manifest.parent is None:
         return CheckpointView(reader)
     root, ckpt_dir = split_path(path)
     out = _open_storage(root, storage_options)
     with catalog.deleted_as_such([(storage, "")], "opened"):   # a link may go with it: open_chain says which
         return CheckpointView(reader, open_chain(CheckpointReader(out, ckpt_dir, threads=threads)))
-
-
-def _not_a_checkpoint(storage: Storage) -> str:
-    where = storage.describe()
-    try:
-        found = [i for i, _ in catalog.committed(storage)] if storage.isdir("") else []
-    except OSError:
-        found = []
-    if found:
-        return (f"{where} is an output directory, not one checkpoint; pass one of its checkpoints, e.g. "
-                f"{storage.describe(found[-1])} (the newest of {len(found)})")
-    return (f"{where} is not a committed checkpoint (no {names.MANIFEST}); pass a checkpoint directory, "
-            f"<output_dir>/<ckpt_id>")
 
 
 def kind_of(metadata: Mapping[str, str], parent: str | None) -> str:

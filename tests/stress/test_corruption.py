@@ -63,7 +63,7 @@ def test_verify_lists_every_broken_file_and_unlisted_ones(tmp_path, capsys):
     with pytest.raises(CorruptCheckpointError, match="more problems"):
         rep.raise_if_failed()
     assert verify_main([ckpt]) == 1 and "CORRUPT" in capsys.readouterr().out
-    with pytest.raises(CheckpointNotFoundError, match="not a committed checkpoint"):
+    with pytest.raises(CheckpointNotFoundError, match="is an output directory, not one checkpoint.*/c "):
         recckpt.verify(str(tmp_path))
 
 

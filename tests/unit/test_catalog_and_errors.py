@@ -83,7 +83,7 @@ def test_empty_output_dir_and_unknown_id(tmp_path):
     Saver(model(), output_dir=tmp_path, options=OPTS).save("c1")
     with pytest.raises(CheckpointNotFoundError, match=r"c2.*committed: \['c1'\]"):
         s.load(ckpt_id="c2")
-    with pytest.raises(CheckpointNotFoundError, match="not a committed checkpoint"):
+    with pytest.raises(CheckpointNotFoundError, match="direct_path=True: .* is an output directory, not one checkpoint"):
         s.load(ckpt_path=str(tmp_path), direct_path=True)
 
 

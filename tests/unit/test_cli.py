@@ -147,7 +147,7 @@ def test_bad_input_gives_one_line_and_the_right_exit_code(capsys, tmp_path):
     ck = str(tmp_path / "run" / "c")
     # not a checkpoint
     code, out, err = run(capsys, "inspect", str(tmp_path / "nowhere"))
-    assert code == 1 and err.count("\n") == 1 and "nowhere is not a committed checkpoint" in err
+    assert code == 1 and err.count("\n") == 1 and "nowhere does not exist" in err
     code, out, err = run(capsys, "inspect", str(tmp_path / "run"))
     assert code == 1 and "output directory" in err and "run/c" in err
     code, out, err = run(capsys, "ls", str(tmp_path / "nowhere"))

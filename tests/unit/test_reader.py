@@ -115,7 +115,7 @@ def test_bad_arguments_name_what_to_do(tmp_path):
 
 
 def test_not_a_checkpoint(tmp_path):
-    with pytest.raises(CheckpointNotFoundError, match="not a committed checkpoint"):
+    with pytest.raises(CheckpointNotFoundError, match="missing does not exist"):
         recckpt.open(tmp_path / "missing")
     make_checkpoint(str(tmp_path), "c1", table_rows(20))
     with pytest.raises(CheckpointNotFoundError, match=r"output directory.*c1"):

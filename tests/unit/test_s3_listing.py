@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 
 import pytest
 import torch
@@ -141,3 +142,15 @@ def test_loading_a_checkpoint_whose_manifest_went_after_its_commit_says_so_and_n
     msg = str(e.value)
     assert "has no manifest.json, though the output directory's catalog still lists it" in msg, msg
     assert "recckpt gc" in msg and "committed now: ['ckpt_2']" in msg, msg
+
+
+def test_a_checkpoint_in_a_missing_bucket_is_told_apart_from_a_missing_manifest(s3_server):
+    """verify, open and a direct-path load of s3://<missing bucket>/run/c1 said "not a committed checkpoint
+    (no manifest.json); pass a checkpoint directory", which the user did; ls, gc and prune already named the
+    missing bucket."""
+    url = f"s3://nosuchbucket-{uuid.uuid4().hex[:8]}/run/c1"
+    opts = s3_server.options()
+    for call in (lambda: recckpt.verify(url, storage_options=opts), lambda: recckpt.open(url, opts),
+                 lambda: Saver(Model(), output_dir=url, storage_options=opts).load(ckpt_path=url, direct_path=True)):
+        with pytest.raises(recckpt.errors.StorageError, match=r"bucket 'nosuchbucket-\w+' of .* does not exist"):
+            call()

@@ -431,7 +431,11 @@ def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = T
             deleted.append(cid)   # another process's retention got there first
         except OSError as e:
             log.warning("recckpt: could not delete %s: %s", storage.describe(cid), e)
-            if is_committed(storage, cid):   # (a delete that failed after invalidating it holds nothing)
+            try:   # a delete that failed after invalidating it holds nothing; an unanswered question holds
+                stays = is_committed(storage, cid)
+            except OSError:
+                stays = True
+            if stays:
                 link = parent_of.get(cid)
                 while link is not None and link not in held:
                     held[link] = cid

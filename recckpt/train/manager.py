@@ -370,9 +370,12 @@ class CheckpointManager:
     # ---------------------------------------------------------------------------------- restore
     def checkpoints(self) -> list[tuple[str, int | None]]:
         """(ckpt_id, global step) of the committed checkpoints, oldest first."""
+        return self._with_steps(catalog.committed(self.saver.storage))
+
+    def _with_steps(self, found) -> list[tuple[str, int | None]]:
+        """(ckpt_id, global step) of each (ckpt_id, catalog entry) of `found`."""
         # the catalog entry's step is parsed once, when the entry is made
-        return [(cid, m.global_step if m.global_step is not None else self._step_of(cid, {}))
-                for cid, m in catalog.committed(self.saver.storage)]
+        return [(cid, m.global_step if m.global_step is not None else self._step_of(cid, {})) for cid, m in found]
 
     def _step_of(self, cid: str, metadata: Mapping[str, str]) -> int | None:
         step = parse_step(metadata.get(META_STEP))
@@ -388,8 +391,7 @@ class CheckpointManager:
             # no isdir first: a missing output directory lists empty, and on an object store an isdir
             # of a prefix with 10 000 checkpoints cost more than the listing itself
             found, top = catalog.committed_and_top(self.saver.storage)
-            listing = [[cid, m.global_step if m.global_step is not None else self._step_of(cid, {})]
-                       for cid, m in found]
+            listing = [list(e) for e in self._with_steps(found)]
             damaged = catalog.damaged(self.saver.storage, top, {cid for cid, _ in found})
             if damaged:
                 warnings.warn(

@@ -22,13 +22,15 @@ def test_bench_tables_smoke(tmp_path, monkeypatch):
                                                                             (20, 30, False)]
     for r in res["shapes"]:
         for k in ("save_s", "save_fsync_s", "load_s", "verify_s", "capture_s", "torch_save_s", "torch_save_fsync_s",
-                  "torch_load_s"):
+                  "torch_load_s", "load_inproc_s", "torch_load_inproc_s"):
             assert r[k] > 0, (r["tables"], k)
         row = 8 + r["dim"] * 4 * (3 if r["adam"] else 1)
         assert r["row_bytes"] == r["tables"] * r["rows"] * row
         assert r["bytes"] >= r["row_bytes"]   # every row is on disk
         assert r["ratios"]["save_vs_torch"] == pytest.approx(r["torch_save_s"] / r["save_s"])
         assert r["ratios"]["load_vs_torch"] == pytest.approx(r["torch_load_s"] / r["load_s"])
+        assert r["ratios"]["load_inproc_vs_torch"] == pytest.approx(r["torch_load_inproc_s"] / r["load_inproc_s"])
+        assert set(r["load_faults"]) == {"torch", "recckpt"}   # the fresh-process loads ran, one of each kind
         assert r["ratios"]["bytes_vs_rows"] == pytest.approx(r["bytes"] / r["row_bytes"])
     rk = res["ranks"]
     assert [s["world"] for s in rk["saves"]] == [1, 2]

@@ -152,6 +152,9 @@ def cmd_diff(a) -> int:
         print(render.dumps({"same": r.same, "differs": r.differs, **render.to_jsonable(r)}))
         return EXIT_OK if r.same else EXIT_PROBLEM
     print(f"--- {r.a}\n+++ {r.b}")
+    for side, problems in r.damaged.items():
+        print(f"! {side.upper()} is damaged: " + "; ".join(problems)
+              + f" (it cannot be loaded; run `recckpt verify {r.a if side == 'a' else r.b}`)")
     for f, (x, y) in r.metadata.items():
         print(f"~ {f}: {x} -> {y}")
     if r.layout:
@@ -183,6 +186,7 @@ def cmd_diff(a) -> int:
             if sv.changed_rows:
                 print(f"  {s}: {sv.changed_rows} rows changed, largest absolute difference {sv.max_abs_diff:g}")
     print("no differences" if r.same else "checkpoints differ" if r.differs else
+          "no differences recorded, but a checkpoint is damaged (marked !)" if r.damaged else
           "no differences found, but the rows marked ? could not be compared without --values")
     return EXIT_OK if r.same else EXIT_PROBLEM
 

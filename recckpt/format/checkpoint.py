@@ -592,6 +592,34 @@ class CheckpointReader:
                 with gcpause.paused():
                     parse_index_bytes(data, self.describe(rel), self.manifest.format_version)
 
+    def files_problems(self) -> list[str]:
+        """What this checkpoint's files show wrong by their sizes alone, without reading them: each file
+        the manifest or the index records that is missing or of another size (empty when none). Cheap: one
+        size query per file (a listing per directory on object stores); flipped bytes need `verify`."""
+        problems = []
+        rels = sorted(self.manifest.files)
+        try:
+            have: list[int | None] = list(self.storage.sizes([self._rel(r) for r in rels]))
+        except FileNotFoundError:   # one is missing: ask each, to name it
+            have = []
+            for r in rels:
+                try:
+                    have.append(self.storage.size(self._rel(r)))
+                except FileNotFoundError:
+                    have.append(None)
+        for rel, n in zip(rels, have):
+            want = self.manifest.files[rel].size
+            if n is None:
+                problems.append(f"{self.describe(rel)}: missing")
+            elif n != want:
+                problems.append(f"{self.describe(rel)}: {n} bytes, the manifest recorded {want}")
+        if self.manifest.index is not None and not problems:   # (a damaged index is named above)
+            try:
+                self.segments   # sizes of every shard file against the index
+            except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
+                problems.append(str(e))
+        return problems
+
     @property
     def segments(self) -> SegmentReader:
         if self._segments is None:

@@ -5,7 +5,9 @@ Without values, row contents are compared by the content digests the manifests r
 "Content digests"): no row is read, and the answer does not depend on either checkpoint's world size,
 bucket count or packing. A table whose digest one side lacks (a checkpoint older than digests, or an
 incremental checkpoint holding only the table's changes) is reported as not compared, and the
-checkpoints are then not called the same. With values=True the rows are read and compared too (ids only
+checkpoints are then not called the same. Nor are they when either side's files are missing or of another
+size than its manifest and index record (checked by size only, so a diff stays cheap; `verify` reads every
+byte). With values=True the rows are read and compared too (ids only
 in one, rows changed, and the largest absolute difference per slot), bucket range by bucket range so
 memory stays bounded. Neither imports torch."""
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CorruptCheckpointError
 from .reader import CheckpointView, open as open_checkpoint
 
 #: Rows of both checkpoints held at once by a value diff are about this many bytes.
@@ -60,6 +63,10 @@ class DiffReport:
     io_state: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
     """IO state (readers' positions, RNG) by "worker W"."""
     values: dict[str, TableValues] | None = None
+    damaged: dict[str, list[str]] = field(default_factory=dict)
+    """"a"/"b" -> that checkpoint's files found missing or of another size than recorded (by their sizes
+    alone: `verify` reads every byte). Such a checkpoint cannot be loaded, so the two are never called the
+    same, whatever their manifests record."""
 
     @property
     def differs(self) -> bool:
@@ -74,7 +81,7 @@ class DiffReport:
     def same(self) -> bool:
         """True only when the checkpoints are known to hold the same state: nothing differs, and every
         table's rows were compared (by digest, or by value with values=True)."""
-        return not self.differs and not (self.not_compared and self.values is None)
+        return not self.differs and not self.damaged and not (self.not_compared and self.values is None)
 
 
 def _added_removed_changed(a: Mapping, b: Mapping, same) -> dict[str, list[str]]:
@@ -100,6 +107,10 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
     va = a if isinstance(a, CheckpointView) else open_checkpoint(a, storage_options)
     vb = b if isinstance(b, CheckpointView) else open_checkpoint(b, storage_options)
     r = DiffReport(va.path, vb.path)
+    for side, view in (("a", va), ("b", vb)):
+        problems = view.files_problems()
+        if problems:
+            r.damaged[side] = problems
     for f in ("step", *LAYOUT_FIELDS):
         if getattr(va, f) != getattr(vb, f):
             (r.layout if f in LAYOUT_FIELDS else r.metadata)[f] = (getattr(va, f), getattr(vb, f))
@@ -113,17 +124,32 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
         for t in sorted(set(va.schema) & set(vb.schema)):
             _compare_table(va, vb, t, r)
     r.dense = _compare_dense(va, vb)
-    oa, ob = va.objects(arrays=True), vb.objects(arrays=True)
+    oa = _unless_damaged(r, "a", lambda: va.objects(arrays=True), {"objects": {}})
+    ob = _unless_damaged(r, "b", lambda: vb.objects(arrays=True), {"objects": {}})
     r.objects = _added_removed_changed(oa["objects"], ob["objects"], _tree_equal)
     sa, sb = oa.get("sparse_optimizer"), ob.get("sparse_optimizer")
     if (sa is None) != (sb is None):
         r.sparse_optimizer = "added" if sa is None else "removed"
     elif sa is not None and not _tree_equal(sa, sb):
         r.sparse_optimizer = "changed"
-    r.io_state = _added_removed_changed(_io_states(va), _io_states(vb), _tree_equal)
+    r.io_state = _added_removed_changed(_unless_damaged(r, "a", lambda: _io_states(va), {}),
+                                        _unless_damaged(r, "b", lambda: _io_states(vb), {}), _tree_equal)
     if values:
         r.values = {t: _table_values(va, vb, t) for t in sorted(set(va.schema) & set(vb.schema))}
     return r
+
+
+def _unless_damaged(r: DiffReport, side: str, read, empty):
+    """`read()`, or, when that side is already known damaged and the read fails on its bytes, `empty`
+    (the failure joins what `r.damaged` says: the report stays whole, and is never `same`)."""
+    if side not in r.damaged:
+        return read()
+    try:
+        return read()
+    except CorruptCheckpointError as e:
+        if str(e) not in r.damaged[side]:
+            r.damaged[side].append(str(e))
+        return empty
 
 
 def _io_states(view: CheckpointView) -> dict[str, Any]:

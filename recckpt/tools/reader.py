@@ -203,6 +203,12 @@ class CheckpointView:
         """Each table's slots (column order), from the manifest alone: unlike `tables`, never reads ids."""
         return self._slots
 
+    def files_problems(self) -> list[str]:
+        """Files of the checkpoint (every link of its chain) that are missing or of another size than
+        recorded, found without reading them (CheckpointReader.files_problems); empty when none."""
+        with self._reading():
+            return [p for link in self._links for p in link.files_problems()]
+
     # ------------------------------------------------------------------------------------- digests
     @property
     def manifest_sha256(self) -> str | None:

@@ -204,3 +204,31 @@ def test_io_state_and_the_sparse_optimizers_state_are_compared(tmp_path, capsys)
     assert code == 1 and "~ sparse optimizer state" in out, out
     code, out = _cli(capsys, "diff", str(tmp_path / "base"), str(tmp_path / "again"))
     assert code == 0 and "no differences" in out, out
+
+
+@pytest.mark.parametrize("damage", ["shard missing", "shard truncated", "dense missing", "dense resized",
+                                    "extras resized"])
+def test_a_damaged_checkpoint_is_never_called_the_same(tmp_path, capsys, damage):
+    """Both manifests record the same content, but one checkpoint's files are gone or cut: it cannot be
+    loaded, so diff must not answer "no differences" (it said so before: the digests alone agreed)."""
+    rows = table_rows(300)
+    _save(tmp_path, "a", rows)
+    _save(tmp_path, "b", rows)
+    assert _cli(capsys, "diff", str(tmp_path / "a"), str(tmp_path / "b"))[0] == 0   # the same, undamaged
+    sparse = tmp_path / "b" / "sparse"
+    shard = sorted(p for p in sparse.iterdir() if p.suffix == ".bin")[0]
+    victim = {"shard": shard, "dense": tmp_path / "b" / "dense.safetensors",
+              "extras": tmp_path / "b" / "extras.safetensors"}[damage.split()[0]]
+    if damage.endswith("missing"):
+        victim.unlink()
+    else:
+        data = victim.read_bytes()
+        victim.write_bytes(data[:-8] if damage == "shard truncated" else data + b"\0" * 8)
+    r = recckpt.diff(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert not r.same and list(r.damaged) == ["b"] and victim.name in r.damaged["b"][0], r.damaged
+    code, out = _cli(capsys, "diff", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert code == 1 and "no differences\n" not in out
+    assert "! B is damaged" in out and victim.name in out and "recckpt verify" in out, out
+    code, out = _cli(capsys, "diff", "--json", str(tmp_path / "b"), str(tmp_path / "b"))   # even against itself
+    doc = json.loads(out)
+    assert code == 1 and doc["same"] is False and set(doc["damaged"]) == {"a", "b"}

@@ -93,6 +93,11 @@ def manifests_remembered():
                 _recent.clear()
 
 
+#: Who rewrites a damaged version file or stale catalog: listings (ls, restore, load) only read, and say so.
+_REWRITTEN_BY = "the next save or `recckpt gc` rewrites it"
+_WITHOUT_IT = f"listing the committed checkpoints without it ({_REWRITTEN_BY})"
+
+
 def read_version_file(storage: Storage) -> list[str] | None:
     """Ids listed in the version file; None when it is missing or garbled (then the caller rebuilds)."""
     try:
@@ -102,19 +107,18 @@ def read_version_file(storage: Storage) -> list[str] | None:
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     except CorruptCheckpointError as e:   # a FIFO, device or link (storage reads regular files only)
-        log.warning("recckpt: version file %s: %s; rebuilding it from the committed checkpoints",
+        log.warning("recckpt: version file %s: %s; " + _WITHOUT_IT,
                     storage.describe(names.VERSION_FILE), e)
         return None
     if raw is None:
-        log.warning("recckpt: version file %s is too large to be one; rebuilding it from the committed "
-                    "checkpoints", storage.describe(names.VERSION_FILE))
+        log.warning("recckpt: version file %s is too large to be one; " + _WITHOUT_IT, storage.describe(names.VERSION_FILE))
         return None
     try:
         ids = [line.strip() for line in raw.decode("utf-8").splitlines() if line.strip()]
         for i in ids:
             names.validate_ckpt_id(i)
     except (UnicodeDecodeError, InvalidCheckpointIdError):
-        log.warning("recckpt: version file %s is garbled; rebuilding it from the committed checkpoints",
+        log.warning("recckpt: version file %s is garbled; " + _WITHOUT_IT,
                     storage.describe(names.VERSION_FILE))
         return None
     return ids
@@ -182,7 +186,7 @@ def _listing3(storage: Storage, trust_catalog: bool = True, top: list[str] | Non
     if order and order[-1] in cached:
         m = _manifest_or_none(storage, order[-1])
         if m is None or m.content_sha256 != cached[order[-1]].manifest_sha256:
-            log.warning("recckpt: catalog %s does not match checkpoint %s; rebuilding it from the manifests",
+            log.warning("recckpt: catalog %s does not match checkpoint %s; reading the manifests instead (" + _REWRITTEN_BY + ")",
                         storage.describe(names.CATALOG), storage.describe(order[-1]))
             return _listing(storage, trust_catalog=False)[0], False, top
     return [(i, found[i]) for i in order], set(cached) == set(found), top

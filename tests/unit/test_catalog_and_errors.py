@@ -190,3 +190,24 @@ def test_an_unlisted_checkpoint_is_ordered_by_creation_not_appended(tmp_path):
     assert saver.latest_checkpoint() == "c3"
     catalog.write_version_file(st, ["c2", "c3"])      # retention dropped c0 and c1, then the process died
     assert [i for i, _ in catalog.committed(st)] == ["c0", "c1", "c2", "c3"]
+
+
+def test_a_listing_says_who_rewrites_a_garbled_version_file_and_gc_does(tmp_path, caplog, capsys):
+    """`ls` only reads: its warning must not claim to rebuild the version file (it said "rebuilding it"
+    and left it garbled); it names who rewrites it, and that one (`recckpt gc`) does."""
+    from recckpt.cli import main as cli_main
+    m = M()
+    m.t(torch.arange(10))
+    s = Saver(m, output_dir=str(tmp_path), options=OPTS, max_keep=None)
+    s.save("a")
+    s.save("b")
+    vf = tmp_path / "checkpoint"
+    vf.write_bytes(b"\xff\xfe garbled")
+    with caplog.at_level("WARNING", logger="recckpt"):
+        assert cli_main(["ls", str(tmp_path)]) == 0
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "garbled" in said and "rebuilding" not in said and "recckpt gc` rewrites it" in said, said
+    assert vf.read_bytes() == b"\xff\xfe garbled"   # ls wrote nothing
+    assert cli_main(["gc", str(tmp_path)]) == 0
+    assert vf.read_text().split() == ["a", "b"]
+    capsys.readouterr()

@@ -6,6 +6,7 @@ on stderr naming the file or option; `--debug` shows the traceback instead."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Callable
@@ -31,6 +32,18 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _storage_options(text: str) -> dict:
+    """--storage-options: a JSON object of fsspec keywords (s3fs: endpoint_url, key, secret, profile, ...)."""
+    try:
+        v = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object such as '{{\"endpoint_url\": \"http://127.0.0.1:9000\"}}': {e}") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of fsspec keywords, got {type(v).__name__}")
+    return v
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -52,7 +65,7 @@ def _progress(total: int, what: str, enabled: bool) -> tuple[Callable[[int], Non
 
 # ---------------------------------------------------------------------------------------------- verbs
 def cmd_ls(a) -> int:
-    listing = recckpt.list_checkpoints(a.output_dir)
+    listing = recckpt.list_checkpoints(a.output_dir, a.storage_options)
     if a.json:
         print(render.dumps(listing))
         return EXIT_OK
@@ -96,7 +109,7 @@ def _inspect_doc(view, objects: bool) -> dict:
 
 
 def cmd_inspect(a) -> int:
-    view = recckpt.open(a.ckpt)
+    view = recckpt.open(a.ckpt, a.storage_options)
     doc = _inspect_doc(view, objects=not a.no_objects)
     if a.json:
         print(render.dumps(doc))
@@ -133,7 +146,7 @@ def cmd_verify(a) -> int:
     reports, status = [], EXIT_OK
     for path in a.ckpts:
         try:
-            rep = recckpt.verify(path)
+            rep = recckpt.verify(path, storage_options=a.storage_options)
             ok, text, doc = rep.ok, str(rep), rep
         except RecckptError as e:  # not a checkpoint at all: a problem with this argument, keep going
             ok, text, doc = False, f"{path}: {e}", {"path": path, "problems": [str(e)]}
@@ -147,7 +160,7 @@ def cmd_verify(a) -> int:
 
 
 def cmd_diff(a) -> int:
-    r = recckpt.diff(a.a, a.b, values=a.values)
+    r = recckpt.diff(a.a, a.b, values=a.values, storage_options=a.storage_options)
     if a.json:
         print(render.dumps({"same": r.same, "differs": r.differs, **render.to_jsonable(r)}))
         return EXIT_OK if r.same else EXIT_PROBLEM
@@ -195,7 +208,7 @@ def cmd_export(a) -> int:
     opts = recckpt.ExportOptions(format=a.format, tables=a.tables, slots=tuple(a.slots), dtype=a.dtype,
                                  shard_rows=a.shard_rows, min_freq=a.min_freq,
                                  seen_since_step=a.seen_since_step, chunk_rows=a.chunk_rows)
-    view = recckpt.open(a.ckpt)
+    view = recckpt.open(a.ckpt, a.storage_options)
     total = sum(t.rows for n, t in view.tables.items() if a.tables is None or n in a.tables)
     update, close = _progress(total, "export", not a.json)
     try:
@@ -212,7 +225,8 @@ def cmd_export(a) -> int:
 
 
 def cmd_prune(a) -> int:
-    gone = recckpt.prune(a.output_dir, a.keep, dry_run=a.dry_run)
+    gone = recckpt.prune(a.output_dir, a.keep, dry_run=a.dry_run,
+                         storage_options=a.storage_options)
     if a.json:
         print(render.dumps({"deleted" if not a.dry_run else "would_delete": gone}))
     else:
@@ -222,7 +236,7 @@ def cmd_prune(a) -> int:
 
 
 def cmd_gc(a) -> int:
-    found = recckpt.gc(a.output_dir, dry_run=a.dry_run)
+    found = recckpt.gc(a.output_dir, dry_run=a.dry_run, storage_options=a.storage_options)
     if a.json:
         print(render.dumps({"removed" if not a.dry_run else "would_remove":
                             [{"name": n, "left_by": w} for n, w in found]}))
@@ -233,7 +247,8 @@ def cmd_gc(a) -> int:
 
 
 def cmd_compact(a) -> int:
-    res = recckpt.compact(a.src, a.dst, memory_bytes=a.memory_mb << 20)
+    res = recckpt.compact(a.src, a.dst, memory_bytes=a.memory_mb << 20,
+                          storage_options=a.storage_options)
     if a.json:
         print(render.dumps({"src": res.src, "dst": res.dst, "links": res.links, "rows": res.rows,
                             "seconds": res.seconds}))
@@ -248,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     common.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
     common.add_argument("-v", "--verbose", action="store_true", help="log what is done (INFO)")
+    common.add_argument("--storage-options", type=_storage_options, default=None, metavar="JSON",
+                        help="fsspec keywords for s3://... and other URLs, as a JSON object (s3fs: endpoint_url, "
+                             "key, secret, profile, client_kwargs); without it, the store's own configuration "
+                             "(AWS_* variables, ~/.aws, FSSPEC_S3)")
     p = _Parser(prog="recckpt", description="Look inside recckpt checkpoints and get embeddings out.",
                 epilog="exit codes: 0 ok, 1 a problem found (or differences, for diff), 2 usage")
     p.add_argument("--version", action="version", version=f"recckpt {recckpt.__version__}")

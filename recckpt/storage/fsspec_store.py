@@ -45,7 +45,12 @@ def _merged_options(protocol: str, options: dict | None) -> dict:
     if protocol in ("s3", "s3a"):
         for k, v in _S3_DEFAULTS.items():
             if k == "config_kwargs":
-                out[k] = {**copy.deepcopy(v), **(out.get(k) or {})}
+                # fsspec's own configuration (FSSPEC_S3, ~/.config/fsspec) fills in keywords not passed, but
+                # only whole: without this, the defaults here would replace a configured config_kwargs
+                # (timeouts, retries, addressing style) instead of filling in around it.
+                from fsspec.config import conf
+                configured = (conf.get(protocol) or {}).get(k) or {}
+                out[k] = {**copy.deepcopy(v), **copy.deepcopy(configured), **(out.get(k) or {})}
             else:
                 out.setdefault(k, copy.deepcopy(v))
     return out

@@ -12,7 +12,9 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -128,25 +130,26 @@ def _pieces(links, table: str, slots: list[str], row_bytes: list[int], seg_rows:
 
 
 def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int = 4, fsync: bool = True,
-            memory_bytes: int = 256 << 20) -> CompactStats:
+            memory_bytes: int = 256 << 20, storage_options: Mapping[str, Any] | None = None) -> CompactStats:
     """Write checkpoint `dst` (`<output_dir>/<new_id>`, local path or fsspec URL) as one full checkpoint
     holding the state of checkpoint `src` (`<output_dir>/<ckpt_id>`, any link of a chain; a full
     checkpoint is simply copied). `dst` may be in the same output directory as `src` (the version file
     then lists it) or another one. Every link of `src`'s chain is checked first and every byte read is
     verified; nothing is visible at `dst` until its commit, and `src`'s chain is never modified. Raises
-    CheckpointExistsError if `dst` exists, CorruptCheckpointError naming a missing or damaged link."""
+    CheckpointExistsError if `dst` exists, CorruptCheckpointError naming a missing or damaged link.
+    `storage_options` go to fsspec for both `src` and `dst` (endpoint, credentials)."""
     t0 = time.perf_counter()
     src_root, src_id = _split(src)
     dst_root, dst_id = _split(dst)
     validate_ckpt_id(dst_id)
-    src_store = open_storage(src_root)
+    src_store = open_storage(src_root, storage_options)
     if not src_store.exists(f"{src_id}/manifest.json"):
         raise CheckpointNotFoundError(f"compact: {src_store.describe(src_id)} is not a committed checkpoint",
                                       path=src_store.describe(src_id))
     links = open_chain(CheckpointReader(src_store, src_id, threads=concurrency))
     newest = links[-1]
     m = newest.manifest
-    store = open_storage(dst_root)
+    store = open_storage(dst_root, storage_options)
     if store.exists(dst_id):
         raise CheckpointExistsError(f"compact: {store.describe(dst_id)} already exists; choose another id")
     if _same_dir(src_store, store):

@@ -593,9 +593,11 @@ class CheckpointReader:
                     parse_index_bytes(data, self.describe(rel), self.manifest.format_version)
 
     def files_problems(self) -> list[str]:
-        """What this checkpoint's files show wrong by their sizes alone, without reading them: each file
-        the manifest or the index records that is missing or of another size (empty when none). Cheap: one
-        size query per file (a listing per directory on object stores); flipped bytes need `verify`."""
+        """What is wrong with this checkpoint's files short of reading its rows (empty when none): each file
+        the manifest or the index records that is missing or of another size, and each file the manifest
+        records (dense tensors, registered objects, IO state, indexes; not the shard files) whose CRC
+        does not match. Shard files are checked by size only (one size query each, a listing per
+        directory on object stores): flipped bytes in them need `verify`."""
         problems = []
         rels = sorted(self.manifest.files)
         try:
@@ -613,6 +615,11 @@ class CheckpointReader:
                 problems.append(f"{self.describe(rel)}: missing")
             elif n != want:
                 problems.append(f"{self.describe(rel)}: {n} bytes, the manifest recorded {want}")
+            else:   # the files beside the shards (dense, extras, IO state, indexes): read, CRC checked
+                try:
+                    self.read_file(rel)
+                except CorruptCheckpointError as e:
+                    problems.append(str(e))
         if self.manifest.index is not None and not problems:   # (a damaged index is named above)
             try:
                 self.segments   # sizes of every shard file against the index

@@ -124,37 +124,50 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
         for t in sorted(set(va.schema) & set(vb.schema)):
             _compare_table(va, vb, t, r)
     r.dense = _compare_dense(va, vb)
-    oa = _unless_damaged(r, "a", lambda: va.objects(arrays=True), {"objects": {}})
-    ob = _unless_damaged(r, "b", lambda: vb.objects(arrays=True), {"objects": {}})
-    r.objects = _added_removed_changed(oa["objects"], ob["objects"], _tree_equal)
-    sa, sb = oa.get("sparse_optimizer"), ob.get("sparse_optimizer")
-    if (sa is None) != (sb is None):
-        r.sparse_optimizer = "added" if sa is None else "removed"
-    elif sa is not None and not _tree_equal(sa, sb):
-        r.sparse_optimizer = "changed"
-    r.io_state = _added_removed_changed(_unless_damaged(r, "a", lambda: _io_states(va), {}),
-                                        _unless_damaged(r, "b", lambda: _io_states(vb), {}), _tree_equal)
+    oa = _unless_damaged(r, "a", lambda: va.objects(arrays=True))
+    ob = _unless_damaged(r, "b", lambda: vb.objects(arrays=True))
+    if oa is not None and ob is not None:   # (one side unreadable: not compared, never "added")
+        r.objects = _added_removed_changed(oa["objects"], ob["objects"], _tree_equal)
+        sa, sb = oa.get("sparse_optimizer"), ob.get("sparse_optimizer")
+        if (sa is None) != (sb is None):
+            r.sparse_optimizer = "added" if sa is None else "removed"
+        elif sa is not None and not _tree_equal(sa, sb):
+            r.sparse_optimizer = "changed"
+    ia, ib = _io_states(r, "a", va), _io_states(r, "b", vb)
+    unreadable = {w for w, v in (*ia.items(), *ib.items()) if v is _UNREADABLE}
+    r.io_state = _added_removed_changed({w: v for w, v in ia.items() if w not in unreadable},
+                                        {w: v for w, v in ib.items() if w not in unreadable}, _tree_equal)
     if values:
         r.values = {t: _table_values(va, vb, t) for t in sorted(set(va.schema) & set(vb.schema))}
     return r
 
 
-def _unless_damaged(r: DiffReport, side: str, read, empty):
-    """`read()`, or, when that side is already known damaged and the read fails on its bytes, `empty`
-    (the failure joins what `r.damaged` says: the report stays whole, and is never `same`)."""
+#: An IO state a damaged side could not give: that worker's state is compared on neither side.
+_UNREADABLE = object()
+
+
+def _unless_damaged(r: DiffReport, side: str, read):
+    """`read()`, or None when that side is already known damaged and the read fails on its bytes (the
+    failure joins what `r.damaged` says; the caller then leaves that part out of the comparison, so that
+    nothing is reported added or removed for want of reading it, and the report is never `same`)."""
     if side not in r.damaged:
         return read()
     try:
         return read()
     except CorruptCheckpointError as e:
-        if str(e) not in r.damaged[side]:
+        if not any((e.path or str(e)) in said for said in r.damaged[side]):   # each file named once
             r.damaged[side].append(str(e))
-        return empty
+        return None
 
 
-def _io_states(view: CheckpointView) -> dict[str, Any]:
-    """Each worker's saved IO state, by "worker W" (workers that saved none left out)."""
-    return {f"worker {w}": view.io_state(w, arrays=True) for w in view.io_state_workers}
+def _io_states(r: DiffReport, side: str, view: CheckpointView) -> dict[str, Any]:
+    """Each worker's saved IO state, by "worker W" (workers that saved none left out; a worker's state
+    that a damaged side cannot give is `_UNREADABLE`)."""
+    out = {}
+    for w in view.io_state_workers:
+        got = _unless_damaged(r, side, lambda w=w: view.io_state(w, arrays=True))
+        out[f"worker {w}"] = _UNREADABLE if got is None and side in r.damaged else got
+    return out
 
 
 def _compare_table(va: CheckpointView, vb: CheckpointView, table: str, r: DiffReport) -> None:

@@ -102,7 +102,8 @@ def test_same_rows_on_other_layouts_are_the_same(tmp_path, capsys, monkeypatch):
     code, out = _cli(capsys, "diff", str(tmp_path / "a"), str(tmp_path / "b"))
     assert code == 0, out
     assert out.splitlines()[-1] == "no differences" and "workers 1 -> 2" in out
-    assert recckpt.diff(str(tmp_path / "a"), str(tmp_path / "b")).same
+    first = recckpt.diff(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert first.same, (first.metadata, first.contents, first.not_compared, first.dense, first.objects)
 
 
 def _strip_digests(ckpt):
@@ -207,7 +208,7 @@ def test_io_state_and_the_sparse_optimizers_state_are_compared(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("damage", ["shard missing", "shard truncated", "dense missing", "dense resized",
-                                    "extras resized"])
+                                    "extras resized", "dense flipped"])
 def test_a_damaged_checkpoint_is_never_called_the_same(tmp_path, capsys, damage):
     """Both manifests record the same content, but one checkpoint's files are gone or cut: it cannot be
     loaded, so diff must not answer "no differences" (it said so before: the digests alone agreed)."""
@@ -221,6 +222,10 @@ def test_a_damaged_checkpoint_is_never_called_the_same(tmp_path, capsys, damage)
               "extras": tmp_path / "b" / "extras.safetensors"}[damage.split()[0]]
     if damage.endswith("missing"):
         victim.unlink()
+    elif damage.endswith("flipped"):   # the same size: its CRC tells
+        data = bytearray(victim.read_bytes())
+        data[-3] ^= 0x10
+        victim.write_bytes(bytes(data))
     else:
         data = victim.read_bytes()
         victim.write_bytes(data[:-8] if damage == "shard truncated" else data + b"\0" * 8)
@@ -232,3 +237,34 @@ def test_a_damaged_checkpoint_is_never_called_the_same(tmp_path, capsys, damage)
     code, out = _cli(capsys, "diff", "--json", str(tmp_path / "b"), str(tmp_path / "b"))   # even against itself
     doc = json.loads(out)
     assert code == 1 and doc["same"] is False and set(doc["damaged"]) == {"a", "b"}
+
+
+def test_what_a_damaged_side_cannot_give_is_not_reported_added_or_removed(tmp_path, capsys):
+    """Two workers' IO states and the registered objects, equal on both sides; one side loses worker 1's
+    IO-state file and its extras: diff says it is damaged, and reports no IO state or object as added
+    (it listed worker 0's, which both hold equal, and every object, as added in B)."""
+    from helpers.checkpoints import Pos
+    for ckpt_id in ("a", "b"):
+        for w in range(2):
+            torch.manual_seed(w)   # the same rows in both checkpoints
+            m = torch.nn.Module()
+            m.t = recckpt.HashTable("t", dim=4)
+            with torch.no_grad():
+                m.t(torch.arange(w, 12, 2))
+            s = Saver(m, output_dir=str(tmp_path), options=FAST, max_keep=None)
+            s.register_io_state("reader", Pos(10 + w))
+            s.register_for_checkpointing("lr", {"value": 0.5})
+            s.save(ckpt_id, shard_id=w, shard_num=2)
+    first = recckpt.diff(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert first.same, (first.metadata, first.contents, first.not_compared, first.dense, first.objects)
+    io_files = sorted((tmp_path / "a" / "io_state").iterdir())
+    assert len(io_files) == 2, io_files
+    io_files[1].unlink()
+    (tmp_path / "a" / "extras.safetensors").unlink()
+    r = recckpt.diff(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert not r.same and list(r.damaged) == ["a"], r
+    assert not any(r.io_state.values()) and not any(r.objects.values()) and r.sparse_optimizer is None, r
+    code, out = _cli(capsys, "diff", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert code == 1 and "! A is damaged" in out, out
+    assert not [line for line in out.splitlines() if line[:2] in ("+ ", "- ", "~ ")], out
+    assert out.count("worker-00001") == 1 and out.count("extras.safetensors") == 1, out   # each named once

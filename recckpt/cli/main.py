@@ -81,6 +81,11 @@ def cmd_ls(a) -> int:
     for name, why in listing.damaged:
         print(f"damaged: {name} (its manifest does not verify: {why}; never loaded; "
               f"recckpt.delete(output_dir, [{name!r}]) frees its id)")
+    for name, why in listing.broken:
+        print(f"broken: {name} (cannot be loaded: {why})")
+    for name, what in listing.unfound:
+        print(f"unfound: {name} (the version file lists it, but it is {what}: not a checkpoint; "
+              f"`recckpt gc` rewrites the version file)")
     if listing.output_dirs_below:
         print("output directories below it (pass one of these):")
         for d in listing.output_dirs_below:

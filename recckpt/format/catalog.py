@@ -289,6 +289,39 @@ def with_parents(found: list[tuple[str, CatalogEntry]], keep: "set[str] | list[s
     return out
 
 
+def broken_chains(found: list[tuple[str, CatalogEntry]]) -> list[tuple[str, str]]:
+    """(id, why) for each committed incremental checkpoint in `found` that cannot be loaded because a
+    link of its chain is not committed (deleted by hand, or its manifest gone): listings show it, and say
+    so, instead of presenting it as loadable. No request: the catalog entries name the parents."""
+    parent_of = {i: m.parent.ckpt_id for i, m in found if m.parent is not None}
+    committed_ids = {i for i, _ in found}
+    missing_link: dict[str, str | None] = {}   # id -> the first link of its chain not committed (None: whole)
+    for start, _ in found:
+        path = []
+        i = start
+        while i not in missing_link:
+            if i not in committed_ids:
+                missing_link[i] = i
+                break
+            if i not in parent_of:
+                missing_link[i] = None
+                break
+            if i in path:   # a loop: only a hand-made catalog or manifest could name one
+                missing_link[i] = i
+                break
+            path.append(i)
+            i = parent_of[i]
+        for j in reversed(path):
+            missing_link[j] = missing_link[parent_of[j]] if parent_of[j] in missing_link else parent_of[j]
+    out = []
+    for i, _ in found:
+        gone = missing_link.get(i)
+        if gone is not None:
+            out.append((i, f"its parent {gone} is not a committed checkpoint" if parent_of.get(i) == gone else
+                        f"{gone}, a link of its chain, is not a committed checkpoint"))
+    return out
+
+
 def without_needed_links(found: list[tuple[str, CatalogEntry]], doomed: list[str]) -> list[str]:
     """`doomed` minus every checkpoint that a checkpoint outside it depends on (see `with_parents`): what
     retention may really delete. Every deleter (Saver retention, the CLI's prune) filters through it."""

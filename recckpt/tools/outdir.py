@@ -38,6 +38,12 @@ class Listing:
     damaged: list[tuple[str, str]] = field(default_factory=list)
     """(name, why): checkpoint directories whose manifest does not verify. Not committed (never loaded or
     restored), but their ids stay taken until `recckpt.delete` removes them."""
+    broken: list[tuple[str, str]] = field(default_factory=list)
+    """(id, why): committed incremental checkpoints (also in `checkpoints`) that cannot be loaded, since a
+    link of their chain is not a committed checkpoint."""
+    unfound: list[tuple[str, str]] = field(default_factory=list)
+    """(id, what is there): ids the version file lists that are not committed checkpoints, nor damaged,
+    leftovers or strays (a directory replaced by a file, a manifest deleted by hand)."""
     output_dirs_below: list[str] = field(default_factory=list)
     """When this directory holds no checkpoint: output directories found below it (a user who passed
     the run's folder instead of its output_dir), as paths relative to it."""
@@ -123,7 +129,16 @@ def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = Non
     out.strays = recovery.find_strays(storage, keep=committed_ids, top=top)
     taken = committed_ids | {name for name, _ in out.leftovers} | {name for name, _ in out.strays}
     out.damaged = catalog.damaged(storage, top, taken)
-    if not out.checkpoints and catalog.read_version_file(storage) is None:
+    out.broken = catalog.broken_chains(found)
+    listed = catalog.read_version_file(storage)
+    accounted = taken | {name for name, _ in out.damaged}
+    top_names = set(top)
+    for i in listed or []:
+        if i not in accounted:
+            out.unfound.append((i, "nothing" if i not in top_names else
+                                "a file, not a checkpoint directory" if not storage.isdir(i) else
+                                f"a directory without {names.MANIFEST}"))
+    if not out.checkpoints and listed is None:
         out.output_dirs_below = output_dirs_below(storage)
     return out
 

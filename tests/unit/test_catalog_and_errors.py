@@ -211,3 +211,35 @@ def test_a_listing_says_who_rewrites_a_garbled_version_file_and_gc_does(tmp_path
     assert cli_main(["gc", str(tmp_path)]) == 0
     assert vf.read_text().split() == ["a", "b"]
     capsys.readouterr()
+
+
+def test_ls_says_which_increments_cannot_be_loaded_and_which_listed_ids_are_gone(tmp_path, capsys):
+    """A chain whose middle link was deleted by hand, and an id the version file lists that is now a
+    file: ls listed the increments as any other checkpoint and dropped the id without a word (exit 0,
+    while every load of them fails)."""
+    import shutil
+
+    import recckpt
+    from recckpt.cli import main as cli_main
+    m = M()
+    m.t(torch.arange(10))
+    s = Saver(m, output_dir=str(tmp_path), options=OPTS, max_keep=None)
+    for i, inc in (("c0", False), ("c1", True), ("c2", True), ("c3", True), ("f", False), ("x", False)):
+        m.t.write_rows("embedding", torch.tensor([0]), torch.full((1, 8), float(len(i))))
+        s.save(i, incremental=inc)
+    ok = recckpt.list_checkpoints(str(tmp_path))
+    assert not ok.broken and not ok.unfound, (ok.broken, ok.unfound)
+    shutil.rmtree(tmp_path / "c1")
+    shutil.rmtree(tmp_path / "x")
+    (tmp_path / "x").write_text("not a checkpoint")
+    got = recckpt.list_checkpoints(str(tmp_path))
+    assert [c.ckpt_id for c in got.checkpoints] == ["c0", "c2", "c3", "f"]
+    assert got.broken == [("c2", "its parent c1 is not a committed checkpoint"),
+                          ("c3", "c1, a link of its chain, is not a committed checkpoint")], got.broken
+    assert got.unfound == [("c1", "nothing"), ("x", "a file, not a checkpoint directory")], got.unfound
+    assert cli_main(["ls", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "broken: c2 (cannot be loaded: its parent c1" in out and "broken: c3" in out, out
+    assert "unfound: x (the version file lists it, but it is a file" in out and "recckpt gc" in out, out
+    with pytest.raises(CorruptCheckpointError, match="c1"):   # what ls says is what a load meets
+        Saver(M(), output_dir=str(tmp_path)).load(str(tmp_path / "c2"), direct_path=True)

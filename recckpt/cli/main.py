@@ -115,11 +115,18 @@ def _inspect_doc(view, objects: bool) -> dict:
 
 def cmd_inspect(a) -> int:
     view = recckpt.open(a.ckpt, a.storage_options)
-    doc = _inspect_doc(view, objects=not a.no_objects)
+    damaged = view.files_problems()   # what a load would meet, said here rather than there
+    doc = _inspect_doc(view, objects=not a.no_objects and not damaged)
+    doc["damaged"] = damaged
+    status = EXIT_PROBLEM if damaged else EXIT_OK
     if a.json:
         print(render.dumps(doc))
-        return EXIT_OK
+        return status
     print(f"{doc['path']}")
+    for problem in damaged:
+        print(f"! damaged: {problem}")
+    if damaged:
+        print(f"! it cannot be loaded; `recckpt verify {doc['path']}` checks every byte (objects not shown)")
     print(f"  id {view.ckpt_id}, step {'-' if view.step is None else view.step}, {view.kind}, "
           f"created {view.created:%Y-%m-%d %H:%M:%S UTC}, {render.human_bytes(doc['size_bytes'])}")
     print(f"  {view.workers} worker(s), {view.num_buckets} buckets, format version {view.format_version}, "
@@ -144,7 +151,7 @@ def cmd_inspect(a) -> int:
             print(f"  sparse optimizer: {render.compact(doc['sparse_optimizer'])}")
         for w, s in doc["io_state"].items():
             print(f"io state, worker {w}: {render.compact(s)}")
-    return EXIT_OK
+    return status
 
 
 def cmd_verify(a) -> int:

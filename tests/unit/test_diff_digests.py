@@ -268,3 +268,16 @@ def test_what_a_damaged_side_cannot_give_is_not_reported_added_or_removed(tmp_pa
     assert code == 1 and "! A is damaged" in out, out
     assert not [line for line in out.splitlines() if line[:2] in ("+ ", "- ", "~ ")], out
     assert out.count("worker-00001") == 1 and out.count("extras.safetensors") == 1, out   # each named once
+
+
+def test_inspect_says_a_checkpoint_is_damaged(tmp_path, capsys):
+    """inspect read manifests only and showed a checkpoint with a shard file gone as a normal one (exit 0)."""
+    _save(tmp_path, "a", table_rows(200))
+    next(p for p in (tmp_path / "a" / "sparse").iterdir() if p.suffix == ".bin").unlink()
+    code, out = _cli(capsys, "inspect", str(tmp_path / "a"))
+    assert code == 1 and "! damaged:" in out and ".bin" in out and "recckpt verify" in out, out
+    code, out = _cli(capsys, "inspect", "--json", str(tmp_path / "a"))
+    assert code == 1 and ".bin" in json.loads(out)["damaged"][0]
+    _save(tmp_path, "b", table_rows(200))
+    code, out = _cli(capsys, "inspect", "--json", str(tmp_path / "b"))
+    assert code == 0 and json.loads(out)["damaged"] == []

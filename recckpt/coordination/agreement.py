@@ -14,6 +14,7 @@ import json
 from datetime import timedelta
 
 from ..errors import CoordinationError
+from .arrivals import Arrivals
 
 
 class LocalAgreement:
@@ -33,6 +34,8 @@ class Agreement(LocalAgreement):
     """The collectives of the step group of an initialised torch.distributed job. Each is bounded by
     `timeout_s`; a failure raises CoordinationError naming the rank and the step of the protocol."""
 
+    _built = 0   # Agreements built in this process
+
     def __init__(self, timeout_s: float):
         import torch.distributed as dist
 
@@ -40,6 +43,10 @@ class Agreement(LocalAgreement):
         self._dist, self._groups = dist, groups
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.timeout_s = timeout_s
+        self._arrivals = Arrivals(groups.STEP, self.rank, self.world)
+        # Every rank builds its managers, and makes their calls, in the same order: the counts tell steps apart.
+        Agreement._built += 1
+        self._nth, self._calls = Agreement._built, 0
         try:   # both groups, in a fixed order, on the training thread
             groups.ensure_groups(timeout_s)
         except Exception as e:
@@ -50,6 +57,9 @@ class Agreement(LocalAgreement):
                 rank=self.rank) from e
 
     def _run(self, what: str, fn):
+        self._calls += 1
+        where = f"{what} (manager {self._nth}, call {self._calls})"
+        self._arrivals.mark(where)
         try:
             return fn(self._groups.group(self._groups.STEP, self.timeout_s))
         except CoordinationError:
@@ -59,7 +69,7 @@ class Agreement(LocalAgreement):
             raise CoordinationError(
                 f"rank {self.rank} of {self.world}: {what} on recckpt's coordination group failed "
                 f"(timeout {self.timeout_s:g}s; another rank failed, exited or stopped responding): "
-                f"{type(e).__name__}: {e}", rank=self.rank) from e
+                f"{type(e).__name__}: {e}{self._arrivals.missing(where)}", rank=self.rank) from e
 
     def _all_reduce(self, t, op, g):
         self._dist.all_reduce(t, op=op, group=g, async_op=True).wait(timeout=timedelta(seconds=self.timeout_s))

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ..errors import CheckpointSaveError, CommitOutcomeUnknownError
 from . import groups
+from .arrivals import Arrivals
 from .coordinator import Coordinator
 
 
@@ -47,11 +48,14 @@ class TorchCoordinator(Coordinator):
         self.group = None
         self._wait = timedelta(seconds=timeout_s)
         self._phase: dict[tuple, str] = {}    # key → "writing" | "submitted" | "done"
+        self._arrivals = Arrivals(groups.SAVE, self.rank, self.world)
 
     # ---------------------------------------------------------------------------- collectives
     def _collective(self, key, what: str, fn, error=CheckpointSaveError, limit_s: float | None = None):
         """`fn()`, a collective bounded by `limit_s` (default: the coordination timeout); its failure
-        becomes `error`, naming the step."""
+        becomes `error`, naming the step (and the ranks that never reached it, when the store can tell)."""
+        where = f"{what} of checkpoint {key[1]!r}"
+        self._arrivals.mark(where)
         try:
             return fn()
         except CheckpointSaveError:
@@ -63,7 +67,7 @@ class TorchCoordinator(Coordinator):
                 f"rank {self.rank}: coordination of checkpoint {key[1]!r} failed during {what} "
                 f"(timeout {self.timeout_s if limit_s is None else limit_s:g}s; another rank failed, stopped "
                 f"responding or did not call save; every rank must call save() together): "
-                f"{type(e).__name__}: {e}") from e
+                f"{type(e).__name__}: {e}{self._arrivals.missing(where)}") from e
 
     def _run(self, op, *args, **kw):
         """One collective on the coordination group, bounded by the coordination timeout."""

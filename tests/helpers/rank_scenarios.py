@@ -418,3 +418,36 @@ def restore_with_a_rank_killed(rank, world, out, report_dir):
     except AssertionError:
         rep["loaded"] = False
     return rep
+
+
+class _KillOnSave(_KillOnLoad):
+    """IO state (saved by every rank) whose dump SIGKILLs its process on the chosen rank once armed (the
+    save is under way there), after leaving the report the harness reads."""
+
+    armed = False
+
+    def dump_io_state(self):
+        if self.armed and self.rank == self.kill_rank:
+            self.load_state_dict(None)   # (its kill, with the report)
+        return {"v": self.v}
+
+    def load_io_state(self, state):
+        self.v = state["v"]
+
+
+def save_with_a_rank_killed(rank, world, out, report_dir):
+    """Every rank saves ckpt 'a'; then rank 1 is SIGKILLed inside save 'b'. The survivors report their
+    error: it must name rank 1 as the one that never reached the step they waited in."""
+    import dataclasses
+    opts = dataclasses.replace(OPTS, coordination_timeout_s=10)
+    saver = Saver(Holder(owned_table(rank, world, all_ids(300), salt=1.0)), output_dir=out, options=opts)
+    killer = _KillOnSave(rank, 1, report_dir)
+    saver.register_io_state("reader", killer)
+    saver.save("a")
+    killer.armed = True
+    rep = {}
+    try:
+        saver.save("b")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        rep["error"] = f"{type(e).__name__}: {e}"
+    return rep

@@ -201,6 +201,20 @@ def test_a_restore_whose_other_rank_is_killed_says_what_this_rank_loaded(tmp_pat
         got
     assert "restart every rank and restore again" in got["error"], got
     assert got["loaded"] is True, got
+    # the agreement's error within it names the rank that never arrived (the store can tell)
+    assert "ranks that did not reach comparing outcomes" in got["error"] and "rank 1 (last reached: " in got["error"], got
+
+
+def test_a_save_whose_other_rank_is_killed_names_that_rank(tmp_path):
+    """Rank 1 is SIGKILLed inside a save. Rank 0's error said only that "another rank failed, stopped
+    responding or did not call save"; it now names rank 1 and the last step rank 1 reached."""
+    rdir = str(tmp_path / "r")
+    rep = run_ranks(3, sc.save_with_a_rank_killed, str(tmp_path / "run"), rdir, out_dir=rdir)
+    assert rep[1]["result"] == {"killed": True}, rep[1]
+    for got in ok([rep[0], rep[2]]):
+        err = got.get("error", "")
+        assert "checkpoint 'b'" in err and "ranks that did not reach " in err, got
+        assert "rank 1 (last reached: " in err and "rank 0 (" not in err and "rank 2 (" not in err, got
 
 
 def test_duplicate_ids_across_ranks(tmp_path):

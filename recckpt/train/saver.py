@@ -133,6 +133,7 @@ class Saver:
             if pol is not None and not isinstance(pol, EvictionPolicy):
                 raise InvalidArgumentError(f"Saver {what} must be a recckpt.state.eviction.EvictionPolicy, got {pol!r}")
         self.eviction, self.write_filter = eviction, write_filter
+        self._warned_no_counters: set[str] = set()
         # Host buffers that device tables are copied through on a save, kept across saves (pinned
         # memory is slow to allocate); bounded by SaveOptions.staging_bytes.
         self._staging = StagingPool(self.options.staging_bytes)
@@ -479,11 +480,20 @@ class Saver:
         return stats
 
     def _evict(self, step: int | None) -> None:
-        """Apply the eviction policy to every table that can evict (HashTable with counters)."""
+        """Apply the eviction policy to every table that can evict (a HashTable with counters). Tables
+        without counters are left whole, with one warning each: refusing there, after other tables had
+        already lost their rows, failed every later save too."""
         for name, table in self._state()[0].items():
             evict = getattr(table, "evict", None)
             if not callable(evict):
                 log.info("recckpt: table %r has no evict(); eviction skipped", name)
+                continue
+            if not getattr(table, "has_counters", True):
+                if name not in self._warned_no_counters:
+                    self._warned_no_counters.add(name)
+                    log.warning("recckpt: table %r keeps no freq/last_step counters, so the Saver's eviction "
+                                "policy leaves it whole (create it with HashTable(..., counters=True) or call "
+                                "enable_counters() to evict its rows)", name)
                 continue
             n = evict(self.eviction, step_for(step, table))
             if n:

@@ -72,3 +72,36 @@ def test_async_saves_evict_as_sync_saves_do(tmp_path, increments):
         for k in ca:
             assert set(ca[k]) == set(cb[k]), f"{cid} slot {k}"
             assert all(torch.equal(ca[k][i], cb[k][i]) for i in ca[k]), f"{cid} slot {k}"
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_table_without_counters_is_left_whole_and_the_save_commits(tmp_path, caplog, async_save):
+    """Table `a` counts, table `b` does not. Before, the save evicted every idle row of `a` from the live
+    table, then refused on `b`: nothing committed, `a`'s rows gone, and every later save failing the same
+    way. Now `b` is left whole with one warning, and the save commits `a` evicted."""
+    m = torch.nn.Module()
+    m.a = HashTable("a", 4, counters=True)
+    m.b = HashTable("b", 4)
+    m.a.step = 0
+    m.a(torch.arange(100))
+    m.b(torch.arange(100))
+    m.a.step = 50
+    s = Saver(m, output_dir=str(tmp_path), max_keep=None, options=OPTS, eviction=EvictionPolicy(max_idle_steps=10))
+    mgr = CheckpointManager(s, save_interval=1, async_save=async_save, keep=None, save_rng=False)
+    mgr.global_step = 48   # saves at steps 49 and 50: a's rows, last seen at step 0, are idle
+    with caplog.at_level("WARNING", logger="recckpt"):
+        mgr.step()
+        mgr.step()
+        mgr.wait()
+    assert [c for c, _ in mgr.checkpoints()] == ["ckpt_49", "ckpt_50"], mgr.checkpoints()
+    assert (len(m.a), len(m.b)) == (0, 100)
+    said = [r.getMessage() for r in caplog.records if "counters" in r.getMessage()]
+    assert len(said) == 1 and "'b'" in said[0], said   # once, naming the table
+    got = recckpt_tables(str(tmp_path / "ckpt_50"))
+    assert got == {"a": 0, "b": 100}, got
+    mgr.close()
+
+
+def recckpt_tables(path):
+    import recckpt
+    return {t: d.rows for t, d in recckpt.open(path).tables.items()}

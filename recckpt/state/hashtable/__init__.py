@@ -174,6 +174,12 @@ class HashTable(TrainingPath, CountersAndEviction, ChangeTracking, Transfer, nn.
         return torch.float64 if self.dtype == torch.float64 else torch.float32
 
     @property
+    def has_counters(self) -> bool:
+        """Whether the table keeps the ``freq``/``last_step`` counters (``counters=True`` or
+        :meth:`enable_counters`): what :meth:`evict` needs."""
+        return self.counting.enabled
+
+    @property
     def capacity(self) -> int:
         """Number of rows allocated (>= ``len(self)``)."""
         return self.store.capacity

@@ -3,7 +3,7 @@
 SPEC: {"world": W, "port": P, "jobs": [...]}. With W > 1 it spawns W processes on gloo (with a timeout);
 W == 1 runs one process with no process group. Every rank runs every job in order (one process pays
 TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`. A job:
-  {"kind": "ebc"|"ec", "plan": {table: "tw"|"rw"|"cw"|"cw001"|"cw412"|"cw010"|"dp"|"twrw"} or "unsharded" or
+  {"kind": "ebc"|"ec", "plan": {table: "tw"|"rw"|"cw"|"cw001"|"cw412"|"cw010"|"dp"|"twrw"|"rwdense"} or "unsharded" or
    "default",
    "opt": "adagrad"|"rowwise"|"sgd", "tables": [[name, rows, dim, dtype], ...], "train_steps": k,
    "save": dir or null, "load": dir or null, "load_conf": {...} or null, "dump": dir or null,
@@ -68,7 +68,9 @@ def _build(job, world, rank):
                                 data_type=dtypes[dt]) for n, r, d, dt in job["tables"]]
         coll = EmbeddingCollection(tables=cfgs, device=dev)
     opt_cls = {"adagrad": torch.optim.Adagrad, "rowwise": RowWiseAdagrad, "sgd": torch.optim.SGD}[job["opt"]]
-    dp_tables = {t for t, p in (job["plan"].items() if isinstance(job["plan"], dict) else []) if p == "dp"}
+    # data-parallel tables and tables on TorchRec's "dense" kernel get no in-backward optimizer: the dense
+    # optimizer steps them
+    dp_tables = {t for t, p in (job["plan"].items() if isinstance(job["plan"], dict) else []) if p in ("dp", "rwdense")}
     fused = [p for n, p in coll.named_parameters() if n.split(".")[-2] not in dp_tables]
     apply_optimizer_in_backward(opt_cls, fused, {"lr": 0.05, **job.get("opt_kwargs", {})})
 
@@ -120,7 +122,9 @@ def _build(job, world, rank):
                 "cw412": lambda i: column_wise(size_per_rank=[4, 12]),
                 # rank 0 holds two column shards that are not adjacent (refused by recckpt)
                 "cw010": lambda i: column_wise(ranks=[0, 1, 0]),
-                "twrw": lambda i: table_row_wise(host_index=0)}
+                "twrw": lambda i: table_row_wise(host_index=0),
+                # row-wise on the "dense" compute kernel: an ordinary parameter the dense optimizer steps
+                "rwdense": lambda i: row_wise(compute_kernel="dense")}
         per = {n: gens[job["plan"][n]](i) for i, (n, *_rest) in enumerate(job["tables"])}
         plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
                                                                     device_type="cpu")})

@@ -1,7 +1,7 @@
 """Worker for the TorchRec incremental-chain tests: `python torchrec_loop_child.py SPEC.json`.
 
 SPEC: {"world": W, "port": P, "out": dir, "phase": "train" | "load", "jobs": [...]}; spawns W gloo ranks
-(W == 1: one process, no group). A job: {"name", "plan": {table: tw|rw|cw|twrw}, "opt": adagrad|rowwise,
+(W == 1: one process, no group). A job: {"name", "plan": {table: tw|rw|cw|twrw|dp|rwdense}, "opt": adagrad|rowwise,
 "tables": [[name, rows, dim]], "dir": checkpoint output dir, "dump": dir}.
 - train: build, train 3 steps, full save c0; 2 steps, incremental c1 (sync); 2 steps, incremental c2
   through an async-style snapshot (capture_copy into host buffers, then write); dump the live state (the
@@ -58,11 +58,12 @@ def _build(job, world, rank):
     model = Model()
     opt = {"adagrad": torch.optim.Adagrad, "rowwise": RowWiseAdagrad}[job["opt"]]
     # a data-parallel table has no fused optimizer (and is not trained here: it only has to round-trip)
-    dp = {t for t, p in job["plan"].items() if p == "dp"}
+    dp = {t for t, p in job["plan"].items() if p in ("dp", "rwdense")}   # (rwdense: the "dense" kernel)
     apply_optimizer_in_backward(opt, [p for n, p in coll.named_parameters() if n.split(".")[-2] not in dp],
                                 {"lr": 0.05})
     gens = {"tw": lambda i: table_wise(rank=i % world), "rw": lambda i: row_wise(), "dp": lambda i: data_parallel(),
-            "cw": lambda i: column_wise(ranks=list(range(world))), "twrw": lambda i: table_row_wise(host_index=0)}
+            "cw": lambda i: column_wise(ranks=list(range(world))), "twrw": lambda i: table_row_wise(host_index=0),
+            "rwdense": lambda i: row_wise(compute_kernel="dense")}
     per = {n: gens[job["plan"][n]](i) for i, (n, *_r) in enumerate(job["tables"])}
     plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
                                                                 device_type="cpu")})

@@ -6,6 +6,7 @@ table keeps its name whether the model is sharded, wrapped or compiled: `ebc.emb
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
@@ -145,7 +146,11 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
         n, d = (int(x) for x in w.shape)
         shards = _local_shards(w)
         replicated = ps.sharding_type == "data_parallel"
+        kernel = str(getattr(ps, "compute_kernel", "fused"))
+        fused_kernel = replicated or kernel.startswith("fused")
         opt = _fused_states(full_name, fused.get(rel, {}), (n, d))
+        if not fused_kernel and key in params:
+            _refuse_sharded_optimizer_state(full_name, kernel, ps.sharding_type, params[key], opts)
         opt_local = {slot: _local_shards(st) for slot, st in opt.items()}
         local = []
         for i, (off, t) in enumerate(shards):
@@ -181,10 +186,25 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
             opt_init, restart = {}, None   # FBGEMM's fused optimizer state starts at 0
         tables.append(dict(name=full_name, num_rows=n, dim=d, dtype=_dtype_of(w, shards), shards=local,
                            opt_slots=opt_slots, opt_init=opt_init, opt_restart=restart,
-                           replicated=replicated, sharding=ps.sharding_type,
+                           replicated=replicated, sharding=ps.sharding_type, trackable=fused_kernel,
                            column_blocks=None if replicated else _column_blocks(full_name, ps, d)))
         keys.append(key)
     return tables, keys
+
+
+def _refuse_sharded_optimizer_state(table: str, kernel: str, sharding: str, param, opts: List[Any]) -> None:
+    """A sharded table on a non-fused kernel ("dense") is stepped by an ordinary optimizer, whose state for
+    it is sharded as the table is. recckpt does not map that per-rank state into the table's slots yet,
+    and the registered optimizer's own saved state is rank 0's alone: every rank would restore rank 0's
+    shard of it, silently. Refuse, naming the table, instead."""
+    holders = [type(o).__name__ for o in opts if isinstance(getattr(o, "state", None), Mapping)
+               and isinstance(o.state.get(param), Mapping) and len(o.state.get(param))]
+    if holders:
+        raise InvalidArgumentError(
+            f"TorchRec table {table!r} is sharded {sharding} on the {kernel!r} compute kernel, and the registered "
+            f"optimizer {holders[0]} holds per-rank state for it, which recckpt cannot save or load correctly "
+            f"yet (each rank holds its own shard of it). Shard it on a fused kernel (apply_optimizer_in_backward "
+            f"on its parameters, or compute_kernel='fused' in the plan) or data_parallel; see docs/TORCHREC.md")
 
 
 def _column_blocks(table: str, ps, dim: int):

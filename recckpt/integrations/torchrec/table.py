@@ -68,8 +68,13 @@ class TorchRecTable(SlotsTable):
     def __init__(self, name: str, num_rows: int, dim: int, dtype: torch.dtype, shards: List[Shard],
                  opt_slots: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]], replicated: bool,
                  sharding: str, column_blocks: Tuple[Tuple[int, int], ...] | None = None,
-                 opt_init: Dict[str, float] | None = None, opt_restart: Callable[[], None] | None = None):
+                 opt_init: Dict[str, float] | None = None, opt_restart: Callable[[], None] | None = None,
+                 trackable: bool = True):
         self.name, self.num_rows_global, self.dim, self.dtype = name, num_rows, dim, dtype
+        # Whether only the rows its lookups touched change in a step (a fused kernel updates exactly
+        # those): what lets increments hold its looked-up rows only. False on TorchRec's "dense" kernel,
+        # whose parameter an ordinary optimizer steps whole (momentum, weight decay move every row).
+        self.trackable = trackable
         # Sets the per-parameter counters of the optimizer holding this table's slots (torch Adagrad's
         # `step`) back to a fresh optimizer's, when a load restarts all of its slots; None for FBGEMM's
         # fused state, which keeps no such counter per table.

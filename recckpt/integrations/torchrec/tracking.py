@@ -146,6 +146,7 @@ def attach(found, tables) -> None:
             ct = _trackers[f.module] = CollectionTracker(f.module)
         head = f"{f.prefix}{f.tables_attr}."
         for t in tables:
-            # an MCH table (keyed by raw id, its own type) is not tracked: its increments hold it whole
-            if isinstance(t, TorchRecTable) and t.name.startswith(head) and not t.replicated:
+            # an MCH table (keyed by raw id, its own type) is not tracked: its increments hold it whole; so
+            # is a table on a non-fused kernel, whose optimizer may move rows no lookup touched
+            if isinstance(t, TorchRecTable) and t.name.startswith(head) and not t.replicated and t.trackable:
                 t.tracker = ct.table(t.name[len(head):])

@@ -103,3 +103,8 @@ def validate_relpath(path: object, what: str) -> str:
             or posixpath.normpath(path) != path or path == "." or path.split("/")[0] == ".."):
         raise ValueError(f"{what}: {path!r} is not a relative path inside the checkpoint")
     return path
+
+
+#: The IO-state entry a CheckpointManager keeps its RNG state under (`save_rng`): recckpt's own, so a load
+#: does not count it as unexpected IO state when the loading manager saves no RNG.
+RNG_IO_NAME = "__rng__"

@@ -19,6 +19,7 @@ from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.hashing import bucket_range, hash_ownership
+from ..format.names import RNG_IO_NAME
 from ..format.segment_groups import read_rows
 from ..state import optim_names, plugins
 from ..state.protocol import (
@@ -237,6 +238,22 @@ class LoadPlan:
                 for name in self.registry.io_names():
                     if name not in self.io_tree:
                         self.problems_missing.append(f"IO state {name!r} is not in the checkpoint")
+                self._unexpected_io_state(self.io_tree, shard_id)
+        elif conf.wants("io_state") and world == self.m.shard_num and shard_id in self.m.io_state:
+            # Nothing registered, but this worker saved IO state: a reader the job forgot to register would
+            # silently start over (its data seen twice).
+            self._unexpected_io_state(self.reader.io_state(shard_id) or {}, shard_id)
+        if conf.wants("sparse_opt") and self.extras_tree is not None:
+            saved = self.extras_tree.get("sparse_optimizer") is not None
+            if saved and self.sparse_optim is None:
+                self.problems_unexpected.append(
+                    "the checkpoint holds a sparse optimizer's own state (its step counts), and this Saver has "
+                    "no sparse optimizer (pass it as Saver(model, sparse_optim, ...))")
+            elif not saved and self.sparse_optim is not None and self.sparse_jobs_hold_optimizer_slots():
+                self.problems_missing.append(
+                    f"the sparse optimizer's own state (its step counts) is not in the checkpoint: it was saved "
+                    f"without a sparse optimizer, so {type(self.sparse_optim).__name__} would keep its live "
+                    f"steps beside the loaded slots")
         self._check_renames()
         if conf.ownership is not None and not self.incompatible:
             self._check_ownership(world)
@@ -254,6 +271,19 @@ class LoadPlan:
                     "names, 'rename'/'tables'/'dense_keys'; when only optimizer slots differ (another sparse "
                     "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
+
+    def _unexpected_io_state(self, tree, shard_id: int) -> None:
+        """Entries of this worker's saved IO state that nothing registered takes (recckpt's own RNG entry
+        aside: a manager may restore without saving RNG)."""
+        for name in tree:
+            if name not in self.registry.io_names() and name != RNG_IO_NAME:
+                self.problems_unexpected.append(
+                    f"IO state {name!r} of worker {shard_id} is not registered (register_io_state it, or exclude "
+                    f"'io_state')")
+
+    def sparse_jobs_hold_optimizer_slots(self) -> bool:
+        """Whether this load writes any optimizer slot (what a sparse optimizer's step counts pair with)."""
+        return any(si.category == "sparse_opt" for _, _, _, slots in self.sparse_jobs for _, si, _ in slots)
 
     def _check_renames(self) -> None:
         """Every `rename` key must name a table or dense key of the checkpoint, under any `strict`: strict is

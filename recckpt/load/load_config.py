@@ -113,8 +113,8 @@ class LoadConfig:
                                   f"{type(self.ownership).__name__}")
         for name in ("load", "exclude", "tables", "slots", "dense_keys"):
             object.__setattr__(self, name, _tuple_of_str(getattr(self, name), name))
-        if not self.load or "*" in self.exclude or (
-                "*" not in self.load and not set(self.load) - set(self.exclude)):
+        chosen = set(CATEGORIES) if "*" in self.load else set(self.load)
+        if not self.load or "*" in self.exclude or not chosen - set(self.exclude):
             raise LoadConfigError(f"LoadConfig load={list(self.load)}, exclude={list(self.exclude)} selects "
                                   f"nothing to load; name at least one of {', '.join(CATEGORIES)} (or '*')")
         for name in ("load", "exclude"):

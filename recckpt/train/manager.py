@@ -21,6 +21,7 @@ import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..coordination import agreement_for, check_world, resolve_shard
+from ..coordination.world import process_group_world
 from ..errors import (
     CheckpointNotFoundError,
     CommitOutcomeUnknownError,
@@ -30,7 +31,7 @@ from ..errors import (
     InvalidCheckpointIdError,
     RecckptError,
 )
-from ..format import catalog
+from ..format import catalog, names
 from ..format.chain import chain_stats
 from ..format.names import validate_ckpt_id
 from ..format.retention import restore_order
@@ -56,7 +57,7 @@ from .snapshot import HostBuffers
 
 log = logging.getLogger("recckpt")
 
-RNG_IO_NAME = "__rng__"
+RNG_IO_NAME = names.RNG_IO_NAME
 #: Categories a model-bank source loads unless it says otherwise: the model, not another run's
 #: reader positions, RNG state or registered objects.
 BANK_DEFAULT_LOAD = ("sparse", "sparse_opt", "dense")
@@ -147,6 +148,13 @@ class CheckpointManager:
             raise InvalidArgumentError(f"resize_policy must be 'reseed' or 'error', got {resize_policy!r}")
         self.shard_id, self.shard_num = resolve_shard(shard_id, shard_num, saving=True)
         check_world(self.shard_id, self.shard_num, "CheckpointManager")
+        if self.shard_num > 1 and process_group_world() is None:
+            # (a Saver can save every shard from one process; a manager's ranks agree on each step)
+            raise InvalidArgumentError(
+                f"CheckpointManager: shard_id={self.shard_id}, shard_num={self.shard_num} needs an initialised "
+                f"torch.distributed process group: every rank runs its own manager, and they agree on each "
+                f"step's save. Call torch.distributed.init_process_group first (torchrun sets it up), or leave "
+                f"shard_num unset for a job of one process")
         self.saver, self.async_save, self.prefix = saver, async_save, prefix
         self.resize_policy = resize_policy
         self.global_step = 0

@@ -541,3 +541,13 @@ def test_user_signal_saves_at_the_next_step_boundary(tmp_path):
 
 def committed_or_none(out):
     return committed(out) if os.path.exists(os.path.join(out, "checkpoint")) else []
+
+
+def test_a_manager_of_several_shards_without_a_process_group_is_refused_by_name(tmp_path):
+    """It raised torch's own ValueError ("Default process group has not been initialized")."""
+    from recckpt import HashTable
+    from recckpt.errors import InvalidArgumentError
+    m = torch.nn.Module()
+    m.t = HashTable("t", dim=4)
+    with pytest.raises(InvalidArgumentError, match=r"shard_num=2 needs an initialised torch.distributed"):
+        CheckpointManager(Saver(m, output_dir=str(tmp_path)), 1, shard_id=0, shard_num=2)

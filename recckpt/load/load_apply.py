@@ -6,6 +6,7 @@ import logging
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..errors import (
@@ -153,6 +154,8 @@ class LoadPlan:
                             f"{target!r} {n}; a merge loads a fixed-size table into one at least as large (rows "
                             f"past the end are not dropped): build the model table with >= {info.num_rows} rows, "
                             f"or leave this table out with load_conf 'tables'")
+                    if info.bucket_fn != "row_range" and m.parent is None and not self.incompatible:
+                        self._check_row_ids(name, target, n, replacing=not conf.merge)
                 if implements(table, RoutedRows) and slots and not self.incompatible:
                     self._plan_routed(name, target, table, info, slots)
                 for slot, spec in meta.slots.items():
@@ -271,6 +274,29 @@ class LoadPlan:
                     "names, 'rename'/'tables'/'dense_keys'; when only optimizer slots differ (another sparse "
                     "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
+
+    def _check_row_ids(self, name: str, target: str, n: int, replacing: bool) -> None:
+        """A hash-keyed checkpoint table (a HashTable's) into fixed-size model table `target` of `n` rows:
+        its ids are row indices there, so every id must lie in [0, n), and a replacing load needs each row
+        exactly once. Checked on the ids alone (8 bytes a row, a byte a row of memory) before anything is
+        applied: found while applying, a bad id stopped the load with the table half written."""
+        seen = np.zeros(n, dtype=bool) if replacing else None
+        for ids, _ in self.reader.segments.iter_table(name, [], [], 0, self.m.num_buckets):
+            ids = np.asarray(ids)
+            bad = ids[(ids < 0) | (ids >= n)]
+            if bad.size:
+                self.incompatible.append(
+                    f"table {name!r}: id {int(bad[0])} (and {bad.size - 1} more in this part) is not a row of "
+                    f"fixed-size model table {target!r}, whose ids are its row indices 0..{n - 1}; build the model "
+                    f"table with more rows, or warm-start a HashTable instead")
+                return
+            if seen is not None:
+                seen[ids] = True
+        if seen is not None and not seen.all():
+            self.incompatible.append(
+                f"table {name!r}: its ids do not cover rows 0..{n - 1} of fixed-size model table {target!r} "
+                f"({int(n - seen.sum())} rows have none, so others repeat); a replacing load sets every row once "
+                f"(load_conf 'merge': True writes only the rows it holds)")
 
     def _unexpected_io_state(self, tree, shard_id: int) -> None:
         """Entries of this worker's saved IO state that nothing registered takes (recckpt's own RNG entry

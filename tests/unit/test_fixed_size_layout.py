@@ -281,9 +281,8 @@ def test_a_failed_read_of_tables_read_together_says_what_may_be_partly_loaded(tm
 
 
 def test_a_table_failing_while_its_run_is_planned_fails_with_its_own_name(tmp_path):
-    """A table whose planning fails (here: a corrupt chunk of its stored ids, in a checkpoint written with
-    hash buckets) is not read with the others: the load fails when it reaches that table, naming it
-    (message and `table`), with the tables before it loaded and those after it untouched."""
+    """A table whose stored ids are corrupt (in a checkpoint written with hash buckets) fails the load
+    naming it (message and `table`), before any table is touched."""
     from helpers.tables import DictTable
     from recckpt.errors import CorruptCheckpointError
     names = ["t0", "t1", "t2"]
@@ -308,7 +307,45 @@ def test_a_table_failing_while_its_run_is_planned_fails_with_its_own_name(tmp_pa
         Saver(Tables(tabs), output_dir=str(tmp_path)).load(ckpt_id="h")
     msg = str(ei.value)
     assert ei.value.table == "t1", (ei.value.table, msg)
-    assert "table 't1'" in msg and "Loading stopped in table 't1', which is partially loaded;" in msg, msg
-    assert "tables fully loaded before it: t0;" in msg, msg
-    tabs[0].check_against(cols)
-    assert (tabs[2].store[0][1]["embedding"] == -1).all(), "t2, after the failing table, was written"
+    # hash-bucketed ids into a fixed-size table are checked (as row indices) before anything is applied, so
+    # the corrupt chunk is found then: no table was touched (before, t0 had been loaded when t1 failed)
+    assert "table 't1'" in msg and "CRC mismatch" in msg, msg
+    assert all(t.loaded == [] and t.imported == 0 for t in tabs), [(t.loaded, t.imported) for t in tabs]
+    assert all((t.store[0][1]["embedding"] == -1).all() for t in tabs), "a table was written"
+
+
+@pytest.mark.parametrize("case", ["out_of_range", "negative", "repeated_row", "merge_out_of_range"])
+def test_a_hash_table_with_ids_that_are_not_rows_is_refused_before_anything_is_applied(tmp_path, case):
+    """A HashTable-style checkpoint (hash buckets) warm-starting a fixed-size table: its ids are row
+    indices there. One id past the end (or negative, or the right count with a row repeated and one
+    missing) was found while applying: the load stopped with the table half written. Now refused first,
+    naming the id, and the table is left as it was."""
+    from helpers.tables import DictTable
+    from recckpt.errors import IncompatibleCheckpointError
+    ids, cols = full_rows()
+    ids = ids.copy()
+    if case in ("out_of_range", "merge_out_of_range"):
+        ids[-1] = N + 1000
+    elif case == "negative":
+        ids[-1] = -5
+    else:
+        ids[-1] = 7   # N ids, 7 twice, N-1 missing (a different table's duplicates: see test_dist)
+    src = DictTable("fixed", FakeFixed(()).slots)
+    if case == "repeated_row":   # a DictTable keeps one row per id: write the repeat on a second worker
+        keep = np.arange(N - 1)
+        src.set_rows(torch.from_numpy(ids[keep]), {k: torch.from_numpy(v[keep]) for k, v in cols.items()})
+        other = DictTable("fixed", FakeFixed(()).slots)
+        other.set_rows(torch.tensor([7]), {k: torch.from_numpy(v[-1:]) for k, v in cols.items()})
+        for w, t in enumerate((src, other)):
+            Saver(Holder(t), output_dir=str(tmp_path), options=SaveOptions(fsync=False)).save("h", shard_id=w,
+                                                                                               shard_num=2)
+    else:
+        src.set_rows(torch.from_numpy(ids), {k: torch.from_numpy(v) for k, v in cols.items()})
+        Saver(Holder(src), output_dir=str(tmp_path), options=SaveOptions(fsync=False)).save("h")
+    t = FakeFixed(((0, N),))
+    conf = {"merge": True} if case.startswith("merge") else None
+    want = {"out_of_range": f"id {N + 1000} ", "merge_out_of_range": f"id {N + 1000} ", "negative": "id -5 ",
+            "repeated_row": "do not cover rows"}[case]
+    with pytest.raises(IncompatibleCheckpointError, match=want):
+        Saver(Holder(t), output_dir=str(tmp_path)).load(ckpt_id="h", load_conf=conf)
+    assert t.rows == {}   # nothing applied

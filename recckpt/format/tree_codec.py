@@ -40,6 +40,13 @@ class _Encoder:
         if isinstance(obj, float):
             return obj if math.isfinite(obj) else {"__float__": repr(obj)}
         if isinstance(obj, torch.Tensor):
+            kind = type(obj).__name__
+            if kind in ("ShardedTensor", "DTensor"):   # (even detach() of one raises torch's own error)
+                raise TypeError(
+                    f"{path}: a {kind} (each rank holds a shard of it) cannot be stored as one registered object's "
+                    f"state, which rank 0 writes alone. If this is a TorchRec optimizer combining the tables' fused "
+                    f"optimizer (dmp.fused_optimizer, a CombinedOptimizer over it) with a dense one, register only the "
+                    f"dense optimizer: recckpt saves the fused optimizer's state as the tables' slots")
             return {"__tensor__": self._add(obj.detach().cpu(), path)}
         if isinstance(obj, np.ndarray):
             if obj.dtype == object:

@@ -74,6 +74,12 @@ def _collection(m, n: str, r: str) -> Found | None:
     cls = type(m).__name__
     if not _is_torchrec(m):
         return None
+    if ".quant." in f"{type(m).__module__}." and (cls in UNSHARDED or cls in SHARDED or cls in MANAGED):
+        # TorchRec's inference collections hold int8/int4 rows with per-row scale and shift: another layout
+        raise InvalidArgumentError(
+            f"TorchRec {type(m).__module__}.{cls} at {n!r} is a quantized inference collection; recckpt saves and "
+            f"loads the training collections (torchrec.EmbeddingBagCollection / EmbeddingCollection). Load the "
+            f"checkpoint into the float model, then quantize it as TorchRec does (or export it: recckpt export)")
     if cls in MANAGED:
         inner = getattr(m, MC_EMBEDDING)
         icls = type(inner).__name__

@@ -252,7 +252,8 @@ class LoadPlan:
                 self.problems_unexpected.append(
                     "the checkpoint holds a sparse optimizer's own state (its step counts), and this Saver has "
                     "no sparse optimizer (pass it as Saver(model, sparse_optim, ...))")
-            elif not saved and self.sparse_optim is not None and self.sparse_jobs_hold_optimizer_slots():
+            elif (not saved and self.sparse_optim is not None and getattr(self.sparse_optim, "steps_matter", False)
+                  and self.sparse_jobs_hold_optimizer_slots()):
                 self.problems_missing.append(
                     f"the sparse optimizer's own state (its step counts) is not in the checkpoint: it was saved "
                     f"without a sparse optimizer, so {type(self.sparse_optim).__name__} would keep its live "

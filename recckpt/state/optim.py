@@ -121,6 +121,13 @@ class SparseOptimizer:
         """Step count of each table, by table name."""
         return dict(self._steps)
 
+    @property
+    def steps_matter(self) -> bool:
+        """Whether updates depend on the step counts (bias correction, a decaying learning rate): then
+        optimizer slots loaded without the counts they were saved with would be stepped wrongly, and a
+        strict load refuses them (docs/LOADING.md). True unless a subclass knows better."""
+        return True
+
     def state_dict(self) -> Dict[str, Any]:
         """Small scalar state only (per-id state is in the tables' ``sparse_opt`` slots)::
 
@@ -227,6 +234,11 @@ class SparseAdagrad(SparseOptimizer):
         iav = _check_float("initial_accumulator_value", d["initial_accumulator_value"])
         lr_decay = _check_float("lr_decay", d["lr_decay"])
         self.lr, self.eps, self.initial_accumulator_value, self.lr_decay = lr, eps, iav, lr_decay
+
+    @property
+    def steps_matter(self) -> bool:
+        """Only a decaying learning rate reads the step count."""
+        return self.lr_decay != 0
 
     def _ensure_slots(self, table: HashTable) -> None:
         table.add_slot(self.ACC, table.compute_dtype, (table.dim,), init=self.initial_accumulator_value,

@@ -390,3 +390,23 @@ def test_strict_refuses_a_sparse_optimizers_state_on_one_side_only(tmp_path):
         s2.load()
     with pytest.warns(UserWarning, match="sparse optimizer's own state"):
         s2.load(load_conf={"strict": False})
+
+
+@pytest.mark.parametrize("lr_decay", [0.0, 0.1])
+def test_adagrad_needs_its_steps_only_with_a_decaying_rate(tmp_path, lr_decay):
+    """A warm start of SparseAdagrad's accumulators from a checkpoint without its step counts (a TorchRec
+    table's fused Adagrad state, or a save without the optimizer) is exact unless lr_decay reads the step."""
+    from recckpt import SparseAdagrad
+    src = M()
+    SparseAdagrad(src, lr=0.1)
+    src(torch.arange(10), torch.arange(10) % 5)
+    Saver(src, output_dir=tmp_path, options=OPTS).save("c")
+    m = M(seed=3)
+    s = Saver(m, sparse_optim=SparseAdagrad(m, lr=0.1, lr_decay=lr_decay), output_dir=tmp_path)
+    if lr_decay:
+        with pytest.raises(IncompatibleCheckpointError, match="its step counts"):
+            s.load()
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert s.load().sparse_rows == len(src.user) + len(src.item)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 import recckpt
-from recckpt.errors import InvalidArgumentError, RecckptError
+from recckpt.errors import CorruptCheckpointError, InvalidArgumentError, RecckptError
 
 from . import render
 
@@ -93,17 +93,31 @@ def cmd_ls(a) -> int:
     return EXIT_OK
 
 
-def _inspect_doc(view, objects: bool) -> dict:
+def _inspect_doc(view, objects: bool, damaged: list[str] | None = None) -> dict:
+    """What inspect shows. With `damaged` (what `files_problems` found), a part that cannot be read for that
+    damage is left out and its error joins the list, instead of failing the whole report."""
+    def part(read, empty):
+        if not damaged:
+            return read()
+        try:
+            return read()
+        except CorruptCheckpointError as e:
+            if not any((e.path or str(e)) in said for said in damaged):
+                damaged.append(str(e))
+            return empty
+
     doc = {"path": view.path, "ckpt_id": view.ckpt_id, "step": view.step, "kind": view.kind,
            "created": view.created, "workers": view.workers, "num_buckets": view.num_buckets,
            "format_version": view.format_version, "parent": view.parent, "links": list(view.links),
            "writer": view.writer,
-           "size_bytes": view.size_bytes, "metadata": dict(view.metadata),
-           "tables": {t.name: {"rows": t.rows, "slots": {s.name: {"dtype": s.dtype, "shape": list(s.shape),
-                                                                  "category": s.category}
-                                                         for s in t.slots.values()}}
-                      for t in view.tables.values()},
-           "dense": {d.key: {"dtype": d.dtype, "shape": list(d.shape)} for d in view.dense.values()}}
+           "size_bytes": part(lambda: view.size_bytes, None), "metadata": dict(view.metadata),
+           "tables": part(lambda: {t.name: {"rows": t.rows,
+                                            "slots": {s.name: {"dtype": s.dtype, "shape": list(s.shape),
+                                                               "category": s.category}
+                                                      for s in t.slots.values()}}
+                                   for t in view.tables.values()}, {}),
+           "dense": part(lambda: {d.key: {"dtype": d.dtype, "shape": list(d.shape)} for d in view.dense.values()},
+                         {})}
     if objects:
         tree = view.objects(arrays=True)   # numpy arrays: inspect does not import torch
         doc["objects"] = {n: {"kind": e["kind"], "state": render.summary(e["state"])}
@@ -116,7 +130,7 @@ def _inspect_doc(view, objects: bool) -> dict:
 def cmd_inspect(a) -> int:
     view = recckpt.open(a.ckpt, a.storage_options)
     damaged = view.files_problems()   # what a load would meet, said here rather than there
-    doc = _inspect_doc(view, objects=not a.no_objects and not damaged)
+    doc = _inspect_doc(view, objects=not a.no_objects and not damaged, damaged=damaged)
     doc["damaged"] = damaged
     status = EXIT_PROBLEM if damaged else EXIT_OK
     if a.json:
@@ -127,8 +141,9 @@ def cmd_inspect(a) -> int:
         print(f"! damaged: {problem}")
     if damaged:
         print(f"! it cannot be loaded; `recckpt verify {doc['path']}` checks every byte (objects not shown)")
+    size = "size unknown" if doc["size_bytes"] is None else render.human_bytes(doc["size_bytes"])
     print(f"  id {view.ckpt_id}, step {'-' if view.step is None else view.step}, {view.kind}, "
-          f"created {view.created:%Y-%m-%d %H:%M:%S UTC}, {render.human_bytes(doc['size_bytes'])}")
+          f"created {view.created:%Y-%m-%d %H:%M:%S UTC}, {size}")
     print(f"  {view.workers} worker(s), {view.num_buckets} buckets, format version {view.format_version}, "
           f"written by {view.writer}" + (f", parent {view.parent}" if view.parent else ""))
     if len(view.links) > 1:   # rows below are the folded state of the whole chain

@@ -56,10 +56,11 @@ class Agreement(LocalAgreement):
                 f"together, and another rank failed, exited or did not): {type(e).__name__}: {e}",
                 rank=self.rank) from e
 
-    def _run(self, what: str, fn):
+    def _run(self, what: str, fn, mark: bool = True):
         self._calls += 1
         where = f"{what} (manager {self._nth}, call {self._calls})"
-        self._arrivals.mark(where)
+        if mark:   # (not the per-step exchange: a request to the store every training step)
+            self._arrivals.mark(where)
         try:
             return fn(self._groups.group(self._groups.STEP, self.timeout_s))
         except CoordinationError:
@@ -69,7 +70,7 @@ class Agreement(LocalAgreement):
             raise CoordinationError(
                 f"rank {self.rank} of {self.world}: {what} on recckpt's coordination group failed "
                 f"(timeout {self.timeout_s:g}s; another rank failed, exited or stopped responding): "
-                f"{type(e).__name__}: {e}{self._arrivals.missing(where)}", rank=self.rank) from e
+                f"{type(e).__name__}: {e}{self._arrivals.missing(where) if mark else ''}", rank=self.rank) from e
 
     def _all_reduce(self, t, op, g):
         self._dist.all_reduce(t, op=op, group=g, async_op=True).wait(timeout=timedelta(seconds=self.timeout_s))
@@ -79,7 +80,7 @@ class Agreement(LocalAgreement):
         """(rank 0's `rank0_flag`, the largest `signal` of any rank), on every rank."""
         import torch
         t = torch.tensor([int(bool(rank0_flag)) if self.rank == 0 else 0, int(signal)], dtype=torch.int64)
-        t = self._run("the per-step agreement", lambda g: self._all_reduce(t, self._dist.ReduceOp.MAX, g))
+        t = self._run("the per-step agreement", lambda g: self._all_reduce(t, self._dist.ReduceOp.MAX, g), mark=False)
         return bool(t[0]), int(t[1])
 
     def worst(self, code: int) -> int:

@@ -51,10 +51,12 @@ class TorchCoordinator(Coordinator):
         self._arrivals = Arrivals(groups.SAVE, self.rank, self.world)
 
     # ---------------------------------------------------------------------------- collectives
-    def _collective(self, key, what: str, fn, error=CheckpointSaveError, limit_s: float | None = None):
+    def _collective(self, key, what: str, fn, error=CheckpointSaveError, limit_s: float | None = None,
+                    step: str | None = None):
         """`fn()`, a collective bounded by `limit_s` (default: the coordination timeout); its failure
-        becomes `error`, naming the step (and the ranks that never reached it, when the store can tell)."""
-        where = f"{what} of checkpoint {key[1]!r}"
+        becomes `error`, naming the step (and the ranks that never reached it, when the store can tell).
+        `step`: the collective's name on every rank, where `what` differs between ranks."""
+        where = f"{step or what} of checkpoint {key[1]!r} in {key[0]}"
         self._arrivals.mark(where)
         try:
             return fn()
@@ -147,7 +149,8 @@ class TorchCoordinator(Coordinator):
             return
         if self.rank == 0:
             try:
-                self._collective(key, "announcing the outcome", lambda: self._broadcast0({"error": error}))
+                self._collective(key, "announcing the outcome", lambda: self._broadcast0({"error": error}),
+                                 step="sharing the outcome")
             except CheckpointSaveError:
                 if error is None:   # committed: the checkpoint is valid whatever the others heard
                     return
@@ -157,7 +160,7 @@ class TorchCoordinator(Coordinator):
             return
         # This rank's part is handed over: if the announcement is lost, rank 0 may have committed.
         outcome = self._collective(key, "waiting for the outcome", lambda: self._broadcast0(None),
-                                   CommitOutcomeUnknownError)
+                                   CommitOutcomeUnknownError, step="sharing the outcome")
         self._phase[key] = "done"
         if outcome["error"] is not None:
             raise CheckpointSaveError(f"rank {self.rank}: checkpoint {key[1]!r} was not committed: "

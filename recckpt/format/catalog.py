@@ -175,7 +175,9 @@ def _listing3(storage: Storage, trust_catalog: bool = True, top: list[str] | Non
         # a request per checkpoint; there the newest is checked below and the rest trusted.)
         found = {n: e for n, e in found.items() if storage.exists(f"{n}/{names.MANIFEST}")}
     known = known or {}
-    found.update({n: CatalogEntry.from_manifest(known[n]) for n in candidates if n not in found and n in known})
+    # a manifest the caller holds (one it has just committed) wins over the catalog's entry for its id: that
+    # entry may describe a checkpoint deleted by hand and saved again under the same id
+    found.update({n: CatalogEntry.from_manifest(known[n]) for n in candidates if n in known})
     unknown = [n for n in candidates if n not in found]
     for name, m in zip(unknown, _read_manifests(storage, unknown)):
         if m is not None:
@@ -294,7 +296,12 @@ def broken_chains(found: list[tuple[str, CatalogEntry]]) -> list[tuple[str, str]
     link of its chain is not committed (deleted by hand, or its manifest gone): listings show it, and say
     so, instead of presenting it as loadable. No request: the catalog entries name the parents."""
     parent_of = {i: m.parent.ckpt_id for i, m in found if m.parent is not None}
-    committed_ids = {i for i, _ in found}
+    entry = dict(found)
+    # a parent is the checkpoint its child names by id *and* manifest hash: one deleted and saved again
+    # under the same id is another checkpoint (open_chain refuses it as "altered or replaced")
+    committed_ids = {i for i, m in found}
+    replaced = {i for i, m in found if m.parent is not None and m.parent.ckpt_id in entry
+                and entry[m.parent.ckpt_id].manifest_sha256 != m.parent.manifest_sha256}
     missing_link: dict[str, str | None] = {}   # id -> the first link of its chain not committed (None: whole)
     for start, _ in found:
         path = []
@@ -305,6 +312,9 @@ def broken_chains(found: list[tuple[str, CatalogEntry]]) -> list[tuple[str, str]
                 break
             if i not in parent_of:
                 missing_link[i] = None
+                break
+            if i in replaced:   # its parent's id holds another checkpoint now: the link is gone
+                missing_link[i] = parent_of[i]
                 break
             if i in path:   # a loop: only a hand-made catalog or manifest could name one
                 missing_link[i] = i
@@ -317,8 +327,10 @@ def broken_chains(found: list[tuple[str, CatalogEntry]]) -> list[tuple[str, str]
     for i, _ in found:
         gone = missing_link.get(i)
         if gone is not None:
-            out.append((i, f"its parent {gone} is not a committed checkpoint" if parent_of.get(i) == gone else
-                        f"{gone}, a link of its chain, is not a committed checkpoint"))
+            what = "was replaced by another checkpoint of that id" if gone in committed_ids else \
+                "is not a committed checkpoint"
+            out.append((i, f"its parent {gone} {what}" if parent_of.get(i) == gone else
+                        f"{gone}, a link of its chain, {what}"))
     return out
 
 

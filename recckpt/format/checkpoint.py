@@ -592,30 +592,34 @@ class CheckpointReader:
                 with gcpause.paused():
                     parse_index_bytes(data, self.describe(rel), self.manifest.format_version)
 
-    def files_problems(self) -> list[str]:
+    def files_problems(self, read_small_files: bool = True) -> list[str]:
         """What is wrong with this checkpoint's files short of reading its rows (empty when none): each file
         the manifest or the index records that is missing or of another size, and each file the manifest
         records (dense tensors, registered objects, IO state, indexes; not the shard files) whose CRC
-        does not match. Shard files are checked by size only (one size query each, a listing per
-        directory on object stores): flipped bytes in them need `verify`."""
+        does not match (`read_small_files`; else by size only). Shard files are checked by size only (one
+        size query each, a listing per directory on object stores): flipped bytes in them need `verify`."""
         problems = []
         rels = sorted(self.manifest.files)
         try:
-            have: list[int | None] = list(self.storage.sizes([self._rel(r) for r in rels]))
-        except FileNotFoundError:   # one is missing: ask each, to name it
+            have: list[int | str | None] = list(self.storage.sizes([self._rel(r) for r in rels]))
+        except (OSError, CorruptCheckpointError):   # one is missing or not a file: ask each, to name it
             have = []
             for r in rels:
                 try:
                     have.append(self.storage.size(self._rel(r)))
                 except FileNotFoundError:
                     have.append(None)
+                except (OSError, CorruptCheckpointError) as e:
+                    have.append(f"{type(e).__name__}: {e}")
         for rel, n in zip(rels, have):
             want = self.manifest.files[rel].size
             if n is None:
                 problems.append(f"{self.describe(rel)}: missing")
+            elif isinstance(n, str):
+                problems.append(f"{self.describe(rel)}: {n}")
             elif n != want:
                 problems.append(f"{self.describe(rel)}: {n} bytes, the manifest recorded {want}")
-            else:   # the files beside the shards (dense, extras, IO state, indexes): read, CRC checked
+            elif read_small_files:   # the files beside the shards (dense, extras, IO state, indexes): CRC
                 try:
                     self.read_file(rel)
                 except CorruptCheckpointError as e:

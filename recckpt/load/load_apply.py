@@ -248,7 +248,7 @@ class LoadPlan:
             self._unexpected_io_state(self.reader.io_state(shard_id) or {}, shard_id)
         if conf.wants("sparse_opt") and self.extras_tree is not None:
             saved = self.extras_tree.get("sparse_optimizer") is not None
-            if saved and self.sparse_optim is None:
+            if saved and self.sparse_optim is None and self.sparse_jobs_hold_optimizer_slots():
                 self.problems_unexpected.append(
                     "the checkpoint holds a sparse optimizer's own state (its step counts), and this Saver has "
                     "no sparse optimizer (pass it as Saver(model, sparse_optim, ...))")

@@ -113,15 +113,14 @@ class LoadConfig:
                                   f"{type(self.ownership).__name__}")
         for name in ("load", "exclude", "tables", "slots", "dense_keys"):
             object.__setattr__(self, name, _tuple_of_str(getattr(self, name), name))
-        chosen = set(CATEGORIES) if "*" in self.load else set(self.load)
-        if not self.load or "*" in self.exclude or not chosen - set(self.exclude):
-            raise LoadConfigError(f"LoadConfig load={list(self.load)}, exclude={list(self.exclude)} selects "
-                                  f"nothing to load; name at least one of {', '.join(CATEGORIES)} (or '*')")
         for name in ("load", "exclude"):
             bad = [c for c in getattr(self, name) if c != "*" and c not in CATEGORIES]
             if bad:
                 raise LoadConfigError(f"LoadConfig.{name}: unknown categories {bad}; known: "
                                       f"{', '.join(CATEGORIES)} and '*'")
+        if not self.load or not any(self.wants(c) for c in CATEGORIES):
+            raise LoadConfigError(f"LoadConfig load={list(self.load)}, exclude={list(self.exclude)} selects "
+                                  f"nothing to load; name at least one of {', '.join(CATEGORIES)} (or '*')")
         for name in ("strict", "cast", "merge", "mmap"):
             if not isinstance(getattr(self, name), bool):
                 raise LoadConfigError(f"LoadConfig.{name} must be a bool, got {getattr(self, name)!r}")

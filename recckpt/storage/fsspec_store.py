@@ -49,7 +49,9 @@ def _merged_options(protocol: str, options: dict | None) -> dict:
                 # only whole: without this, the defaults here would replace a configured config_kwargs
                 # (timeouts, retries, addressing style) instead of filling in around it.
                 from fsspec.config import conf
-                configured = (conf.get(protocol) or {}).get(k) or {}
+                configured = {}
+                for proto in ("s3", "s3a"):   # s3fs answers to both: fsspec applies the config of each
+                    configured.update((conf.get(proto) or {}).get(k) or {})
                 out[k] = {**copy.deepcopy(v), **copy.deepcopy(configured), **(out.get(k) or {})}
             else:
                 out.setdefault(k, copy.deepcopy(v))

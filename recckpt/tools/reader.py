@@ -204,10 +204,11 @@ class CheckpointView:
         return self._slots
 
     def files_problems(self) -> list[str]:
-        """Files of the checkpoint (every link of its chain) that are missing or of another size than
-        recorded, found without reading them (CheckpointReader.files_problems); empty when none."""
+        """What is wrong with the checkpoint's files short of reading rows (CheckpointReader.files_problems;
+        empty when none): this checkpoint's small files read and CRC-checked, every link of its chain
+        checked by sizes (its older links' dense and object files are not what a load of it reads)."""
         with self._reading():
-            return [p for link in self._links for p in link.files_problems()]
+            return [p for link in self._links for p in link.files_problems(read_small_files=link is self._r)]
 
     # ------------------------------------------------------------------------------------- digests
     @property

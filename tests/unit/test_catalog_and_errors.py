@@ -243,3 +243,10 @@ def test_ls_says_which_increments_cannot_be_loaded_and_which_listed_ids_are_gone
     assert "unfound: x (the version file lists it, but it is a file" in out and "recckpt gc" in out, out
     with pytest.raises(CorruptCheckpointError, match="c1"):   # what ls says is what a load meets
         Saver(M(), output_dir=str(tmp_path)).load(str(tmp_path / "c2"), direct_path=True)
+    # a parent deleted and saved again under its id is another checkpoint: the chain is still broken
+    s.save("c1")
+    got = recckpt.list_checkpoints(str(tmp_path))
+    assert got.broken == [("c2", "its parent c1 was replaced by another checkpoint of that id"),
+                          ("c3", "c1, a link of its chain, was replaced by another checkpoint of that id")], got.broken
+    with pytest.raises(CorruptCheckpointError, match="c1"):
+        Saver(M(), output_dir=str(tmp_path)).load(str(tmp_path / "c2"), direct_path=True)

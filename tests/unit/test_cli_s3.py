@@ -72,3 +72,17 @@ def test_fsspec_configuration_from_the_environment(s3_server, s3_bucket):
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout)
     assert got["read_timeout"] == 7 and got["connect_timeout"] == 10, got   # configured, and recckpt's bound
+
+
+def test_fsspec_configuration_under_s3a_is_kept_too(monkeypatch):
+    """s3fs answers to s3 and s3a, and fsspec applies the configuration of both; recckpt's defaults
+    replaced an s3a-configured config_kwargs whole."""
+    from fsspec.config import conf
+
+    from recckpt.storage.fsspec_store import _merged_options
+    monkeypatch.setitem(conf, "s3a", {"config_kwargs": {"read_timeout": 300, "s3": {"addressing_style": "path"}}})
+    got = _merged_options("s3", {})["config_kwargs"]
+    assert got["read_timeout"] == 300 and got["s3"] == {"addressing_style": "path"}, got
+    assert got["connect_timeout"] == 10   # recckpt's bound fills in what the configuration leaves out
+    got = _merged_options("s3", {"config_kwargs": {"read_timeout": 5}})["config_kwargs"]
+    assert got["read_timeout"] == 5   # explicit storage_options win

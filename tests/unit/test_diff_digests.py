@@ -281,3 +281,33 @@ def test_inspect_says_a_checkpoint_is_damaged(tmp_path, capsys):
     _save(tmp_path, "b", table_rows(200))
     code, out = _cli(capsys, "inspect", "--json", str(tmp_path / "b"))
     assert code == 0 and json.loads(out)["damaged"] == []
+
+
+def test_inspect_names_a_file_replaced_by_a_directory_and_reads_only_what_a_load_reads(tmp_path, capsys):
+    """A dense file replaced by a directory gave a bare error line, not the damage report; and inspect of an
+    increment CRC-checked every older link's dense and object files too (a load of it reads only its own)."""
+    import shutil
+    _save(tmp_path, "a", table_rows(200))
+    dense = tmp_path / "a" / "dense.safetensors"
+    dense.unlink()
+    dense.mkdir()
+    code, out = _cli(capsys, "inspect", str(tmp_path / "a"))
+    assert code == 1 and "! damaged:" in out and "dense.safetensors" in out, out
+    shutil.rmtree(tmp_path / "a")
+    m = torch.nn.Module()
+    m.user = recckpt.HashTable("user", 4, track_changes=True)
+    m.lin = torch.nn.Linear(4, 3)
+    m.user(torch.arange(50))
+    s = Saver(m, output_dir=str(tmp_path / "run"), options=FAST, max_keep=None)
+    s.save("c0")
+    m.user(torch.arange(50, 60))
+    s.save("c1", incremental=True)
+    assert recckpt.open(str(tmp_path / "run" / "c1")).links == ["c0", "c1"]
+    old_dense = tmp_path / "run" / "c0" / "dense.safetensors"
+    data = bytearray(old_dense.read_bytes())
+    data[-2] ^= 0x01   # same size: only a read of c0's dense would see it
+    old_dense.write_bytes(bytes(data))
+    code, out = _cli(capsys, "inspect", "--no-objects", str(tmp_path / "run" / "c1"))
+    assert code == 0 and "damaged" not in out, out
+    code, out = _cli(capsys, "inspect", "--no-objects", str(tmp_path / "run" / "c0"))
+    assert code == 1 and "! damaged:" in out and "dense.safetensors" in out, out

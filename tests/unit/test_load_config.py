@@ -410,3 +410,18 @@ def test_adagrad_needs_its_steps_only_with_a_decaying_rate(tmp_path, lr_decay):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert s.load().sparse_rows == len(src.user) + len(src.item)
+
+
+def test_an_eval_load_of_embeddings_alone_needs_no_sparse_optimizer(tmp_path):
+    """A Saver without a sparse optimizer loading only the embeddings (slots ['embedding']) of a checkpoint
+    that holds SparseAdam's state: no optimizer slot is written, so the optimizer's step counts are beside
+    the point (a review found this refused after the strict check on one-sided optimizer state)."""
+    src, _ = saved(tmp_path)
+    m = M(seed=5)
+    s = Saver(m, output_dir=tmp_path)
+    s.register_for_checkpointing("meta", {})
+    s.register_io_state("reader", IO())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = s.load(load_conf={"slots": ["embedding"]})
+    assert res.sparse_rows == len(src.user) + len(src.item)

@@ -153,7 +153,9 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
         shards = _local_shards(w)
         replicated = ps.sharding_type == "data_parallel"
         kernel = str(getattr(ps, "compute_kernel", "fused"))
-        fused_kernel = replicated or kernel.startswith("fused")
+        # TorchRec's "dense" kernel: an ordinary parameter an ordinary optimizer steps whole. (Fused, key-value
+        # and SSD kernels update the rows they look up, with their own optimizer state.)
+        fused_kernel = replicated or kernel != "dense"
         opt = _fused_states(full_name, fused.get(rel, {}), (n, d))
         if not fused_kernel and key in params:
             _refuse_sharded_optimizer_state(full_name, kernel, ps.sharding_type, params[key], opts)

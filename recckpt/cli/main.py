@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 
 import recckpt
-from recckpt.errors import CorruptCheckpointError, InvalidArgumentError, RecckptError
+from recckpt.errors import InvalidArgumentError, RecckptError
+from recckpt.tools.reader import unless_damaged
 
 from . import render
 
@@ -96,27 +97,17 @@ def cmd_ls(a) -> int:
 def _inspect_doc(view, objects: bool, damaged: list[str] | None = None) -> dict:
     """What inspect shows. With `damaged` (what `files_problems` found), a part that cannot be read for that
     damage is left out and its error joins the list, instead of failing the whole report."""
-    def part(read, empty):
-        if not damaged:
-            return read()
-        try:
-            return read()
-        except CorruptCheckpointError as e:
-            if not any((e.path or str(e)) in said for said in damaged):
-                damaged.append(str(e))
-            return empty
-
     doc = {"path": view.path, "ckpt_id": view.ckpt_id, "step": view.step, "kind": view.kind,
            "created": view.created, "workers": view.workers, "num_buckets": view.num_buckets,
            "format_version": view.format_version, "parent": view.parent, "links": list(view.links),
            "writer": view.writer,
-           "size_bytes": part(lambda: view.size_bytes, None), "metadata": dict(view.metadata),
-           "tables": part(lambda: {t.name: {"rows": t.rows,
+           "size_bytes": unless_damaged(damaged, lambda: view.size_bytes, None), "metadata": dict(view.metadata),
+           "tables": unless_damaged(damaged, lambda: {t.name: {"rows": t.rows,
                                             "slots": {s.name: {"dtype": s.dtype, "shape": list(s.shape),
                                                                "category": s.category}
                                                       for s in t.slots.values()}}
                                    for t in view.tables.values()}, {}),
-           "dense": part(lambda: {d.key: {"dtype": d.dtype, "shape": list(d.shape)} for d in view.dense.values()},
+           "dense": unless_damaged(damaged, lambda: {d.key: {"dtype": d.dtype, "shape": list(d.shape)} for d in view.dense.values()},
                          {})}
     if objects:
         tree = view.objects(arrays=True)   # numpy arrays: inspect does not import torch

@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError
-from .reader import CheckpointView, open as open_checkpoint
+from .reader import CheckpointView, open as open_checkpoint, unless_damaged
 
 #: Rows of both checkpoints held at once by a value diff are about this many bytes.
 GROUP_BYTES = 64 << 20
@@ -124,8 +123,8 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
         for t in sorted(set(va.schema) & set(vb.schema)):
             _compare_table(va, vb, t, r)
     r.dense = _compare_dense(va, vb)
-    oa = _unless_damaged(r, "a", lambda: va.objects(arrays=True))
-    ob = _unless_damaged(r, "b", lambda: vb.objects(arrays=True))
+    oa = unless_damaged(r.damaged.get("a"), lambda: va.objects(arrays=True))
+    ob = unless_damaged(r.damaged.get("b"), lambda: vb.objects(arrays=True))
     if oa is not None and ob is not None:   # (one side unreadable: not compared, never "added")
         r.objects = _added_removed_changed(oa["objects"], ob["objects"], _tree_equal)
         sa, sb = oa.get("sparse_optimizer"), ob.get("sparse_optimizer")
@@ -146,26 +145,12 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
 _UNREADABLE = object()
 
 
-def _unless_damaged(r: DiffReport, side: str, read):
-    """`read()`, or None when that side is already known damaged and the read fails on its bytes (the
-    failure joins what `r.damaged` says; the caller then leaves that part out of the comparison, so that
-    nothing is reported added or removed for want of reading it, and the report is never `same`)."""
-    if side not in r.damaged:
-        return read()
-    try:
-        return read()
-    except CorruptCheckpointError as e:
-        if not any((e.path or str(e)) in said for said in r.damaged[side]):   # each file named once
-            r.damaged[side].append(str(e))
-        return None
-
-
 def _io_states(r: DiffReport, side: str, view: CheckpointView) -> dict[str, Any]:
     """Each worker's saved IO state, by "worker W" (workers that saved none left out; a worker's state
     that a damaged side cannot give is `_UNREADABLE`)."""
     out = {}
     for w in view.io_state_workers:
-        got = _unless_damaged(r, side, lambda w=w: view.io_state(w, arrays=True))
+        got = unless_damaged(r.damaged.get(side), lambda w=w: view.io_state(w, arrays=True))
         out[f"worker {w}"] = _UNREADABLE if got is None and side in r.damaged else got
     return out
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointNotFoundError, InvalidArgumentError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidArgumentError
 from ..format import catalog, dtypes
 from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
@@ -105,6 +105,20 @@ def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int
     out = _open_storage(root, storage_options)
     with catalog.deleted_as_such([(storage, "")], "opened"):   # a link may go with it: open_chain says which
         return CheckpointView(reader, open_chain(CheckpointReader(out, ckpt_dir, threads=threads)))
+
+
+def unless_damaged(damaged: list[str] | None, read, empty=None):
+    """`read()`; but where `damaged` (a checkpoint's `files_problems`) is non-empty and the read fails on the
+    checkpoint's bytes, `empty`, with the failure added to `damaged` (each file named once): a report on a
+    damaged checkpoint (diff, inspect) leaves that part out instead of failing whole."""
+    if not damaged:
+        return read()
+    try:
+        return read()
+    except CorruptCheckpointError as e:
+        if not any((e.path or str(e)) in said for said in damaged):
+            damaged.append(str(e))
+        return empty
 
 
 def kind_of(metadata: Mapping[str, str], parent: str | None) -> str:

@@ -70,7 +70,7 @@ def _build(job, world, rank):
     opt_cls = {"adagrad": torch.optim.Adagrad, "rowwise": RowWiseAdagrad, "sgd": torch.optim.SGD}[job["opt"]]
     # data-parallel tables and tables on TorchRec's "dense" kernel get no in-backward optimizer: the dense
     # optimizer steps them
-    dp_tables = {t for t, p in (job["plan"].items() if isinstance(job["plan"], dict) else []) if p in ("dp", "rwdense")}
+    dp_tables = {t for t, p in (job["plan"].items() if isinstance(job["plan"], dict) else []) if p in ("dp",) + DENSE_KERNEL}
     fused = [p for n, p in coll.named_parameters() if n.split(".")[-2] not in dp_tables]
     apply_optimizer_in_backward(opt_cls, fused, {"lr": 0.05, **job.get("opt_kwargs", {})})
 
@@ -97,7 +97,8 @@ def _build(job, world, rank):
 
     model = Model()
     if not sharded:
-        return model, model, _dense_opt(model, opt_cls, job.get("dense_opt", "keyed"), job.get("dense_kwargs"))
+        return model, model, _dense_opt(model, opt_cls, job.get("dense_opt", "keyed"), job.get("dense_kwargs"),
+                                 job.get("dense_cls"))
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import (
         column_wise,
@@ -124,7 +125,9 @@ def _build(job, world, rank):
                 "cw010": lambda i: column_wise(ranks=[0, 1, 0]),
                 "twrw": lambda i: table_row_wise(host_index=0),
                 # row-wise on the "dense" compute kernel: an ordinary parameter the dense optimizer steps
-                "rwdense": lambda i: row_wise(compute_kernel="dense")}
+                "rwdense": lambda i: row_wise(compute_kernel="dense"),
+                "twdense": lambda i: table_wise(rank=(i + 1) % world, compute_kernel="dense"),
+                "cwdense": lambda i: column_wise(ranks=list(range(world)), compute_kernel="dense")}
         per = {n: gens[job["plan"][n]](i) for i, (n, *_rest) in enumerate(job["tables"])}
         plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
                                                                     device_type="cpu")})
@@ -137,10 +140,15 @@ def _build(job, world, rank):
             plan = ShardingPlan({"coll": construct_module_sharding_plan(coll, per, world_size=world, local_size=world,
                                                                         device_type="cpu", sharder=sharders[0])})
     dmp = DistributedModelParallel(model, env=env, plan=plan, device=torch.device("cpu"), sharders=sharders)
-    return dmp, model, _dense_opt(dmp, opt_cls, job.get("dense_opt", "keyed"), job.get("dense_kwargs"))
+    return dmp, model, _dense_opt(dmp, opt_cls, job.get("dense_opt", "keyed"), job.get("dense_kwargs"),
+                                       job.get("dense_cls"))
 
 
-def _dense_opt(model, opt_cls, kind="keyed", kwargs=None):
+#: plans on TorchRec's "dense" compute kernel: the dense optimizer steps those tables
+DENSE_KERNEL = ("rwdense", "twdense", "cwdense")
+
+
+def _dense_opt(model, opt_cls, kind="keyed", kwargs=None, cls=None):
     """The user's dense optimizer, a KeyedOptimizer keyed by parameter name over every parameter without
     an in-backward optimizer: the dense arch and data-parallel tables (registered as "dense_opt"); Adagrad
     (SGD in SGD jobs)."""
@@ -148,6 +156,8 @@ def _dense_opt(model, opt_cls, kind="keyed", kwargs=None):
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     dense_cls = torch.optim.SGD if opt_cls is torch.optim.SGD else torch.optim.Adagrad   # RowWiseAdagrad wants 2-D
+    if cls is not None:   # "dense_cls": another dense optimizer (Adam: state recckpt does not map)
+        dense_cls = {"adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad}[cls]
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
     kwargs = {"lr": 0.05, **(kwargs or {})}
     if kind == "torch":     # a plain torch.optim optimizer (numbered state)
@@ -213,11 +223,28 @@ def _dump(model, dense_opt, path, rank):
                 for k, v in o.state.get(param, {}).items():
                     if isinstance(v, torch.Tensor) and v.dim() > 0:
                         states[k] = [([0] * v.dim(), v.clone())]
-        if dense_opt is not None and not hasattr(w, "local_shards"):
+        sharded = hasattr(w, "local_shards") or hasattr(w, "to_local")
+        if dense_opt is not None and not sharded:
             by_name = {n: dense_opt.state.get(p, {}) for n, p in model.named_parameters()}
             for k, st in by_name.get(key, {}).items():
                 if isinstance(st, torch.Tensor) and st.dim() > 0:
                     states[k] = [([0] * st.dim(), st.clone())]
+        elif dense_opt is not None and key in params and params[key].dim() == 2:
+            # a table on the "dense" kernel: this rank's parameter is its shards stacked by rows, and the
+            # dense optimizer's state is shaped like it; each shard's state is its block of rows
+            param = params[key]
+            for k, st in dense_opt.state.get(param, {}).items():
+                if not isinstance(st, torch.Tensor) or st.numel() < param.shape[0]:
+                    continue
+                if hasattr(w, "local_shards"):
+                    pieces = [(list(s.metadata.shard_offsets), s.tensor) for s in w.local_shards()]
+                else:   # DTensor
+                    loc = w.to_local()
+                    pieces = [(list(o), t) for o, t in zip(loc.local_offsets(), loc.local_shards())]
+                for off, t in pieces:
+                    r0 = (t.storage_offset() - param.storage_offset()) // param.shape[1]
+                    block = st.reshape(param.shape[0], -1)[r0:r0 + t.shape[0]]
+                    states.setdefault(k, []).append((off, block.clone()))
         out[table] = {"weight": local(w), "states": states, "shape": list(w.shape)}
     out.update(_dump_mch(model, sd, fused))
     torch.save(out, os.path.join(path, f"rank{rank}.pt"))
@@ -292,6 +319,9 @@ def _share_bytes(model, dense_opt):
             for o in opts:
                 st = o.state.get(param, {}) if param is not None else {}
                 sts += [v for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        elif dense_opt is not None and key in params:   # the "dense" kernel: the state of this rank's shards
+            sts += [v for v in dense_opt.state.get(params[key], {}).values()
+                    if isinstance(v, torch.Tensor) and v.dim() > 0]
         here = sum(t.numel() * t.element_size() for t in ws + sts)
         share += here
         cols = sum(t.shape[1] for t in ws[:1]) if ws and ws[0].dim() == 2 else shape[1]

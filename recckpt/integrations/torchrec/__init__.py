@@ -17,7 +17,7 @@ TORCHREC_VERSION, FBGEMM_VERSION = check()
 
 from . import tracking  # noqa: E402  (after the version check, which must fail first)
 from .dense_optim import loaded_state, saved_state  # noqa: E402
-from .discover import collections, find_tables, moved_params, table_keys, table_param_names  # noqa: E402
+from .discover import collections, find_tables, moved_params, per_rank_params, table_keys, table_param_names  # noqa: E402
 from .table import TorchRecTable  # noqa: E402
 
 __all__ = ["TorchRecTable", "dense_load_dict", "find_tables", "loaded_object_state", "manifest_metadata",
@@ -70,7 +70,7 @@ def dense_load_dict(model, dense: Dict[str, Any]) -> Dict[str, Any]:
 def saved_object_state(model, obj, state):
     """What a save writes for registered object `obj` (its state_dict `state`): a name-keyed dense
     optimizer's state without the data-parallel tables' parameters whose state the tables' slots hold."""
-    return saved_state(obj, state, moved_params(model, [obj]), model)
+    return saved_state(obj, state, moved_params(model, [obj]), model, per_rank_params(model, [obj]))
 
 
 def loaded_object_state(model, obj, state, loaded_tables=None):

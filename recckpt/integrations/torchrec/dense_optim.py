@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
 
 import torch
 
+from ...errors import InvalidArgumentError
 from ...state.optim_names import named_optimizer_state, param_names
 from .table import ADAGRAD, ROWWISE_ADAGRAD
 
@@ -61,6 +62,80 @@ def dp_slots(param: torch.Tensor, shape: Tuple[int, int], opts: List[Any]
                     {ROWWISE_ADAGRAD: (acc.dtype, ())})
         return {}, {}
     return {}, {}
+
+
+def _holder(param: torch.Tensor, opts: List[Any]) -> Tuple[Any, Mapping] | Tuple[None, None]:
+    """(the first of `opts` holding state for `param`, that state), or (None, None)."""
+    for opt in opts:
+        st = opt.state.get(param)
+        if isinstance(st, Mapping) and len(st):
+            return opt, st
+    return None, None
+
+
+def holds_accumulator(param: torch.Tensor, opts: List[Any]) -> bool:
+    """Whether a registered optimizer keeps an Adagrad-like `sum` for `param` of its own shape, or one value
+    per row of it: state that a sharded table on TorchRec's "dense" kernel saves as its slots. A rank
+    holding no shard of such a table has an empty parameter, with an empty `sum`."""
+    _, st = _holder(param, opts)
+    acc = st.get(ACC) if st is not None else None
+    if not isinstance(acc, torch.Tensor):
+        return False
+    if param.numel() == 0:
+        return acc.numel() == 0
+    return param.dim() == 2 and (tuple(acc.shape) == tuple(param.shape)
+                                 or (acc.numel() == param.shape[0] and acc.dim() in (1, 2)))
+
+
+def sharded_dense_slots(table: str, param: torch.Tensor, shards: List[Tuple[Tuple[int, ...], torch.Tensor]],
+                        dim: int, opts: List[Any]) -> Tuple[List[Dict[str, Callable[[], torch.Tensor]]],
+                                                            Dict[str, Tuple[torch.dtype, Tuple[int, ...]]]] | None:
+    """The slots of a table sharded on TorchRec's "dense" kernel, kept by a registered dense optimizer:
+    ([per local shard {slot: function giving its live state}], {slot: (dtype, row shape)}); None when no
+    registered optimizer holds state for the table's parameter `param` (SGD), or this rank holds no shard
+    of it (the ranks that do say which slots it has).
+
+    On that kernel each rank's parameter is its local shards stacked by rows (a rank holding two column
+    shards of a table has a [2 N, D / k] parameter), a view of the same storage as the shards of the
+    table's state_dict entry, and the optimizer's `sum` has the parameter's shape (Adagrad) or one value per
+    row of it (RowWiseAdagrad). Each shard's state is the block of rows of `sum` where its weight lies in
+    the parameter. Raises when the optimizer keeps other state (Adam's moments): each rank holds its own
+    shard of it, and the optimizer's own saved state is rank 0's alone, so a load would give every rank
+    rank 0's shard."""
+    opt, st = _holder(param, opts)
+    if opt is None:
+        return None
+    if not holds_accumulator(param, opts):
+        raise InvalidArgumentError(
+            f"TorchRec table {table!r} is sharded on the 'dense' compute kernel, and the registered optimizer "
+            f"{type(opt).__name__} holds per-rank state for it ({sorted(st)}) that recckpt cannot save or load "
+            f"correctly (each rank holds its own shard of it; recckpt maps an Adagrad-like 'sum' into the table's "
+            f"slots). Shard it on a fused kernel (apply_optimizer_in_backward on its parameters, or "
+            f"compute_kernel='fused' in the plan) or data_parallel, or use Adagrad/RowWiseAdagrad for it; see "
+            f"docs/TORCHREC.md")
+    if not shards:
+        return None
+    p_rows, p_cols = (int(x) for x in param.shape)
+    elementwise = tuple(st[ACC].shape) == (p_rows, p_cols)
+    refs = []
+    for off, t in shards:
+        rows = int(t.shape[0])
+        at = t.storage_offset() - param.storage_offset()
+        if (t.untyped_storage().data_ptr() != param.untyped_storage().data_ptr() or t.dim() != 2
+                or int(t.shape[1]) != p_cols or at % max(p_cols, 1) or not t.is_contiguous()
+                or not 0 <= at // max(p_cols, 1) <= p_rows - rows):
+            raise InvalidArgumentError(
+                f"TorchRec table {table!r}: its local shard at {tuple(off)} is not a block of rows of the "
+                f"'dense' kernel's parameter {tuple(param.shape)}, so recckpt cannot find its optimizer state; "
+                f"shard it on a fused kernel or data_parallel (docs/TORCHREC.md)")
+        r0 = at // max(p_cols, 1)
+        if elementwise:
+            refs.append({ADAGRAD: lambda o=opt, a=r0, b=r0 + rows: o.state[param][ACC][a:b]})
+        else:
+            refs.append({ROWWISE_ADAGRAD: lambda o=opt, a=r0, b=r0 + rows: o.state[param][ACC].view(p_rows)[a:b]})
+    acc = st[ACC]
+    slots = {ADAGRAD: (acc.dtype, (dim,))} if elementwise else {ROWWISE_ADAGRAD: (acc.dtype, ())}
+    return refs, slots
 
 
 def step_restart(param: torch.Tensor, opts: List[Any]) -> Callable[[], None] | None:
@@ -112,14 +187,15 @@ def _param_items(obj: Any, model) -> List[Tuple[str, Any]]:
     return [(n, p) for n, p in zip(names, (p for g in obj.param_groups for p in g["params"])) if n is not None]
 
 
-def saved_state(obj: Any, state: Any, moved: Mapping[int, str], model=None) -> Any:
+def saved_state(obj: Any, state: Any, moved: Mapping[int, str], model=None, per_rank: set = frozenset()) -> Any:
     """`state` (obj's state_dict) without the entries of parameters whose state the tables' slots hold
     (`moved`: parameter id -> table name), for a name-keyed state (a KeyedOptimizer's; a torch.optim
     optimizer's numbered state is saved whole and `loaded_state` leaves those entries out). The rest of
     each such entry (its `step`, which Adagrad's `lr_decay` reads) is kept under `TABLE_STATE`, by table
-    name, so that it follows its table through a rename or a change of sides."""
+    name, so that it follows its table through a rename or a change of sides. A numbered state keeps its
+    entries, less the `sum` of the parameters in `per_rank` (`_positional_without_accumulators`)."""
     if not _named(state):
-        return state
+        return _positional_without_accumulators(obj, state, per_rank)
     tables = {n: moved[id(p)] for n, p in _param_items(obj, model) if id(p) in moved}
     if not tables:
         return state
@@ -132,6 +208,22 @@ def saved_state(obj: Any, state: Any, moved: Mapping[int, str], model=None) -> A
     if any(rest.values()):
         out[TABLE_STATE] = {t: e for t, e in rest.items() if e}
     return out
+
+
+def _positional_without_accumulators(obj: Any, state: Any, per_rank: set) -> Any:
+    """A torch.optim optimizer's numbered `state` without the `sum` of the parameters in `per_rank` (tables
+    on the "dense" kernel, whose slots hold it): each rank's is its own shard, and this state is saved from
+    rank 0. The rest of each entry (the `step`) stays, keyed by number. A data-parallel table's `sum` stays:
+    rank 0's is every rank's, and a load into an unsharded model reads it there."""
+    entries = state.get("state") if isinstance(state, Mapping) else None
+    groups = getattr(obj, "param_groups", None)
+    if not per_rank or not isinstance(entries, Mapping) or not isinstance(groups, list):
+        return state
+    numbers = {i for i, p in enumerate(p for g in groups for p in g["params"]) if id(p) in per_rank}
+    if not any(isinstance(entries.get(i), Mapping) and ACC in entries[i] for i in numbers):
+        return state
+    return dict(state, state={k: ({a: b for a, b in v.items() if a != ACC} if k in numbers and isinstance(v, Mapping)
+                                  else v) for k, v in entries.items()})
 
 
 def loaded_state(obj: Any, state: Any, moved: Mapping[int, str], table_params: set, model,
@@ -159,12 +251,17 @@ def loaded_state(obj: Any, state: Any, moved: Mapping[int, str], table_params: s
     # leaves alone (not selected, or its optimizer slots not loaded) keeps its live entry, as its rows do.
     applied = set(loaded_tables.values())
     stay = {n for n, p in held if id(p) in moved and moved[id(p)] not in applied and n in state["state"]}
-    if not drop and not missing and not stay and TABLE_STATE not in state:
+    # A saved entry of a table the load applies gets the live accumulator, which the table's rows then
+    # overwrite: the saved one (in checkpoints before the positional form left it out) is rank 0's.
+    refill = {n for n, p in held if id(p) in moved and moved[id(p)] in applied and n in state["state"]}
+    if not drop and not missing and not stay and not refill and TABLE_STATE not in state:
         return state
-    live = named_optimizer_state(obj, model)["state"] if missing or stay else {}
+    live = named_optimizer_state(obj, model)["state"] if missing or stay or refill else {}
     out = {k: v for k, v in state.items() if k != TABLE_STATE}
     out["state"] = {**{k: v for k, v in state["state"].items() if k not in drop and k not in stay},
                     **{n: live[n] for n in stay if n in live},
+                    **{n: {**state["state"][n], ACC: live[n][ACC]} for n in refill
+                       if isinstance(state["state"][n], Mapping) and ACC in live.get(n, {})},
                     **{n: {**live[n], **from_table.get(n, {})} for n in missing if n in live}}
     if isinstance(groups, list):
         new_groups = [dict(g, params=[p for p in g.get("params", []) if p not in drop]) for g in groups]

@@ -6,7 +6,6 @@ table keeps its name whether the model is sharded, wrapped or compiled: `ebc.emb
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
@@ -14,7 +13,7 @@ import torch
 
 from ...errors import InvalidArgumentError
 from .agree import agreed_slots
-from .dense_optim import accumulator_init, dp_slots, optimizers, step_restart
+from .dense_optim import accumulator_init, dp_slots, holds_accumulator, optimizers, sharded_dense_slots, step_restart
 from .mch import MCHTable, persistent_buffers, writes_unsharded
 from .table import ADAGRAD, EMBEDDING, ROWWISE_ADAGRAD, Shard, TorchRecTable
 
@@ -157,8 +156,9 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
         # and SSD kernels update the rows they look up, with their own optimizer state.)
         fused_kernel = replicated or kernel != "dense"
         opt = _fused_states(full_name, fused.get(rel, {}), (n, d))
-        if not fused_kernel and key in params:
-            _refuse_sharded_optimizer_state(full_name, kernel, ps.sharding_type, params[key], opts)
+        # On the dense kernel, the registered dense optimizer keeps each rank's shard of the table's state
+        dense_kernel = sharded_dense_slots(full_name, params[key], shards, d, opts) \
+            if not fused_kernel and key in params else None
         opt_local = {slot: _local_shards(st) for slot, st in opt.items()}
         local = []
         for i, (off, t) in enumerate(shards):
@@ -173,7 +173,14 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
             local.append(Shard(int(off[0]), int(t.shape[0]), int(off[1]), int(t.shape[1]), t, states))
         opt_slots = {slot: (_dtype_of(st, opt_local[slot]), (d,) if slot == ADAGRAD else ())
                      for slot, st in opt.items()}
-        if replicated and not opt and key in params:
+        if dense_kernel is not None:
+            refs_per_shard, opt_slots = dense_kernel
+            for sh, refs in zip(local, refs_per_shard):
+                sh.states.update(refs)
+            init = accumulator_init(params[key], opts)
+            opt_init = {slot: init for slot in opt_slots}
+            restart = step_restart(params[key], opts)
+        elif replicated and not opt and key in params:
             # A data-parallel table has no fused optimizer: its state is in its in-backward optimizer
             # (apply_optimizer_in_backward, e.g. on a table the default planner made data-parallel), or in
             # the user's dense optimizer.
@@ -198,21 +205,6 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
                            column_blocks=None if replicated else _column_blocks(full_name, ps, d)))
         keys.append(key)
     return tables, keys
-
-
-def _refuse_sharded_optimizer_state(table: str, kernel: str, sharding: str, param, opts: List[Any]) -> None:
-    """A sharded table on a non-fused kernel ("dense") is stepped by an ordinary optimizer, whose state for
-    it is sharded as the table is. recckpt does not map that per-rank state into the table's slots yet,
-    and the registered optimizer's own saved state is rank 0's alone: every rank would restore rank 0's
-    shard of it, silently. Refuse, naming the table, instead."""
-    holders = [type(o).__name__ for o in opts if isinstance(getattr(o, "state", None), Mapping)
-               and isinstance(o.state.get(param), Mapping) and len(o.state.get(param))]
-    if holders:
-        raise InvalidArgumentError(
-            f"TorchRec table {table!r} is sharded {sharding} on the {kernel!r} compute kernel, and the registered "
-            f"optimizer {holders[0]} holds per-rank state for it, which recckpt cannot save or load correctly "
-            f"yet (each rank holds its own shard of it). Shard it on a fused kernel (apply_optimizer_in_backward "
-            f"on its parameters, or compute_kernel='fused' in the plan) or data_parallel; see docs/TORCHREC.md")
 
 
 def _column_blocks(table: str, ps, dim: int):
@@ -402,8 +394,18 @@ def _mch_keys(f: Found, sd: Dict[str, Any], names: List[str]) -> List[str]:
 
 
 def moved_params(model, objects: Sequence[Any]) -> Dict[int, str]:
-    """{id of a data-parallel table's parameter whose state, kept by one of `objects`, is saved as the
-    table's slots (`dense_optim`): the table's name}."""
+    """{id of a data-parallel table's parameter, or of a sharded table's on the "dense" kernel, whose state,
+    kept by one of `objects`, is saved as the table's slots (`dense_optim`): the table's name}."""
+    return {k: table for k, (table, _) in _moved(model, objects).items()}
+
+
+def per_rank_params(model, objects: Sequence[Any]) -> set:
+    """The ids among `moved_params` of parameters each rank holds its own shard of (the "dense" kernel):
+    their state in an optimizer's own saved state would be rank 0's shard alone."""
+    return {k for k, (_, per_rank) in _moved(model, objects).items() if per_rank}
+
+
+def _moved(model, objects: Sequence[Any]) -> Dict[int, Tuple[str, bool]]:
     opts = optimizers(objects)
     if not opts:
         return {}
@@ -413,12 +415,16 @@ def moved_params(model, objects: Sequence[Any]) -> Dict[int, str]:
         if not f.sharded:
             continue
         for tname, ps in f.module.module_sharding_plan.items():
-            if ps.sharding_type != "data_parallel":
+            replicated = ps.sharding_type == "data_parallel"
+            if not replicated and str(getattr(ps, "compute_kernel", "fused")) != "dense":
                 continue
             rel = f"{f.tables_attr}.{tname}.weight"
             key = next((p + rel for p in f.raw_prefixes if p + rel in params), None)
-            if key is not None and dp_slots(params[key], tuple(params[key].shape), opts)[0]:
-                out[id(params[key])] = f.prefix + rel[:-len(".weight")]
+            if key is None:
+                continue
+            p = params[key]
+            if dp_slots(p, tuple(p.shape), opts)[0] if replicated else holds_accumulator(p, opts):
+                out[id(p)] = (f.prefix + rel[:-len(".weight")], not replicated)
     return out
 
 

@@ -189,8 +189,8 @@ def _param_items(obj: Any, model) -> List[Tuple[str, Any]]:
 
 def saved_state(obj: Any, state: Any, moved: Mapping[int, str], model=None, per_rank: set = frozenset()) -> Any:
     """`state` (obj's state_dict) without the entries of parameters whose state the tables' slots hold
-    (`moved`: parameter id -> table name), for a name-keyed state (a KeyedOptimizer's; a torch.optim
-    optimizer's numbered state is saved whole and `loaded_state` leaves those entries out). The rest of
+    (`moved`: parameter id -> table name), for a name-keyed state (a KeyedOptimizer's; for a torch.optim
+    optimizer's numbered state see below, and `loaded_state` replaces what a load applies). The rest of
     each such entry (its `step`, which Adagrad's `lr_decay` reads) is kept under `TABLE_STATE`, by table
     name, so that it follows its table through a rename or a change of sides. A numbered state keeps its
     entries, less the `sum` of the parameters in `per_rank` (`_positional_without_accumulators`)."""
@@ -252,7 +252,8 @@ def loaded_state(obj: Any, state: Any, moved: Mapping[int, str], table_params: s
     applied = set(loaded_tables.values())
     stay = {n for n, p in held if id(p) in moved and moved[id(p)] not in applied and n in state["state"]}
     # A saved entry of a table the load applies gets the live accumulator, which the table's rows then
-    # overwrite: the saved one (in checkpoints before the positional form left it out) is rank 0's.
+    # overwrite: a saved one is rank 0's (a data-parallel table's copy of the slots; a dense-kernel table's
+    # shard has been left out of numbered state since it is saved as slots).
     refill = {n for n, p in held if id(p) in moved and moved[id(p)] in applied and n in state["state"]}
     if not drop and not missing and not stay and not refill and TABLE_STATE not in state:
         return state

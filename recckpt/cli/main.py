@@ -6,9 +6,13 @@ on stderr naming the file or option; `--debug` shows the traceback instead."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
 import recckpt
@@ -19,6 +23,9 @@ from . import render
 
 log = logging.getLogger("recckpt")
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+#: What a shell reports for a command killed by SIGTERM / SIGPIPE (128 + the signal), which the command
+#: instead turns into a clean stop.
+EXIT_TERMINATED, EXIT_BROKEN_PIPE = 128 + signal.SIGTERM, 128 + signal.SIGPIPE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -345,15 +352,46 @@ def _os_error_line(e: OSError) -> str:
            f"you can write, for an output)"
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (`timeout`, Kubernetes, Slurm): raised in the main thread so that what a command
+    cleans up on an error (an export's partial output) is cleaned up, as on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_exception():
+    """SIGTERM raises `Terminated` while a command runs, unless the process already handles SIGTERM."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
     try:
-        return args.fn(args)
+        with _sigterm_as_exception():
+            return args.fn(args)
     except KeyboardInterrupt:
         print("recckpt: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("recckpt: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
+    except BrokenPipeError:
+        # the reader of the output went away (`recckpt inspect CK | head`): nothing is left to tell it, and
+        # the interpreter's own flush at exit must not fail again
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as e:
         if args.debug:
             raise

@@ -246,6 +246,13 @@ def not_a_checkpoint(storage: Storage) -> str:
     except FileNotFoundError:
         exists = False
     if not exists:
+        try:
+            is_file = storage.exists("")
+        except OSError:
+            is_file = False
+        if is_file:
+            return (f"{where} is a file, not a checkpoint; pass its checkpoint directory, <output_dir>/<ckpt_id> "
+                    f"(the directory holding {names.MANIFEST})")
         return f"{where} does not exist; pass a checkpoint directory, <output_dir>/<ckpt_id>"
     try:
         found = [i for i, _ in committed(storage)]

@@ -269,10 +269,16 @@ class _Parts:
 
 # ------------------------------------------------------------------------------------------ export
 def _safe_name(what: str, name: str) -> str:
-    """Table and slot names become file names: a checkpoint from elsewhere must not write outside `out`."""
+    """Table and slot names become file names: a checkpoint from elsewhere must not write outside `out`,
+    and a table directory must not take the name of the file that says the export is complete."""
     if not _SAFE_NAME.fullmatch(name) or ".." in name:
-        raise InvalidArgumentError(f"{what} {name!r} cannot be used as a file name (letters, digits and "
-                                   f"'_.=+-' only); it cannot be exported")
+        skip = " (leave it out with --tables / ExportOptions.tables)" if what == "table" else \
+            " (leave it out with --slots / ExportOptions.slots)"
+        raise InvalidArgumentError(f"{what} {name!r} cannot be used as a file name (1 to 200 of letters, digits "
+                                   f"and '_.=+-', no '..'), so it cannot be exported{skip}")
+    if what == "table" and name == EXPORT_MANIFEST:
+        raise InvalidArgumentError(f"table {name!r} would take the name of the export's own {EXPORT_MANIFEST}, "
+                                   f"so it cannot be exported (leave it out with --tables / ExportOptions.tables)")
     return name
 
 
@@ -326,6 +332,11 @@ def _plan(view: CheckpointView, opts: ExportOptions) -> dict[str, tuple[list[str
         _safe_name("table", t)
         for s in opts.slots:
             _safe_name("slot", s)
+            if opts.format == "parquet" and 0 in tuple(have[s].shape):
+                raise InvalidArgumentError(
+                    f"ExportOptions.slots (--slots): slot {s!r} of table {t!r} of {view.path} has no values per "
+                    f"row (shape {tuple(have[s].shape)}), which Parquet's fixed-size lists cannot hold; export it "
+                    f"with format npy or safetensors, or leave it out")
         _check_columns(view, t, opts)
         extra = [s for s in (FREQ_SLOT, LAST_STEP_SLOT) if s in have and s not in opts.slots
                  and (opts.predicate is not None or (s == FREQ_SLOT and opts.min_freq is not None)
@@ -369,9 +380,15 @@ def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLik
     if "://" in out_dir:
         raise InvalidArgumentError(f"out_dir (--out) {out_dir}: export writes to a local directory; export locally, "
                                    f"then copy the files to the store")
+    if not out_dir:
+        raise InvalidArgumentError("out_dir (--out) is empty; name a new or empty local directory")
+    _refuse_inside_source(view, out_dir)   # first: the hint below must never be to remove a checkpoint
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise InvalidArgumentError(f"out_dir (--out) {out_dir}: exists and is not an empty directory; choose a new "
-                                   f"directory (an export never overwrites files)")
+        interrupted = os.path.isdir(out_dir) and not os.path.exists(os.path.join(out_dir, EXPORT_MANIFEST))
+        raise InvalidArgumentError(
+            f"out_dir (--out) {out_dir}: exists and is not an empty directory; choose a new directory (an export "
+            f"never overwrites files)" + (f". It has no {EXPORT_MANIFEST}: if it is an export that was killed, "
+                                          f"remove it and run the export again" if interrupted else ""))
     t0 = time.perf_counter()
     created = not os.path.exists(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -381,6 +398,18 @@ def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLik
         # out_dir was empty or absent: everything in it is this export's, and a retry must find it empty
         _remove_partial(out_dir, created)
         raise
+
+
+def _refuse_inside_source(view: CheckpointView, out_dir: str) -> None:
+    """A checkpoint is never written after its commit, and retention deletes it whole: an export inside it
+    (or inside a link of its chain) would make verify report files it does not list, and go with it."""
+    target = os.path.realpath(out_dir)
+    for path in view.local_dirs():
+        root = os.path.realpath(path)
+        if target == root or target.startswith(root + os.sep):
+            raise InvalidArgumentError(
+                f"out_dir (--out) {out_dir} is inside checkpoint {path}, which is never written after its commit "
+                f"and is deleted whole by retention; export to a directory outside it")
 
 
 def _remove_partial(out_dir: str, created: bool) -> None:
@@ -394,6 +423,14 @@ def _remove_partial(out_dir: str, created: bool) -> None:
                 shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
     except OSError:
         pass   # the original error is what the caller needs
+
+
+def _first_bad_id(ids: np.ndarray, values: np.ndarray) -> str:
+    """", id N" for the first row of `values` holding NaN or infinity (what int8 refuses), else ""."""
+    if values.dtype.kind != "f":
+        return ""
+    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    return f", id {int(ids[np.argmax(bad)])}" if bad.any() else ""
 
 
 def _export_into(view: CheckpointView, plan, opts: ExportOptions, out_dir: str,
@@ -413,7 +450,11 @@ def _export_into(view: CheckpointView, plan, opts: ExportOptions, out_dir: str,
                 take = parts.room(len(ids) - pos)
                 out_cols = {}
                 for s in slots:
-                    out_cols.update(_convert(s, cols[s][pos:pos + take], opts.dtype, opts.format))
+                    try:
+                        out_cols.update(_convert(s, cols[s][pos:pos + take], opts.dtype, opts.format))
+                    except InvalidArgumentError as e:
+                        where = _first_bad_id(ids[pos:pos + take], cols[s][pos:pos + take])
+                        raise InvalidArgumentError(f"table {table!r}, slot {s!r}{where}: {e}") from None
                 parts.write(ids[pos:pos + take], out_cols)
                 pos += take
             if progress is not None:

@@ -17,6 +17,7 @@ unpickled: registered objects saved with `allow_pickle=True` are shown as their 
 from __future__ import annotations
 
 import datetime as _dt
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,29 @@ def parent_of(manifest) -> str | None:
     return None if parent is None else getattr(parent, "ckpt_id", parent)
 
 
+def _names(names: str | Sequence[str]) -> list[str]:
+    """Names given as one string or a sequence of them (a bare string is one name, not its letters)."""
+    return [names] if isinstance(names, str) else list(names)
+
+
+def _index(x) -> int | None:
+    """`x` as a Python int if it is an integer (numpy's too), not a bool; else None."""
+    if isinstance(x, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def _pair(x) -> tuple[int, int] | None:
+    """A (lo, hi) / (rank, world) pair of integers (a tuple or list; numpy integers welcome), or None."""
+    if not isinstance(x, (tuple, list)) or len(x) != 2:
+        return None
+    a, b = _index(x[0]), _index(x[1])
+    return None if a is None or b is None else (a, b)
+
+
 class CheckpointView:
     """One committed checkpoint, read-only. Cheap to open (the manifest only; for an incremental checkpoint
     every link's manifest, index and shard sizes); the index, dense file, registered objects and IO state
@@ -171,6 +195,11 @@ class CheckpointView:
         """Around every read of the checkpoint's files: a checkpoint (or a link of its chain) deleted under
         this view raises CheckpointDeletedError, not a corrupt-checkpoint error or a bare OSError."""
         return catalog.deleted_as_such([(link.storage, link.ckpt_dir) for link in self._links], "read")
+
+    def local_dirs(self) -> list[str]:
+        """The local directories of this checkpoint and of the links of its chain, base first (none on an
+        object store)."""
+        return [p for p in (link.storage.engine_path(link.ckpt_dir) for link in self._links) if p is not None]
 
     # ------------------------------------------------------------------------------------ metadata
     @property
@@ -263,6 +292,7 @@ class CheckpointView:
         with self._reading():
             tensors = self._r.dense()
         if keys is not None:
+            keys = _names(keys)
             unknown = [k for k in keys if k not in tensors]
             if unknown:
                 raise InvalidArgumentError(f"{self.path}: no dense keys {unknown}; it has {sorted(tensors)}")
@@ -297,8 +327,11 @@ class CheckpointView:
     def io_state(self, worker: int, arrays: bool = False) -> Any:
         """Worker `worker`'s IO state tree (registered name -> dumped state), or None if it saved none.
         arrays=True: tensors as numpy arrays, as for objects()."""
-        if not isinstance(worker, int) or not 0 <= worker < self.workers:
-            raise InvalidArgumentError(f"{self.path}: worker {worker!r} is not in [0, {self.workers})")
+        index = _index(worker)
+        if index is None or not 0 <= index < self.workers:
+            raise InvalidArgumentError(f"{self.path}: io_state: worker must be an integer in [0, {self.workers}), "
+                                       f"got {worker!r}")
+        worker = index
         with self._reading():
             return self._r.io_state(worker, arrays)
 
@@ -316,16 +349,16 @@ class CheckpointView:
         if shard is not None and buckets is not None:
             raise InvalidArgumentError("iter_rows: pass shard=(rank, world) or buckets=(lo, hi), not both")
         if shard is not None:
-            if (not isinstance(shard, tuple) or len(shard) != 2 or not all(type(x) is int for x in shard)
-                    or not (shard[1] >= 1 and 0 <= shard[0] < shard[1])):
+            pair = _pair(shard)
+            if pair is None or not (pair[1] >= 1 and 0 <= pair[0] < pair[1]):
                 raise InvalidArgumentError(f"shard={shard!r}: expected (rank, world) with 0 <= rank < world")
-            return bucket_range(shard[0], shard[1], nb)
+            return bucket_range(pair[0], pair[1], nb)
         if buckets is not None:
-            if (not isinstance(buckets, tuple) or len(buckets) != 2 or not all(type(x) is int for x in buckets)
-                    or not 0 <= buckets[0] <= buckets[1] <= nb):
+            pair = _pair(buckets)
+            if pair is None or not 0 <= pair[0] <= pair[1] <= nb:
                 raise InvalidArgumentError(f"buckets={buckets!r}: expected (lo, hi) with 0 <= lo <= hi <= "
                                            f"{nb} (this checkpoint's bucket count)")
-            return buckets
+            return pair
         return 0, nb
 
     def iter_rows(self, table: str, slots: Sequence[str] | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -341,7 +374,7 @@ class CheckpointView:
         converts or writes each chunk at once). Memory use is bounded by chunk_rows and the reader's
         window, whatever the table's size."""
         have = self._table_slots(table)
-        slots = list(have) if slots is None else list(slots)
+        slots = list(have) if slots is None else _names(slots)
         unknown = [s for s in slots if s not in have]
         if unknown or len(set(slots)) != len(slots):
             raise InvalidArgumentError(f"{self.path}: table {table!r}: slots {slots} are not distinct slots of "

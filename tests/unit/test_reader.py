@@ -108,7 +108,7 @@ def test_bad_arguments_name_what_to_do(tmp_path):
         list(v.iter_rows("user", buckets=(0, 5000)))
     with pytest.raises(InvalidArgumentError, match="not both"):
         list(v.iter_rows("user", shard=(0, 1), buckets=(0, 1)))
-    with pytest.raises(InvalidArgumentError, match="worker 4"):
+    with pytest.raises(InvalidArgumentError, match="worker must be an integer in .*got 4"):
         v.io_state(4)
     with pytest.raises(InvalidArgumentError, match="dense keys"):
         v.dense_tensors(["x"])

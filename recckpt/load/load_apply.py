@@ -400,10 +400,12 @@ class LoadPlan:
             elif optim_names.is_positional(saved):
                 self._positional_optimizer(name, what, dense_shapes())
                 continue
-            elif not optim_names.is_named(saved):
-                continue   # no parameters to map (an empty state): applied as it is
-            # an integration's tables may hold some parameters' state (a TorchRec data-parallel table's)
+            # an integration's tables may hold some parameters' state (a TorchRec data-parallel table's): it
+            # adds their live entries, also to a state left with no entry of its own (an optimizer of such
+            # tables only)
             saved = plugins.loaded_object_state(self.model, obj, saved, self._opt_tables())
+            if not optim_names.is_named(saved):
+                continue   # no parameters to map (an empty state): applied as it is
             try:
                 m = optim_names.match_optimizer_state(
                     obj, self.model, saved, rename=self.conf.renamed, selected=self.conf.dense_selected,

@@ -71,6 +71,8 @@ def _build(job, world, rank):
     # data-parallel tables and tables on TorchRec's "dense" kernel get no in-backward optimizer: the dense
     # optimizer steps them
     dp_tables = {t for t, p in (job["plan"].items() if isinstance(job["plan"], dict) else []) if p in ("dp",) + DENSE_KERNEL}
+    if job.get("unsharded_dense_opt"):   # an unsharded module whose tables the dense optimizer steps
+        dp_tables = {t[0] for t in job["tables"]}
     fused = [p for n, p in coll.named_parameters() if n.split(".")[-2] not in dp_tables]
     apply_optimizer_in_backward(opt_cls, fused, {"lr": 0.05, **job.get("opt_kwargs", {})})
 
@@ -98,7 +100,7 @@ def _build(job, world, rank):
     model = Model()
     if not sharded:
         return model, model, _dense_opt(model, opt_cls, job.get("dense_opt", "keyed"), job.get("dense_kwargs"),
-                                 job.get("dense_cls"))
+                                 job.get("dense_cls"), job.get("dense_opt_tables_only"))
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import (
         column_wise,
@@ -141,14 +143,14 @@ def _build(job, world, rank):
                                                                         device_type="cpu", sharder=sharders[0])})
     dmp = DistributedModelParallel(model, env=env, plan=plan, device=torch.device("cpu"), sharders=sharders)
     return dmp, model, _dense_opt(dmp, opt_cls, job.get("dense_opt", "keyed"), job.get("dense_kwargs"),
-                                       job.get("dense_cls"))
+                                       job.get("dense_cls"), job.get("dense_opt_tables_only"))
 
 
 #: plans on TorchRec's "dense" compute kernel: the dense optimizer steps those tables
 DENSE_KERNEL = ("rwdense", "twdense", "cwdense")
 
 
-def _dense_opt(model, opt_cls, kind="keyed", kwargs=None, cls=None):
+def _dense_opt(model, opt_cls, kind="keyed", kwargs=None, cls=None, tables_only=False):
     """The user's dense optimizer, a KeyedOptimizer keyed by parameter name over every parameter without
     an in-backward optimizer: the dense arch and data-parallel tables (registered as "dense_opt"); Adagrad
     (SGD in SGD jobs)."""
@@ -159,6 +161,8 @@ def _dense_opt(model, opt_cls, kind="keyed", kwargs=None, cls=None):
     if cls is not None:   # "dense_cls": another dense optimizer (Adam: state recckpt does not map)
         dense_cls = {"adam": torch.optim.Adam, "adagrad": torch.optim.Adagrad}[cls]
     params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    if tables_only:   # "dense_opt_tables_only": an optimizer of the tables alone (the dense arch not stepped)
+        params = {n: p for n, p in params.items() if ".embedding_bags." in n}
     kwargs = {"lr": 0.05, **(kwargs or {})}
     if kind == "torch":     # a plain torch.optim optimizer (numbered state)
         return dense_cls(list(params.values()), **kwargs)

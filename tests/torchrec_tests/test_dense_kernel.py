@@ -45,6 +45,10 @@ def runs(tmp_path_factory):
         _job(tmp, "adam2", DENSE, save=True, steps=2, dense_cls="adam", expect_error=True),
         # SGD without momentum keeps no state: nothing per rank to lose, the save goes on
         dict(_job(tmp, "sgd2", DENSE, save=True, steps=2), opt="sgd"),
+        # a KeyedOptimizer of the tables alone (data-parallel and dense-kernel): its saved state keeps no
+        # entry of its own
+        _job(tmp, "tables_only2", {"a": "dp", "k": "rwdense", "z": "twdense"}, save=True, steps=3,
+             dense_opt_tables_only=True),
     ])
     loaded = run_jobs(tmp, 3, [
         _job(tmp, "rw3_from_keyed2", {"a": "rw", "k": "rwdense", "z": "rwdense"}, load="keyed2"),
@@ -54,8 +58,18 @@ def runs(tmp_path_factory):
         _job(tmp, "rw3_torch_from_torch2", {"a": "rw", "k": "rwdense", "z": "rwdense"}, load="torch2",
              dense_opt="torch"),
         _job(tmp, "dense3_from_fused2", {"a": "rw", "k": "rwdense", "z": "cwdense"}, load="fused2"),
+        _job(tmp, "tables_only3", {"a": "dp", "k": "cwdense", "z": "rwdense"}, load="tables_only2",
+             dense_opt_tables_only=True),
     ])
-    return tmp, saved, loaded
+    # one process whose unsharded tables a torch.optim Adagrad steps: the table slots have nowhere to go
+    # (docs/TORCHREC.md, Limits), so that state is left out, and the optimizer must still step
+    unsharded = run_jobs(tmp, 1, [
+        dict(_job(tmp, "un_from_torch2", "unsharded", load="torch2", load_conf={"strict": False},
+                  train_after=1), dense_opt="torch", unsharded_dense_opt=True),
+        dict(_job(tmp, "un_strict_from_torch2", "unsharded", load="torch2", expect_error=True),
+             dense_opt="torch", unsharded_dense_opt=True),
+    ])
+    return tmp, saved, loaded, unsharded
 
 
 def _tables(tmp, name):
@@ -83,7 +97,7 @@ def test_dense_kernel_adagrad_state_reshards_with_its_rows(runs, dst):
     """Each rank's shard of the dense optimizer's `sum` (KeyedOptimizer) is saved as the table's slot: a
     load at 3 ranks gives every rank its own rows of it, on the dense kernel row- or column-wise, on the
     fused kernel, or data-parallel, and the saved Adagrad `step` goes back into the dense optimizer."""
-    tmp, saved, loaded = runs
+    tmp, saved, loaded, _ = runs
     src = _tables(tmp, "keyed2")
     assert "sum" in src["coll.embedding_bags.k"]["states"] and "sum" in src["coll.embedding_bags.z"]["states"]
     assert len(src["coll.embedding_bags.k"]["states"]["sum"]) == 2, "row-wise: each rank holds a shard of it"
@@ -100,7 +114,7 @@ def test_dense_kernel_adagrad_state_reshards_with_its_rows(runs, dst):
 def test_a_torch_optim_dense_optimizer_on_the_dense_kernel(runs):
     """The same with a plain torch.optim Adagrad (numbered state): its saved state, written by rank 0, no
     longer carries rank 0's shard of `sum` for every rank; each rank's comes from the table's slot."""
-    tmp, saved, loaded = runs
+    tmp, saved, loaded, _ = runs
     _equal(_tables(tmp, "torch2"), _tables(tmp, "rw3_torch_from_torch2"))
     assert all(r[4]["dense_steps"]["coll.embedding_bags.k.weight"] == 3.0 for r in loaded)
 
@@ -112,7 +126,7 @@ def test_fused_tables_load_into_the_dense_kernel(runs):
 
 
 def test_other_dense_kernel_optimizer_state_is_refused_naming_it(runs):
-    tmp, saved, _ = runs
+    tmp, saved, *_ = runs
     for r in saved:
         err = r[3]["error"]
         assert err is not None and "coll.embedding_bags." in err and "'dense' compute kernel" in err, err
@@ -137,3 +151,24 @@ def test_increments_hold_a_dense_kernel_table_whole(tmp_path):
     done = json.load(open(os.path.join(out, "done_0.json")))["d"]
     assert done["c1"]["parent"] == "c0", done
     assert done["c1"]["rows"] == done["c1"]["fed"]["a"] + 30, (done, proc.stderr[-2000:])
+
+
+def test_an_optimizer_of_the_tables_alone_loads(runs):
+    """A KeyedOptimizer holding only data-parallel and dense-kernel tables (another optimizer for the MLP, a
+    common setup) saves no entry of its own, all being in the tables' slots; its load was refused with
+    "Different parameter count: 1 vs 0". Its tables' state now reshards like any other's."""
+    tmp, saved, loaded, _ = runs
+    assert all(r[5]["name"] == "tables_only2" and r[5].get("error") is None for r in saved)
+    _equal(_tables(tmp, "tables_only2"), _tables(tmp, "tables_only3"))
+    assert all(r[6]["dense_steps"]["coll.embedding_bags.k.weight"] == 3.0 for r in loaded)
+
+
+def test_numbered_dense_kernel_state_into_an_unsharded_module_still_steps(runs):
+    """torch.optim's numbered state of a dense-kernel table has no `sum` (its slots hold it). Loaded into one
+    process whose unsharded tables that optimizer steps (no table slot holds the state there), with
+    strict False (or exclude sparse_opt), the entry kept no accumulator and the next step raised a raw KeyError 'sum'; it now
+    keeps the live one. A strict load is refused, naming the slot the model lacks."""
+    tmp, _, _, unsharded = runs
+    first, strict = unsharded[0]
+    assert first["name"] == "un_from_torch2" and "dense_steps" in first, first
+    assert strict["error"] is not None and "adagrad.acc" in strict["error"], strict

@@ -255,6 +255,12 @@ def loaded_state(obj: Any, state: Any, moved: Mapping[int, str], table_params: s
     # overwrite: a saved one is rank 0's (a data-parallel table's copy of the slots; a dense-kernel table's
     # shard has been left out of numbered state since it is saved as slots).
     refill = {n for n, p in held if id(p) in moved and moved[id(p)] in applied and n in state["state"]}
+    # A saved entry without its accumulator (a dense-kernel table's, in numbered state: its slots hold it)
+    # for a table parameter no table slot fills here (an unsharded module this optimizer steps): it keeps
+    # the live accumulator, as an entry without one cannot be stepped; the slots the model lacks are what
+    # the load reports.
+    refill |= {n for n, p in held if id(p) not in moved and n in table_params
+               and isinstance(state["state"].get(n), Mapping) and ACC not in state["state"][n]}
     if not drop and not missing and not stay and not refill and TABLE_STATE not in state:
         return state
     live = named_optimizer_state(obj, model)["state"] if missing or stay or refill else {}

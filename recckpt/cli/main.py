@@ -359,12 +359,15 @@ class Terminated(BaseException):
 
 @contextlib.contextmanager
 def _sigterm_as_exception():
-    """SIGTERM raises `Terminated` while a command runs, unless the process already handles SIGTERM."""
+    """SIGTERM raises `Terminated` while a command runs, unless the process already handles SIGTERM. The
+    first one only: later ones are ignored while the command cleans up, and `_terminate` then ends the
+    process by the signal, as it would have ended without this."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
 
     def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
     signal.signal(signal.SIGTERM, handler)
     try:
@@ -373,24 +376,39 @@ def _sigterm_as_exception():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _terminate() -> None:
+    """End this process by SIGTERM (its handler is the default again): the caller of an in-process
+    `main()` is stopped as the signal asked, and a shell sees a command killed by SIGTERM (status 143)."""
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pause()   # the signal is delivered on return to the interpreter loop at the latest
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
     try:
         with _sigterm_as_exception():
-            return args.fn(args)
+            code = args.fn(args)
+            sys.stdout.flush()   # here, where a reader gone away is caught, not at the interpreter's exit
+            return code
     except KeyboardInterrupt:
         print("recckpt: interrupted", file=sys.stderr)
         return 130
     except Terminated:
-        print("recckpt: terminated (SIGTERM)", file=sys.stderr)
-        return EXIT_TERMINATED
+        print("recckpt: terminated (SIGTERM); what the command had written is cleaned up", file=sys.stderr)
+        _terminate()
+        return EXIT_TERMINATED   # not reached: the signal ends the process
     except BrokenPipeError:
+        if args.debug:
+            raise
         # the reader of the output went away (`recckpt inspect CK | head`): nothing is left to tell it, and
         # the interpreter's own flush at exit must not fail again
         with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, sys.stdout.fileno())
+            os.close(fd)
         return EXIT_BROKEN_PIPE
     except Exception as e:
         if args.debug:

@@ -29,7 +29,9 @@ def is_positional(state_dict) -> bool:
     if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
         return False
     params = [p for g in groups for p in (g.get("params") or [])]
-    return all(isinstance(p, int) and not isinstance(p, bool) for p in params)
+    # groups naming no parameter say nothing either way (a KeyedOptimizer's saved groups, every entry of
+    # which an integration's tables hold)
+    return bool(params) and all(isinstance(p, int) and not isinstance(p, bool) for p in params)
 
 
 def is_named(state_dict) -> bool:

@@ -103,7 +103,8 @@ class ExportResult:
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise int8: (q int8[n, ...], scale float32[n], offset float32[n]); see the module docstring."""
     n = x.shape[0]
-    flat = x.reshape(n, -1).astype(np.float32, copy=False)
+    with np.errstate(over="ignore"):   # a float64 beyond float32's range becomes infinity, refused below
+        flat = x.reshape(n, -1).astype(np.float32, copy=False)
     if flat.size and not np.isfinite(flat).all():
         raise InvalidArgumentError("dtype=int8: a row holds NaN or infinity, which int8 cannot represent; "
                                    "export it as fp32/fp16/bf16 instead")
@@ -384,7 +385,7 @@ def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLik
         raise InvalidArgumentError("out_dir (--out) is empty; name a new or empty local directory")
     _refuse_inside_source(view, out_dir)   # first: the hint below must never be to remove a checkpoint
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        interrupted = os.path.isdir(out_dir) and not os.path.exists(os.path.join(out_dir, EXPORT_MANIFEST))
+        interrupted = _partial_export(out_dir)
         raise InvalidArgumentError(
             f"out_dir (--out) {out_dir}: exists and is not an empty directory; choose a new directory (an export "
             f"never overwrites files)" + (f". It has no {EXPORT_MANIFEST}: if it is an export that was killed, "
@@ -398,6 +399,18 @@ def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLik
         # out_dir was empty or absent: everything in it is this export's, and a retry must find it empty
         _remove_partial(out_dir, created)
         raise
+
+
+def _partial_export(out_dir: str) -> bool:
+    """Whether `out_dir` looks like what a killed export leaves: no export.json, and nothing but table
+    directories of `part-*` files (so never an output directory of checkpoints, nor `.`)."""
+    try:
+        entries = os.listdir(out_dir)
+        return bool(entries) and EXPORT_MANIFEST not in entries and all(
+            os.path.isdir(os.path.join(out_dir, e)) and not os.path.islink(os.path.join(out_dir, e))
+            and all(f.startswith("part-") for f in os.listdir(os.path.join(out_dir, e))) for e in entries)
+    except OSError:
+        return False
 
 
 def _refuse_inside_source(view: CheckpointView, out_dir: str) -> None:
@@ -429,7 +442,8 @@ def _first_bad_id(ids: np.ndarray, values: np.ndarray) -> str:
     """", id N" for the first row of `values` holding NaN or infinity (what int8 refuses), else ""."""
     if values.dtype.kind != "f":
         return ""
-    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    with np.errstate(over="ignore"):   # as quantize_int8 sees them: beyond float32's range is infinity
+        bad = ~np.isfinite(values.reshape(len(values), -1).astype(np.float32, copy=False)).all(axis=1)
     return f", id {int(ids[np.argmax(bad)])}" if bad.any() else ""
 
 

@@ -166,7 +166,10 @@ def _dense_opt(model, opt_cls, kind="keyed", kwargs=None, cls=None, tables_only=
     kwargs = {"lr": 0.05, **(kwargs or {})}
     if kind == "torch":     # a plain torch.optim optimizer (numbered state)
         return dense_cls(list(params.values()), **kwargs)
-    return KeyedOptimizerWrapper(params, lambda ps: dense_cls(ps, **kwargs))
+    opt = KeyedOptimizerWrapper(params, lambda ps: dense_cls(ps, **kwargs))
+    if kind == "keyed_groups":   # a KeyedOptimizer that saves its param groups (names, hyper-parameters)
+        opt.save_param_groups(True)
+    return opt
 
 
 def _train(job, model, dense_opt, rank, steps=None, seed=99):

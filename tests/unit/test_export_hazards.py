@@ -44,9 +44,10 @@ def test_int8_refusal_names_the_table_slot_and_id(tmp_path):
     export as fp32."""
     bad = torch.randn(50, 4)
     bad[17, 2] = float("inf")
+    bad[20, 1] = float("nan")
     ck = _save(tmp_path / "run", {"good": _emb(30), "bad": {"embedding": (SlotSpec(torch.float32, (4,), "sparse"),
                                                                          bad)}})
-    with pytest.raises(InvalidArgumentError, match=r"table 'bad', slot 'embedding', id 17: dtype=int8: .*NaN"):
+    with pytest.raises(InvalidArgumentError, match=r"table 'bad', slot 'embedding', id (17|20): dtype=int8: .*NaN"):
         recckpt.export(ck, tmp_path / "o", ExportOptions(dtype="int8"))
     assert not (tmp_path / "o").exists()
 
@@ -106,13 +107,17 @@ def test_empty_out_and_a_file_given_as_the_checkpoint(tmp_path):
 
 
 def _cli(*args, **kw):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # buffered output, as a user's shell has it (not PYTHONUNBUFFERED, which CI may set): the last write
+    # then happens at the flush
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
     return subprocess.Popen([sys.executable, "-m", "recckpt", *args], env=env, cwd=ROOT, **kw)
 
 
 def test_sigterm_mid_export_leaves_out_empty_and_the_rerun_works(tmp_path):
     """timeout(1), Kubernetes and Slurm stop a job with SIGTERM: the export left 130 MB of parts and no
-    export.json, and the same command was then refused. Now SIGTERM cleans up as Ctrl-C does (exit 143)."""
+    export.json, and the same command was then refused. Now SIGTERM cleans up as Ctrl-C does, then ends the
+    process by the signal (a shell's status 143)."""
     n = 400_000
     ck = _save(tmp_path / "run", {"big": {"embedding": (SlotSpec(torch.float32, (64,), "sparse"),
                                                         torch.randn(n, 64))}})
@@ -125,7 +130,7 @@ def test_sigterm_mid_export_leaves_out_empty_and_the_rerun_works(tmp_path):
         time.sleep(0.005)
     p.send_signal(signal.SIGTERM)
     err = p.communicate(timeout=60)[1]
-    assert p.returncode == 128 + signal.SIGTERM, err
+    assert p.returncode == -signal.SIGTERM, err
     assert "terminated" in err
     assert not out.exists(), os.listdir(out)
     q = _cli("export", ck, "--out", str(out), "--format", "npy", stderr=subprocess.PIPE, text=True)
@@ -134,12 +139,16 @@ def test_sigterm_mid_export_leaves_out_empty_and_the_rerun_works(tmp_path):
 
 
 def test_a_refused_leftover_out_says_it_may_be_a_killed_export(tmp_path):
-    """SIGKILL cannot be cleaned up: the refusal now says the directory has no export.json."""
+    """SIGKILL cannot be cleaned up: the refusal now says the directory has no export.json, but only where
+    it holds nothing but table folders of parts: never for the output directory holding the checkpoint."""
     ck = _save(tmp_path / "run", {"t": _emb(8)})
     (tmp_path / "o" / "t").mkdir(parents=True)
     (tmp_path / "o" / "t" / "part-00000.parquet").write_bytes(b"x")
     with pytest.raises(InvalidArgumentError, match=r"no export.json: if it is an export that was killed, remove it"):
         recckpt.export(ck, tmp_path / "o")
+    with pytest.raises(InvalidArgumentError, match=r"exists and is not an empty directory") as e:
+        recckpt.export(ck, tmp_path / "run")
+    assert "remove it" not in str(e.value)
 
 
 def test_inspect_into_a_closed_pipe_is_quiet(tmp_path):
@@ -166,3 +175,30 @@ def test_reader_arguments_as_users_pass_them(tmp_path):
     assert view.io_state(np.int64(0)) is None
     with pytest.raises(InvalidArgumentError, match=r"no dense keys \['w'\]"):
         view.dense_tensors("w")
+
+
+def test_int8_refusal_of_a_float64_beyond_float32_names_the_id(tmp_path):
+    """int8 works in float32: a finite float64 beyond its range is infinity there, refused naming the id."""
+    rows = torch.randn(9, 4, dtype=torch.float64)
+    rows[4, 0] = 1e300
+    ck = _save(tmp_path / "run", {"w": {"embedding": (SlotSpec(torch.float64, (4,), "sparse"), rows)}})
+    with pytest.raises(InvalidArgumentError, match=r"table 'w', slot 'embedding', id 4: dtype=int8"):
+        recckpt.export(ck, tmp_path / "o", ExportOptions(dtype="int8"))
+
+
+def test_sigterm_ends_an_in_process_caller_too(tmp_path):
+    """A program calling recckpt.cli.main.main() in-process, stopped by SIGTERM, is stopped (after the
+    command cleans up), not left running with the signal swallowed."""
+    ck = _save(tmp_path / "run", {"t": _emb(8)})
+    code = ("import importlib, os, signal\n"
+            "m = importlib.import_module('recckpt.cli.main')\n"
+            "def slow(args):   # a command the signal stops midway\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    signal.pause()\n"
+            "m.cmd_inspect = slow\n"
+            f"m.main(['inspect', {ck!r}])\n"
+            "print('host still running')\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGTERM, (p.returncode, p.stdout, p.stderr)
+    assert "host still running" not in p.stdout and "terminated (SIGTERM)" in p.stderr

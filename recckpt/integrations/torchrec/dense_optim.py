@@ -18,6 +18,7 @@ table's fused state, so a table that changes sides (data-parallel <-> sharded) k
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Tuple
 
 import torch
@@ -41,6 +42,16 @@ def optimizers(objects: Iterable[Any]) -> List[Any]:
             and isinstance(getattr(o, "param_groups", None), list)]
 
 
+def _acc_slot(acc_shape: Tuple[int, ...], rows: int, cols: int) -> str | None:
+    """The slot an Adagrad-like `sum` of shape `acc_shape` for a [rows, cols] parameter is: ADAGRAD when it
+    has the parameter's shape, ROWWISE_ADAGRAD with one value per row ([rows] or [rows, 1]), else None."""
+    if tuple(acc_shape) == (rows, cols):
+        return ADAGRAD
+    if len(acc_shape) in (1, 2) and math.prod(acc_shape) == rows and acc_shape[0] == rows:
+        return ROWWISE_ADAGRAD
+    return None
+
+
 def dp_slots(param: torch.Tensor, shape: Tuple[int, int], opts: List[Any]
              ) -> Tuple[Dict[str, Callable[[], torch.Tensor]], Dict[str, Tuple[torch.dtype, Tuple[int, ...]]]]:
     """({slot: function giving the live state tensor}, {slot: (dtype, row shape)}) of a data-parallel
@@ -48,19 +59,13 @@ def dp_slots(param: torch.Tensor, shape: Tuple[int, int], opts: List[Any]
     it. Only Adagrad-like `sum` state maps ([N, D] -> adagrad.acc, [N] or [N, 1] -> rowwise_adagrad.acc);
     other optimizers' state stays in their own saved state (the table then has no optimizer slots)."""
     n, d = shape
-    for opt in opts:
-        st = opt.state.get(param)
-        if not isinstance(st, Mapping):
-            continue
-        acc = st.get(ACC)
-        if not isinstance(acc, torch.Tensor):
-            return {}, {}
-        if tuple(acc.shape) == (n, d):
-            return {ADAGRAD: lambda o=opt: o.state[param][ACC]}, {ADAGRAD: (acc.dtype, (d,))}
-        if acc.numel() == n and acc.dim() in (1, 2):
-            return ({ROWWISE_ADAGRAD: lambda o=opt: o.state[param][ACC].view(n)},
-                    {ROWWISE_ADAGRAD: (acc.dtype, ())})
-        return {}, {}
+    opt, st = _holder(param, opts)
+    acc = st.get(ACC) if st is not None else None
+    slot = _acc_slot(tuple(acc.shape), n, d) if isinstance(acc, torch.Tensor) else None
+    if slot == ADAGRAD:
+        return {ADAGRAD: lambda o=opt: o.state[param][ACC]}, {ADAGRAD: (acc.dtype, (d,))}
+    if slot == ROWWISE_ADAGRAD:
+        return {ROWWISE_ADAGRAD: lambda o=opt: o.state[param][ACC].view(n)}, {ROWWISE_ADAGRAD: (acc.dtype, ())}
     return {}, {}
 
 
@@ -83,8 +88,7 @@ def holds_accumulator(param: torch.Tensor, opts: List[Any]) -> bool:
         return False
     if param.numel() == 0:
         return acc.numel() == 0
-    return param.dim() == 2 and (tuple(acc.shape) == tuple(param.shape)
-                                 or (acc.numel() == param.shape[0] and acc.dim() in (1, 2)))
+    return param.dim() == 2 and _acc_slot(tuple(acc.shape), *param.shape) is not None
 
 
 def sharded_dense_slots(table: str, param: torch.Tensor, shards: List[Tuple[Tuple[int, ...], torch.Tensor]],
@@ -116,7 +120,7 @@ def sharded_dense_slots(table: str, param: torch.Tensor, shards: List[Tuple[Tupl
     if not shards:
         return None
     p_rows, p_cols = (int(x) for x in param.shape)
-    elementwise = tuple(st[ACC].shape) == (p_rows, p_cols)
+    elementwise = _acc_slot(tuple(st[ACC].shape), p_rows, p_cols) == ADAGRAD
     refs = []
     for off, t in shards:
         rows = int(t.shape[0])

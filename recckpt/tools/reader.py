@@ -404,6 +404,70 @@ class CheckpointView:
             if buf.rows:
                 yield self._convert(buf, slots, descs, as_torch)
 
+    #: Above this many separate bucket runs, `lookup` reads the one range from the lowest to the highest
+    #: (a window at a time) rather than a read per run, each of which reads its segments' directories.
+    LOOKUP_MAX_RUNS = 32
+
+    def lookup(self, table: str, ids, slots: str | Sequence[str] | None = None, *, as_torch: bool = False
+               ) -> tuple[Any, dict[str, Any]]:
+        """The rows of `ids` (int64[n], any order, repeats allowed) of `table`: `(found, {slot: rows})` in
+        the order of `ids`, `found[i]` saying whether `ids[i]` is in the checkpoint (its rows are zero where
+        it is not). For an incremental checkpoint, the chain's state (newest row wins, removed ids absent).
+        Only the buckets those ids fall in are read (`iter_rows(buckets=...)`), each verified: a few ids
+        cost a few bucket windows, not the table. Arrays as `iter_rows` gives them (numpy, BF16 as float32;
+        torch tensors of the slots' dtypes with `as_torch=True`)."""
+        have = self._table_slots(table)
+        slots = list(have) if slots is None else _names(slots)
+        unknown = [s for s in slots if s not in have]
+        if unknown or len(set(slots)) != len(slots):
+            raise InvalidArgumentError(f"{self.path}: table {table!r}: slots {slots} are not distinct slots of "
+                                       f"the table; it has {list(have)}")
+        want = np.asarray(ids.numpy() if hasattr(ids, "numpy") else ids)
+        if want.ndim != 1 or (want.size and want.dtype.kind not in "iu"):
+            raise InvalidArgumentError(f"lookup: ids must be a 1-D array of integers, got {want.dtype} of shape "
+                                       f"{want.shape}")
+        want = want.astype(np.int64, copy=False)
+        found = np.zeros(len(want), dtype=bool)
+        descs = [have[s] for s in slots]
+        out = {s: np.zeros((len(want), *d.shape), dtype=np.float32 if d.dtype == "BF16" else d.numpy_dtype)
+               for s, d in zip(slots, descs)}
+        order = np.argsort(want, kind="stable")
+        sorted_want = want[order]
+        for lo, hi in self._lookup_ranges(table, want):
+            for got, cols in self.iter_rows(table, slots, buckets=(lo, hi), reuse=True):
+                left = np.searchsorted(sorted_want, got, "left")
+                counts = np.searchsorted(sorted_want, got, "right") - left
+                if not counts.any():
+                    continue
+                rows = np.repeat(np.arange(len(got)), counts)   # each read row, once per time it was asked for
+                starts = np.repeat(np.cumsum(counts) - counts, counts)
+                at = order[np.repeat(left, counts) + np.arange(len(rows)) - starts]
+                found[at] = True
+                for s in slots:
+                    out[s][at] = cols[s][rows]
+        if as_torch:
+            import torch
+            return torch.from_numpy(found), {s: torch.from_numpy(out[s]).to(d.torch_dtype)
+                                             for s, d in zip(slots, descs)}
+        return found, out
+
+    def _lookup_ranges(self, table: str, ids: np.ndarray) -> list[tuple[int, int]]:
+        """The bucket ranges holding `ids` under the table's bucket function (its newest link's, as a
+        chain's fold reads them): runs of adjacent buckets, or one range when there are many."""
+        from .. import _C
+        with self._reading():
+            links = table_links(self._links, table)
+            if not len(ids) or (len(links) == 1 and table not in self._r.index.tables):
+                return []
+        info = links[-1].manifest.tables[table]
+        b = np.asarray(_C.bucket_of(ids, self.num_buckets, **info.bucket_args()))
+        b = np.unique(b[b >= 0])   # -1: an id no row of a fixed-size table can have
+        if not len(b):
+            return []
+        cuts = np.flatnonzero(np.diff(b) > 1) + 1
+        runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(b, cuts)]
+        return runs if len(runs) <= self.LOOKUP_MAX_RUNS else [(runs[0][0], runs[-1][1])]
+
     def _pieces(self, links: list[CheckpointReader], table: str, slots: list[str], widths: list[int],
                 lo: int, hi: int):
         """(ids, [uint8 rows per slot]) of buckets [lo, hi): one link's rows window by window, or the

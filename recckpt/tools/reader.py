@@ -426,7 +426,7 @@ class CheckpointView:
         if want.ndim != 1 or (want.size and want.dtype.kind not in "iu"):
             raise InvalidArgumentError(f"lookup: ids must be a 1-D array of integers, got {want.dtype} of shape "
                                        f"{want.shape}")
-        want = want.astype(np.int64, copy=False)
+        want = np.ascontiguousarray(want, dtype=np.int64)
         found = np.zeros(len(want), dtype=bool)
         descs = [have[s] for s in slots]
         out = {s: np.zeros((len(want), *d.shape), dtype=np.float32 if d.dtype == "BF16" else d.numpy_dtype)

@@ -30,7 +30,17 @@ def row_bytes_view(t: torch.Tensor, n: int, row_bytes: int):
         return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().reshape(n, row_bytes)
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
-    return a.reshape(-1).view(np.uint8).reshape(n, row_bytes)
+    # [n, ...] C-contiguous: its last axis is viewed as bytes in place, the reshape folds the rest of the row
+    return a.view(np.uint8).reshape(n, row_bytes)
+
+
+def ids_view(ids: torch.Tensor) -> np.ndarray:
+    """int64 [n] host tensor (checked by the caller) → C-contiguous int64 numpy [n], zero-copy where it can."""
+    try:
+        a = ids.numpy()
+    except (TypeError, RuntimeError):   # a tensor that needs grad, or not on the host
+        a = ids.detach().cpu().numpy()
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 @dataclass(frozen=True)
@@ -135,7 +145,7 @@ class TableSources:
                             f"table {meta.name!r}, slot {k!r}: export_chunks gave {c.dtype} {tuple(c.shape)}; "
                             f"the table's metadata says {spec.dtype} {shape}")
                     out.append(row_bytes_view(c, n, row_bytes[k]))
-                ids_np = row_bytes_view(ids, n, 8).view(np.int64).reshape(n)
+                ids_np = ids_view(ids)
                 cut = granule_cut(n, granule, whole_row)
                 if 0 < cut < n:  # whole granules, then the short rest as its own segment
                     yield ids_np[:cut], [c[:cut] for c in out]

@@ -342,6 +342,15 @@ class CheckpointView:
             raise InvalidArgumentError(f"{self.path}: no table {table!r}; it has {sorted(self._slots) or 'none'}")
         return t
 
+    def _slots_of(self, table: str, have: dict[str, SlotDesc], slots) -> list[str]:
+        """The slots asked for (all when None; one name or a sequence), checked to be distinct slots of it."""
+        slots = list(have) if slots is None else _names(slots)
+        unknown = [s for s in slots if s not in have]
+        if unknown or len(set(slots)) != len(slots):
+            raise InvalidArgumentError(f"{self.path}: table {table!r}: slots {slots} are not distinct slots of "
+                                       f"the table; it has {list(have)}")
+        return slots
+
     def bucket_range(self, shard: tuple[int, int] | None = None,
                      buckets: tuple[int, int] | None = None) -> tuple[int, int]:
         """The bucket range [lo, hi) selected by `shard=(rank, world)` or `buckets=(lo, hi)` (not both)."""
@@ -374,11 +383,7 @@ class CheckpointView:
         converts or writes each chunk at once). Memory use is bounded by chunk_rows and the reader's
         window, whatever the table's size."""
         have = self._table_slots(table)
-        slots = list(have) if slots is None else _names(slots)
-        unknown = [s for s in slots if s not in have]
-        if unknown or len(set(slots)) != len(slots):
-            raise InvalidArgumentError(f"{self.path}: table {table!r}: slots {slots} are not distinct slots of "
-                                       f"the table; it has {list(have)}")
+        slots = self._slots_of(table, have, slots)
         if type(chunk_rows) is not int or chunk_rows < 1:
             raise InvalidArgumentError(f"chunk_rows={chunk_rows!r}: expected an integer >= 1")
         lo, hi = self.bucket_range(shard, buckets)
@@ -417,11 +422,7 @@ class CheckpointView:
         cost a few bucket windows, not the table. Arrays as `iter_rows` gives them (numpy, BF16 as float32;
         torch tensors of the slots' dtypes with `as_torch=True`)."""
         have = self._table_slots(table)
-        slots = list(have) if slots is None else _names(slots)
-        unknown = [s for s in slots if s not in have]
-        if unknown or len(set(slots)) != len(slots):
-            raise InvalidArgumentError(f"{self.path}: table {table!r}: slots {slots} are not distinct slots of "
-                                       f"the table; it has {list(have)}")
+        slots = self._slots_of(table, have, slots)
         want = np.asarray(ids.numpy() if hasattr(ids, "numpy") else ids)
         if want.ndim != 1 or (want.size and want.dtype.kind not in "iu"):
             raise InvalidArgumentError(f"lookup: ids must be a 1-D array of integers, got {want.dtype} of shape "

@@ -100,11 +100,17 @@ class ExportResult:
 
 
 # ------------------------------------------------------------------------------------------ values
+def _float32_rows(x: np.ndarray) -> np.ndarray:
+    """`x` [n, ...] as the float32 [n, k] rows int8 quantizes (a float64 beyond float32's range becomes
+    infinity there, which int8 refuses)."""
+    with np.errstate(over="ignore"):
+        return x.reshape(x.shape[0], -1).astype(np.float32, copy=False)
+
+
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise int8: (q int8[n, ...], scale float32[n], offset float32[n]); see the module docstring."""
     n = x.shape[0]
-    with np.errstate(over="ignore"):   # a float64 beyond float32's range becomes infinity, refused below
-        flat = x.reshape(n, -1).astype(np.float32, copy=False)
+    flat = _float32_rows(x)
     if flat.size and not np.isfinite(flat).all():
         raise InvalidArgumentError("dtype=int8: a row holds NaN or infinity, which int8 cannot represent; "
                                    "export it as fp32/fp16/bf16 instead")
@@ -442,8 +448,7 @@ def _first_bad_id(ids: np.ndarray, values: np.ndarray) -> str:
     """", id N" for the first row of `values` holding NaN or infinity (what int8 refuses), else ""."""
     if values.dtype.kind != "f":
         return ""
-    with np.errstate(over="ignore"):   # as quantize_int8 sees them: beyond float32's range is infinity
-        bad = ~np.isfinite(values.reshape(len(values), -1).astype(np.float32, copy=False)).all(axis=1)
+    bad = ~np.isfinite(_float32_rows(values)).all(axis=1)
     return f", id {int(ids[np.argmax(bad)])}" if bad.any() else ""
 
 

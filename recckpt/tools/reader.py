@@ -430,8 +430,7 @@ class CheckpointView:
         want = np.ascontiguousarray(want, dtype=np.int64)
         found = np.zeros(len(want), dtype=bool)
         descs = [have[s] for s in slots]
-        out = {s: np.zeros((len(want), *d.shape), dtype=np.float32 if d.dtype == "BF16" else d.numpy_dtype)
-               for s, d in zip(slots, descs)}
+        out = {s: np.zeros((len(want), *d.shape), dtype=d.numpy_dtype) for s, d in zip(slots, descs)}
         order = np.argsort(want, kind="stable")
         sorted_want = want[order]
         for lo, hi in self._lookup_ranges(table, want):

@@ -147,22 +147,18 @@ def step_restart(param: torch.Tensor, opts: List[Any]) -> Callable[[], None] | N
     to 0 (a fresh torch Adagrad's); None when that entry has no step. Called when a load restarts every
     optimizer slot of the table `param` is (docs/LOADING.md: excluding sparse_opt starts it over), so the
     restarted accumulator is not paired with the live step (Adagrad's lr_decay reads it)."""
-    for opt in opts:
-        st = opt.state.get(param)
-        if not isinstance(st, Mapping):
-            continue
-        if "step" not in st:
-            return None
+    opt, st = _holder(param, opts)
+    if opt is None or "step" not in st:
+        return None
 
-        def restart(o=opt) -> None:
-            entry = o.state[param]   # looked up when called: a load may have installed new tensors
-            step = entry.get("step")
-            if isinstance(step, torch.Tensor):
-                step.zero_()
-            elif step is not None:
-                entry["step"] = 0
-        return restart
-    return None
+    def restart(o=opt) -> None:
+        entry = o.state[param]   # looked up when called: a load may have installed new tensors
+        step = entry.get("step")
+        if isinstance(step, torch.Tensor):
+            step.zero_()
+        elif step is not None:
+            entry["step"] = 0
+    return restart
 
 
 def accumulator_init(param: torch.Tensor, opts: List[Any]) -> float:

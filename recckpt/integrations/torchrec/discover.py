@@ -139,6 +139,13 @@ def _fused_states(table: str, states: Dict[str, Any], shape: Tuple[int, int]) ->
     return out
 
 
+def _on_dense_kernel(ps) -> bool:
+    """Whether a table's plan shards it on TorchRec's "dense" kernel: an ordinary parameter an ordinary
+    optimizer steps whole. (Fused, key-value and SSD kernels update the rows they look up, with their own
+    optimizer state; a data-parallel table is replicated, whatever its kernel.)"""
+    return ps.sharding_type != "data_parallel" and str(getattr(ps, "compute_kernel", "fused")) == "dense"
+
+
 def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: List[Any]
                     ) -> Tuple[List[TorchRecTable], List[str]]:
     plan = f.module.module_sharding_plan
@@ -151,10 +158,7 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
         n, d = (int(x) for x in w.shape)
         shards = _local_shards(w)
         replicated = ps.sharding_type == "data_parallel"
-        kernel = str(getattr(ps, "compute_kernel", "fused"))
-        # TorchRec's "dense" kernel: an ordinary parameter an ordinary optimizer steps whole. (Fused, key-value
-        # and SSD kernels update the rows they look up, with their own optimizer state.)
-        fused_kernel = replicated or kernel != "dense"
+        fused_kernel = not _on_dense_kernel(ps)
         opt = _fused_states(full_name, fused.get(rel, {}), (n, d))
         # On the dense kernel, the registered dense optimizer keeps each rank's shard of the table's state
         dense_kernel = sharded_dense_slots(full_name, params[key], shards, d, opts) \
@@ -415,16 +419,13 @@ def _moved(model, objects: Sequence[Any]) -> Dict[int, Tuple[str, bool]]:
         if not f.sharded:
             continue
         for tname, ps in f.module.module_sharding_plan.items():
-            replicated = ps.sharding_type == "data_parallel"
-            if not replicated and str(getattr(ps, "compute_kernel", "fused")) != "dense":
+            per_rank = _on_dense_kernel(ps)
+            if ps.sharding_type != "data_parallel" and not per_rank:
                 continue
             rel = f"{f.tables_attr}.{tname}.weight"
             key = next((p + rel for p in f.raw_prefixes if p + rel in params), None)
-            if key is None:
-                continue
-            p = params[key]
-            if dp_slots(p, tuple(p.shape), opts)[0] if replicated else holds_accumulator(p, opts):
-                out[id(p)] = (f.prefix + rel[:-len(".weight")], not replicated)
+            if key is not None and holds_accumulator(params[key], opts):
+                out[id(params[key])] = (f.prefix + rel[:-len(".weight")], per_rank)
     return out
 
 

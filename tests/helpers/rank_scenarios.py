@@ -426,13 +426,33 @@ class _KillOnSave(_KillOnLoad):
 
     armed = False
 
+    wait_for: tuple = ()   # (ranks, step): before the kill, wait until those ranks have marked that step
+
     def dump_io_state(self):
         if self.armed and self.rank == self.kill_rank:
+            if self.wait_for:
+                _wait_for_arrivals(*self.wait_for)
             self.load_state_dict(None)   # (its kill, with the report)
         return {"v": self.v}
 
     def load_io_state(self, state):
         self.v = state["v"]
+
+
+def _wait_for_arrivals(ranks, step: str, limit_s: float = 60.0) -> None:
+    """Until each of `ranks` has marked `step` (its text's start) in recckpt's arrival keys of saves: a kill
+    after this finds them already waiting in that step. Otherwise the first survivor to see the dead peer
+    may read the store while another survivor is still writing its part, and truly name it as behind."""
+    store = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):   # recckpt marks in the job's store itself, not a prefixed view
+        store = store.underlying_store
+    keys = [f"recckpt/arrivals/save/{r}" for r in ranks]
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if all(store.check([k]) and store.get(k).decode().startswith(step) for k in keys):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"ranks {ranks} did not mark {step!r} within {limit_s:g}s")
 
 
 def save_with_a_rank_killed(rank, world, out, report_dir):
@@ -442,6 +462,7 @@ def save_with_a_rank_killed(rank, world, out, report_dir):
     opts = dataclasses.replace(OPTS, coordination_timeout_s=10)
     saver = Saver(Holder(owned_table(rank, world, all_ids(300), salt=1.0)), output_dir=out, options=opts)
     killer = _KillOnSave(rank, 1, report_dir)
+    killer.wait_for = ([r for r in range(world) if r != 1], "gathering worker parts")
     saver.register_io_state("reader", killer)
     saver.save("a")
     killer.armed = True

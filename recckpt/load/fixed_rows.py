@@ -51,6 +51,28 @@ class OwnedRows:
         self.table.import_rows(ids.contiguous(), {s: c.contiguous() for s, c in columns.items()})
         self.rows += int(ids.shape[0])
 
+    @staticmethod
+    def of_pieces(pieces, target: str, where: str) -> "OwnedRows | EveryPiece":
+        """The sink of a table's column ranges (`protocol.pieces_of`): itself when it is one."""
+        sinks = [OwnedRows(p, target, where) for p in pieces]
+        return sinks[0] if len(sinks) == 1 else EveryPiece(sinks)
+
+
+class EveryPiece:
+    """`import_rows` into every column range a process holds of a table (`ColumnPieces`), each keeping its
+    rows and columns; `rows` counts a row once."""
+
+    def __init__(self, sinks: List[OwnedRows]):
+        self.sinks = sinks
+
+    def import_rows(self, ids: torch.Tensor, columns: Dict[str, torch.Tensor]) -> None:
+        for sink in self.sinks:
+            sink.import_rows(ids, columns)
+
+    @property
+    def rows(self) -> int:
+        return max(s.rows for s in self.sinks)
+
 
 class DirectRows:
     """Reads a fixed-size table's rows from the shard files straight into the storage it lends

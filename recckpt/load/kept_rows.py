@@ -14,7 +14,7 @@ from ..format.checkpoint import CheckpointReader
 from ..format.column_join import FROM_OVERLAP, iter_joined
 from ..format.hashing import id_range_buckets
 from ..format.schema import Manifest
-from ..state.protocol import column_split_slots
+from ..state.protocol import column_split_slots, pieces_of
 from .fixed_rows import DirectRows
 
 
@@ -24,7 +24,11 @@ def load_fixed(reader: CheckpointReader, name: str, target: str, table, slots) -
     format version 4's "row_range" buckets over the same N rows is read by the bucket ranges that
     hold the owned rows only (docs/FORMAT.md: what a loading rank reads); one saved with "hash"
     buckets spreads a row range over every bucket, so every bucket is read. A row outside [0, N) is
-    refused with the table's name."""
+    refused with the table's name. A process holding several column ranges (`ColumnPieces`) fills each
+    in turn; the rows count once."""
+    pieces = pieces_of(table)
+    if len(pieces) > 1:
+        return max(load_fixed(reader, name, target, p, slots) for p in pieces)
     layout = table.row_layout()
     if not layout.owned_rows:
         return 0   # this process holds no rows of the table (table-wise, another rank's)

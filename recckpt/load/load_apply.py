@@ -29,6 +29,7 @@ from ..state.protocol import (
     RoutedRows,
     column_split_slots,
     implements,
+    pieces_of,
     split_sparse_dense_state_dict,
 )
 from ..state.registry import Registry
@@ -141,7 +142,7 @@ class LoadPlan:
                         self.cast_tables.add(name)
                     slots.append((slot, si, spec))
                 if implements(table, FixedSize) and slots:
-                    n = table.row_layout().num_rows
+                    n = pieces_of(table)[0].row_layout().num_rows
                     if not conf.merge and m.parent is None and info.rows != n:   # (a chain's: _plan_chains)
                         self.incompatible.append(
                             f"table {name!r}: the checkpoint holds {info.rows} rows, model table {target!r} has "
@@ -455,7 +456,7 @@ class LoadPlan:
                 continue
             tl = table_links(links, name)
             if implements(table, FixedSize) and not self.conf.merge:
-                n, have = table.row_layout().num_rows, tl[0].manifest.tables[name].rows
+                n, have = pieces_of(table)[0].row_layout().num_rows, tl[0].manifest.tables[name].rows
                 if have != n:
                     self.incompatible.append(
                         f"table {name!r}: the chain's base {tl[0].describe()} holds {have} rows, model table "
@@ -466,7 +467,8 @@ class LoadPlan:
                 if implements(table, FixedSize):
                     # the buckets of its owned rows ("row_range"; every bucket under "hash"); OwnedRows keeps
                     # exactly its rows and columns of what the fold gives
-                    ranges = kept_rows.fixed_bucket_ranges(self.m, name, table.row_layout())
+                    ranges = [r for p in pieces_of(table) for r in kept_rows.fixed_bucket_ranges(self.m, name,
+                                                                                                 p.row_layout())]
                     t_lo, t_hi = (min(a for a, _ in ranges), max(b for _, b in ranges)) if ranges else (0, 0)
                 self.chain_plans[name] = plan_chain(tl, name, t_lo, t_hi, rank=shard_id, world=world,
                                                     ownership=self.conf.ownership,
@@ -687,7 +689,7 @@ class LoadPlan:
                     if callable(reserve):
                         reserve(len(table) + plan.out_rows)
                     if implements(table, FixedSize):
-                        sink = OwnedRows(table, target, self.reader.describe())
+                        sink = OwnedRows.of_pieces(pieces_of(table), target, self.reader.describe())
                         load_chain_rows(plan, name, target, sink, slots, False)
                         self.result.sparse_rows += sink.rows
                         applied.append(target)
@@ -863,6 +865,8 @@ class LoadPlan:
         for j in run:
             name, target, table, slots = self.sparse_jobs[j]
             self._fixed_tried.add(name)
+            if len(pieces_of(table)) > 1:
+                continue   # several column ranges: column blocks, read by kept_rows.load_fixed
             layout = table.row_layout()
             names = [s for s, _, _ in slots]
             if (not layout.owned_rows or self.m.tables[name].column_blocks is not None

@@ -27,11 +27,13 @@ __all__ = [
     "BulkAppend",
     "ChangeTracking",
     "Changes",
+    "ColumnPieces",
     "FixedSize",
     "LendsRows",
     "RoutedRows",
     "RowRangeLayout",
     "column_split_slots",
+    "pieces_of",
     "SLOT_CATEGORIES",
     "SlotSpec",
     "SparseTableMeta",
@@ -328,8 +330,9 @@ class RowRangeLayout:
             written by one process only and loaded by every process.
         column_blocks: the ``[c0, c1)`` column ranges that the processes of a column-split plan hold,
             sorted and partitioning ``[0, D)``, the same on every process (a process with rows holds
-            exactly one of them as ``columns``); ``None`` when every process holds whole rows. The
-            saver writes one column block per range (docs/FORMAT.md, Column blocks).
+            one of them as ``columns``; one holding several is a table with :class:`ColumnPieces`);
+            ``None`` when every process holds whole rows. The saver writes one column block per range
+            (docs/FORMAT.md, Column blocks).
 
     Construction normalises ranges to tuples of Python ints and raises
     :class:`~recckpt.errors.InvalidArgumentError` (a ``ValueError`` and ``TypeError``) for a
@@ -413,6 +416,32 @@ class FixedSize(Protocol):
     anything is applied."""
 
     def row_layout(self) -> RowRangeLayout: ...
+
+
+@runtime_checkable
+class ColumnPieces(Protocol):
+    """Optional extension of :class:`FixedSize` for a process that holds several column ranges of a
+    column-split table (TorchRec's column-wise plans put several column shards of a table on one rank,
+    adjacent or not, each with its own per-row optimizer state).
+
+    :meth:`column_pieces` gives one :class:`FixedSize` view per range, in column order, each with one
+    ``columns`` range among ``column_blocks`` and the table's ``sparse_meta()``; the saver writes each as
+    its own column block and the loader fills each with its columns. The table itself answers the calls
+    that concern all its rows (``clear_rows``, ``reset_slots``, change marks); its ``row_layout()`` may
+    refuse, since no one range describes it. Use :func:`pieces_of` rather than calling this directly."""
+
+    def column_pieces(self) -> Sequence[Any]: ...
+
+
+def pieces_of(table: Any) -> Sequence[Any]:
+    """The views a fixed-size table's rows are saved and loaded through: its :meth:`ColumnPieces.column_pieces`
+    when it has more than one, else the table itself. One home for the rule, shared by the saver, the
+    snapshot and the loader."""
+    if implements(table, ColumnPieces):
+        pieces = list(table.column_pieces())
+        if len(pieces) > 1:
+            return pieces
+    return [table]
 
 
 @runtime_checkable

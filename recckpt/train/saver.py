@@ -39,6 +39,7 @@ from ..state.optim_names import saved_param_names
 from ..state.protocol import (
     ChangeTracking,
     implements,
+    pieces_of,
     split_sparse_dense_state_dict,
 )
 from ..state.registry import Registry
@@ -384,8 +385,10 @@ class Saver:
                 parent, full_reason = self._agreed_parent(ckpt_id, parent, full_reason,
                                                           [p["parent"] for p in plans], not live)
             since = chain.marks if parent is not None else {}
-            sources = [self._sources.source(t, since.get(m.name), step, shard_id, m, self.write_filter)
-                       for t, m in zip(snap.tables, metas)]
+            # a process holding several column ranges of a table writes each as its own column block
+            sources = [self._sources.source(p, since.get(m.name), step, shard_id, m if p is t else None,
+                                            self.write_filter)
+                       for t, m in zip(snap.tables, metas) for p in pieces_of(t)]
             part = write_worker_part(
                 self.storage, stage, shard_id, tables=[t for t, _ in sources],
                 dense=snap.dense if shard_id == 0 else None,

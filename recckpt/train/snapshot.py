@@ -18,7 +18,15 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointSaveError
-from ..state.protocol import Changes, FixedSize, RowRangeLayout, SparseTableMeta, column_split_slots, implements
+from ..state.protocol import (
+    Changes,
+    FixedSize,
+    RowRangeLayout,
+    SparseTableMeta,
+    column_split_slots,
+    implements,
+    pieces_of,
+)
 from ..state.staging import StagingPool
 from .options import SaveOptions
 
@@ -126,38 +134,66 @@ class FixedSizeSnapshotTable(SnapshotTable):
         return self._layout
 
 
-def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: dict, shard_id: int = 0) -> SnapshotTable:
+class PiecedSnapshotTable:
+    """A fixed-size table of which this process holds several column ranges (`ColumnPieces`), frozen:
+    one `FixedSizeSnapshotTable` per range, which the saver writes as its column blocks."""
+
+    def __init__(self, meta: SparseTableMeta, pieces: list):
+        self._meta, self._pieces = meta, pieces
+
+    def sparse_meta(self) -> SparseTableMeta:
+        return self._meta
+
+    def column_pieces(self) -> list:
+        return self._pieces
+
+
+def _copy_table(table, bufs: HostBuffers, staging: StagingPool, since: dict, shard_id: int = 0):
     meta = table.sparse_meta()
     since = since.get(meta.name)
     name = meta.name
+    pieces = pieces_of(table)
+    if len(pieces) > 1:   # each column range in buffers of its own
+        return PiecedSnapshotTable(meta, [_copy_fixed(p, bufs, staging, shard_id, (name, k))
+                                          for k, p in enumerate(pieces)])
     if implements(table, FixedSize):
-        layout = table.row_layout()
-        if layout.replicated and shard_id != 0:
-            # Worker 0 alone writes a replicated table: the others copy nothing (only its description).
-            empty = SparseTableMeta(name, meta.slots, 0)
-            return FixedSizeSnapshotTable(layout, empty, torch.empty(0, dtype=torch.int64),
-                                          {k: torch.empty((0, *s.shape), dtype=s.dtype) for k, s in meta.slots.items()})
-        narrow = {}
-        if layout.column_blocks is not None:   # column-split slots hold this process's columns; saved whole
-            c0, c1 = layout.columns or layout.column_blocks[0]
-            narrow, since = {k: c1 - c0 for k in column_split_slots(meta)}, None
-        return FixedSizeSnapshotTable(layout, *_copy_rows(table, meta, bufs, staging, since, narrow))
+        return _copy_fixed(table, bufs, staging, shard_id, (name,), since)
     return SnapshotTable(*_copy_rows(table, meta, bufs, staging, since))
 
 
+def _copy_fixed(table, bufs: HostBuffers, staging: StagingPool, shard_id: int, key: tuple,
+                since: int | None = None) -> FixedSizeSnapshotTable:
+    """A fixed-size table (or one column range of it), its buffers under `key`."""
+    meta = table.sparse_meta()
+    name = meta.name
+    layout = table.row_layout()
+    if layout.replicated and shard_id != 0:
+        # Worker 0 alone writes a replicated table: the others copy nothing (only its description).
+        empty = SparseTableMeta(name, meta.slots, 0)
+        return FixedSizeSnapshotTable(layout, empty, torch.empty(0, dtype=torch.int64),
+                                      {k: torch.empty((0, *s.shape), dtype=s.dtype) for k, s in meta.slots.items()})
+    narrow = {}
+    if layout.column_blocks is not None:   # column-split slots hold this process's columns; saved whole
+        c0, c1 = layout.columns or layout.column_blocks[0]
+        narrow, since = {k: c1 - c0 for k in column_split_slots(meta)}, None
+    return FixedSizeSnapshotTable(layout, *_copy_rows(table, meta, bufs, staging, since, narrow, key))
+
+
 def _copy_rows(table, meta: SparseTableMeta, bufs: HostBuffers, staging: StagingPool, since: int | None,
-               narrow: dict | None = None):
+               narrow: dict | None = None, key: tuple | None = None):
     """(meta, ids, columns, since, removed) of `table` copied into `bufs`: every row, or with `since` the
     rows changed since that mark and the ids removed since. `narrow`: slot -> the width of its last dim
-    that the table exports (a column-split slot of a column-wise process)."""
+    that the table exports (a column-split slot of a column-wise process). `key`: where in `bufs` (the
+    table's name, and a column range's index)."""
     narrow = narrow or {}
     name = meta.name
+    key = (name,) if key is None else key
     changes = None
     if since is not None:  # only what changed since the parent (ChangeTracking), else every row
         changes = table.export_changes(since, list(meta.slots), max(1, meta.num_rows))
     n = meta.num_rows if changes is None else changes.rows
-    ids = bufs.get(("sparse", name, "ids"), torch.int64, (n,))
-    cols = {k: bufs.get(("sparse", name, "slot", k), s.dtype,
+    ids = bufs.get(("sparse", *key, "ids"), torch.int64, (n,))
+    cols = {k: bufs.get(("sparse", *key, "slot", k), s.dtype,
                         (n, *s.shape) if k not in narrow else (n, *s.shape[:-1], narrow[k]))
             for k, s in meta.slots.items()}
     off = 0

@@ -12,7 +12,7 @@ TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`.
    "opt_kwargs": {...} more arguments of the tables' optimizer (e.g. initial_accumulator_value),
    "dense_kwargs": {...} more arguments of the dense optimizer (e.g. lr_decay),
    "train_after": k steps trained after the load and save (batches drawn from "after_seed", default 7),
-   before the dump}
+   before the dump, "async_save": the save written from a snapshot in host buffers, as an async save's}
 Each rank's result also holds "dense": the unwrapped model's dense layer's parameters after the job.
 `dump` gets `<dump>/rank<r>.pt`: per table, the live local shards read straight from TorchRec's own
 state (state_dict + fused optimizer state, or the in-backward optimizer when unsharded), independent of
@@ -119,11 +119,11 @@ def _build(job, world, rank):
     else:
         gens = {"tw": lambda i: table_wise(rank=i % world), "rw": lambda i: row_wise(),
                 "cw": lambda i: column_wise(ranks=list(range(world))), "dp": lambda i: data_parallel(),
-                # two adjacent column shards on rank 0, one on rank 1 (a rank's shards joined into one block)
+                # two adjacent column shards on rank 0, one on rank 1 (each its own column block)
                 "cw001": lambda i: column_wise(ranks=[0, 0, 1]),
                 # column shards of uneven width (a 16-wide table on 2 ranks)
                 "cw412": lambda i: column_wise(size_per_rank=[4, 12]),
-                # rank 0 holds two column shards that are not adjacent (refused by recckpt)
+                # rank 0 holds two column shards that are not adjacent (as TorchRec's planner places them)
                 "cw010": lambda i: column_wise(ranks=[0, 1, 0]),
                 "twrw": lambda i: table_row_wise(host_index=0),
                 # row-wise on the "dense" compute kernel: an ordinary parameter the dense optimizer steps
@@ -418,7 +418,12 @@ def _run_jobs(rank, world, spec):
                 saver = recckpt.Saver(model, output_dir=job["save"])
                 if dense_opt is not None:
                     saver.register_for_checkpointing("dense_opt", dense_opt)
-                saver.save("ckpt_1")
+                if job.get("async_save"):   # the snapshot an async save writes, copied into host buffers
+                    from recckpt.train.snapshot import HostBuffers
+                    snap = saver.capture_copy(HostBuffers(), shard_id=rank)
+                    saver.write("ckpt_1", snap)
+                else:
+                    saver.save("ckpt_1")
             if job.get("expect_error"):
                 res["error"] = None
         except Exception as e:  # noqa: BLE001 - reported to the test, which checks the message

@@ -212,34 +212,26 @@ def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: 
 
 
 def _column_blocks(table: str, ps, dim: int):
-    """The column ranges the ranks of a column-split plan hold (each rank's shards of the table joined),
-    from the plan every rank knows, so that every rank names the same column blocks; None when every rank
-    holds whole rows."""
+    """The column ranges of a column-split plan's shards (one column block each, docs/FORMAT.md), from the
+    plan every rank knows, so that every rank names the same blocks; None when every shard holds whole
+    rows. A rank holding several column shards, adjacent or not (TorchRec's planner places them
+    independently), saves and loads each as its own block, with its own per-row optimizer state."""
     shards = getattr(getattr(ps, "sharding_spec", None), "shards", None) or []
-    held: Dict[int, set] = {}
-    for sm in shards:
-        c0 = int(sm.shard_offsets[1])
-        held.setdefault(sm.placement.rank(), set()).add((c0, c0 + int(sm.shard_sizes[1])))
-    per_rank: Dict[int, Tuple[int, int]] = {}
-    for r, cols in sorted(held.items()):
-        cols = sorted(cols)
-        if any(b[0] > a[1] for a, b in zip(cols, cols[1:])):
-            raise InvalidArgumentError(
-                f"TorchRec table {table!r}: rank {r} holds the column shards {cols}, which are not adjacent; "
-                f"recckpt saves column-wise plans whose shards on one rank are adjacent (for example "
-                f"column_wise(ranks=[0, 0, 1]), not [0, 1, 0])")
-        per_rank[r] = (cols[0][0], max(c1 for _, c1 in cols))
-    ranges = sorted(set(per_rank.values()))
+    ranges = sorted({(int(sm.shard_offsets[1]), int(sm.shard_offsets[1]) + int(sm.shard_sizes[1])) for sm in shards})
     if not ranges or ranges == [(0, dim)]:
         return None
     end = 0
     for c0, c1 in ranges:
-        if c0 != end:
+        if c0 != end or c1 <= c0:
             raise InvalidArgumentError(
-                f"TorchRec table {table!r}: its ranks hold the column ranges {ranges}, which do not partition its "
-                f"{dim} columns; recckpt saves column-wise plans whose ranks each hold one range of adjacent "
-                f"column shards, no two ranks overlapping")
+                f"TorchRec table {table!r}: its shards hold the column ranges {ranges}, which do not partition its "
+                f"{dim} columns; recckpt saves column-wise plans whose column shards, each on one rank, tile the "
+                f"columns with no overlap")
         end = c1
+    if end != dim:
+        raise InvalidArgumentError(
+            f"TorchRec table {table!r}: its shards hold the column ranges {ranges}, which do not cover its {dim} "
+            f"columns")
     return tuple(ranges)
 
 

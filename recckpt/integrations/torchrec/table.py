@@ -7,6 +7,7 @@ load writes into them in place, so nothing is copied whole and a load works befo
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
@@ -25,8 +26,8 @@ ROWWISE_ADAGRAD = "rowwise_adagrad.acc"   # one value per row: shape ()
 class Shard:
     """One local shard: rows [row0, row0 + rows) and columns [col0, col0 + cols) of the logical table.
     `weight` is a [rows, cols] view of live storage; `states` maps each optimizer slot to its live
-    view (or a function giving it, see `state`): [rows, cols] for elementwise slots, [rows] for per-row slots (per column shard under a
-    column-wise plan)."""
+    view (or a function giving it, see `state`): [rows, cols] for elementwise slots, [rows] for per-row slots (each
+    column shard its own under a column-wise plan: `TorchRecTable.column_pieces`)."""
     row0: int
     rows: int
     col0: int
@@ -82,7 +83,7 @@ class TorchRecTable(SlotsTable):
         # What each optimizer slot starts at (`reset_slots`): FBGEMM's fused state starts at 0; an
         # Adagrad-like torch optimizer at its `initial_accumulator_value` (discover.py finds it).
         self.opt_init = {slot: float((opt_init or {}).get(slot, 0.0)) for slot in opt_slots}
-        self.column_blocks = column_blocks   # the plan's column ranges per rank (None: whole rows)
+        self.column_blocks = column_blocks   # the plan's column shards' ranges (None: whole rows)
         self.shards, self.replicated, self.sharding = shards, replicated, sharding
         self.slots = {EMBEDDING: SlotSpec(dtype, (dim,), "sparse")}
         for slot, (dt, shape) in opt_slots.items():
@@ -94,28 +95,51 @@ class TorchRecTable(SlotsTable):
         self._layout = self._compute_layout()
 
     # ---------------------------------------------------------------------------------- layout
-    def _compute_layout(self) -> RowRangeLayout:
+    def _compute_layout(self) -> RowRangeLayout | None:
+        """The process's layout; None when it holds several column ranges of a column-split plan, each a
+        column block of its own (`column_pieces`)."""
         rows = sorted({(s.row0, s.row0 + s.rows) for s in self.shards if s.rows})
         cols = sorted({(s.col0, s.col0 + s.cols) for s in self.shards if s.rows})
-        columns = None
-        if cols and cols != [(0, self.dim)]:
-            lo, hi, end = cols[0][0], cols[-1][1], cols[0][0]
-            for c0, c1 in cols:   # the union must be one contiguous range
-                if c0 > end:
-                    raise InvalidArgumentError(
-                        f"TorchRec table {self.name!r}: this process holds column shards {cols}, which are not "
-                        f"one contiguous range; recckpt supports column-wise plans whose shards on one rank "
-                        f"are adjacent")
-                end = max(end, c1)
-            columns = None if (lo, hi) == (0, self.dim) else (lo, hi)
+        self._piece_columns = tuple(cols) if self.column_blocks is not None and len(cols) > 1 else ()
+        if self._piece_columns:
+            return None
+        if len(cols) > 1:   # several column ranges need column blocks naming them (discover.py)
+            raise InvalidArgumentError(
+                f"TorchRec table {self.name!r}: this process holds column shards {cols} but the plan names no "
+                f"column blocks")
+        columns = cols[0] if cols and cols[0] != (0, self.dim) else None
         if self.replicated:
             rows = [(0, self.num_rows_global)]
         return RowRangeLayout(self.num_rows_global, tuple(rows), columns, self.replicated, self.column_blocks)
 
     def row_layout(self) -> RowRangeLayout:
+        if self._layout is None:
+            raise InvalidArgumentError(
+                f"TorchRec table {self.name!r}: this process holds the column shards {list(self._piece_columns)}, "
+                f"each saved and loaded as its own column block: use recckpt.state.protocol.pieces_of(table)")
         return self._layout
 
+    def column_pieces(self) -> List["TorchRecTable"]:
+        """`ColumnPieces`: one view per column range this process holds (a column-wise plan's column
+        shards, adjacent or not), each with that range as its `columns`, in column order; [self] when it
+        holds one range. A view shares the live storage, the tracker and the optimizer hooks."""
+        if not self._piece_columns:
+            return [self]
+        out = []
+        for c0, c1 in self._piece_columns:
+            piece = copy.copy(self)
+            piece.shards = [s for s in self.shards if (s.col0, s.col0 + s.cols) == (c0, c1)]
+            piece._layout = piece._compute_layout()
+            out.append(piece)
+        return out
+
     def local_rows(self) -> int:
+        if self._layout is None:   # the rows of any of its column ranges (a row's columns are one row)
+            rows, end = 0, 0
+            for a, b in sorted(r for p in self.column_pieces() for r in p.row_layout().owned_rows):
+                rows += max(0, b - max(a, end))
+                end = max(end, b)
+            return rows
         return sum(b - a for a, b in self._layout.owned_rows)
 
     # -------------------------------------------------------------------------------- protocol
@@ -127,7 +151,7 @@ class TorchRecTable(SlotsTable):
         self.check_slots(slots)
         if max_rows < 1:
             raise InvalidArgumentError(f"export_chunks: max_rows must be >= 1, got {max_rows}")
-        for a, b in self._layout.owned_rows:
+        for a, b in self.row_layout().owned_rows:
             parts = sorted((s for s in self.shards if s.row0 == a and s.rows == b - a), key=lambda s: s.col0)
             for i in range(0, b - a, max_rows):
                 j = min(b - a, i + max_rows)
@@ -144,33 +168,25 @@ class TorchRecTable(SlotsTable):
             pieces = [p.weight[i] for p in parts]
         elif len(spec.shape) == 1:
             pieces = [p.state(slot)[i] for p in parts]
-        else:
-            # A per-row value under a column-wise plan is kept per column shard; the checkpoint holds the
-            # row's value for the whole row: the width-weighted mean (exact for RowWiseAdagrad: each shard
-            # accumulates the mean square gradient over its own columns).
-            if len(parts) == 1:
-                return parts[0].state(slot)[i].contiguous()
-            total = sum(p.cols for p in parts)
-            acc = sum(p.state(slot)[i].to(torch.float64) * p.cols for p in parts) / total
-            return acc.to(spec.dtype)
+        else:   # a per-row value: one column range holds one shard of a row range (`column_pieces`)
+            return parts[0].state(slot)[i].contiguous()
         return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)).contiguous()
 
     def read_rows(self, ids: torch.Tensor, slots: Sequence[str]) -> Dict[str, torch.Tensor]:
         """Rows `ids` (global row indices this process holds, any order) of `slots`, as new tensors.
         Column-split slots carry this process's columns (`row_layout().columns`), per-row slots the
-        row's value (as `export_chunks`). Used by managed-collision tables, whose rows are not ranges."""
+        row's value. Used by managed-collision tables, whose rows are not ranges."""
         self.check_slots(slots)
         owned = self._owned_mask(ids)
         if not bool(owned.all()):
             raise InvalidArgumentError(f"TorchRec table {self.name!r}: row {int(ids[~owned][0])} is not held by this "
-                                       f"process (it holds rows {list(self._layout.owned_rows)})")
-        c0, c1 = self._layout.columns or (0, self.dim)
+                                       f"process (it holds rows {list(self.row_layout().owned_rows)})")
+        c0, c1 = self.row_layout().columns or (0, self.dim)
         out = {}
         for slot in slots:
             spec = self.slots[slot]
             split = len(spec.shape) == 1
             col = torch.empty((ids.shape[0], c1 - c0) if split else (ids.shape[0],), dtype=spec.dtype)
-            acc = None if split else torch.zeros(ids.shape[0], dtype=torch.float64)
             for s in self.shards:
                 sel = (ids >= s.row0) & (ids < s.row0 + s.rows)
                 if not bool(sel.any()):
@@ -180,16 +196,14 @@ class TorchRecTable(SlotsTable):
                     col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.weight[local]
                 elif split:
                     col[sel, s.col0 - c0:s.col0 - c0 + s.cols] = s.state(slot)[local]
-                else:   # per-row value kept per column shard: the width-weighted mean, as _gather
-                    acc[sel] += s.state(slot)[local].to(torch.float64) * s.cols / (c1 - c0)
-            if acc is not None:
-                col = acc.to(spec.dtype)
+                else:   # a per-row value (one shard a row range: `column_pieces`)
+                    col[sel] = s.state(slot)[local]
             out[slot] = col
         return out
 
     def _owned_mask(self, ids: torch.Tensor) -> torch.Tensor:
         owned = torch.zeros(ids.shape[0], dtype=torch.bool)
-        for a, b in self._layout.owned_rows:
+        for a, b in self.row_layout().owned_rows:
             owned |= (ids >= a) & (ids < b)
         return owned
 
@@ -202,7 +216,7 @@ class TorchRecTable(SlotsTable):
             raise InvalidArgumentError(f"TorchRec table {self.name!r}: ids must be int64 [n], got {ids.dtype} "
                                        f"{tuple(ids.shape)}")
         n = ids.shape[0]
-        c0, c1 = self._layout.columns or (0, self.dim)
+        c0, c1 = self.row_layout().columns or (0, self.dim)
         for slot, col in columns.items():
             spec = self.slots[slot]
             shape = (n, c1 - c0) if len(spec.shape) == 1 else (n,)
@@ -217,7 +231,7 @@ class TorchRecTable(SlotsTable):
             bad = int(ids[~owned][0])
             raise InvalidArgumentError(
                 f"TorchRec table {self.name!r}: row {bad} is not held by this process (it holds rows "
-                f"{list(self._layout.owned_rows)} of {self.num_rows_global}); nothing was written")
+                f"{list(self.row_layout().owned_rows)} of {self.num_rows_global}); nothing was written")
         with torch.no_grad():
             for s in self.shards:
                 sel = (ids >= s.row0) & (ids < s.row0 + s.rows)
@@ -246,10 +260,10 @@ class TorchRecTable(SlotsTable):
         """`LendsRows`: per owned row range, the live storage of `slots` when this process holds every
         column of it in one contiguous CPU tensor per slot (not under a column-wise plan); else None."""
         self.check_slots(slots)
-        if self._layout.columns is not None:
+        if self.row_layout().columns is not None:
             return None
         out = []
-        for a, b in self._layout.owned_rows:
+        for a, b in self.row_layout().owned_rows:
             parts = [s for s in self.shards if s.row0 == a and s.rows == b - a]
             if len(parts) != 1 or parts[0].col0 != 0 or parts[0].cols != self.dim:
                 return None
@@ -288,7 +302,7 @@ class TorchRecTable(SlotsTable):
         if self.tracker is None:
             return None
         found = []
-        for a, b in self._layout.owned_rows:
+        for a, b in self.row_layout().owned_rows:
             local = self.tracker.changed(a, b - a, since)
             if local is None:
                 return None

@@ -1,0 +1,180 @@
+"""Column-wise plans as TorchRec's planner makes them: a rank holding several column shards of a table,
+adjacent or not. The planner places a wide table's column shards one by one (a 512-wide table at 3
+ranks: ranks [0, 1, 2, 0]), so this is what `Saver(dmp_model)` meets by default.
+
+Before, a rank's shards had to be adjacent (else the save and the load were refused), and adjacent ones
+were joined into one column block with one RowWiseAdagrad value per row: a save and load under the same
+plan gave each shard the mean of their values. Now each column shard is its own column block.
+
+Real DistributedModelParallel on gloo: 2 ranks train, save (sync, and from an async save's snapshot) and
+load under the same plans; 3 ranks load those checkpoints under row-wise and another column split."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from .harness import ROOT, full, load_dump, needs_torchrec, run_jobs, same
+
+pytestmark = needs_torchrec
+
+# a: three 8-column shards, rank 0 holding the first and the last (not adjacent); b: three 4-column
+# shards, rank 0 holding the first two (adjacent)
+TABLES = [["a", 13, 24, "fp32"], ["b", 9, 12, "fp32"]]
+PIECES = {"a": "cw010", "b": "cw001"}
+A, B = "coll.embedding_bags.a", "coll.embedding_bags.b"
+# Tables TorchRec's default planner splits by columns on CPU: at 2 ranks both 128-column shards of w256 go
+# to one rank; at 3 ranks w512's four shards go to ranks [0, 1, 2, 0]
+WIDE = [["w256", 200, 256, "fp32"], ["w512", 200, 512, "fp32"], ["n64", 50, 64, "fp32"]]
+
+
+def _job(name, tmp, plan, opt, *, save=False, load=None, steps=0, tables=TABLES, **more):
+    return {"name": name, "kind": "ebc", "plan": plan, "opt": opt, "tables": tables, "train_steps": steps,
+            "save": os.path.join(tmp, f"ck_{name}") if save else None,
+            "load": os.path.join(tmp, f"ck_{load}") if load else None, "dump": os.path.join(tmp, f"d_{name}"),
+            **more}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("column_pieces"))
+    two = run_jobs(tmp, 2, [
+        _job("rowwise", tmp, PIECES, "rowwise", save=True, steps=3),
+        _job("adagrad", tmp, PIECES, "adagrad", save=True, steps=3, async_save=True),
+        # trained past the checkpoints, then loaded: the same plan gets every shard's own state back; saved
+        # again right away, the checkpoint must equal the first
+        _job("rowwise_back", tmp, PIECES, "rowwise", load="rowwise", steps=5, dump_before=os.path.join(tmp, "pre")),
+        _job("adagrad_back", tmp, PIECES, "adagrad", load="adagrad", save=True, steps=5),
+        _job("wide2", tmp, "default", "adagrad", save=True, steps=3, tables=WIDE),
+    ])
+    three = run_jobs(tmp, 3, [
+        _job("rw3_from_rowwise", tmp, {"a": "rw", "b": "rw"}, "rowwise", load="rowwise", steps=1),
+        _job("cw3_from_adagrad", tmp, {"a": "cw", "b": "cw"}, "adagrad", load="adagrad", steps=1),
+        _job("pieces3_from_adagrad", tmp, PIECES, "adagrad", load="adagrad", steps=1),
+        _job("wide3", tmp, "default", "adagrad", load="wide2", save=True, steps=1, tables=WIDE),
+    ])
+    return tmp, two, three
+
+
+def _tables(tmp, name):
+    return load_dump(os.path.join(tmp, f"d_{name}"))
+
+
+def _column_shards(table):
+    """[(c0, c1, per-row momentum)] of a column-wise table's RowWiseAdagrad state, one per column shard
+    (its momentum1 is [rows x shards]: shard k's rows at offset k * rows, shards in column order)."""
+    rows = table["shape"][0]
+    cols = sorted({(off[1], off[1] + t.shape[1]) for off, t in table["weight"]})
+    mom = {off[0] // rows: t for off, t in table["states"]["momentum1"]}
+    assert sorted(mom) == list(range(len(cols)))
+    return [(c0, c1, mom[k]) for k, (c0, c1) in enumerate(cols)]
+
+
+def _weights_equal(src, dst):
+    for table in src:
+        shape = src[table]["shape"]
+        same(full(src[table]["weight"], shape), full(dst[table]["weight"], shape), f"table {table}: embeddings")
+
+
+def test_every_job_ran(runs):
+    _, two, three = runs
+    for rank, res in enumerate(two + three):
+        for job in res:
+            assert job.get("error") is None, (rank, job)
+    for rank, res in enumerate(two):
+        assert res[2]["loaded_tables"] == [A, B], (rank, res[2])
+
+
+def test_the_plans_put_several_column_shards_on_a_rank(runs):
+    tmp, *_ = runs
+    src = _tables(tmp, "rowwise")
+    assert [(c0, c1) for c0, c1, _ in _column_shards(src[A])] == [(0, 8), (8, 16), (16, 24)]
+    assert [(c0, c1) for c0, c1, _ in _column_shards(src[B])] == [(0, 4), (4, 8), (8, 12)]
+    for table in (A, B):   # each shard's values differ, so a mean of two could not pass below
+        vals = [m for _, _, m in _column_shards(src[table])]
+        assert not any(torch.equal(vals[i], vals[j]) for i in range(3) for j in range(i + 1, 3)), table
+
+
+def test_the_same_plan_gets_each_shards_own_rowwise_state_back(runs):
+    tmp, *_ = runs
+    src, pre, dst = _tables(tmp, "rowwise"), load_dump(os.path.join(tmp, "pre")), _tables(tmp, "rowwise_back")
+    for table in (A, B):
+        shape = src[table]["shape"]
+        assert not torch.equal(full(pre[table]["weight"], shape), full(src[table]["weight"], shape)), \
+            f"{table}: trained past the checkpoint before the load"
+    _weights_equal(src, dst)
+    for table in (A, B):
+        for (c0, c1, want), (d0, d1, got) in zip(_column_shards(src[table]), _column_shards(dst[table])):
+            assert (c0, c1) == (d0, d1)
+            same(got, want, f"table {table} columns [{c0}, {c1}): the shard's own RowWiseAdagrad value")
+
+
+def test_an_async_snapshot_of_the_pieces_loads_exactly_and_saves_the_same_checkpoint_again(runs):
+    tmp, *_ = runs
+    src, dst = _tables(tmp, "adagrad"), _tables(tmp, "adagrad_back")
+    _weights_equal(src, dst)
+    for table in (A, B):
+        shape = src[table]["shape"]
+        a, b = full(src[table]["states"]["momentum1"], shape), full(dst[table]["states"]["momentum1"], shape)
+        assert bool((a != 0).any()), table
+        same(a, b, f"table {table}: Adagrad state")
+    # the checkpoint saved right after the load holds the same content as the one loaded (digests)
+    ck = [os.path.join(tmp, f"ck_{n}", "ckpt_1") for n in ("adagrad", "adagrad_back")]
+    p = subprocess.run([sys.executable, "-m", "recckpt", "diff", *ck], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = subprocess.run([sys.executable, "-m", "recckpt", "verify", ck[0]], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_three_ranks_load_the_pieces_under_other_plans(runs):
+    """Each 3-rank job trained a step before its load (so a missed row or column would show) and dumped
+    right after it: rows and elementwise Adagrad state equal under another column split and the pieces'
+    own plan at 3 ranks; under row-wise, RowWiseAdagrad's one value a row is the width-weighted mean of
+    the saved shards' values (docs/TORCHREC.md)."""
+    tmp, *_ = runs
+    ada = _tables(tmp, "adagrad")
+    for name in ("cw3_from_adagrad", "pieces3_from_adagrad"):
+        got = _tables(tmp, name)
+        _weights_equal(ada, got)
+        for table in (A, B):
+            shape = ada[table]["shape"]
+            same(full(ada[table]["states"]["momentum1"], shape), full(got[table]["states"]["momentum1"], shape),
+                 f"{name}: table {table}: Adagrad state")
+    rw, got = _tables(tmp, "rowwise"), _tables(tmp, "rw3_from_rowwise")
+    _weights_equal(rw, got)
+    for table in (A, B):
+        shards = _column_shards(rw[table])
+        want = sum(m.to(torch.float64) * (c1 - c0) for c0, c1, m in shards) / rw[table]["shape"][1]
+        have = full(got[table]["states"]["momentum1"], [rw[table]["shape"][0]])
+        assert torch.allclose(have.to(torch.float64), want, rtol=1e-6, atol=0), table
+
+
+def _columns(table):
+    """Per rank's dump order, the column ranges of a table's weight shards."""
+    return sorted((off[1], off[1] + int(t.shape[1])) for off, t in table["weight"])
+
+
+def test_the_default_planners_column_splits_save_and_load_between_world_sizes(runs):
+    """The default planner's own plans: 2 ranks put both column shards of w256 on one rank, 3 ranks put
+    w512's first and last shards on rank 0. Saved at 2, loaded and saved again at 3: rows and Adagrad state
+    equal, and the two checkpoints' content digests equal (`diff`), whatever their world sizes and blocks."""
+    tmp, *_ = runs
+    two, three = _tables(tmp, "wide2"), _tables(tmp, "wide3")
+    w256, w512 = "coll.embedding_bags.w256", "coll.embedding_bags.w512"
+    assert len(_columns(two[w256])) == 2 and len(_columns(three[w512])) == 4, \
+        "the planner no longer splits these tables by columns; pick wider ones"
+    _weights_equal(two, three)
+    for table in two:   # fused Adagrad's momentum1, or (a table the planner made data-parallel) the dense 'sum'
+        shape = two[table]["shape"]
+        assert two[table]["states"], f"table {table}: no optimizer state to compare"
+        for k, pieces in two[table]["states"].items():
+            same(full(pieces, shape), full(three[table]["states"][k], shape), f"table {table}: Adagrad {k}")
+    ck = [os.path.join(tmp, f"ck_{n}", "ckpt_1") for n in ("wide2", "wide3")]
+    p = subprocess.run([sys.executable, "-m", "recckpt", "diff", *ck], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr

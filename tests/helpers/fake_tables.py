@@ -24,6 +24,20 @@ class RecordsImports:
         pass
 
 
+class OwnExtraState:
+    """Mixin (before torch.nn.Module in the bases): a table that keeps its rows through a load
+    (`clear_rows` does nothing) and is its own extra state."""
+
+    def clear_rows(self):
+        pass
+
+    def get_extra_state(self):
+        return self
+
+    def set_extra_state(self, state):
+        pass
+
+
 class Holder(torch.nn.Module):
     """A model of one sparse table, registered as `t`."""
 
@@ -32,7 +46,7 @@ class Holder(torch.nn.Module):
         self.t = table
 
 
-class FixedRows(torch.nn.Module):
+class FixedRows(OwnExtraState, torch.nn.Module):
     """A fixed-size table (the protocol TorchRec's tables implement) named `name`: rows 0..n-1, all held by
     this process, an embedding and an elementwise Adagrad state of dim d (saved with format version 5's
     row_range buckets, column groups and row runs); loads write into it."""
@@ -61,12 +75,3 @@ class FixedRows(torch.nn.Module):
     def import_rows(self, ids, columns):
         for k, v in columns.items():
             self.cols[k][ids] = v
-
-    def clear_rows(self):
-        pass
-
-    def get_extra_state(self):
-        return self
-
-    def set_extra_state(self, state):
-        pass

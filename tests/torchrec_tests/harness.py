@@ -71,6 +71,16 @@ def full(pieces, shape, dtype=None) -> torch.Tensor:
     return out.to(dtype)
 
 
+def column_shards(table) -> list:
+    """[(c0, c1, per-row momentum)] of a column-wise table's RowWiseAdagrad state (a `load_dump` entry), one
+    per column shard (its momentum1 is [rows x shards]: shard k's rows at offset k * rows, in column order)."""
+    rows = table["shape"][0]
+    cols = sorted({(off[1], off[1] + t.shape[1]) for off, t in table["weight"]})
+    mom = {off[0] // rows: t for off, t in table["states"]["momentum1"]}
+    assert sorted(mom) == list(range(len(cols)))
+    return [(c0, c1, mom[k]) for k, (c0, c1) in enumerate(cols)]
+
+
 def same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     """Exactly equal, element by element (NaN equal to NaN: an fp16 table trained into NaN still round-trips)."""
     assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}"

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from .harness import ROOT, full, load_dump, needs_torchrec, run_jobs, same
+from .harness import ROOT, column_shards, full, load_dump, needs_torchrec, run_jobs, same
 
 pytestmark = needs_torchrec
 
@@ -63,16 +63,6 @@ def _tables(tmp, name):
     return load_dump(os.path.join(tmp, f"d_{name}"))
 
 
-def _column_shards(table):
-    """[(c0, c1, per-row momentum)] of a column-wise table's RowWiseAdagrad state, one per column shard
-    (its momentum1 is [rows x shards]: shard k's rows at offset k * rows, shards in column order)."""
-    rows = table["shape"][0]
-    cols = sorted({(off[1], off[1] + t.shape[1]) for off, t in table["weight"]})
-    mom = {off[0] // rows: t for off, t in table["states"]["momentum1"]}
-    assert sorted(mom) == list(range(len(cols)))
-    return [(c0, c1, mom[k]) for k, (c0, c1) in enumerate(cols)]
-
-
 def _weights_equal(src, dst):
     for table in src:
         shape = src[table]["shape"]
@@ -91,10 +81,10 @@ def test_every_job_ran(runs):
 def test_the_plans_put_several_column_shards_on_a_rank(runs):
     tmp, *_ = runs
     src = _tables(tmp, "rowwise")
-    assert [(c0, c1) for c0, c1, _ in _column_shards(src[A])] == [(0, 8), (8, 16), (16, 24)]
-    assert [(c0, c1) for c0, c1, _ in _column_shards(src[B])] == [(0, 4), (4, 8), (8, 12)]
+    assert [(c0, c1) for c0, c1, _ in column_shards(src[A])] == [(0, 8), (8, 16), (16, 24)]
+    assert [(c0, c1) for c0, c1, _ in column_shards(src[B])] == [(0, 4), (4, 8), (8, 12)]
     for table in (A, B):   # each shard's values differ, so a mean of two could not pass below
-        vals = [m for _, _, m in _column_shards(src[table])]
+        vals = [m for _, _, m in column_shards(src[table])]
         assert not any(torch.equal(vals[i], vals[j]) for i in range(3) for j in range(i + 1, 3)), table
 
 
@@ -107,7 +97,7 @@ def test_the_same_plan_gets_each_shards_own_rowwise_state_back(runs):
             f"{table}: trained past the checkpoint before the load"
     _weights_equal(src, dst)
     for table in (A, B):
-        for (c0, c1, want), (d0, d1, got) in zip(_column_shards(src[table]), _column_shards(dst[table])):
+        for (c0, c1, want), (d0, d1, got) in zip(column_shards(src[table]), column_shards(dst[table])):
             assert (c0, c1) == (d0, d1)
             same(got, want, f"table {table} columns [{c0}, {c1}): the shard's own RowWiseAdagrad value")
 
@@ -148,7 +138,7 @@ def test_three_ranks_load_the_pieces_under_other_plans(runs):
     rw, got = _tables(tmp, "rowwise"), _tables(tmp, "rw3_from_rowwise")
     _weights_equal(rw, got)
     for table in (A, B):
-        shards = _column_shards(rw[table])
+        shards = column_shards(rw[table])
         want = sum(m.to(torch.float64) * (c1 - c0) for c0, c1, m in shards) / rw[table]["shape"][1]
         have = full(got[table]["states"]["momentum1"], [rw[table]["shape"][0]])
         assert torch.allclose(have.to(torch.float64), want, rtol=1e-6, atol=0), table

@@ -23,7 +23,7 @@ import textwrap
 import pytest
 import torch
 
-from .harness import ROOT, full, load_dump, load_mch_dump, needs_torchrec, run_jobs, same
+from .harness import ROOT, column_shards, full, load_dump, load_mch_dump, needs_torchrec, run_jobs, same
 
 pytestmark = needs_torchrec
 
@@ -233,16 +233,6 @@ def test_cw2_save_loads_exactly_into_other_plans(runs, dst_name):
     _states_equal(src, dst, ("momentum1", "sum"))
 
 
-def _column_shards(table):
-    """[(c0, c1, per-row momentum)] of a column-wise table's RowWiseAdagrad state, one per column shard
-    (its momentum1 is [rows x shards]: shard k's rows at offset k * rows, shards in column order)."""
-    rows = table["shape"][0]
-    cols = sorted({(off[1], off[1] + t.shape[1]) for off, t in table["weight"]})
-    mom = {off[0] // rows: t for off, t in table["states"]["momentum1"]}
-    assert sorted(mom) == list(range(len(cols)))
-    return [(c0, c1, mom[k]) for k, (c0, c1) in enumerate(cols)]
-
-
 @pytest.mark.parametrize("dst_name", ["cw2_from_rowwise_cw2", "cw3_from_rowwise_cw2", "rw3_from_rowwise_cw2"])
 def test_rowwise_cw2_per_column_shard_state(runs, dst_name):
     """RowWiseAdagrad under a column-wise save keeps each column shard's per-row value (one per block). A
@@ -253,13 +243,13 @@ def test_rowwise_cw2_per_column_shard_state(runs, dst_name):
     src, dst = _tables(tmp, "rowwise_cw2"), _tables(tmp, dst_name)
     _weights_equal(src, dst)
     for table in src:
-        saved = _column_shards(src[table])
+        saved = column_shards(src[table])
         if table == "coll.embedding_bags.a":   # split in two at 2 ranks (the 12-column tables are not)
             assert len(saved) == 2 and not torch.equal(saved[0][2], saved[1][2]), "shards' values should differ"
         if dst_name.startswith("rw"):
             targets = [(0, src[table]["shape"][1], full(dst[table]["states"]["momentum1"], [src[table]["shape"][0]]))]
         else:
-            targets = _column_shards(dst[table])
+            targets = column_shards(dst[table])
         for c0, c1, got in targets:
             acc = sum(m.to(torch.float64) * (min(b, c1) - max(a, c0)) for a, b, m in saved if a < c1 and b > c0)
             want = (acc / sum(min(b, c1) - max(a, c0) for a, b, _ in saved if a < c1 and b > c0)).to(got.dtype)

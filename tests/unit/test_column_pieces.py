@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import recckpt
+from helpers.fake_tables import OwnExtraState
 from recckpt import Saver
 from recckpt.errors import InvalidArgumentError
 from recckpt.state.protocol import RowRangeLayout, SlotSpec, SparseTableMeta, pieces_of
@@ -55,7 +56,7 @@ class Piece:
         pass
 
 
-class PiecedTable(torch.nn.Module):
+class PiecedTable(OwnExtraState, torch.nn.Module):
     """One process holding every column shard of a table, each its own range (`ColumnPieces`)."""
 
     def __init__(self, name="t", seed=0):
@@ -77,15 +78,6 @@ class PiecedTable(torch.nn.Module):
 
     def import_rows(self, ids, columns):
         raise InvalidArgumentError("several column ranges: use pieces_of")
-
-    def clear_rows(self):
-        pass
-
-    def get_extra_state(self):
-        return self
-
-    def set_extra_state(self, state):
-        pass
 
     def whole(self):
         return torch.cat([p.emb for p in self.pieces], dim=1)

@@ -697,8 +697,8 @@ class SegmentReader:
                 raise IncompatibleCheckpointError(
                     f"{self.storage.describe(self.ckpt_dir)}: table {table!r} was saved column-split (column "
                     f"blocks, e.g. by a column-wise TorchRec plan); this kind of read does not join column "
-                    f"blocks: load it into a fixed-size (TorchRec) table, or read it with recckpt.open / "
-                    f"recckpt export", table=table)
+                    f"blocks: load it into a model's table (TorchRec or HashTable), or read it with recckpt.open "
+                    f"/ recckpt export", table=table)
             segs = [sg for sg in segs if sg.block == block]
         elif block not in (None, 0):
             raise ValueError(f"table {table!r} has no column block {block}")

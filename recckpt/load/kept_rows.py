@@ -136,14 +136,26 @@ def _load_fixed_blocks(reader: CheckpointReader, name: str, target: str, table, 
     block's own value (RowWiseAdagrad's per-column-shard state): this process gets the width-weighted
     mean over the blocks it reads, weighted by the columns of its own each holds, so an unchanged split
     gets each shard's own value back and a whole-row process the row-wise value (docs/TORCHREC.md)."""
+    return load_blocks(reader, name, table, slots, list(layout.owned_rows), layout.columns)
+
+
+def load_blocks(reader: CheckpointReader, name: str, table, slots, row_ranges, columns, keep=None) -> int:
+    """Rows `row_ranges` of a table saved column-split, columns `columns` (None: all) of its split slots, into
+    `table.import_rows`; per-row slots as `_load_fixed_blocks` says. `keep`: ids -> bool mask of the rows to
+    import (a hash-keyed table of several processes keeps its own ids), None: all. Memory: one chunk."""
     info = reader.manifest.tables[name]
     names = [s for s, _, _ in slots]
     spec_of = {s: (si, spec) for s, si, spec in slots}
     row_bytes = sum(si.row_bytes for _, si, _ in slots) + 8
     chunk = max(1, reader.segments.options.batch_bytes // row_bytes)
     rows = 0
-    for ids, split, unsplit in iter_joined(reader.segments, name, info, names, list(layout.owned_rows),
-                                           layout.columns, chunk, FROM_OVERLAP):
+    for ids, split, unsplit in iter_joined(reader.segments, name, info, names, row_ranges, columns, chunk,
+                                           FROM_OVERLAP):
+        if keep is not None:
+            sel = np.nonzero(keep(ids))[0]
+            ids = ids[sel]
+            split = {s: v[sel] for s, v in split.items()}
+            unsplit = {s: [(w, v[sel]) for w, v in parts] for s, parts in unsplit.items()}
         n = len(ids)
         if n == 0:
             continue

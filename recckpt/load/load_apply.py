@@ -157,7 +157,12 @@ class LoadPlan:
                             f"or leave this table out with load_conf 'tables'")
                     if info.bucket_fn != "row_range" and m.parent is None and not self.incompatible:
                         self._check_row_ids(name, target, n, replacing=not conf.merge)
-                if implements(table, RoutedRows) and slots and not self.incompatible:
+                if implements(table, RoutedRows) and slots and info.column_blocks is not None:
+                    self.incompatible.append(
+                        f"table {name!r} was saved column-split (a column-wise TorchRec plan): managed-collision "
+                        f"table {target!r} cannot read it (it reads rows by id range); warm-start a TorchRec table or a "
+                        f"HashTable from it instead")
+                elif implements(table, RoutedRows) and slots and not self.incompatible:
                     self._plan_routed(name, target, table, info, slots)
                 for slot, spec in meta.slots.items():
                     if conf.wants(spec.category) and conf.slot_selected(slot) and slot not in info.slots:
@@ -455,6 +460,13 @@ class LoadPlan:
             if not slots:
                 continue
             tl = table_links(links, name)
+            if len(tl) > 1 and tl[0].manifest.tables[name].column_blocks is not None:
+                # written before increments held such a table whole after a load (docs/FORMAT.md)
+                self.incompatible.append(
+                    f"table {name!r}: the chain's link {tl[0].describe()} holds it as column blocks and later links "
+                    f"hold its row changes, which a chain cannot fold; load {tl[0].describe()} itself, or leave "
+                    f"the table out (load_conf 'tables')")
+                continue
             if implements(table, FixedSize) and not self.conf.merge:
                 n, have = pieces_of(table)[0].row_layout().num_rows, tl[0].manifest.tables[name].rows
                 if have != n:
@@ -628,7 +640,7 @@ class LoadPlan:
         index = self.reader.index
         for name, _, table, slots in self.sparse_jobs:
             if not slots or name in exclude or name in self.chain_plans or implements(table, FixedSize) \
-                    or implements(table, RoutedRows):
+                    or implements(table, RoutedRows) or self.m.tables[name].column_blocks is not None:
                 continue
             if self.conf.mmap and not all(seg.packed for seg in index.tables.get(name, ((), ()))[1]):
                 continue
@@ -718,6 +730,10 @@ class LoadPlan:
                     if rows is None:
                         rows = kept_rows.load_fixed(self.reader, name, target, table, slots)
                     self.result.sparse_rows += rows
+                    applied.append(target)
+                    continue
+                if self.m.tables[name].column_blocks is not None:   # a column-wise save into a hash-keyed table
+                    self.result.sparse_rows += self._load_joined(name, table, slots, shard_id, world)
                     applied.append(target)
                     continue
                 t_lo, t_hi, ownership = lo, hi, conf.ownership
@@ -853,6 +869,21 @@ class LoadPlan:
             if name not in self._fixed_tried:
                 run.append(j)
         return run
+
+    def _load_joined(self, name: str, table, slots, shard_id: int, world: int) -> int:
+        """A table saved column-split (a column-wise TorchRec plan) into a hash-keyed table: whole rows, its
+        blocks joined, RowWiseAdagrad's per-block values by their width-weighted mean (docs/TORCHREC.md); on
+        several processes each keeps the ids recckpt.partition (or LoadConfig.ownership) gives it."""
+        own = self.conf.ownership
+        if own is None and world > 1:
+            own = hash_ownership(self.m.num_buckets)
+        where = self.reader.describe()
+        keep = None if own is None else (lambda ids: owners_of(own, ids, world, name, where) == shard_id)
+        reserve = getattr(table, "reserve", None)
+        if callable(reserve):
+            reserve(len(table) + self.m.tables[name].rows // world)
+        return kept_rows.load_blocks(self.reader, name, table, slots, [(0, self.m.tables[name].num_rows)], None,
+                                     keep)
 
     def _plan_fixed_run(self, run: list[int]) -> list[tuple[int, DirectRows, list]]:
         """Of the tables at `run`, those whose owned rows all go straight into the storage they lend

@@ -58,6 +58,9 @@ class LoadOutcome:
     manifest_sha256: str
     tables: tuple
     """The model's sparse tables, as the load saw them."""
+    whole_next: frozenset = frozenset()
+    """Tables the checkpoint holds as column blocks: an increment on it must hold them whole, since a
+    chain's fold reads whole rows and cannot join blocks with later row changes (docs/FORMAT.md)."""
 
 
 def _require_dir(storage: Storage) -> None:
@@ -166,7 +169,8 @@ def _load_checkpoint(target: LoadTarget, request: LoadRequest, before_apply: Cal
              result.path, "-" if step is None else step, request.shard_id, request.world,
              nbytes / 1e6, result.sparse_rows, result.seconds, rate)
     return LoadOutcome(result, plan.replaced_whole_state(), reader.manifest.content_sha256,
-                       tuple(plan.model_sparse.values()))
+                       tuple(plan.model_sparse.values()),
+                       frozenset(n for n, t in m.tables.items() if t.column_blocks is not None))
 
 
 __all__ = ["LoadTarget", "LoadRequest", "LoadOutcome", "resolve", "load_checkpoint"]

@@ -711,8 +711,9 @@ class Saver:
                               parent_storage=lambda url: self.open_storage(url, storage_options))
         outcome = load_checkpoint(target, request, before_apply=self._forget_chain)
         if storage is self.storage and outcome.replaced_whole_state:
+            # a table without a mark is written whole by the next increment
             marks = {t.sparse_meta().name: t.mark_changes() for t in outcome.tables
-                     if implements(t, ChangeTracking)}
+                     if implements(t, ChangeTracking) and t.sparse_meta().name not in outcome.whole_next}
             self._chain = _ChainState(outcome.result.ckpt_id, outcome.manifest_sha256, marks, (shard_id, world))
         return outcome.result
 

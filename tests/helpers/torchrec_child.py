@@ -12,7 +12,8 @@ TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`.
    "opt_kwargs": {...} more arguments of the tables' optimizer (e.g. initial_accumulator_value),
    "dense_kwargs": {...} more arguments of the dense optimizer (e.g. lr_decay),
    "train_after": k steps trained after the load and save (batches drawn from "after_seed", default 7),
-   before the dump, "async_save": the save written from a snapshot in host buffers, as an async save's}
+   before the dump, "async_save": the save written from a snapshot in host buffers, as an async save's,
+   "increments": k steps after the load, each followed by an incremental save into the loaded directory}
 Each rank's result also holds "dense": the unwrapped model's dense layer's parameters after the job.
 `dump` gets `<dump>/rank<r>.pt`: per table, the live local shards read straight from TorchRec's own
 state (state_dict + fused optimizer state, or the in-backward optimizer when unsharded), independent of
@@ -409,6 +410,9 @@ def _run_jobs(rank, world, spec):
                 if dense_opt is not None:
                     saver.register_for_checkpointing("dense_opt", dense_opt)
                 r = saver.load(load_conf=job.get("load_conf"))
+                for i in range(job.get("increments", 0)):   # a step, then an increment on what was loaded
+                    _train(job, model, dense_opt, rank, 1, 100 + i)
+                    saver.save(f"inc_{i}", incremental=True)
                 res["loaded_tables"] = sorted(r.tables)
                 res["rows"] = r.sparse_rows
                 res["admission"] = r.admission

@@ -10,6 +10,7 @@ Real DistributedModelParallel on gloo: 2 ranks train, save (sync, and from an as
 load under the same plans; 3 ranks load those checkpoints under row-wise and another column split."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,12 +50,17 @@ def runs(tmp_path_factory):
         _job("rowwise_back", tmp, PIECES, "rowwise", load="rowwise", steps=5, dump_before=os.path.join(tmp, "pre")),
         _job("adagrad_back", tmp, PIECES, "adagrad", load="adagrad", save=True, steps=5),
         _job("wide2", tmp, "default", "adagrad", save=True, steps=3, tables=WIDE),
+        # a restart under row-wise from the pieces' checkpoint, then two increments on it
+        _job("chain_base", tmp, PIECES, "adagrad", save=True, steps=3),
+        _job("chain_rw", tmp, {"a": "rw", "b": "rw"}, "adagrad", load="chain_base", steps=1, increments=2),
     ])
     three = run_jobs(tmp, 3, [
         _job("rw3_from_rowwise", tmp, {"a": "rw", "b": "rw"}, "rowwise", load="rowwise", steps=1),
         _job("cw3_from_adagrad", tmp, {"a": "cw", "b": "cw"}, "adagrad", load="adagrad", steps=1),
         _job("pieces3_from_adagrad", tmp, PIECES, "adagrad", load="adagrad", steps=1),
         _job("wide3", tmp, "default", "adagrad", load="wide2", save=True, steps=1, tables=WIDE),
+        _job("chain_pieces3", tmp, PIECES, "adagrad", load="chain_base", steps=1),
+        _job("chain_rw3", tmp, {"a": "rw", "b": "rw"}, "adagrad", load="chain_base", steps=1),
     ])
     return tmp, two, three
 
@@ -168,3 +174,53 @@ def test_the_default_planners_column_splits_save_and_load_between_world_sizes(ru
     p = subprocess.run([sys.executable, "-m", "recckpt", "diff", *ck], capture_output=True, text=True, cwd=ROOT,
                        timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_increments_after_a_restart_from_column_blocks_hold_those_tables_whole_first(runs):
+    """Restarted under row-wise from a checkpoint holding the tables as column blocks, the first increment
+    holds them whole (a chain's fold cannot join column blocks with row changes), the next one their
+    changes; the chain loads under the pieces' plan and row-wise at 3 ranks. Before, the first increment
+    held row changes on the column blocks, and every load of the chain failed half applied."""
+    tmp, *_ = runs
+    ck = os.path.join(tmp, "ck_chain_base")
+    tables = {}
+    for c in ("inc_0", "inc_1"):
+        with open(os.path.join(ck, c, "manifest.json")) as f:
+            m = json.load(f)
+        tables[c] = {t: bool(v.get("changes")) for t, v in m["tables"].items()}
+    assert tables == {"inc_0": {A: False, B: False}, "inc_1": {A: True, B: True}}, tables
+    want = _tables(tmp, "chain_rw")
+    for name in ("chain_pieces3", "chain_rw3"):
+        got = _tables(tmp, name)
+        _weights_equal(want, got)
+        for table in (A, B):
+            shape = want[table]["shape"]
+            same(full(want[table]["states"]["momentum1"], shape), full(got[table]["states"]["momentum1"], shape),
+                 f"{name}: table {table}: Adagrad state")
+
+
+def test_a_column_wise_table_warm_starts_a_hashtable_by_row_index(runs, tmp_path):
+    """Through the model bank, as a TorchRec table of another plan does (test_loop_increments.py): every
+    row index becomes an id, its columns joined across the column blocks, Adagrad state with it."""
+    import numpy as np
+
+    import recckpt
+    tmp, *_ = runs
+    src = os.path.join(tmp, "ck_adagrad", "ckpt_1")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.user = recckpt.HashTable("user", dim=24)
+
+    model = Model()
+    opt = recckpt.SparseAdagrad(model, lr=0.05)
+    manager = recckpt.CheckpointManager(recckpt.Saver(model, sparse_optim=opt, output_dir=str(tmp_path / "run")), 10)
+    results = manager.load_model_bank([{"path": src, "tables": [A], "rename": {A: "user"}, "exclude": ["dense", "extra"]}])
+    assert [r.tables for r in results] == [["user"]]
+    ada = _tables(tmp, "adagrad")[A]
+    got = model.user.ids().numpy()
+    order = np.argsort(got)
+    assert np.array_equal(got[order], np.arange(13)), "every row index becomes an id of the HashTable"
+    same(model.user.slot("embedding").detach()[order], full(ada["weight"], ada["shape"]), "embedding")
+    same(model.user.slot("adagrad.acc").detach()[order], full(ada["states"]["momentum1"], ada["shape"]), "Adagrad")

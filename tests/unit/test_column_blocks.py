@@ -154,11 +154,20 @@ def test_loads_give_each_process_its_rows_and_columns(saved, owned, columns, blo
     assert res.bytes_read <= 1.2 * share + (64 << 10), (res.bytes_read, share)
 
 
-def test_a_hash_table_reader_refuses_a_column_split_table_naming_it(saved):
+def test_a_hash_keyed_table_loads_a_column_split_table_as_whole_rows(saved):
+    """(It was refused; a model-bank warm start of a HashTable from a column-wise TorchRec table needs it.)
+    The blocks' columns joined, an unsplit per-row value by the width-weighted mean over every block, as a
+    whole-row TorchRec load gets it."""
     from helpers.tables import DictTable
-    src = DictTable("cw", FakeCW(()).slots)
-    with pytest.raises(IncompatibleCheckpointError, match="'cw'.*column-split"):
-        Saver(Holder(src), output_dir=str(saved)).load(ckpt_id="c")
+    dst = DictTable("cw", FakeCW(()).slots)
+    r = Saver(Holder(dst), output_dir=str(saved)).load(ckpt_id="c")
+    assert r.sparse_rows == N
+    order = torch.argsort(dst.ids)
+    ids, cols = full_rows()
+    assert torch.equal(dst.ids[order], torch.from_numpy(ids))
+    for k in ("embedding", "momentum", "count"):
+        assert torch.equal(dst.cols[k][order], torch.from_numpy(cols[k])), k
+    assert np.allclose(dst.cols["rowacc"][order].numpy(), expect_rowacc(0, D), rtol=1e-6, atol=0)
 
 
 def test_export_writes_whole_rows_and_compaction_refuses_naming_the_table(saved, tmp_path_factory):

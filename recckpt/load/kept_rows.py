@@ -15,7 +15,7 @@ from ..format.column_join import FROM_OVERLAP, iter_joined
 from ..format.hashing import id_range_buckets
 from ..format.schema import Manifest
 from ..state.protocol import column_split_slots, pieces_of
-from .fixed_rows import DirectRows
+from .fixed_rows import DirectRows, OwnedRows
 
 
 def load_fixed(reader: CheckpointReader, name: str, target: str, table, slots) -> int:
@@ -25,9 +25,14 @@ def load_fixed(reader: CheckpointReader, name: str, target: str, table, slots) -
     hold the owned rows only (docs/FORMAT.md: what a loading rank reads); one saved with "hash"
     buckets spreads a row range over every bucket, so every bucket is read. A row outside [0, N) is
     refused with the table's name. A process holding several column ranges (`ColumnPieces`) fills each
-    in turn; the rows count once."""
+    in turn where each reads only its own columns; else it reads whole rows once for all of them. The rows
+    count once."""
     pieces = pieces_of(table)
     if len(pieces) > 1:
+        split, names = set(column_split_slots(table.sparse_meta())), [s for s, _, _ in slots]
+        if reader.manifest.tables[name].column_blocks is None and all(
+                column_window(reader.manifest, name, p.row_layout(), split, names) is None for p in pieces):
+            return _load_pieces_once(reader, name, target, pieces, slots)
         return max(load_fixed(reader, name, target, p, slots) for p in pieces)
     layout = table.row_layout()
     if not layout.owned_rows:
@@ -38,6 +43,29 @@ def load_fixed(reader: CheckpointReader, name: str, target: str, table, slots) -
     for lo, hi in fixed_bucket_ranges(reader.manifest, name, layout):
         rows += _load_fixed_range(reader, name, target, table, slots, layout, lo, hi)
     return rows
+
+
+def _load_pieces_once(reader: CheckpointReader, name: str, target: str, pieces, slots) -> int:
+    """A checkpoint that only gives whole rows (hash buckets, no column groups) into several column
+    ranges of one process: each row read once, every range keeping its rows and columns (`EveryPiece`)."""
+    sink = OwnedRows.of_pieces(pieces, target, reader.describe())
+    names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
+    ranges = sorted({r for p in pieces for r in fixed_bucket_ranges(reader.manifest, name, p.row_layout())})
+    merged: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    for lo, hi in merged:
+        for ids, cols in reader.segments.iter_table(name, names, rbs, lo, hi):
+            n = len(ids)
+            tensors = {}
+            for (slot, si, spec), raw in zip(slots, cols):
+                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
+                tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
+            sink.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
+    return sink.rows
 
 
 def fixed_bucket_ranges(m: Manifest, name: str, layout) -> list[tuple[int, int]]:

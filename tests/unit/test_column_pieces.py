@@ -276,3 +276,23 @@ def test_a_managed_collision_table_is_refused_column_blocks_before_anything_is_a
                        match="table 't' was saved column-split .* managed-collision table 'mch' cannot read it"):
         Saver(_model(_Routed()), output_dir=str(tmp_path / "run")).load(
             ckpt_path=str(tmp_path / "c1"), direct_path=True, load_conf={"rename": {"t": "mch"}, "slots": ["embedding"]})
+
+
+def test_whole_rows_of_a_hash_keyed_checkpoint_are_read_once_for_every_range(tmp_path):
+    """A hash-keyed table (ids 0..N-1, hash buckets: no column groups to read a range's columns alone) into
+    the ranges: every range gets its columns and the row's value, and each row is read once, not once a
+    range."""
+    from helpers.tables import DictTable
+    src = DictTable("t", _meta("t").slots)
+    whole = torch.randn(N, D)
+    acc = torch.rand(N)
+    src.import_rows(torch.arange(N), {"embedding": whole, "rowwise_adagrad.acc": acc})
+    Saver(_model(src), output_dir=str(tmp_path)).save("c1")
+    dst = PiecedTable(seed=8)
+    r = Saver(_model(dst), output_dir=str(tmp_path)).load()
+    assert r.sparse_rows == N
+    assert torch.equal(dst.whole(), whole)
+    for p in dst.pieces:
+        assert torch.equal(p.acc, acc)
+    one = Saver(_model(WholeRows()), output_dir=str(tmp_path)).load()   # the same rows into one range
+    assert r.bytes_read <= 1.1 * one.bytes_read, (r.bytes_read, one.bytes_read)

@@ -249,6 +249,46 @@ def cmd_export(a) -> int:
     return EXIT_OK
 
 
+def _ids_of(a) -> list[int]:
+    """The ids given on the command line, then --ids-file's whitespace-separated integers."""
+    ids = list(a.ids)
+    if a.ids_file is not None:
+        with open(a.ids_file) as f:
+            for k, word in enumerate(f.read().split()):
+                try:
+                    ids.append(int(word))
+                except ValueError:
+                    raise InvalidArgumentError(f"--ids-file {a.ids_file}: word {k + 1} ({word[:40]!r}) is not an "
+                                               f"integer id") from None
+    if not ids:
+        raise InvalidArgumentError("lookup: give ids after the table name, or --ids-file")
+    return ids
+
+
+def _row_text(row) -> str:
+    """One slot of one row on one line (numpy's form, long rows shortened)."""
+    import numpy as np
+    return np.array2string(np.asarray(row), separator=", ", threshold=64, max_line_width=1 << 30)
+
+
+def cmd_lookup(a) -> int:
+    import numpy as np
+    ids = np.array(_ids_of(a), dtype=np.int64)
+    view = recckpt.open(a.ckpt, a.storage_options)
+    found, rows = view.lookup(a.table, ids, a.slots)
+    if a.json:
+        print(render.dumps({"table": a.table, "rows": [
+            {"id": int(i), "found": bool(f), **({"slots": {s: rows[s][k].tolist() for s in rows}} if f else {})}
+            for k, (i, f) in enumerate(zip(ids, found))]}))
+    else:
+        for k, (i, f) in enumerate(zip(ids, found)):
+            if not f:
+                print(f"{i}: not in the checkpoint")
+                continue
+            print(f"{i}: " + "  ".join(f"{s}={_row_text(rows[s][k])}" for s in rows))
+    return EXIT_OK if bool(np.all(found)) else EXIT_PROBLEM
+
+
 def cmd_prune(a) -> int:
     gone = recckpt.prune(a.output_dir, a.keep, dry_run=a.dry_run,
                          storage_options=a.storage_options)
@@ -330,6 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seen-since-step", type=int, default=None,
                     help="only rows whose 'last_step' counter is >= STEP")
     sp.add_argument("--chunk-rows", type=_positive, default=65536, help="rows read at a time (memory bound)")
+    sp = verb("lookup", cmd_lookup, "print the rows of given ids of one table (reading only the buckets they fall "
+                                    "in; exit 1 when an id is not in the checkpoint)")
+    sp.add_argument("ckpt", metavar="CKPT")
+    sp.add_argument("table", metavar="TABLE")
+    sp.add_argument("ids", metavar="ID", nargs="*", type=int, help="ids, right after TABLE (negative ones too)")
+    sp.add_argument("--ids-file", default=None, metavar="PATH", help="more ids, whitespace-separated, from a file")
+    sp.add_argument("--slots", type=_names, default=None, help="comma-separated slots (default: all)")
     sp = verb("prune", cmd_prune, "delete all but the newest N regular checkpoints of an output directory")
     sp.add_argument("output_dir", metavar="OUTPUT_DIR")
     sp.add_argument("--keep", type=_positive, required=True, metavar="N")

@@ -19,7 +19,7 @@ from helpers.checkpoints import make_checkpoint, table_rows
 from recckpt.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VERBS = ["ls", "inspect", "verify", "diff", "export", "prune", "gc", "compact"]
+VERBS = ["ls", "inspect", "verify", "diff", "export", "lookup", "prune", "gc", "compact"]
 
 
 def run(capsys, *argv):
@@ -36,6 +36,35 @@ def run_json(capsys, *argv):
 @pytest.fixture(params=["local", "memory"])
 def root(request, tmp_path):
     return str(tmp_path / "run") if request.param == "local" else f"memory://h17cli-{uuid.uuid4().hex}"
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_lookup_prints_the_rows_of_given_ids_and_says_which_are_absent(capsys, root, workers, tmp_path):
+    rows = table_rows(400)
+    make_checkpoint(root, "ckpt_1", rows, workers=workers)
+    ids = rows["ids"]
+    absent = int(ids.max()) + 1
+    code, doc, _ = run_json(capsys, "lookup", f"{root}/ckpt_1", "user", str(ids[3]), str(absent), str(ids[0]),
+                            "--slots", "embedding,freq")
+    assert code == 1, "an absent id: exit 1"
+    assert [r["id"] for r in doc["rows"]] == [int(ids[3]), absent, int(ids[0])]
+    assert [r["found"] for r in doc["rows"]] == [True, False, True] and "slots" not in doc["rows"][1]
+    for r, k in ((doc["rows"][0], 3), (doc["rows"][2], 0)):
+        assert np.array_equal(np.array(r["slots"]["embedding"], dtype=np.float32), rows["embedding"][k])
+        assert r["slots"]["freq"] == int(rows["freq"][k])
+    negative = next(int(i) for i in ids if i < 0)
+    f = tmp_path / "ids.txt"
+    f.write_text(f"{ids[5]}\n{ids[6]}")
+    code, out, _ = run(capsys, "lookup", f"{root}/ckpt_1", "user", str(negative), "--ids-file", str(f))
+    lines = out.splitlines()
+    assert code == 0 and [x.split(":")[0] for x in lines] == [str(negative), str(ids[5]), str(ids[6])], out
+    assert lines[1].startswith(f"{ids[5]}: embedding=[") and lines[1].endswith(f"freq={rows['freq'][5]}  "
+                                                                                f"last_step={rows['last_step'][5]}")
+    f.write_text("12 twelve")
+    code, _, err = run(capsys, "lookup", f"{root}/ckpt_1", "user", "--ids-file", str(f))
+    assert code == 2 and "word 2 ('twelve') is not an integer id" in err
+    code, _, err = run(capsys, "lookup", f"{root}/ckpt_1", "nope", "1")
+    assert code == 2 and "no table 'nope'" in err
 
 
 @pytest.mark.parametrize("workers", [1, 3])

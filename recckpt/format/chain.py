@@ -116,6 +116,15 @@ def table_links(links: list[CheckpointReader], table: str) -> list[CheckpointRea
         raise CorruptCheckpointError(f"{out[-1].describe()}: table {table!r} holds only changes but the chain "
                                      f"has no earlier link", out[-1].describe())
     out.reverse()
+    if len(out) > 1 and info.column_blocks is not None:
+        # written by recckpt before increments held such a table whole after a load (docs/FORMAT.md): a fold
+        # reads whole rows and cannot join column blocks with the later links' row changes
+        raise IncompatibleCheckpointError(
+            f"{newest.describe()}: table {table!r} cannot be read through its chain: link {out[0].describe()} "
+            f"holds it as column blocks and the later link {out[1].describe()} holds its row changes, which "
+            f"no fold can join. {out[0].describe()} itself can be loaded, read and exported; to use the newer "
+            f"links leave the table out (load_conf 'tables', export --tables)", table=table,
+            path=newest.describe())
     return out
 
 

@@ -29,7 +29,7 @@ from ..errors import (
 from ..storage import Storage, open_storage
 from . import catalog, extras as extras_fmt, gcpause, names, safetensors_io, structure
 from .bucket_dirs import BucketDir
-from .chain import split_path, walk_chain
+from .chain import split_path, table_links, walk_chain
 from .checkpoint import CheckpointReader, parse_index_bytes
 from .index_parse import index_from_json
 from .schema import IndexDoc
@@ -151,6 +151,11 @@ def _check_chain(path: str, report: VerifyReport, threads: int, storage_options:
         for table, rows in sub.tables.items():
             report.tables[table] = report.tables.get(table, 0) + rows
     report.links = [link.manifest.ckpt_id for link in links]
+    for table in links[-1].manifest.tables:   # each table's links, by the rule loads and readers apply
+        try:
+            table_links(links, table)
+        except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
+            report.problems.append(str(e))
 
 
 class _Checker:

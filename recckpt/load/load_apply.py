@@ -459,13 +459,10 @@ class LoadPlan:
         for name, target, table, slots in self.sparse_jobs:
             if not slots:
                 continue
-            tl = table_links(links, name)
-            if len(tl) > 1 and tl[0].manifest.tables[name].column_blocks is not None:
-                # written before increments held such a table whole after a load (docs/FORMAT.md)
-                self.incompatible.append(
-                    f"table {name!r}: the chain's link {tl[0].describe()} holds it as column blocks and later links "
-                    f"hold its row changes, which a chain cannot fold; load {tl[0].describe()} itself, or leave "
-                    f"the table out (load_conf 'tables')")
+            try:
+                tl = table_links(links, name)
+            except IncompatibleCheckpointError as e:   # (a chain no fold can read: refused before applying)
+                self.incompatible.append(str(e))
                 continue
             if implements(table, FixedSize) and not self.conf.merge:
                 n, have = pieces_of(table)[0].row_layout().num_rows, tl[0].manifest.tables[name].rows

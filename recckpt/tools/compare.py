@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CorruptCheckpointError
 from .reader import CheckpointView, open as open_checkpoint, unless_damaged
 
 #: Rows of both checkpoints held at once by a value diff are about this many bytes.
@@ -169,6 +170,22 @@ def _compare_table(va: CheckpointView, vb: CheckpointView, table: str, r: DiffRe
         [s for s in common if da.slot_digests[s] != db.slot_digests[s]]
     if differ:
         r.contents[table] = differ
+        return
+    blind = _per_block_slots(va, vb, table, common)
+    if blind:
+        r.not_compared[table] = (f"slots {blind} keep one value a row per column block (a column-wise plan's "
+                                 f"per-row optimizer state) and the digests cover block 0's alone")
+
+
+def _per_block_slots(va: CheckpointView, vb: CheckpointView, table: str, slots) -> list[str]:
+    """The slots of `slots` that a side keeps one value a row per column block of (`block_values`): the
+    digests and whole-row reads show block 0's value only."""
+    return [s for s in slots if any(_blocks(v, table, s) for v in (va, vb))]
+
+
+def _blocks(view: CheckpointView, table: str, slot: str) -> bool:
+    cb = view.column_blocks(table)
+    return cb is not None and len(cb.blocks) > 1 and slot not in cb.slots
 
 
 def _compare_dense(va: CheckpointView, vb: CheckpointView) -> dict[str, list[str]]:
@@ -195,6 +212,7 @@ def _table_values(va: CheckpointView, vb: CheckpointView, table: str) -> TableVa
     slots = [s for s in ta.slots if s in tb.slots and (ta.slots[s].dtype, ta.slots[s].shape)
              == (tb.slots[s].dtype, tb.slots[s].shape)]
     out = TableValues(slots={s: SlotValues() for s in slots})
+    per_block = set(_per_block_slots(va, vb, table, slots))
     # Same bucket count: bucket range k of A and of B hold the same ids, so ranges compare one at a time.
     if va.num_buckets == vb.num_buckets:
         row = 8 + sum(ta.slots[s].row_bytes for s in slots)
@@ -216,7 +234,10 @@ def _table_values(va: CheckpointView, vb: CheckpointView, table: str) -> TableVa
             continue
         changed = np.zeros(len(common), dtype=bool)
         for s in slots:
-            x, y = ca[s][xa].reshape(len(common), -1), cb[s][xb].reshape(len(common), -1)
+            if s in per_block:   # every block's value, column range by column range of both sides' blocks
+                x, y = _by_columns(va, vb, table, s, lo_hi_a, lo_hi_b, (ia, ca[s], xa), (ib, cb[s], xb))
+            else:
+                x, y = ca[s][xa].reshape(len(common), -1), cb[s][xb].reshape(len(common), -1)
             bits = x.view(np.uint8).reshape(len(common), -1) != y.view(np.uint8).reshape(len(common), -1)
             row_changed = bits.any(axis=1) if bits.size else np.zeros(len(common), bool)
             changed |= row_changed
@@ -228,6 +249,30 @@ def _table_values(va: CheckpointView, vb: CheckpointView, table: str) -> TableVa
                 sv.max_abs_diff = max(sv.max_abs_diff, m)
         out.changed_rows += int(changed.sum())
     return out
+
+
+def _by_columns(va: CheckpointView, vb: CheckpointView, table: str, slot: str, buckets_a, buckets_b, side_a, side_b):
+    """Per-block values of `slot` of the common rows as [n, k] of each side: column k of the finest split of
+    both sides' blocks holds, per side, the value of its block covering those columns (a side without blocks:
+    the row's one value). Equal exactly when both sides give every column the same value."""
+    got = []
+    for view, buckets, (ids, whole, at) in ((va, buckets_a, side_a), (vb, buckets_b, side_b)):
+        blocks = view.block_values(table, slot, buckets)
+        if blocks is None:
+            got.append([((0, None), whole[at])])
+            continue
+        bids, values = blocks
+        if not np.array_equal(bids, ids):
+            raise CorruptCheckpointError(f"{view.path}: table {table!r}: its column blocks hold other rows than "
+                                         f"its whole-row read; run recckpt verify", view.path)
+        got.append([(rng, v[at]) for rng, v in values])
+    edges = sorted({c for side in got for (c0, c1), _ in side for c in (c0, c1) if c is not None})
+    starts = edges[:-1] or [0]
+
+    def pick(side, c):
+        return next(v for (c0, c1), v in side if c0 <= c and (c1 is None or c < c1))
+    n = len(side_a[2])
+    return tuple(np.concatenate([pick(side, c).reshape(n, -1) for c in starts], axis=1) for side in got)
 
 
 __all__ = ["DiffReport", "SlotValues", "TableValues", "diff"]

@@ -28,7 +28,7 @@ from ..errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidArg
 from ..format import catalog, dtypes
 from ..format.chain import open_chain, split_path, table_links
 from ..format.checkpoint import CheckpointReader
-from ..format.column_join import iter_joined, row_range_of_buckets
+from ..format.column_join import FROM_OVERLAP, iter_joined, row_range_of_buckets
 from ..format.digest import DenseDigest, TableDigest
 from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
@@ -409,6 +409,46 @@ class CheckpointView:
             if buf.rows:
                 yield self._convert(buf, slots, descs, as_torch)
 
+    def column_blocks(self, table: str):
+        """The column blocks `table` was saved in (`format.schema.ColumnBlocks`: the split slots and each
+        block's columns), None when it was saved whole-row (docs/FORMAT.md, Column blocks)."""
+        self._table_slots(table)
+        with self._reading():
+            return table_links(self._links, table)[0].manifest.tables[table].column_blocks
+
+    def block_values(self, table: str, slot: str, buckets: tuple[int, int] | None = None
+                     ) -> "tuple[np.ndarray, list[tuple[tuple[int, int], np.ndarray]]] | None":
+        """Of a table saved as column blocks whose `slot` is not split (a per-row value each block keeps its
+        own of: a column-wise plan's RowWiseAdagrad state, one per column shard), `(ids, [((c0, c1),
+        values), ...])`: the rows of buckets [lo, hi) (None: all), sorted by id, and each block's columns
+        and values, every byte verified. None for any other table or slot. Whole-row readers (`iter_rows`,
+        export, the digests) show block 0's value (docs/FORMAT.md, Column blocks); `diff` compares them all."""
+        have = self._table_slots(table)
+        self._slots_of(table, have, [slot])
+        lo, hi = self.bucket_range(None, buckets)
+        d = have[slot]
+        with self._reading():
+            link = table_links(self._links, table)[0]   # column blocks are whole in one link
+            info = link.manifest.tables[table]
+            cb = info.column_blocks
+            if cb is None or slot in cb.slots:
+                return None
+            rows = row_range_of_buckets(info, self.num_buckets, lo, hi)
+            chunk = max(1, WINDOW_BYTES // (8 + d.row_bytes * len(cb.blocks)))
+            ids_l, per = [], [[] for _ in cb.blocks]
+            for ids, _, unsplit in iter_joined(link.segments, table, info, [slot], [rows], None, chunk,
+                                               FROM_OVERLAP):
+                ids_l.append(ids)
+                for j, (_, raw) in enumerate(unsplit[slot]):
+                    per[j].append(raw)
+        ids = np.concatenate(ids_l) if ids_l else np.empty(0, np.int64)
+        order = np.argsort(ids, kind="stable")
+        out = []
+        for rng, parts in zip(cb.blocks, per):
+            raw = np.concatenate(parts) if parts else np.empty((0, d.row_bytes), np.uint8)
+            out.append((tuple(rng), _numpy_rows(raw, d, len(ids))[order]))
+        return ids[order], out
+
     #: Above this many separate bucket runs, `lookup` reads the one range from the lowest to the highest
     #: (a window at a time) rather than a read per run, each of which reads its segments' directories.
     LOOKUP_MAX_RUNS = 32
@@ -506,14 +546,19 @@ class CheckpointView:
             if as_torch:
                 import torch
                 cols[s] = torch.from_numpy(raw).view(d.torch_dtype).reshape(n, *d.shape)
-            elif d.dtype == "BF16":   # bf16 is the top half of a float32: widening is exact
-                cols[s] = (raw.view("<u2").astype("<u4") << 16).view("<f4").reshape(n, *d.shape)
             else:
-                cols[s] = raw.view(d.numpy_dtype).reshape(n, *d.shape)
+                cols[s] = _numpy_rows(raw, d, n)
         if as_torch:
             import torch
             return torch.from_numpy(ids), cols
         return ids, cols
+
+
+def _numpy_rows(raw: np.ndarray, d: SlotDesc, n: int) -> np.ndarray:
+    """n rows of slot `d` as numpy from their bytes: the slot's own type, BF16 as float32 (exactly)."""
+    if d.dtype == "BF16":   # bf16 is the top half of a float32: widening is exact
+        return (raw.view("<u2").astype("<u4") << 16).view("<f4").reshape(n, *d.shape)
+    return raw.view(d.numpy_dtype).reshape(n, *d.shape)
 
 
 class _Chunk:

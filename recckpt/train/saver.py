@@ -714,6 +714,9 @@ class Saver:
             # a table without a mark is written whole by the next increment
             marks = {t.sparse_meta().name: t.mark_changes() for t in outcome.tables
                      if implements(t, ChangeTracking) and t.sparse_meta().name not in outcome.whole_next}
+            if outcome.whole_next:
+                log.info("recckpt: tables %s were loaded from column blocks; the next incremental checkpoint "
+                         "holds them whole (docs/INCREMENTAL.md)", sorted(outcome.whole_next))
             self._chain = _ChainState(outcome.result.ckpt_id, outcome.manifest_sha256, marks, (shard_id, world))
         return outcome.result
 

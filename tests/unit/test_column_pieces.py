@@ -237,9 +237,20 @@ def test_a_chain_folding_row_changes_onto_column_blocks_is_refused_before_anythi
     dst = WholeRows()
     before = dst.piece.emb.clone()
     with pytest.raises(recckpt.errors.IncompatibleCheckpointError,
-                       match="holds it as column blocks and later links hold its row changes"):
+                       match="holds it as column blocks and the later link .* holds its row changes"):
         Saver(_model(dst), output_dir=str(tmp_path)).load(ckpt_id="c2")
     assert torch.equal(dst.piece.emb, before), "nothing applied"
+    # every other tool says the same, by the same rule (chain.table_links), and verify no longer says OK
+    why = "cannot be read through its chain: link .*c1 holds it as column blocks"
+    c2 = str(tmp_path / "c2")
+    report = recckpt.verify(c2)
+    assert not report.ok and any("cannot be read through its chain" in p for p in report.problems), report
+    for tool in (lambda: recckpt.open(c2).lookup("t", [1]), lambda: recckpt.export(c2, str(tmp_path / "x")),
+                 lambda: recckpt.compact(c2, str(tmp_path / "elsewhere" / "c3"))):
+        with pytest.raises(recckpt.errors.IncompatibleCheckpointError, match=why):
+            tool()
+    assert Saver(_model(WholeRows()), output_dir=str(tmp_path)).load(ckpt_id="c1").tables == ["t"], \
+        "the link the message names loads"
 
 
 class _Routed(OwnExtraState, torch.nn.Module):
@@ -296,3 +307,35 @@ def test_whole_rows_of_a_hash_keyed_checkpoint_are_read_once_for_every_range(tmp
         assert torch.equal(p.acc, acc)
     one = Saver(_model(WholeRows()), output_dir=str(tmp_path)).load()   # the same rows into one range
     assert r.bytes_read <= 1.1 * one.bytes_read, (r.bytes_read, one.bytes_read)
+
+
+def test_diff_compares_every_blocks_own_per_row_values(tmp_path):
+    """The digests hold block 0's per-row value alone: a difference in another block's is not called the
+    same without values, and is found with them (column range by column range of both sides' blocks)."""
+    a = PiecedTable(seed=1)
+    Saver(_model(a), output_dir=str(tmp_path / "a")).save("c1")
+    Saver(_model(a), output_dir=str(tmp_path / "same")).save("c1")
+    a.pieces[1].acc += 1.0                      # only block [2, 4)'s own value
+    Saver(_model(a), output_dir=str(tmp_path / "b")).save("c1")
+    pa, pb, ps = (str(tmp_path / d / "c1") for d in ("a", "b", "same"))
+    r = recckpt.diff(pa, pb)
+    assert not r.same and "t" in r.not_compared and "rowwise_adagrad.acc" in r.not_compared["t"]
+    r = recckpt.diff(pa, pb, values=True)
+    assert not r.same and r.values["t"].slots["rowwise_adagrad.acc"].changed_rows == N
+    assert r.values["t"].slots["rowwise_adagrad.acc"].max_abs_diff == pytest.approx(1.0)
+    assert r.values["t"].slots["embedding"].changed_rows == 0
+    assert recckpt.diff(pa, ps, values=True).same
+    # a whole-row checkpoint whose one value a row is every block's value: the same content
+    w = WholeRows()
+    w.piece.emb.copy_(a.whole())
+    w.piece.acc.copy_(a.pieces[1].acc)
+    for p in a.pieces:
+        p.acc.copy_(a.pieces[1].acc)
+    Saver(_model(a), output_dir=str(tmp_path / "even")).save("c1")
+    Saver(_model(w), output_dir=str(tmp_path / "whole")).save("c1")
+    r = recckpt.diff(str(tmp_path / "even" / "c1"), str(tmp_path / "whole" / "c1"), values=True)
+    assert r.same, r
+    w.piece.acc[3] += 1.0
+    Saver(_model(w), output_dir=str(tmp_path / "whole2")).save("c1")
+    r = recckpt.diff(str(tmp_path / "even" / "c1"), str(tmp_path / "whole2" / "c1"), values=True)
+    assert r.values["t"].slots["rowwise_adagrad.acc"].changed_rows == 1

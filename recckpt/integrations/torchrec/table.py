@@ -105,8 +105,9 @@ class TorchRecTable(SlotsTable):
             return None
         if len(cols) > 1:   # several column ranges need column blocks naming them (discover.py)
             raise InvalidArgumentError(
-                f"TorchRec table {self.name!r}: this process holds column shards {cols} but the plan names no "
-                f"column blocks")
+                f"TorchRec table {self.name!r}: this process holds column shards {cols} but no column blocks "
+                f"were given for the table (recckpt's TorchRec discovery names them from the plan; a table built "
+                f"by hand must pass column_blocks)")
         columns = cols[0] if cols and cols[0] != (0, self.dim) else None
         if self.replicated:
             rows = [(0, self.num_rows_global)]

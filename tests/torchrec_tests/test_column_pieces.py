@@ -75,6 +75,14 @@ def _weights_equal(src, dst):
         same(full(src[table]["weight"], shape), full(dst[table]["weight"], shape), f"table {table}: embeddings")
 
 
+def _rows_and_adagrad_equal(want, got, what):
+    _weights_equal(want, got)
+    for table in (A, B):
+        shape = want[table]["shape"]
+        same(full(want[table]["states"]["momentum1"], shape), full(got[table]["states"]["momentum1"], shape),
+             f"{what}: table {table}: Adagrad state")
+
+
 def test_every_job_ran(runs):
     _, two, three = runs
     for rank, res in enumerate(two + three):
@@ -135,12 +143,7 @@ def test_three_ranks_load_the_pieces_under_other_plans(runs):
     tmp, *_ = runs
     ada = _tables(tmp, "adagrad")
     for name in ("cw3_from_adagrad", "pieces3_from_adagrad"):
-        got = _tables(tmp, name)
-        _weights_equal(ada, got)
-        for table in (A, B):
-            shape = ada[table]["shape"]
-            same(full(ada[table]["states"]["momentum1"], shape), full(got[table]["states"]["momentum1"], shape),
-                 f"{name}: table {table}: Adagrad state")
+        _rows_and_adagrad_equal(ada, _tables(tmp, name), name)
     rw, got = _tables(tmp, "rowwise"), _tables(tmp, "rw3_from_rowwise")
     _weights_equal(rw, got)
     for table in (A, B):
@@ -194,12 +197,7 @@ def test_increments_after_a_restart_from_column_blocks_hold_those_tables_whole_f
     assert tables == {"inc_0": {A: False, B: False}, "inc_1": {A: True, B: True}}, tables
     want = _tables(tmp, "chain_rw")
     for name in ("chain_pieces3", "chain_rw3"):
-        got = _tables(tmp, name)
-        _weights_equal(want, got)
-        for table in (A, B):
-            shape = want[table]["shape"]
-            same(full(want[table]["states"]["momentum1"], shape), full(got[table]["states"]["momentum1"], shape),
-                 f"{name}: table {table}: Adagrad state")
+        _rows_and_adagrad_equal(want, _tables(tmp, name), name)
 
 
 def test_a_column_wise_table_warm_starts_a_hashtable_by_row_index(runs, tmp_path):

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..format import dtypes
 from ..format.checkpoint import CheckpointReader
 from ..format.fold import FoldPlan, Scratch, bucket_groups, fill_fold, folded_arrays, plan_fold
 from .row_filter import owners_of
-from .sparse_load import duplicate_ids_error
+from .sparse_load import duplicate_ids_error, slot_tensors
 
 #: Bytes of chain rows planned per bucket group of a load: bounds the transient memory of planning
 #: (the ids of a group, about 60 bytes each while the engine folds them).
@@ -98,9 +97,5 @@ def _import_folded(g: FoldPlan, table: str, target_table, slots, names, rbs, scr
     k = len(ids)
     if k == 0:
         return 0
-    tensors = {}
-    for (slot, si, spec), raw in zip(slots, cols):
-        t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(k, *si.shape)
-        tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
-    target_table.import_rows(torch.from_numpy(ids), tensors)
+    target_table.import_rows(torch.from_numpy(ids), slot_tensors(slots, cols, k))
     return k

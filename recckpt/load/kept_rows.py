@@ -16,6 +16,7 @@ from ..format.hashing import id_range_buckets
 from ..format.schema import Manifest
 from ..state.protocol import column_split_slots, pieces_of
 from .fixed_rows import DirectRows, OwnedRows
+from .sparse_load import slot_tensors
 
 
 def load_fixed(reader: CheckpointReader, name: str, target: str, table, slots) -> int:
@@ -50,22 +51,21 @@ def _load_pieces_once(reader: CheckpointReader, name: str, target: str, pieces, 
     ranges of one process: each row read once, every range keeping its rows and columns (`EveryPiece`)."""
     sink = OwnedRows.of_pieces(pieces, target, reader.describe())
     names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
-    ranges = sorted({r for p in pieces for r in fixed_bucket_ranges(reader.manifest, name, p.row_layout())})
-    merged: list[tuple[int, int]] = []
-    for lo, hi in ranges:
-        if merged and lo <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    for lo, hi in merged:
+    for lo, hi in _merged(r for p in pieces for r in fixed_bucket_ranges(reader.manifest, name, p.row_layout())):
         for ids, cols in reader.segments.iter_table(name, names, rbs, lo, hi):
-            n = len(ids)
-            tensors = {}
-            for (slot, si, spec), raw in zip(slots, cols):
-                t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-                tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
-            sink.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
+            sink.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), slot_tensors(slots, cols, len(ids)))
     return sink.rows
+
+
+def _merged(ranges) -> list[tuple[int, int]]:
+    """Ranges [lo, hi) sorted, those that overlap or touch joined."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def fixed_bucket_ranges(m: Manifest, name: str, layout) -> list[tuple[int, int]]:
@@ -75,14 +75,7 @@ def fixed_bucket_ranges(m: Manifest, name: str, layout) -> list[tuple[int, int]]
     if layout.replicated or info.bucket_fn != "row_range" or info.num_rows != layout.num_rows:
         return [(0, nb)]
     n = layout.num_rows
-    out: list[tuple[int, int]] = []
-    for a, b in layout.owned_rows:
-        lo, hi = a * nb // n, (b - 1) * nb // n + 1
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
+    return _merged((a * nb // n, (b - 1) * nb // n + 1) for a, b in layout.owned_rows)
 
 
 def _load_fixed_range(reader: CheckpointReader, name: str, target: str, table, slots, layout, bucket_lo: int,

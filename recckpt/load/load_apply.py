@@ -45,6 +45,7 @@ from .sparse_load import (
     map_table_rows,
     mapped_load_possible,
     put_rows,
+    slot_tensors,
 )
 
 #: A table with fewer bytes of rows than this (in the loading rank's buckets) is read with its neighbours
@@ -729,15 +730,15 @@ class LoadPlan:
                     self.result.sparse_rows += rows
                     applied.append(target)
                     continue
-                if self.m.tables[name].column_blocks is not None:   # a column-wise save into a hash-keyed table
-                    self.result.sparse_rows += self._load_joined(name, table, slots, shard_id, world)
-                    applied.append(target)
-                    continue
                 t_lo, t_hi, ownership = lo, hi, conf.ownership
                 if world > 1 and ownership is None and self.m.tables[name].bucket_fn != "hash":
                     # buckets by row or id range are not recckpt's ownership (hash buckets): read every bucket
                     # and keep the ids recckpt.partition gives this rank
                     t_lo, t_hi, ownership = 0, self.m.num_buckets, hash_ownership(self.m.num_buckets)
+                if self.m.tables[name].column_blocks is not None:   # a column-wise save into a hash-keyed table
+                    self.result.sparse_rows += self._load_joined(name, table, slots, ownership, shard_id, world)
+                    applied.append(target)
+                    continue
                 simple = ownership is None and conf.duplicates == "error"
                 if simple and conf.mmap and mapped_load_possible(table, slots, cleared,
                                                                  self.reader.segments.storage.engine_path("") is not None):
@@ -773,11 +774,7 @@ class LoadPlan:
                         n = len(ids)
                         if n == 0:
                             continue
-                        tensors = {}
-                        for (slot, si, spec), raw in zip(slots, cols):
-                            t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-                            tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
-                        table.import_rows(torch.from_numpy(ids), tensors)
+                        table.import_rows(torch.from_numpy(ids), slot_tensors(slots, cols, n))
                         self.result.sparse_rows += n
                     self.result.sparse_rows -= rf.replaced
                     rf.check()
@@ -867,13 +864,10 @@ class LoadPlan:
                 run.append(j)
         return run
 
-    def _load_joined(self, name: str, table, slots, shard_id: int, world: int) -> int:
+    def _load_joined(self, name: str, table, slots, own, shard_id: int, world: int) -> int:
         """A table saved column-split (a column-wise TorchRec plan) into a hash-keyed table: whole rows, its
-        blocks joined, RowWiseAdagrad's per-block values by their width-weighted mean (docs/TORCHREC.md); on
-        several processes each keeps the ids recckpt.partition (or LoadConfig.ownership) gives it."""
-        own = self.conf.ownership
-        if own is None and world > 1:
-            own = hash_ownership(self.m.num_buckets)
+        blocks joined, RowWiseAdagrad's per-block values by their width-weighted mean (docs/TORCHREC.md); each
+        process keeps the ids ownership `own` gives it (None: all)."""
         where = self.reader.describe()
         keep = None if own is None else (lambda ids: owners_of(own, ids, world, name, where) == shard_id)
         reserve = getattr(table, "reserve", None)

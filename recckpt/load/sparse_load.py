@@ -147,3 +147,13 @@ def put_rows(table: SparseState, got: TableRows, names: Sequence[str], target: s
     except ValueError as e:
         raise duplicate_ids_error(where, name, e) from e
     return got.rows
+
+
+def slot_tensors(slots, cols, n: int) -> dict[str, torch.Tensor]:
+    """`cols` (uint8 rows of n rows, one per entry of `slots`: (slot, checkpoint SlotInfo, model SlotSpec))
+    as tensors `import_rows` takes: the checkpoint's dtype and row shape, cast where the model's differs."""
+    tensors = {}
+    for (slot, si, spec), raw in zip(slots, cols):
+        t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
+        tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
+    return tensors

@@ -135,9 +135,9 @@ class TorchRecTable(SlotsTable):
         return out
 
     def local_rows(self) -> int:
-        if self._layout is None:   # the rows of any of its column ranges (a row's columns are one row)
+        if self._layout is None:   # the rows of any of its column shards (a row's columns are one row)
             rows, end = 0, 0
-            for a, b in sorted(r for p in self.column_pieces() for r in p.row_layout().owned_rows):
+            for a, b in sorted((s.row0, s.row0 + s.rows) for s in self.shards if s.rows):
                 rows += max(0, b - max(a, end))
                 end = max(end, b)
             return rows

@@ -80,6 +80,16 @@ class _ChainState:
     written by another worker or world would fold onto rows this process never held."""
 
 
+@dataclass(frozen=True)
+class _LostOutcome:
+    """A save this worker handed over whose commit it did not hear of (CommitOutcomeUnknownError): what
+    `_committed_chain` needs to take it as the next increment's parent once it is seen committed."""
+    ckpt_id: str
+    marks: dict | None
+    tables: list | None
+    shard: tuple[int, int]
+
+
 class Saver:
     """Saves and loads checkpoints of `model` (+ `sparse_optim`) under `output_dir`.
 
@@ -142,6 +152,7 @@ class Saver:
         self.last_save: SaveStats | None = None
         self._chain: _ChainState | None = None  # what the next incremental save is an increment on
         self._pending_forget: dict | None = None  # marks the live tables may forget up to (async saves)
+        self._lost: _LostOutcome | None = None  # a handed-over save whose commit this worker did not hear of
         self._sources = TableSources(self.options.segment_bytes, self._staging)
 
     def open_storage(self, url, storage_options: dict | None = None):
@@ -183,6 +194,7 @@ class Saver:
     def chain_parent(self) -> str | None:
         """The checkpoint the next `save(incremental=True)` would build on (the newest this Saver
         committed or fully loaded), or None; the save still checks that it is committed."""
+        self._adopt_lost_outcome()
         return self._chain.ckpt_id if self._chain is not None else None
 
     def latest_checkpoint(self) -> str | None:
@@ -440,7 +452,13 @@ class Saver:
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
             if handed_over:
-                stats = self._failed_after_handover(ckpt_id, e, t0)   # returns only when committed after all
+                try:
+                    stats = self._failed_after_handover(ckpt_id, e, t0)   # returns only when committed after all
+                except CommitOutcomeUnknownError:
+                    # rank 0 may commit it yet: then the other ranks build on it, and so must this one
+                    self._lost = _LostOutcome(ckpt_id, marks, [(t, m.name) for t, m in zip(snap.tables, metas)]
+                                              if live else None, (shard_id, shard_num))
+                    raise
                 # then it is the next increment's parent on this rank too, as on a rank that heard the outcome
                 try:
                     done = catalog.read_manifest(self.storage, ckpt_id)
@@ -509,6 +527,8 @@ class Saver:
         of the save, as far as known ((worker, None) when capturing a snapshot)."""
         if not incremental:
             return None, None
+        if chain is None:
+            self._adopt_lost_outcome()
         chain, reason = (self._chain if chain is None else chain), None
         if chain is None:
             reason = "this Saver has not committed or fully loaded a checkpoint to build an increment on"
@@ -595,6 +615,7 @@ class Saver:
         costs a thousand tables a few ms a save), each told to forget what the checkpoint holds; None
         (written from a snapshot, maybe in the background) defers that to the next capture on the training
         thread."""
+        self._lost = None
         if marks is None:
             self._chain = None
             return
@@ -606,6 +627,22 @@ class Saver:
             mark = marks.get(name)
             if mark is not None:
                 t.forget_changes(mark)
+
+    def _adopt_lost_outcome(self) -> None:
+        """A save whose outcome this worker did not learn, seen committed now (rank 0 committed it after
+        this worker gave up waiting) becomes the next increment's parent, as on the ranks that heard of it:
+        otherwise the ranks' parents differ, and the next increment is written full (or, from snapshots of
+        changes, not at all). Still not committed: asked again at the next save."""
+        lost = self._lost
+        if lost is None:
+            return
+        try:
+            done = catalog.read_manifest(self.storage, lost.ckpt_id)
+        except (OSError, RecckptError):
+            return
+        log.warning("recckpt: checkpoint %s, whose commit this worker did not hear of, is committed: the next "
+                    "increment builds on it", self.storage.describe(lost.ckpt_id))
+        self._committed_chain(lost.ckpt_id, done, lost.marks, lost.tables, lost.shard)
 
     def _failed_after_handover(self, ckpt_id: str, e: BaseException, t0: float) -> SaveStats:
         """Error handling of a worker whose part the committing worker already holds. The staging
@@ -724,6 +761,7 @@ class Saver:
         """The tables are about to change: the last checkpoint no longer describes them."""
         self._chain = None
         self._pending_forget = None
+        self._lost = None
 
 
 def _extras_tree(registry: Registry, sparse_optim, model) -> dict:

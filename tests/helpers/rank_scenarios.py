@@ -307,6 +307,63 @@ def chain_save_async(rank, world, out, n_ids):
     return {c: (m.parent.ckpt_id if m.parent is not None else None) for c, m in found.items()}
 
 
+def manager_lost_outcome(rank, world, out, timeout_s, sleep_s, async_save):
+    """CheckpointManager with increments (sync or async) whose save of ckpt_2 rank 0 commits only after the
+    other ranks gave up waiting for its outcome (CommitOutcomeUnknownError there). Once ckpt_2 is seen
+    committed, the next save is an increment on it on every rank, as on rank 0, and the chain loads the
+    live rows. Returns what each rank saw."""
+    import recckpt.train.saver as saver_mod
+    from helpers.ranks import DIM, rows_for
+    from recckpt import CheckpointManager, HashTable, IncrementPolicy
+    ids = all_ids(3000, seed=11)
+    mine = ids[partition(ids, world) == rank]
+    t = HashTable("emb", DIM)
+    t.import_rows(mine, {"embedding": rows_for(mine)["embedding"]})
+    opts = SaveOptions(chunk_bytes=16 << 10, fsync=False, coordination_timeout_s=timeout_s)
+    s = Saver(Holder(t), output_dir=out, options=opts, max_keep=None)
+    rep = {"errors": [], "kinds": {}}
+    mgr = CheckpointManager(s, 1, keep=None, save_rng=False, async_save=async_save,
+                            increments=IncrementPolicy(full_every=10, max_chain_fraction=None),
+                            on_save=lambda ev: rep["kinds"].__setitem__(ev.ckpt_id, ev.kind))
+
+    def train(k):
+        touched = t.ids()[t.ids() % 5 == k]
+        t.write_rows("embedding", t.lookup(touched), rows_for(touched, salt=float(k))["embedding"])
+
+    def step():
+        try:
+            mgr.step()
+            mgr.wait()
+        except CheckpointSaveError as e:
+            rep["errors"].append(f"{type(e).__name__}: {e}")
+
+    step()                                  # ckpt_1: full
+    train(1)
+    real = saver_mod.finalize
+    if rank == 0:
+        def stalled(*a, **kw):
+            time.sleep(sleep_s)
+            return real(*a, **kw)
+        saver_mod.finalize = stalled
+    step()                                  # ckpt_2: the other ranks give up while rank 0 sleeps
+    saver_mod.finalize = real
+    deadline = time.monotonic() + 60
+    while not s.is_committed("ckpt_2") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    train(2)
+    step()                                  # ckpt_3
+    mgr.close()
+    from recckpt.format import catalog
+    m3 = catalog.read_manifest(s.storage, "ckpt_3")
+    rep["parent"] = m3.parent.ckpt_id if m3.parent is not None else None
+    t2 = HashTable("emb", DIM)
+    Saver(Holder(t2), output_dir=out, options=opts).load(ckpt_id="ckpt_3", shard_id=rank, shard_num=world)
+    live = t.ids()
+    rep["same_rows"] = bool(sorted(t2.ids().tolist()) == sorted(live.tolist()) and torch.equal(
+        t2.slot("embedding")[t2.lookup(live)], t.slot("embedding")[t.lookup(live)]))
+    return rep
+
+
 def unshared_restore(rank, world, base):
     """Each rank restores from its own disk's `<base>/node<rank>` (what a node-local output_dir gives a
     multi-node job): every rank's ckpt_1 there is another checkpoint. Reports the error and whether the

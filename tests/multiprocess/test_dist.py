@@ -163,6 +163,22 @@ def test_lost_outcome_after_the_handover_never_breaks_the_commit(tmp_path, when,
     assert not [n for n in os.listdir(out) if n.startswith(".staging")]
 
 
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_manager_builds_on_a_checkpoint_whose_commit_a_rank_did_not_hear_of(tmp_path, async_save):
+    """Rank 0 commits ckpt_2 after rank 1 gave up waiting for the outcome (CommitOutcomeUnknownError on
+    rank 1). Once ckpt_2 is committed, the manager's next increment builds on it on both ranks. Before, rank 1
+    still built on ckpt_1: the ranks' parents differed, so the increment was written full (sync), or not at
+    all, a failed save raised in the training loop (async)."""
+    out = str(tmp_path / "run")
+    rep = ok(run_ranks(2, sc.manager_lost_outcome, out, 3.0, 6.0, async_save, out_dir=str(tmp_path / "r")))
+    assert rep[0]["errors"] == [], rep[0]
+    assert len(rep[1]["errors"]) == 1 and "CommitOutcomeUnknownError" in rep[1]["errors"][0], rep[1]
+    for r in rep:
+        assert r["parent"] == "ckpt_2" and r["kinds"].get("ckpt_3") == "incremental", r
+        assert r["same_rows"], r
+    assert [i for i, _ in committed(open_storage(out))] == ["ckpt_1", "ckpt_2", "ckpt_3"]
+
+
 @pytest.mark.parametrize("option", ["num_buckets", "chunk_bytes"])
 def test_ranks_with_different_layout_options_are_told_which(tmp_path, option):
     """Ranks whose SaveOptions lay rows out differently all refuse before writing, naming the option and

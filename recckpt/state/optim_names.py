@@ -22,6 +22,14 @@ from ..errors import IncompatibleCheckpointError, InvalidArgumentError
 #: parameters are matched by their order among the unnamed ones only.
 UNNAMED = "<unnamed>#"
 
+#: State entries that torch.optim's optimizers keep in their parameter's shape (Adam/AdamW/NAdam/RAdam/
+#: SparseAdam's moments, SGD's and RMSprop's momentum, Adagrad's sum, RMSprop/Adadelta's averages,
+#: Adamax's exp_inf, ASGD's ax, Rprop's prev and step sizes): a saved one of another shape is state of a
+#: parameter that changed, checked even where the checkpoint holds no dense tensor of that parameter (one
+#: outside the model). Other entries (scalars, factored statistics, other optimizers' own) are not.
+PARAM_SHAPED_STATE = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg",
+                                "grad_avg", "acc_delta", "exp_inf", "ax", "prev", "step_size"})
+
 
 def is_positional(state_dict) -> bool:
     """Whether an optimizer state_dict numbers its parameters (torch.optim) rather than naming them."""
@@ -188,8 +196,11 @@ def match_named(saved: Mapping, live: Mapping, shapes: Mapping[str, tuple], *,
             continue
         target_of[t] = s
         want, have = (saved_shapes or {}).get(s), shapes.get(t)
+        if want is None:
+            want = _state_shape(saved["state"].get(s), have)
         if want is not None and have is not None and tuple(want) != tuple(have):
             conflicts.append(f"parameter {s!r}: checkpoint shape {tuple(want)} vs model shape {tuple(have)}")
+    conflicts += _other_optimizer(saved, live)
     state = dict(live.get("state") or {})
     for t, s in target_of.items():
         if s in saved["state"]:
@@ -204,11 +215,42 @@ def match_named(saved: Mapping, live: Mapping, shapes: Mapping[str, tuple], *,
                                       if k not in ("params", "param_names")}
         groups.append(dict(base, params=list(g["params"]),
                            **({"param_names": g["param_names"]} if "param_names" in g else {})))
-    # a live parameter whose saved counterpart the load leaves out (`selected`) is not new
-    left_out = {rename(s) for s in saved_names if not s.startswith(UNNAMED) and not selected(s)}
+    # A live parameter whose saved counterpart the load leaves out (`selected`), or renames onto another
+    # parameter (a copy of one layer into another), is not a target of the load: it keeps its state, not new.
+    named = [s for s in saved_names if not s.startswith(UNNAMED)]
+    left_out = {rename(s) for s in named if not selected(s)} | {s for s in named if selected(s) and rename(s) != s}
     new = [n for n in live_names if n not in target_of and n not in left_out]
     out = {"state": state, "param_groups": groups} if "param_groups" in live else {"state": state}
     return OptimizerStateMatch(out, tuple(target_of), tuple(new), tuple(gone), tuple(conflicts))
+
+
+def _state_shape(entry, have) -> tuple | None:
+    """The parameter shape a saved state entry shows (its first PARAM_SHAPED_STATE tensor of the live
+    parameter's rank), or None. Only the rank is compared up front: a saved moment of another rank is an
+    optimizer's own layout, not a changed parameter."""
+    if not isinstance(entry, Mapping) or have is None:
+        return None
+    for k in PARAM_SHAPED_STATE:
+        shape = getattr(entry.get(k), "shape", None)
+        if shape is not None and len(shape) == len(have):
+            return tuple(shape)
+    return None
+
+
+def _other_optimizer(saved: Mapping, live: Mapping) -> list[str]:
+    """Why the saved state is another optimizer's (Adam's state into an SGD): the hyper-parameters of its
+    groups and the live optimizer's each hold names the other lacks (betas vs momentum). One side only
+    holding more is a torch version adding an option, which torch's load_state_dict fills in."""
+    def keys(groups) -> set:
+        return {k for g in groups if isinstance(g, Mapping) for k in g if k not in ("params", "param_names")}
+
+    saved_keys, live_keys = keys(saved.get("param_groups") or []), keys(live.get("param_groups") or [])
+    if not saved_keys or not live_keys or not (saved_keys - live_keys) or not (live_keys - saved_keys):
+        return []
+    return [f"the checkpoint holds another optimizer's state (its groups set {sorted(saved_keys - live_keys)}, "
+            f"this optimizer's {sorted(live_keys - saved_keys)}): loaded, its first step would fail or run on "
+            f"wrong hyper-parameters; leave registered objects out with load_conf {{'exclude': ['extra']}} (the "
+            f"optimizer then starts fresh)"]
 
 
 def _live_named(optimizer, model) -> tuple[dict, dict | None, dict[str, tuple]]:

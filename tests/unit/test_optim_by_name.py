@@ -187,6 +187,76 @@ def test_a_shape_change_is_refused_even_when_not_strict(tmp_path):
     assert not opt.state
 
 
+def test_a_changed_parameter_outside_the_model_is_refused_by_its_moments_shape(tmp_path):
+    """A parameter the optimizer steps but the model does not hold (a free temperature) has no dense key
+    to show its saved shape; its moments show it. Before, Adam's (3,) moments loaded onto a (5,)
+    parameter, and the first step() raised a bare torch size error."""
+    src = torch.nn.Linear(3, 3)
+    temp = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.Adam([*src.parameters(), temp], lr=0.01)
+    (src(torch.ones(1, 3)).sum() + temp.sum()).backward()
+    opt.step()
+    s = Saver(src, output_dir=tmp_path / "a")
+    s.register_for_checkpointing("opt", opt)
+    s.save("c")
+    dst, temp2 = torch.nn.Linear(3, 3), torch.nn.Parameter(torch.ones(5))
+    opt2 = torch.optim.Adam([*dst.parameters(), temp2], lr=0.01)
+    s2 = Saver(dst, output_dir=tmp_path / "b")
+    s2.register_for_checkpointing("opt", opt2)
+    with pytest.raises(IncompatibleCheckpointError, match=r"'<unnamed>#0': checkpoint shape \(3,\) vs model shape \(5,\)"):
+        s2.load(ckpt_path=str(tmp_path / "a"), ckpt_id="c", load_conf={"strict": False})
+    assert not opt2.state
+    # the same parameter unchanged still loads, its moments included
+    dst3, temp3 = torch.nn.Linear(3, 3), torch.nn.Parameter(torch.ones(3))
+    opt3 = torch.optim.Adam([*dst3.parameters(), temp3], lr=0.01)
+    s3 = Saver(dst3, output_dir=tmp_path / "c")
+    s3.register_for_checkpointing("opt", opt3)
+    s3.load(ckpt_path=str(tmp_path / "a"), ckpt_id="c")
+    assert torch.equal(opt3.state[temp3]["exp_avg"], opt.state[temp]["exp_avg"])
+
+
+@pytest.mark.parametrize("saved_kind,live", [("adam", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+                                             ("adagrad", lambda ps: torch.optim.RMSprop(ps, lr=0.01))],
+                         ids=["adam-into-sgd", "adagrad-into-rmsprop"])
+def test_another_optimizers_state_is_refused_before_anything_is_loaded(tmp_path, saved_kind, live):
+    """A warm start whose new run uses another optimizer: Adam's groups and moments given to an SGD made
+    its first step() raise KeyError('momentum'), with SGD's hyper-parameters replaced by Adam's."""
+    save_a(tmp_path, saved_kind)
+    m = Towers(("a", "b"), seed=7)
+    opt = live(m.parameters())
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    s = Saver(m, output_dir=tmp_path / "b")
+    s.register_for_checkpointing("opt", opt)
+    with pytest.raises(IncompatibleCheckpointError, match=r"another optimizer's state.*'exclude': \['extra'\]"):
+        s.load(ckpt_path=str(tmp_path / "a"), ckpt_id="c", load_conf={"strict": False})
+    assert not opt.state and all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    assert "betas" not in opt.param_groups[0]
+    # leaving registered objects out loads the model, and the optimizer steps from fresh state
+    s.load(ckpt_path=str(tmp_path / "a"), ckpt_id="c", load_conf={"exclude": ["extra"]})
+    m(torch.ones(2, 3)).backward()
+    opt.step()
+
+
+def test_a_layer_copied_under_another_name_keeps_its_own_optimizer_state(tmp_path):
+    """rename {'a.': 'c.'} into a model holding both a and c copies a's saved state to c; model parameter
+    a is not a target (docs/LOADING.md): it keeps its live state and is not reported. Before, a strict
+    load refused it as "starts fresh", which was not even what a lenient one did."""
+    am, aopt = save_a(tmp_path, "adam")
+    m, opt = trained("adam", ("a", "b", "c"), seed=5)
+    live_a = {k: v.clone() for k, v in state_of(m, opt, "a.weight").items()}
+    s = Saver(m, output_dir=tmp_path / "b")
+    s.register_for_checkpointing("opt", opt)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        res = s.load(ckpt_path=str(tmp_path / "a"), ckpt_id="c",
+                     load_conf={"load": ["dense", "extra"], "rename": {"a.": "c."}, "strict": True})
+    assert not [x for x in w if "a.weight" in str(x.message)], [str(x.message) for x in w]
+    assert not [x for x in res.missing if "a.weight" in x], res.missing
+    assert_same_state("adam", am, aopt, "a.weight", m, opt, "c.weight")
+    got = state_of(m, opt, "a.weight")
+    assert all(torch.equal(got[k], v) for k, v in live_a.items())
+
+
 def test_model_bank_source_maps_by_name(tmp_path):
     am, aopt = save_a(tmp_path, "adamw")
     m = Towers(("a", "c"), seed=7)

@@ -19,6 +19,7 @@ from ..errors import (
 from ..format import dtypes, extras as extras_fmt
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader
+from ..format.fold import fold_rows
 from ..format.hashing import bucket_range, hash_ownership
 from ..format.names import RNG_IO_NAME
 from ..format.segment_groups import read_rows
@@ -157,7 +158,8 @@ class LoadPlan:
                             f"past the end are not dropped): build the model table with >= {info.num_rows} rows, "
                             f"or leave this table out with load_conf 'tables'")
                     if info.bucket_fn != "row_range" and m.parent is None and not self.incompatible:
-                        self._check_row_ids(name, target, n, replacing=not conf.merge)
+                        self._check_row_ids(name, target, n, not conf.merge, (
+                            ids for ids, _ in self.reader.segments.iter_table(name, [], [], 0, m.num_buckets)))
                 if implements(table, RoutedRows) and slots and info.column_blocks is not None:
                     self.incompatible.append(
                         f"table {name!r} was saved column-split (a column-wise TorchRec plan): managed-collision "
@@ -283,14 +285,17 @@ class LoadPlan:
                     "optimizer), {'exclude': ['sparse_opt']}; for registered objects, {'exclude': ['extra']}.")
             warnings.warn(text, stacklevel=3)
 
-    def _check_row_ids(self, name: str, target: str, n: int, replacing: bool) -> None:
+    def _check_row_ids(self, name: str, target: str, n: int, replacing: bool, id_batches) -> None:
         """A hash-keyed checkpoint table (a HashTable's) into fixed-size model table `target` of `n` rows:
-        its ids are row indices there, so every id must lie in [0, n), and a replacing load needs each row
-        exactly once. Checked on the ids alone (8 bytes a row, a byte a row of memory) before anything is
-        applied: found while applying, a bad id stopped the load with the table half written."""
+        its ids (`id_batches`: every id the load would apply, a chain's as folded) are row indices there,
+        so every id must lie in [0, n), and a replacing load needs each row exactly once. Checked on the
+        ids alone (8 bytes a row, a byte a row of memory) before anything is applied: found while applying,
+        a bad id stopped the load with the table half written, and a row no id set kept its old values."""
         seen = np.zeros(n, dtype=bool) if replacing else None
-        for ids, _ in self.reader.segments.iter_table(name, [], [], 0, self.m.num_buckets):
+        total = 0
+        for ids in id_batches:
             ids = np.asarray(ids)
+            total += len(ids)
             bad = ids[(ids < 0) | (ids >= n)]
             if bad.size:
                 self.incompatible.append(
@@ -301,10 +306,12 @@ class LoadPlan:
             if seen is not None:
                 seen[ids] = True
         if seen is not None and not seen.all():
+            covered = int(seen.sum())
             self.incompatible.append(
                 f"table {name!r}: its ids do not cover rows 0..{n - 1} of fixed-size model table {target!r} "
-                f"({int(n - seen.sum())} rows have none, so others repeat); a replacing load sets every row once "
-                f"(load_conf 'merge': True writes only the rows it holds)")
+                f"({n - covered} rows have none{', and some ids repeat' if total > covered else ''}; the "
+                f"checkpoint holds {total} rows); a replacing load sets every row once (load_conf 'merge': True "
+                f"writes only the rows it holds)")
 
     def _unexpected_io_state(self, tree, shard_id: int) -> None:
         """Entries of this worker's saved IO state that nothing registered takes (recckpt's own RNG entry
@@ -465,13 +472,19 @@ class LoadPlan:
             except IncompatibleCheckpointError as e:   # (a chain no fold can read: refused before applying)
                 self.incompatible.append(str(e))
                 continue
-            if implements(table, FixedSize) and not self.conf.merge:
-                n, have = pieces_of(table)[0].row_layout().num_rows, tl[0].manifest.tables[name].rows
-                if have != n:
+            if implements(table, FixedSize):
+                n = pieces_of(table)[0].row_layout().num_rows
+                if self.m.tables[name].bucket_fn != "row_range":
+                    # hash-keyed rows (a HashTable's chain): the ids the chain folds to are row indices there,
+                    # checked as a full checkpoint's are, before anything is applied
+                    if not self.incompatible:
+                        folded = (ids for ids, _ in fold_rows(tl, name, [], duplicates=self.conf.duplicates))
+                        self._check_row_ids(name, target, n, not self.conf.merge, folded)
+                elif not self.conf.merge and tl[0].manifest.tables[name].rows != n:
                     self.incompatible.append(
-                        f"table {name!r}: the chain's base {tl[0].describe()} holds {have} rows, model table "
-                        f"{target!r} has {n} (a fixed-size table is replaced whole; load_conf 'merge': True "
-                        f"loads it into a larger table)")
+                        f"table {name!r}: the chain's base {tl[0].describe()} holds {tl[0].manifest.tables[name].rows} "
+                        f"rows, model table {target!r} has {n} (a fixed-size table is replaced whole; load_conf "
+                        f"'merge': True loads it into a larger table)")
             if len(tl) > 1:
                 t_lo, t_hi = lo, hi
                 if implements(table, FixedSize):

@@ -349,3 +349,67 @@ def test_a_hash_table_with_ids_that_are_not_rows_is_refused_before_anything_is_a
     with pytest.raises(IncompatibleCheckpointError, match=want):
         Saver(Holder(t), output_dir=str(tmp_path)).load(ckpt_id="h", load_conf=conf)
     assert t.rows == {}   # nothing applied
+
+
+class SmallFixed(RecordsImports, torch.nn.Module):
+    """Rows 0..n-1 of one 4-wide embedding slot, all held by this process (what a HashTable chain fills)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.layout = RowRangeLayout(n, ((0, n),))
+        self.slots = {"embedding": SlotSpec(torch.float32, (4,), "sparse")}
+        self.rows = {}
+
+    def row_layout(self):
+        return self.layout
+
+    def sparse_meta(self):
+        return SparseTableMeta("emb", self.slots, self.layout.num_rows)
+
+    def export_chunks(self, slots, max_rows):
+        return iter(())
+
+
+class Pair(torch.nn.Module):
+    def __init__(self, other, fixed):
+        super().__init__()
+        self.other, self.fixed = other, fixed
+
+
+@pytest.mark.parametrize("case", ["row_removed", "row_past_the_end", "merge_past_the_end", "exact"])
+def test_a_hash_table_chain_into_a_fixed_size_table_is_checked_as_folded(tmp_path, case):
+    """A HashTable's chain of increments warm-starting a fixed-size table: its folded ids are row indices
+    there, checked before anything is applied, as a full checkpoint's are. Before, only the chain's base
+    was counted: an increment that removed row 0 left that row holding its old values (the same rows
+    compacted into one checkpoint were refused), and one that added a row past the end stopped the load
+    with table 'other' already replaced."""
+    from recckpt import HashTable
+    from recckpt.errors import IncompatibleCheckpointError
+    n = 50
+    src = Pair(HashTable("other", dim=4), HashTable("emb", dim=4))
+    src.other(torch.tensor([7]))
+    src.fixed(torch.arange(n - 1 if case == "exact" else n))
+    s = Saver(src, output_dir=str(tmp_path), max_keep=None, options=SaveOptions(fsync=False))
+    s.save("base")
+    src.other(torch.tensor([1, 2]))
+    if case == "row_removed":
+        src.fixed.remove_ids(torch.tensor([0]))
+    else:
+        src.fixed(torch.tensor([n - 1 if case == "exact" else n]))   # exact: the chain completes the rows
+    s.save("inc", incremental=True)
+    other, fixed = HashTable("other", dim=4), SmallFixed(n)
+    other(torch.tensor([99]))
+    dst = Saver(Pair(other, fixed), output_dir=str(tmp_path))
+    conf = {"merge": True} if case.startswith("merge") else None
+    if case == "exact":
+        dst.load(ckpt_id="inc", load_conf=conf)
+        ids = src.fixed.ids()
+        assert sorted(fixed.rows) == list(range(n))
+        want = src.fixed.read_rows("embedding", src.fixed.lookup(ids))
+        assert all(torch.equal(fixed.rows[int(i)]["embedding"], w) for i, w in zip(ids, want))
+        return
+    want = {"row_removed": r"do not cover rows 0\.\.49 .*1 rows have none; the checkpoint holds 49 rows",
+            "row_past_the_end": f"id {n} ", "merge_past_the_end": f"id {n} "}[case]
+    with pytest.raises(IncompatibleCheckpointError, match=want):
+        dst.load(ckpt_id="inc", load_conf=conf)
+    assert fixed.rows == {} and other.ids().tolist() == [99]   # nothing applied

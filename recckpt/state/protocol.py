@@ -625,9 +625,10 @@ def split_sparse_dense_state_dict(
     Returns ``(sparse, dense)``. Every value that implements :class:`SparseState` goes to
     ``sparse`` under its table name (``value.sparse_meta().name``), not under its state_dict key;
     every other entry goes to ``dense`` under its original key, unchanged and in the original
-    order. The input mapping is not modified. Two values with the same table name raise
-    ``ValueError`` naming both state_dict keys. The same table object reachable under two keys is
-    also rejected: each table must appear once.
+    order. The input mapping is not modified. Two tables with the same name raise
+    ``InvalidArgumentError`` naming both state_dict keys. One table object reachable under two keys
+    (a table shared by two modules, as torch shares a module between towers) is one table: it is
+    saved and loaded once, and neither key's parameters are dense state.
 
     A table found as a module's extra state (key ``<prefix>_extra_state``) owns that module's own
     parameters and buffers (keys ``<prefix><name>`` with no further dot): they are its storage,
@@ -638,9 +639,15 @@ def split_sparse_dense_state_dict(
     sparse: Dict[str, SparseState] = {}
     sparse_keys: Dict[str, str] = {}
     table_prefixes = set()
+    shared_keys = set()   # further keys of a table already taken
     for key, value in state_dict.items():
         if not isinstance(value, torch.Tensor) and implements(value, SparseState):
             name = value.sparse_meta().name
+            if sparse.get(name) is value:
+                if key.endswith(_EXTRA_STATE_SUFFIX):
+                    table_prefixes.add(key[: -len(_EXTRA_STATE_SUFFIX)])
+                shared_keys.add(key)
+                continue
             if name in sparse:
                 raise InvalidArgumentError(
                     f"two sparse tables named {name!r} in the state_dict: keys "
@@ -650,7 +657,7 @@ def split_sparse_dense_state_dict(
             sparse_keys[name] = key
             if key.endswith(_EXTRA_STATE_SUFFIX):
                 table_prefixes.add(key[: -len(_EXTRA_STATE_SUFFIX)])
-    table_keys = set(sparse_keys.values())
+    table_keys = set(sparse_keys.values()) | shared_keys
     dense: Dict[str, Any] = {}
     for key, value in state_dict.items():
         if key in table_keys or _owned_by_table(key, table_prefixes):

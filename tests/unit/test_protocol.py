@@ -178,6 +178,36 @@ def test_split_rejects_duplicate_table_names_naming_both_keys():
     assert "a._extra_state" in msg and "b._extra_state" in msg and "same" in msg
 
 
+def test_a_table_shared_by_two_modules_is_one_table_saved_and_loaded_once(tmp_path):
+    """One HashTable in two towers (torch shares a module so): its state_dict holds it under both keys.
+    Before, every save and load refused it as "two sparse tables named 'user'", telling the user to
+    rename what is one table."""
+    hashtable = pytest.importorskip("recckpt.state.hashtable")
+    from recckpt import Saver
+
+    class Towers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Module(), torch.nn.Module()
+            self.a.emb = self.b.emb = hashtable.HashTable("user", 4)
+            self.b.lin = torch.nn.Linear(4, 1)
+
+    src = Towers()
+    src.a.emb(torch.arange(10))
+    sparse, dense = split_sparse_dense_state_dict(src.state_dict())
+    assert list(sparse) == ["user"] and sparse["user"] is src.a.emb
+    assert list(dense) == ["b.lin.weight", "b.lin.bias"]
+    Saver(src, output_dir=str(tmp_path), max_keep=None).save("c")
+    src.b.emb(torch.arange(10, 15))
+    Saver(src, output_dir=str(tmp_path), max_keep=None).save("d")
+    dst = Towers()
+    Saver(dst, output_dir=str(tmp_path)).load(ckpt_id="d")
+    assert dst.a.emb is dst.b.emb and sorted(dst.a.emb.ids().tolist()) == list(range(15))
+    ids = src.a.emb.ids()
+    assert torch.equal(dst.a.emb.read_rows("embedding", dst.a.emb.lookup(ids)),
+                       src.a.emb.read_rows("embedding", src.a.emb.lookup(ids)))
+
+
 def test_split_empty_and_all_dense():
     assert split_sparse_dense_state_dict({}) == ({}, {})
     sparse, dense = split_sparse_dense_state_dict({"x": torch.ones(1)})

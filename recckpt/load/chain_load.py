@@ -41,10 +41,11 @@ class ChainPlan:
 
 
 def plan_chain(links: list[CheckpointReader], table: str, lo: int, hi: int, *, rank: int, world: int,
-               ownership: Callable | None, duplicates: str) -> ChainPlan:
+               ownership: Callable | None, duplicates: str,
+               keep: Callable[[np.ndarray], np.ndarray] | None = None) -> ChainPlan:
     """The fold plans of `table` over `links` (base first) for buckets [lo, hi), one per bucket group.
-    With a foreign `ownership` function every bucket was read and only this rank's ids are kept."""
-    keep = None
+    With a foreign `ownership` function every bucket was read and only this rank's ids are kept; `keep`
+    (ids -> bool mask) says which ids to keep instead, where the model table decides (`RoutedRows`)."""
     if ownership is not None:
         where = links[-1].describe()
 

@@ -103,6 +103,7 @@ class LoadPlan:
         self.cast_tables: set[str] = set()   # checkpoint tables some slot of which is loaded with a cast
         self.skipped_objects: set[str] = set()   # registered objects whose saved state must not be applied
         self._fixed_tried: set[str] = set()   # fixed-size tables planned for a read with others (or found unfit)
+        self._links: list[CheckpointReader] | None = None   # an incremental checkpoint's chain (`_chain_links`)
 
     # ---------------------------------------------------------------------------------- prepare
     def prepare(self, shard_id: int, world: int):
@@ -348,6 +349,14 @@ class LoadPlan:
             self.incompatible.append(f"table {name!r} routes its ids itself and is replaced whole: load_conf "
                                      f"'merge' does not apply to it")
             return
+        rows_of = self.reader.segments.iter_table   # (name, slots, row bytes, lo, hi) -> (ids, columns)
+        if self.m.parent is not None:   # a chain: the table sees the ids and rows the links fold to
+            try:
+                tl = table_links(self._chain_links(), name)
+            except IncompatibleCheckpointError as e:
+                self.incompatible.append(str(e))
+                return
+            rows_of = lambda n, ss, _rbs, lo, hi: fold_rows(tl, n, ss, lo, hi, duplicates=self.conf.duplicates)  # noqa: E731
         rank_by = self.conf.admit_by
         if rank_by is not None and (rank_by not in info.slots or info.slots[rank_by].shape != ()):
             self.incompatible.append(
@@ -364,10 +373,10 @@ class LoadPlan:
             # The buckets of this process's ids with the ranking slots; every other bucket with its ids
             # only (8 bytes a row), so that the table counts every shard's ids exactly (its capacity check).
             for lo, hi in _complement(mine, self.m.num_buckets):
-                for ids, _ in self.reader.segments.iter_table(name, [], [], lo, hi):
+                for ids, _ in rows_of(name, [], [], lo, hi):
                     yield torch.from_numpy(ids), {}
             for lo, hi in mine:
-                for ids, cols in self.reader.segments.iter_table(name, want, rbs, lo, hi):
+                for ids, cols in rows_of(name, want, rbs, lo, hi):
                     n = len(ids)
                     yield torch.from_numpy(ids), {s: torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
                                                   for s, si, raw in zip(want, sis, cols)}
@@ -460,7 +469,7 @@ class LoadPlan:
         self.chain_plans = {}
         if self.m.parent is None:
             return
-        links = open_chain(self.reader)
+        links = self._chain_links()
         lo, hi = bucket_range(shard_id, world, self.m.num_buckets)
         if self.conf.ownership is not None:
             lo, hi = 0, self.m.num_buckets
@@ -486,8 +495,13 @@ class LoadPlan:
                         f"rows, model table {target!r} has {n} (a fixed-size table is replaced whole; load_conf "
                         f"'merge': True loads it into a larger table)")
             if len(tl) > 1:
-                t_lo, t_hi = lo, hi
-                if implements(table, FixedSize):
+                t_lo, t_hi, keep = lo, hi, None
+                if implements(table, RoutedRows):
+                    # the buckets that can hold its ids, and the ids it planned to keep (`_plan_routed`)
+                    ranges = kept_rows.routed_bucket_ranges(self.m, name, table)
+                    t_lo, t_hi = min(a for a, _ in ranges), max(b for _, b in ranges)
+                    keep = lambda ids, t=table: t.keep(torch.from_numpy(ids)).numpy()  # noqa: E731
+                elif implements(table, FixedSize):
                     # the buckets of its owned rows ("row_range"; every bucket under "hash"); OwnedRows keeps
                     # exactly its rows and columns of what the fold gives
                     ranges = [r for p in pieces_of(table) for r in kept_rows.fixed_bucket_ranges(self.m, name,
@@ -495,7 +509,13 @@ class LoadPlan:
                     t_lo, t_hi = (min(a for a, _ in ranges), max(b for _, b in ranges)) if ranges else (0, 0)
                 self.chain_plans[name] = plan_chain(tl, name, t_lo, t_hi, rank=shard_id, world=world,
                                                     ownership=self.conf.ownership,
-                                                    duplicates=self.conf.duplicates)
+                                                    duplicates=self.conf.duplicates, keep=keep)
+
+    def _chain_links(self) -> list[CheckpointReader]:
+        """The links of this incremental checkpoint's chain, base first (opened and checked once)."""
+        if self._links is None:
+            self._links = open_chain(self.reader)
+        return self._links
 
     def replaced_whole_state(self) -> bool:
         """Whether this load replaced every sparse table of the model with the checkpoint's, all slots,

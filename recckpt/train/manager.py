@@ -161,6 +161,10 @@ class CheckpointManager:
         self.restored_from: str | None = None
         self.restored: LoadResult | None = None
         """What the last `restore()` applied (None before one)."""
+        self.restore_skipped: list[str] = []
+        """Checkpoints the last `restore()` found corrupt (on some rank) and skipped for an older one,
+        newest first, each with why: steps of training lost, which a job that silences warnings must
+        still be able to see."""
         self.preempted = False
         self.saves: list[SaveHandle] = []
         """Every save this manager started, oldest first (stall and write times, bytes)."""
@@ -450,6 +454,7 @@ class CheckpointManager:
             return None
         conf = LoadConfig.coerce(load_conf)
         conf = dataclasses.replace(conf, io_state_on_resize="drop" if self.resize_policy == "reseed" else "error")
+        self.restore_skipped = []
         for i, (cid, step) in enumerate(candidates):
             self._same_as_rank0s(cid)
             error, result = None, None
@@ -466,9 +471,11 @@ class CheckpointManager:
                 self._loaded(result, "restore")
                 return restored
             if worst == 1 and global_step is None and i + 1 < len(candidates):
-                warnings.warn(f"recckpt: checkpoint {storage.describe(cid)} is corrupt "
-                              f"({error if error is not None else 'as another rank found'}); trying the next "
-                              f"older one", stacklevel=2)
+                why = f"{storage.describe(cid)} (step {step}) is corrupt: " + (
+                    str(error) if error is not None else "another rank found it so")
+                self.restore_skipped.append(why)
+                log.warning("recckpt: restore skips %s; trying the next older one", why)
+                warnings.warn(f"recckpt: checkpoint {why}; trying the next older one", stacklevel=2)
                 continue
             if error is not None:
                 raise error

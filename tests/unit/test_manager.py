@@ -418,6 +418,9 @@ def test_restore_on_corrupted_output_dir_falls_back_to_older(tmp_path):
         assert fresh[4].restore() == 3       # 9 fails its checksum, 6's manifest is unreadable
     texts = [str(w.message) for w in caught]
     assert any("ckpt_9" in t and "corrupt" in t for t in texts)
+    # the steps lost are on the manager too, not only in warnings a job may silence
+    skipped = fresh[4].restore_skipped
+    assert len(skipped) == 2 and "ckpt_9 (step 9) is corrupt" in skipped[0] and "ckpt_6 (step 6)" in skipped[1], skipped
     # the catalog still lists ckpt_6 (listings do not open every manifest; its load found it corrupt)
     assert any("newer checkpoints ['ckpt_6', 'ckpt_9']" in t for t in texts), "the corrupt newer one still blocks step 9"
     assert fresh[3].position == 3

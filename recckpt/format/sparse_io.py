@@ -236,10 +236,11 @@ class SegmentReader:
                 have = self.storage.size(self._path(fi))
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: shard file is missing",
-                                         self._path(fi)) from None
+                                         self.storage.describe(self._path(fi))) from None
         if have != want:
             raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: {have} bytes, the index "
-                                         f"recorded {want}; the file is truncated or replaced", self._path(fi))
+                                         f"recorded {want}; the file is truncated or replaced",
+                                         self.storage.describe(self._path(fi)))
         check_inside(self.storage, self._path(fi), self.ckpt_dir, self.storage.describe(self._path(fi)))
         self._checked_sizes.add(fi)
 
@@ -298,7 +299,7 @@ class SegmentReader:
             if have != self.index.files[fi][1]:
                 raise CorruptCheckpointError(f"{self.storage.describe(self._path(fi))}: {have} bytes downloaded, "
                                              f"the index recorded {self.index.files[fi][1]}; the file changed "
-                                             f"while it was read", self._path(fi))
+                                             f"while it was read", self.storage.describe(self._path(fi)))
             self._local[fi] = lp
         return nbytes
 
@@ -350,8 +351,8 @@ class SegmentReader:
     def read_error(self, table: str, req, msg: str) -> CorruptCheckpointError:
         """The error of a failed engine read of `req` (the engine's message `msg`), naming file and table."""
         path = self._path(req.file)
-        return CorruptCheckpointError(f"{self.storage.describe(path)}: table {table!r}, {req.what}: {msg}", path,
-                                      table=table)
+        return CorruptCheckpointError(f"{self.storage.describe(path)}: table {table!r}, {req.what}: {msg}",
+                                      self.storage.describe(path), table=table)
 
     def read(self, table: str, reqs: list, dsts: list[np.ndarray] | None = None,
              map_into: "_C.MappedRegion | None" = None) -> list[np.ndarray]:
@@ -466,17 +467,17 @@ class SegmentReader:
             where = self.storage.describe(self._path(fi))
             if check_pad and any(next(datas)):
                 raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: non-zero byte in the padding "
-                                             f"before the column", self._path(fi), table=table)
+                                             f"before the column", where, table=table)
             data = next(datas)
             self.bytes_read += len(data)
             arr = np.frombuffer(data, dtype=np.uint8)
             if len(arr) != end - start:
-                raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: short read", self._path(fi), table=table)
+                raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: short read", where, table=table)
             crcs = _C.crc32c_chunks(arr, step)
             bad = np.nonzero(crcs != np.asarray(c.crc32c[k0:k1], dtype=np.uint32))[0]
             if bad.size:
                 raise CorruptCheckpointError(f"{where}: table {table!r}, {what}: crc32c mismatch in chunk "
-                                             f"{k0 + int(bad[0])}", self._path(fi), table=table)
+                                             f"{k0 + int(bad[0])}", where, table=table)
             dst[:] = arr[lo - start:hi - start]
         return out
 
@@ -610,7 +611,7 @@ class SegmentReader:
         if d is None:
             raise CorruptCheckpointError(f"{self.storage.describe(self._path(seg.file))}: table {table!r}: "
                                          f"bucket offsets are not a valid partition of {seg.rows} rows",
-                                         self._path(seg.file), table=table)
+                                         self.storage.describe(self._path(seg.file)), table=table)
         return d
 
     def _keep_dir(self, table: str, seg: Segment, d: "BucketDir") -> None:

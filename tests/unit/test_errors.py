@@ -107,3 +107,31 @@ def test_checkpoint_not_found_names_its_path(tmp_path):
         mgr.restore(global_step=99)
     assert e.value.path and e.value.path.endswith("m")
     mgr.close()
+
+
+def test_a_corrupt_shard_names_the_same_file_in_its_message_and_its_path_field(tmp_path):
+    """e.path is the file as the message names it (absolute, or the URL), so that code acting on it (moving
+    the file aside) does not depend on its working directory. A CRC mismatch in a shard gave a path relative
+    to the output directory."""
+    import glob
+
+    import pytest
+    import torch
+
+    from recckpt import HashTable, Saver
+    m = torch.nn.Module()
+    m.t = HashTable("t", dim=8)
+    m.t(torch.arange(5000))
+    Saver(m, output_dir=str(tmp_path)).save("c")
+    shard = sorted(p for p in glob.glob(str(tmp_path / "c" / "sparse" / "*")) if not p.endswith(".json"))[0]
+    with open(shard, "r+b") as f:
+        f.seek(os.path.getsize(shard) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    m2 = torch.nn.Module()
+    m2.t = HashTable("t", dim=8)
+    with pytest.raises(errors.CorruptCheckpointError) as ei:
+        Saver(m2, output_dir=str(tmp_path)).load(ckpt_id="c")
+    assert ei.value.path == shard and str(ei.value).startswith(shard), (ei.value.path, str(ei.value))
+    assert ei.value.table == "t"

@@ -32,6 +32,10 @@ def _tcp_store_of_default_group():
     return (host, port) if host and port else None
 
 
+#: (purpose, rank) -> how many steps this process has marked: the k-th mark of every rank is the same step
+#: when the ranks make the same calls, so a rank whose count is past the one waited on has passed it.
+_marked: dict[tuple[str, int], int] = {}
+
 #: (host, port) of a store -> this process's client of it (None: it could not connect in time).
 _clients: dict = {}
 _clients_lock = threading.Lock()
@@ -69,6 +73,7 @@ class Arrivals:
 
     def __init__(self, purpose: str, rank: int, world: int):
         self.purpose, self.rank, self.world = purpose, rank, world
+        self._last: tuple[int, str] | None = None   # this rank's last mark: (its count, the step)
 
     def _where_and_client(self):
         try:
@@ -82,28 +87,39 @@ class Arrivals:
 
     def mark(self, where: str) -> None:
         """This rank is about to enter step `where` (the same text on every rank)."""
+        n = _marked[self.purpose, self.rank] = _marked.get((self.purpose, self.rank), 0) + 1
+        self._last = (n, where)
         at, store = self._where_and_client()
         if store is None:
             return
         try:
-            store.set(self._key(self.rank), where)
+            store.set(self._key(self.rank), f"{n}|{where}")
         except Exception as e:  # noqa: BLE001 - best effort
             log.debug("recckpt: could not mark arrival at %s: %s", where, e)
             _forget_client(at)
 
     def missing(self, where: str) -> str:
-        """A clause ('; ...') naming the ranks whose last mark is not `where` (with the step they last
-        reached), or saying that every rank reached it; '' when the store cannot tell."""
+        """A clause ('; ...') naming the ranks that have not reached `where` (with the step they last
+        reached), or saying that every rank reached it; '' when the store cannot tell. A rank whose marks
+        count past this rank's mark of `where` went through it and on (to the next save, say): it is not
+        behind."""
         at, store = self._where_and_client()
         if store is None:
             return ""
         keys = [self._key(r) for r in range(self.world)]
         behind = []
         try:
+            mine = self._last[0] if self._last is not None and self._last[1] == where else None
             for r, k in enumerate(keys):
-                last = store.get(k).decode("utf-8", "replace") if store.check([k]) else None
-                if last != where:
-                    behind.append(f"rank {r} (last reached: {last})" if last else f"rank {r} (reached none yet)")
+                value = store.get(k).decode("utf-8", "replace") if store.check([k]) else None
+                if value is None:
+                    behind.append(f"rank {r} (reached none yet)")
+                    continue
+                count, _, last = value.partition("|")
+                count = int(count) if count.isdigit() else None
+                if last == where or (mine is not None and count is not None and count > mine):
+                    continue
+                behind.append(f"rank {r} (last reached: {last})")
         except Exception as e:  # noqa: BLE001 - the store went with a dead rank: say nothing
             log.debug("recckpt: could not read arrivals: %s", e)
             _forget_client(at)

@@ -506,7 +506,8 @@ def _wait_for_arrivals(ranks, step: str, limit_s: float = 60.0) -> None:
     keys = [f"recckpt/arrivals/save/{r}" for r in ranks]
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
-        if all(store.check([k]) and store.get(k).decode().startswith(step) for k in keys):
+        # a mark is "<its count>|<step>" (recckpt.coordination.arrivals)
+        if all(store.check([k]) and store.get(k).decode().partition("|")[2].startswith(step) for k in keys):
             return
         time.sleep(0.02)
     raise AssertionError(f"ranks {ranks} did not mark {step!r} within {limit_s:g}s")

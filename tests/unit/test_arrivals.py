@@ -34,6 +34,7 @@ def test_a_store_that_accepts_and_never_answers_costs_at_most_the_timeout(monkey
 def test_one_client_a_process_and_names_of_ranks_behind(monkeypatch):
     import torch.distributed as dist
     monkeypatch.setattr(arrivals, "_clients", {})
+    monkeypatch.setattr(arrivals, "_marked", {})
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     where = ("127.0.0.1", server.port)
     monkeypatch.setattr(arrivals, "_tcp_store_of_default_group", lambda: where)
@@ -50,3 +51,25 @@ def test_one_client_a_process_and_names_of_ranks_behind(monkeypatch):
     assert said == ("; ranks that did not reach gathering worker parts of checkpoint 'c': rank 1 (last reached: "
                     "begin of checkpoint 'c')"), said
     assert len(made) == 1, made
+
+
+def test_a_rank_that_went_through_the_step_and_on_is_not_named_as_behind(monkeypatch):
+    """Ranks 1 and 3 finished ckpt_1's gathering and went on to ckpt_2 while rank 2 died in ckpt_1's begin:
+    rank 0's timeout names rank 2 only. Before, it named ranks 1 and 3 too (their last mark was not the
+    step waited on), pointing whoever debugs a hung job at the wrong ranks."""
+    import torch.distributed as dist
+    monkeypatch.setattr(arrivals, "_clients", {})
+    monkeypatch.setattr(arrivals, "_marked", {})
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setattr(arrivals, "_tcp_store_of_default_group", lambda: ("127.0.0.1", server.port))
+    ranks = [arrivals.Arrivals("save", r, 4) for r in range(4)]
+    for a in ranks:
+        a.mark("begin of checkpoint 'ckpt_1'")
+    for r in (0, 1, 3):
+        ranks[r].mark("gathering worker parts of checkpoint 'ckpt_1'")
+    for r in (1, 3):
+        ranks[r].mark("sharing the outcome of checkpoint 'ckpt_1'")
+        ranks[r].mark("begin of checkpoint 'ckpt_2'")
+    said = ranks[0].missing("gathering worker parts of checkpoint 'ckpt_1'")
+    assert said == ("; ranks that did not reach gathering worker parts of checkpoint 'ckpt_1': rank 2 (last "
+                    "reached: begin of checkpoint 'ckpt_1')"), said

@@ -117,9 +117,12 @@ class CkptEntry:
     ephemeral: bool
 
     @classmethod
-    def from_metadata(cls, ckpt_id: str, metadata: Mapping[str, str]) -> "CkptEntry":
-        """From a manifest's metadata (a checkpoint written without a manager: no step, regular)."""
-        return cls(ckpt_id, parse_step(metadata.get(META_STEP)), metadata.get(META_EPHEMERAL) == "1")
+    def from_metadata(cls, ckpt_id: str, metadata: Mapping[str, str],
+                      worker_steps: Mapping[int, int] | None = None) -> "CkptEntry":
+        """From a manifest's metadata and worker steps: its step as a restart ranks it (`recorded_step`:
+        the manager's global step, else the newest `Saver.save(step=...)`; neither: none), regular unless
+        a manager saved it as ephemeral."""
+        return cls(ckpt_id, recorded_step(metadata, worker_steps or {}), metadata.get(META_EPHEMERAL) == "1")
 
 
 __all__ = ["META_STEP", "META_EPHEMERAL", "parse_step", "recorded_step", "positive_int", "KeepPolicy", "CkptEntry"]

@@ -154,7 +154,7 @@ def prune(output_dir, keep: int, *, dry_run: bool = False,
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
     found = catalog.committed(storage)
-    entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in found]
+    entries = [CkptEntry.from_metadata(cid, m.metadata, m.worker_steps) for cid, m in found]
     # never a link that a kept incremental checkpoint's chain needs (docs/INCREMENTAL.md)
     doomed = catalog.without_needed_links(found, KeepPolicy(max_keep=keep).doomed(entries))
     if dry_run:

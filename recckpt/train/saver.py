@@ -688,7 +688,7 @@ class Saver:
         try:
             with gcpause.paused():   # the catalog of many checkpoints: metadata only
                 found = catalog.committed(self.storage, known={ckpt_id: manifest} if manifest is not None else None)
-                entries = [CkptEntry.from_metadata(cid, m.metadata) for cid, m in found]
+                entries = [CkptEntry.from_metadata(cid, m.metadata, m.worker_steps) for cid, m in found]
             doomed = [d for d in keep.doomed(entries, protect) if d != ckpt_id]
             # never a link that a kept checkpoint's chain of increments needs (docs/INCREMENTAL.md)
             doomed = catalog.without_needed_links(found, doomed)

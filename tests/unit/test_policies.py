@@ -157,3 +157,39 @@ def test_keep_entries_come_from_manifest_metadata():
         CkptEntry("c", 12, True)
     assert CkptEntry.from_metadata("x", {}) == CkptEntry("x", None, False)
     assert CkptEntry.from_metadata("y", {"recckpt.global_step": "²"}) == CkptEntry("y", None, False)
+    # a Saver.save(step=...) records worker steps only: its step is the newest of them, as a restart ranks it
+    assert CkptEntry.from_metadata("w", {}, {0: 7, 1: 9}) == CkptEntry("w", 9, False)
+
+
+def test_retention_and_prune_keep_the_restore_point_of_saver_steps(tmp_path):
+    """Checkpoints saved with Saver.save(step=...) (no manager): a compaction of an older link, committed
+    last, holds an older step. Retention (max_keep) and `recckpt prune --keep 1` took such checkpoints as
+    stepless and deleted the newest restore point, keeping the older compacted state: a restart rewound.
+    Now they rank steps as a restart does (a helper's attack on S3 found it)."""
+    import torch
+
+    from recckpt import HashTable, Saver, compact
+    from recckpt.cli.main import main as cli
+
+    def run(out, max_keep, incremental):
+        m = torch.nn.Module()
+        m.t = HashTable("t", dim=4)
+        s = Saver(m, output_dir=str(out), max_keep=max_keep)
+        m.t(torch.arange(10))
+        s.save("a", step=1)
+        m.t(torch.arange(10, 20))
+        s.save("b", step=2, incremental=incremental)
+        return m, s
+
+    m, s = run(tmp_path / "keep2", 2, False)
+    compact(str(tmp_path / "keep2" / "a"), str(tmp_path / "keep2" / "a_full"))   # step 1, committed after b
+    m.t(torch.arange(20, 30))
+    s.save("c", step=3)
+    assert s.checkpoints() == ["b", "c"], s.checkpoints()   # not a_full (step 1) over b (step 2)
+
+    m, s = run(tmp_path / "prune", None, True)
+    m.t(torch.arange(20, 30))
+    s.save("c", step=3)
+    compact(str(tmp_path / "prune" / "b"), str(tmp_path / "prune" / "bc"))     # step 2, committed last
+    assert cli(["prune", str(tmp_path / "prune"), "--keep", "1"]) == 0
+    assert sorted(s.checkpoints()) == ["bc", "c"] and s.latest_checkpoint() == "c", s.checkpoints()

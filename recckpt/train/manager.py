@@ -161,6 +161,9 @@ class CheckpointManager:
         self.restored_from: str | None = None
         self.restored: LoadResult | None = None
         """What the last `restore()` applied (None before one)."""
+        # (parent, its chain's stats) for the next save's increment decision, worked out by the background
+        # writer after each commit, so that an async step does not read the store on the training thread
+        self._next_chain: tuple[str, tuple | None] | None = None
         self.restore_skipped: list[str] = []
         """Checkpoints the last `restore()` found corrupt (on some rank) and skipped for an older one,
         newest first, each with why: steps of training lost, which a job that silences warnings must
@@ -302,6 +305,7 @@ class CheckpointManager:
 
             def write_async():
                 done["stats"] = stats = write(snap, incremental)
+                self._next_chain = self._chain_of_next()
                 return stats.path, stats.bytes_written
 
             self._writer.submit(handle, write_async,
@@ -354,7 +358,25 @@ class CheckpointManager:
         parent = self.saver.chain_parent()
         if parent is None:
             return False
+        known = self._next_chain
+        if known is not None and known[0] == parent:
+            return self.increments.incremental(known[1])
         return self.increments.incremental(chain_stats(catalog.committed(self.saver.storage), parent))
+
+    def _chain_of_next(self) -> tuple[str, tuple | None] | None:
+        """After a background save committed: the next save's parent and its chain's stats, read now (off
+        the training thread); None where there is nothing to read or the store does not answer (the next
+        step then reads it itself)."""
+        if self.increments is None:
+            return None
+        parent = self.saver.chain_parent()
+        if parent is None:
+            return None
+        try:
+            return parent, chain_stats(catalog.committed(self.saver.storage), parent)
+        except (OSError, RecckptError) as e:
+            log.debug("recckpt: the chain of %s was not read after its save: %s", parent, e)
+            return None
 
     def _needs_retry(self, last: SaveHandle) -> bool:
         """Whether the step of `last` must be saved again. A save whose outcome this rank never

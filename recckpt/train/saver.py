@@ -153,6 +153,7 @@ class Saver:
         self._chain: _ChainState | None = None  # what the next incremental save is an increment on
         self._pending_forget: dict | None = None  # marks the live tables may forget up to (async saves)
         self._lost: _LostOutcome | None = None  # a handed-over save whose commit this worker did not hear of
+        self._dropped: str | None = None  # why the last chain was dropped (the next save is full), if it was
         self._sources = TableSources(self.options.segment_bytes, self._staging)
 
     def open_storage(self, url, storage_options: dict | None = None):
@@ -276,8 +277,12 @@ class Saver:
         self._forget_written()
         chain, reason = (self._chain, None)
         if incremental:
-            parent, reason = self._parent_for(True, shard=(shard_id, None))
-            chain = self._chain if parent is not None else None
+            # What this process knows only: the store is not read on the training step. The write checks
+            # the parent in the store before it writes (and fails, forgetting the chain, if it is gone).
+            self._adopt_lost_outcome()
+            chain, reason = self._usable_chain(self._chain, (shard_id, None))
+            if reason is not None:
+                log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
         if self.eviction is not None:
             self._evict(step)
         live = self.capture(shard_id)
@@ -384,10 +389,11 @@ class Saver:
                 metas = [t.sparse_meta() for t in snap.tables]
                 marks = snap.marks
                 if chain is not None and parent is None:
-                    if self._chain is chain and self._parent_for(True, chain)[0] is not None:
-                        # unusable only for this save's worker or world, which the next capture cannot
-                        # see: forget it, so that the next save is full as the message says
-                        self._chain = None
+                    if self._chain is chain:
+                        # the capture does not read the store, and the chain is unusable (its parent gone
+                        # or replaced, or not this save's worker or world): forget it, so that the next save
+                        # is full as the message says, and says why
+                        self._chain, self._dropped = None, full_reason
                     raise CheckpointSaveError(
                         f"the parent {chain.ckpt_id!r} of incremental checkpoint {ckpt_id!r} changed between the "
                         f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
@@ -451,6 +457,10 @@ class Saver:
                                          stall_seconds=None if live else snap.stall_seconds))
         except BaseException as e:
             coord.abort(key, f"{type(e).__name__}: {e}")
+            if parent is not None and snapshot is not None:
+                # the next capture does not read the store: a parent gone meanwhile is found here, off the
+                # training thread, so that the next save is full instead of failing again
+                self._drop_chain_if_unusable()
             if handed_over:
                 try:
                     stats = self._failed_after_handover(ckpt_id, e, t0)   # returns only when committed after all
@@ -529,16 +539,8 @@ class Saver:
             return None, None
         if chain is None:
             self._adopt_lost_outcome()
-        chain, reason = (self._chain if chain is None else chain), None
-        if chain is None:
-            reason = "this Saver has not committed or fully loaded a checkpoint to build an increment on"
-        elif chain.shard is not None and shard is not None and any(
-                b is not None and a != b for a, b in zip(chain.shard, shard)):
-            reason = (f"the tables hold worker {chain.shard[0]} of {chain.shard[1]}'s share of {chain.ckpt_id!r} "
-                      f"(loaded or saved so), and this save is worker {shard[0]}"
-                      f"{'' if shard[1] is None else f' of {shard[1]}'}: an increment would fold onto rows this "
-                      f"process does not hold")
-        else:
+        chain, reason = self._usable_chain(self._chain if chain is None else chain, shard)
+        if chain is not None:
             try:
                 have = catalog.read_manifest(self.storage, chain.ckpt_id)
             except (OSError, RecckptError):
@@ -556,6 +558,20 @@ class Saver:
                     return ParentRef(chain.ckpt_id, have.content_sha256), None
         log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
         return None, reason
+
+    def _usable_chain(self, chain: _ChainState | None, shard: tuple | None) -> tuple[_ChainState | None, str | None]:
+        """(`chain`, None) where this process's own state allows an increment on it, else (None, why not):
+        none committed or loaded (or the last one dropped), or the tables hold another worker's share. The
+        store is not read."""
+        if chain is None:
+            return None, self._dropped or "this Saver has not committed or fully loaded a checkpoint to build an increment on"
+        if chain.shard is not None and shard is not None and any(
+                b is not None and a != b for a, b in zip(chain.shard, shard)):
+            return None, (f"the tables hold worker {chain.shard[0]} of {chain.shard[1]}'s share of "
+                          f"{chain.ckpt_id!r} (loaded or saved so), and this save is worker {shard[0]}"
+                          f"{'' if shard[1] is None else f' of {shard[1]}'}: an increment would fold onto rows "
+                          f"this process does not hold")
+        return chain, None
 
     def _layout(self) -> dict:
         """The SaveOptions every worker's part must share: they lay out the rows of the whole checkpoint."""
@@ -615,7 +631,7 @@ class Saver:
         costs a thousand tables a few ms a save), each told to forget what the checkpoint holds; None
         (written from a snapshot, maybe in the background) defers that to the next capture on the training
         thread."""
-        self._lost = None
+        self._lost, self._dropped = None, None
         if marks is None:
             self._chain = None
             return
@@ -627,6 +643,16 @@ class Saver:
             mark = marks.get(name)
             if mark is not None:
                 t.forget_changes(mark)
+
+    def _drop_chain_if_unusable(self) -> None:
+        """After a failed write from a snapshot of changes: if the chain's parent is no longer committed as
+        this Saver knows it, drop the chain, so that the next capture (which reads no store) is whole."""
+        chain = self._chain
+        if chain is None:
+            return
+        ref, why = self._parent_for(True, chain)
+        if ref is None and self._chain is chain:
+            self._chain, self._dropped = None, why
 
     def _adopt_lost_outcome(self) -> None:
         """A save whose outcome this worker did not learn, seen committed now (rank 0 committed it after
@@ -762,6 +788,7 @@ class Saver:
         self._chain = None
         self._pending_forget = None
         self._lost = None
+        self._dropped = None
 
 
 def _extras_tree(registry: Registry, sparse_optim, model) -> dict:

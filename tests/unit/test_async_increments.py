@@ -123,3 +123,46 @@ def test_manager_async_saves_increments_between_full_checkpoints(tmp_path, full_
     fulls = [c for c, p in parents.items() if p is None]
     assert len(fulls) == -(-7 // (full_every + 1))          # a full one, then full_every increments
     assert all(p is None or int(c.split("_")[1]) - 1 == int(p.split("_")[1]) for c, p in parents.items())
+
+
+def test_an_async_incremental_step_reads_no_store_on_the_training_thread(tmp_path):
+    """README: with async_save a step only snapshots; a thread writes. With increments, each saving step read
+    the output directory's catalog (the increment decision) and the parent's manifest and chain (the
+    capture) on the training thread: on an object store a request each, and a frozen endpoint stalled the
+    step for the storage timeout and raised into the training loop. Now the decision's chain is read by the
+    background writer after each commit, and the capture checks only this process's state (the write checks
+    the store)."""
+    import threading
+
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=tmp_path, max_keep=None, options=OPTS)
+    mgr = CheckpointManager(saver, save_interval=1, keep=None, save_rng=False, async_save=True,
+                            increments=IncrementPolicy(full_every=3, max_chain_fraction=None))
+    on_training_thread = []
+    storage = saver.storage
+    for name in dir(storage):
+        fn = getattr(storage, name)
+        if name.startswith("_") or not callable(fn):
+            continue
+
+        def spy(*a, _fn=fn, _name=name, **kw):
+            if threading.current_thread() is threading.main_thread():
+                on_training_thread.append(_name)
+            return _fn(*a, **kw)
+        setattr(storage, name, spy)
+    at_step = {}
+    for step in range(1, 9):
+        train_step(model, opt, torch.arange(step * 7, step * 7 + 30))
+        if step > 1:
+            on_training_thread.clear()
+        handle = mgr.step()
+        if step > 1:
+            assert on_training_thread == [], (step, on_training_thread)
+        at_step[handle.ckpt_id] = table_contents(model.emb)
+    mgr.close()
+    parents = {c: getattr(catalog.read_manifest(saver.storage, c).parent, "ckpt_id", None) for c in at_step}
+    assert parents == {"ckpt_1": None, "ckpt_2": "ckpt_1", "ckpt_3": "ckpt_2", "ckpt_4": "ckpt_3",
+                       "ckpt_5": None, "ckpt_6": "ckpt_5", "ckpt_7": "ckpt_6", "ckpt_8": "ckpt_7"}, parents
+    for c, want in at_step.items():
+        assert_same(loaded(tmp_path, c), want)

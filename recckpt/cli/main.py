@@ -73,7 +73,7 @@ def _progress(total: int, what: str, enabled: bool) -> tuple[Callable[[int], Non
 
 # ---------------------------------------------------------------------------------------------- verbs
 def cmd_ls(a) -> int:
-    listing = recckpt.list_checkpoints(a.output_dir, a.storage_options)
+    listing = recckpt.list_checkpoints(a.output_dir, a.storage_options, check=a.check)
     if a.json:
         print(render.dumps(listing))
         return EXIT_OK
@@ -345,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = verb("ls", cmd_ls, "list the committed checkpoints of an output directory and leftovers of crashed saves")
     sp.add_argument("output_dir", metavar="OUTPUT_DIR")
+    sp.add_argument("--check", action="store_true",
+                    help="read every checkpoint's manifest instead of trusting the catalog (on an object store, a "
+                         "request a checkpoint): a manifest deleted by hand then shows as unfound")
     sp = verb("inspect", cmd_inspect, "show one checkpoint: metadata, tables and slots, dense keys, objects, IO state")
     sp.add_argument("ckpt", metavar="CKPT")
     sp.add_argument("--no-objects", action="store_true", help="skip registered objects and IO state")

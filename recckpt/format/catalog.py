@@ -134,11 +134,12 @@ def committed(storage: Storage, top: list[str] | None = None, known: dict[str, M
     return _listing(storage, top=top, known=known)[0]
 
 
-def committed_and_top(storage: Storage, check_top: Callable[[list[str]], None] = lambda top: None
-                      ) -> tuple[list[tuple[str, CatalogEntry]], list[str]]:
+def committed_and_top(storage: Storage, check_top: Callable[[list[str]], None] = lambda top: None,
+                      trust_catalog: bool = True) -> tuple[list[tuple[str, CatalogEntry]], list[str]]:
     """`committed(storage)` and the names at the top of `storage` it listed, for a caller that needs
-    both (`ls`: leftovers and strays); `check_top(top)` may refuse the listing before it is used."""
-    found, _, top = _listing3(storage, check_top=check_top)
+    both (`ls`: leftovers and strays); `check_top(top)` may refuse the listing before it is used.
+    `trust_catalog=False` reads every manifest instead of the catalog (`ls --check`)."""
+    found, _, top = _listing3(storage, trust_catalog, check_top=check_top)
     return found, top
 
 

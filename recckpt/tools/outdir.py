@@ -112,12 +112,17 @@ def _size(storage, ckpt_id: str, entry) -> int:
     return total
 
 
-def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = None) -> Listing:
-    """Committed checkpoints of `output_dir` (oldest first) and the leftovers of crashed saves in it."""
+def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = None, *, check: bool = False
+                     ) -> Listing:
+    """Committed checkpoints of `output_dir` (oldest first) and the leftovers of crashed saves in it.
+    From the catalog (no manifest read a checkpoint; on an object store the newest one is checked against
+    its manifest and the rest trusted); `check=True` reads every manifest, so that one deleted by hand
+    shows as unfound there too (a request a checkpoint)."""
     storage = open_output_dir(output_dir, storage_options)
     # one listing, for the checkpoints, the leftovers and the checks; the catalog (no manifest read per
     # checkpoint) is read while it runs
-    found, top = catalog.committed_and_top(storage, check_top=lambda top: _require_dir(storage, top))
+    found, top = catalog.committed_and_top(storage, check_top=lambda top: _require_dir(storage, top),
+                                           trust_catalog=not check)
     out = Listing(storage.describe())
     for cid, e in found:
         parent = parent_of(e)

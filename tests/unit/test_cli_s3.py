@@ -86,3 +86,23 @@ def test_fsspec_configuration_under_s3a_is_kept_too(monkeypatch):
     assert got["connect_timeout"] == 10   # recckpt's bound fills in what the configuration leaves out
     got = _merged_options("s3", {"config_kwargs": {"read_timeout": 5}})["config_kwargs"]
     assert got["read_timeout"] == 5   # explicit storage_options win
+
+
+def test_ls_check_finds_a_manifest_deleted_by_hand_on_an_object_store(s3_server, s3_bucket, capsys):
+    """On an object store `ls` trusts the catalog for all but the newest checkpoint (a request a checkpoint
+    saved); a manifest deleted by hand from an older one went unseen, while docs/CLI.md promised `unfound`.
+    `--check` reads every manifest: the checkpoint is a leftover and its increment broken."""
+    run = _saved(s3_server, s3_bucket)      # a, then b (an increment on a)
+    m = torch.nn.Module()
+    m.t = HashTable("t", dim=4)
+    Saver(m, output_dir=run, options=SaveOptions(fsync=False), max_keep=None,
+          storage_options=s3_server.options()).save("c")
+    s3_server.fs().rm(f"{run}/a/manifest.json")
+    so = ["--storage-options", json.dumps(s3_server.options())]
+    assert cli_main(["ls", run, "--json", "--check", *so]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [c["ckpt_id"] for c in got["checkpoints"]] == ["b", "c"], got
+    # (an object store cannot tell a prefix without its manifest from an interrupted save)
+    assert [x[0] for x in got["leftovers"]] == ["a"] and [b[0] for b in got["broken"]] == ["b"], got
+    assert cli_main(["ls", run, "--json", *so]) == 0   # without --check: the catalog's word (documented)
+    assert [c["ckpt_id"] for c in json.loads(capsys.readouterr().out)["checkpoints"]] == ["a", "b", "c"]

@@ -40,6 +40,16 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return v
+
+
 def _storage_options(text: str) -> dict:
     """--storage-options: a JSON object of fsspec keywords (s3fs: endpoint_url, key, secret, profile, ...)."""
     try:
@@ -332,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fsspec keywords for s3://... and other URLs, as a JSON object (s3fs: endpoint_url, "
                              "key, secret, profile, client_kwargs); without it, the store's own configuration "
                              "(AWS_* variables, ~/.aws, FSSPEC_S3)")
+    common.add_argument("--storage-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                        help="bound on each object-store operation (a request with its retries; default 300): a "
+                             "frozen endpoint fails the command within about this")
     p = _Parser(prog="recckpt", description="Look inside recckpt checkpoints and get embeddings out.",
                 epilog="exit codes: 0 ok, 1 a problem found (or differences, for diff), 2 usage")
     p.add_argument("--version", action="version", version=f"recckpt {recckpt.__version__}")
@@ -434,12 +447,26 @@ def _terminate() -> None:
     signal.pause()   # the signal is delivered on return to the interpreter loop at the latest
 
 
+@contextlib.contextmanager
+def _storage_timeout(seconds: float | None):
+    """--storage-timeout: the bound of every store this command opens."""
+    from ..storage import fsspec_store
+    if seconds is None:
+        yield
+        return
+    before, fsspec_store.DEFAULT_TIMEOUT_S = fsspec_store.DEFAULT_TIMEOUT_S, seconds
+    try:
+        yield
+    finally:
+        fsspec_store.DEFAULT_TIMEOUT_S = before
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
     try:
-        with _sigterm_as_exception():
+        with _sigterm_as_exception(), _storage_timeout(args.storage_timeout):
             code = args.fn(args)
             sys.stdout.flush()   # here, where a reader gone away is caught, not at the interpreter's exit
             return code

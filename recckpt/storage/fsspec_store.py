@@ -94,13 +94,19 @@ class _BackgroundUpload:
         return self.error
 
 
+#: The bound on one remote operation of a store opened without `timeout_s` (the reader, the tools; a Saver
+#: passes SaveOptions.storage_timeout_s). The command line's --storage-timeout sets it for one command.
+DEFAULT_TIMEOUT_S = 300.0
+
+
 class FsspecStorage(Storage):
-    def __init__(self, url: str, storage_options: dict | None = None, *, timeout_s: float = 300.0,
+    def __init__(self, url: str, storage_options: dict | None = None, *, timeout_s: float | None = None,
                  lease_s: float = claims.LEASE_S):
         import fsspec
         protocol = url.split("://", 1)[0]
         self.fs, root = fsspec.core.url_to_fs(url, **_merged_options(protocol, storage_options))
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         self.timeout_s, self.lease_s = timeout_s, lease_s
         self._uploads = threading.local()   # .pending: this thread's background uploads, in a block
         self._kw = {"timeout": timeout_s} if getattr(self.fs, "async_impl", False) else {}

@@ -106,3 +106,28 @@ def test_ls_check_finds_a_manifest_deleted_by_hand_on_an_object_store(s3_server,
     assert [x[0] for x in got["leftovers"]] == ["a"] and [b[0] for b in got["broken"]] == ["b"], got
     assert cli_main(["ls", run, "--json", *so]) == 0   # without --check: the catalog's word (documented)
     assert [c["ckpt_id"] for c in json.loads(capsys.readouterr().out)["checkpoints"]] == ["a", "b", "c"]
+
+
+def test_storage_timeout_bounds_a_command_on_a_frozen_endpoint(s3_server, s3_bucket, capsys):
+    """The tools' stores had a fixed 300 s bound per operation, which storage_options cannot lower (s3fs
+    retries inside it): `ls` on a frozen endpoint ran for minutes. --storage-timeout sets the bound."""
+    import time
+
+    from helpers.s3_server import LoopbackProxy, storage_options
+    run = _saved(s3_server, s3_bucket)
+    proxy = LoopbackProxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        so = ["--storage-options", json.dumps(storage_options(proxy.endpoint))]
+        assert cli_main(["ls", run, "--storage-timeout", "2", *so]) == 0   # a live endpoint: unchanged
+        capsys.readouterr()
+        proxy.pause()
+        t0 = time.monotonic()
+        code = cli_main(["ls", run, "--storage-timeout", "2", *so])
+        took = time.monotonic() - t0
+        assert code == 1 and "within 2 s" in capsys.readouterr().err
+        assert took < 15, took
+    finally:
+        proxy.resume()
+        proxy.stop()
+    with pytest.raises(SystemExit):
+        cli_main(["ls", run, "--storage-timeout", "0"])

@@ -89,6 +89,10 @@ def _require_dir(storage, top: list[str] | None = None) -> None:
     """An output directory: not missing, not one checkpoint. `top`: its listing, when already made (then a
     non-empty one answers the first question without another request)."""
     if not top and not storage.isdir(""):
+        if storage.size_is_a_request:
+            # an object store has no empty directories: an existing bucket with nothing under the prefix is a
+            # run that has not saved yet (as restore() takes it), and a missing bucket raised when listed
+            return
         raise CheckpointNotFoundError(f"{storage.describe()} is not a directory; pass an output directory "
                                       f"(the one given to Saver/CheckpointManager as output_dir)",
                                       path=storage.describe())

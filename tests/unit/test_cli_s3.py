@@ -131,3 +131,19 @@ def test_storage_timeout_bounds_a_command_on_a_frozen_endpoint(s3_server, s3_buc
         proxy.stop()
     with pytest.raises(SystemExit):
         cli_main(["ls", run, "--storage-timeout", "0"])
+
+
+def test_an_empty_prefix_lists_as_a_run_that_has_not_saved_yet(s3_server, s3_bucket, capsys):
+    """An object store has no empty directories: ls, gc and prune of a prefix with nothing under it (in a
+    bucket that exists) said "is not a directory", while restore() takes it as a first start. A bucket
+    that does not exist is still an error."""
+    so = ["--storage-options", json.dumps(s3_server.options())]
+    empty = f"s3://{s3_bucket}/nothing-yet"
+    assert cli_main(["ls", empty, "--json", *so]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoints"] == []
+    assert cli_main(["gc", empty, *so]) == 0
+    assert cli_main(["prune", empty, "--keep", "1", *so]) == 0
+    capsys.readouterr()
+    for verb in (["ls"], ["gc"], ["prune", "--keep", "1"]):
+        assert cli_main([verb[0], "s3://no-such-bucket-recckpt/run", *verb[1:], *so]) == 1, verb
+        assert "no-such-bucket-recckpt" in capsys.readouterr().err

@@ -27,8 +27,17 @@ UNNAMED = "<unnamed>#"
 #: Adamax's exp_inf, ASGD's ax, Rprop's prev and step sizes): a saved one of another shape is state of a
 #: parameter that changed, checked even where the checkpoint holds no dense tensor of that parameter (one
 #: outside the model). Other entries (scalars, factored statistics, other optimizers' own) are not.
-PARAM_SHAPED_STATE = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg",
-                                "grad_avg", "acc_delta", "exp_inf", "ax", "prev", "step_size"})
+PARAM_SHAPED_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg",
+                      "grad_avg", "acc_delta", "exp_inf", "ax", "prev", "step_size")
+
+#: Hyper-parameters that tell torch.optim's optimizers apart (Adam's betas, SGD's momentum, Adagrad's
+#: lr_decay, RMSprop's alpha, ...). Other names in a param group are options that torch versions add
+#: (foreach, fused, decoupled_weight_decay, ...), LR schedulers' (initial_lr, max_lr, ...) or the user's
+#: own: a saved group and a live one that differ only in those are the same optimizer.
+OPTIMIZER_HYPER_PARAMETERS = frozenset({
+    "betas", "amsgrad", "momentum", "dampening", "nesterov", "lr_decay", "initial_accumulator_value", "rho",
+    "alpha", "centered", "lambd", "t0", "etas", "step_sizes", "momentum_decay", "max_iter", "history_size",
+    "tolerance_grad", "tolerance_change", "line_search_fn", "beta2_decay", "d"})
 
 
 def is_positional(state_dict) -> bool:
@@ -200,7 +209,8 @@ def match_named(saved: Mapping, live: Mapping, shapes: Mapping[str, tuple], *,
             want = _state_shape(saved["state"].get(s), have)
         if want is not None and have is not None and tuple(want) != tuple(have):
             conflicts.append(f"parameter {s!r}: checkpoint shape {tuple(want)} vs model shape {tuple(have)}")
-    conflicts += _other_optimizer(saved, live)
+    if target_of:   # (nothing of it applied: the saved groups are not taken either)
+        conflicts += _other_optimizer(saved, live)
     state = dict(live.get("state") or {})
     for t, s in target_of.items():
         if s in saved["state"]:
@@ -239,10 +249,11 @@ def _state_shape(entry, have) -> tuple | None:
 
 def _other_optimizer(saved: Mapping, live: Mapping) -> list[str]:
     """Why the saved state is another optimizer's (Adam's state into an SGD): the hyper-parameters of its
-    groups and the live optimizer's each hold names the other lacks (betas vs momentum). One side only
-    holding more is a torch version adding an option, which torch's load_state_dict fills in."""
+    groups and the live optimizer's each hold names the other lacks (betas vs momentum), among those that
+    tell optimizers apart (`OPTIMIZER_HYPER_PARAMETERS`: not a torch version's new options, a scheduler's
+    keys or the user's own)."""
     def keys(groups) -> set:
-        return {k for g in groups if isinstance(g, Mapping) for k in g if k not in ("params", "param_names")}
+        return {k for g in groups if isinstance(g, Mapping) for k in g if k in OPTIMIZER_HYPER_PARAMETERS}
 
     saved_keys, live_keys = keys(saved.get("param_groups") or []), keys(live.get("param_groups") or [])
     if not saved_keys or not live_keys or not (saved_keys - live_keys) or not (live_keys - saved_keys):

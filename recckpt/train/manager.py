@@ -449,6 +449,7 @@ class CheckpointManager:
         the one of the highest step (ties: the one committed last). Takes precedence
         over `load_model_bank`."""
         self.wait()
+        self.restore_skipped = []
         storage = self.saver.storage
         found = self._committed_everywhere()
         if global_step is not None:
@@ -476,7 +477,6 @@ class CheckpointManager:
             return None
         conf = LoadConfig.coerce(load_conf)
         conf = dataclasses.replace(conf, io_state_on_resize="drop" if self.resize_policy == "reseed" else "error")
-        self.restore_skipped = []
         for i, (cid, step) in enumerate(candidates):
             self._same_as_rank0s(cid)
             error, result = None, None

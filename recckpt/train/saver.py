@@ -82,8 +82,9 @@ class _ChainState:
 
 @dataclass(frozen=True)
 class _LostOutcome:
-    """A save this worker handed over whose commit it did not hear of (CommitOutcomeUnknownError): what
-    `_committed_chain` needs to take it as the next increment's parent once it is seen committed."""
+    """A save this worker handed over whose commit it did not hear of (CommitOutcomeUnknownError). Rank 0
+    may commit it after all and build its next increment on it; kept so that this worker then takes it as
+    its parent too, and the ranks' parents stay equal."""
     ckpt_id: str
     marks: dict | None
     tables: list | None
@@ -389,15 +390,18 @@ class Saver:
                 metas = [t.sparse_meta() for t in snap.tables]
                 marks = snap.marks
                 if chain is not None and parent is None:
-                    if self._chain is chain:
-                        # the capture does not read the store, and the chain is unusable (its parent gone
-                        # or replaced, or not this save's worker or world): forget it, so that the next save
-                        # is full as the message says, and says why
+                    # The capture does not read the store. A chain found unusable (its parent gone or
+                    # replaced, or not this save's worker or world) is forgotten, so that the next save is
+                    # full and says why; a parent that could not be read is kept, and checked again then.
+                    if self._chain is chain and self._usable_chain(chain, (shard_id, shard_num))[0] is None:
                         self._chain, self._dropped = None, full_reason
+                    else:
+                        self._drop_chain_if_unusable()
+                    then = ("the next save writes a full checkpoint" if self._chain is not chain else
+                            "the next incremental save checks its parent again")
                     raise CheckpointSaveError(
-                        f"the parent {chain.ckpt_id!r} of incremental checkpoint {ckpt_id!r} changed between the "
-                        f"snapshot and its write ({full_reason}); the snapshot holds only changes, so nothing "
-                        f"was written: the next save writes a full checkpoint")
+                        f"incremental checkpoint {ckpt_id!r} was not written: {full_reason}; its snapshot holds "
+                        f"only the changes since {chain.ckpt_id!r}, so nothing was written: {then}")
             if plans is not None:
                 self._check_layouts(ckpt_id, [p["layout"] for p in plans])
                 parent, full_reason = self._agreed_parent(ckpt_id, parent, full_reason,
@@ -541,11 +545,16 @@ class Saver:
             self._adopt_lost_outcome()
         chain, reason = self._usable_chain(self._chain if chain is None else chain, shard)
         if chain is not None:
+            unread = None
             try:
                 have = catalog.read_manifest(self.storage, chain.ckpt_id)
-            except (OSError, RecckptError):
+            except FileNotFoundError:
                 have = None
-            if have is None:
+            except (OSError, RecckptError) as e:
+                have, unread = None, e
+            if unread is not None:
+                reason = f"its parent {chain.ckpt_id!r} could not be read ({type(unread).__name__}: {unread})"
+            elif have is None:
                 reason = f"its parent {chain.ckpt_id!r} is no longer committed"
             elif have.num_buckets != self.options.num_buckets:
                 reason = (f"SaveOptions.num_buckets ({self.options.num_buckets}) differs from its parent's "
@@ -601,7 +610,7 @@ class Saver:
         reason = (f"the workers would build on different parents ({which}), as after a save whose commit a "
                   f"worker did not hear of")
         if from_snapshot:
-            self._chain = None
+            self._chain, self._dropped = None, reason
             raise CheckpointSaveError(
                 f"incremental checkpoint {ckpt_id!r} was not written: {reason}; some workers' snapshots hold "
                 f"only their changes, so it cannot be written in full. Nothing was committed; the next save "
@@ -650,8 +659,15 @@ class Saver:
         chain = self._chain
         if chain is None:
             return
-        ref, why = self._parent_for(True, chain)
-        if ref is None and self._chain is chain:
+        try:
+            have = catalog.read_manifest(self.storage, chain.ckpt_id)
+            why = (None if chain.manifest_sha256 is None or have.content_sha256 == chain.manifest_sha256 else
+                   f"checkpoint {chain.ckpt_id!r} was replaced since this Saver wrote or loaded it")
+        except (FileNotFoundError, CorruptCheckpointError):
+            why = f"its parent {chain.ckpt_id!r} is no longer committed"
+        except (OSError, RecckptError):
+            return   # the store did not answer: the parent may well be there, and the next write checks it
+        if why is not None and self._chain is chain:
             self._chain, self._dropped = None, why
 
     def _adopt_lost_outcome(self) -> None:
@@ -664,7 +680,14 @@ class Saver:
             return
         try:
             done = catalog.read_manifest(self.storage, lost.ckpt_id)
-        except (OSError, RecckptError):
+        except FileNotFoundError:
+            return   # not committed (yet): asked again at the next save
+        except (OSError, RecckptError) as e:
+            # the store does not answer (or the checkpoint is damaged): given up, so that a frozen store
+            # stalls at most this one step; the ranks' parents may then differ, which the next save sees
+            self._lost = None
+            log.warning("recckpt: could not tell whether %s, whose commit this worker did not hear of, is "
+                        "committed (%s); the next save does not build on it", self.storage.describe(lost.ckpt_id), e)
             return
         log.warning("recckpt: checkpoint %s, whose commit this worker did not hear of, is committed: the next "
                     "increment builds on it", self.storage.describe(lost.ckpt_id))

@@ -90,7 +90,8 @@ def test_a_parent_gone_before_the_background_write_fails_the_save_and_nothing_is
     train_step(model, opt, torch.arange(40, 60))
     snap = saver.capture_copy(HostBuffers(), incremental=True)
     shutil.rmtree(tmp_path / "c0")
-    with pytest.raises(CheckpointSaveError, match=r"parent 'c0' of incremental checkpoint 'c1' changed"):
+    with pytest.raises(CheckpointSaveError,
+                       match=r"checkpoint 'c1' was not written: its parent 'c0' is no longer committed.*next save writes a full"):
         saver.write("c1", snap, incremental=True)
     assert not saver.is_committed("c1")
     saver.save("c2", incremental=True)
@@ -166,3 +167,34 @@ def test_an_async_incremental_step_reads_no_store_on_the_training_thread(tmp_pat
                        "ckpt_5": None, "ckpt_6": "ckpt_5", "ckpt_7": "ckpt_6", "ckpt_8": "ckpt_7"}, parents
     for c, want in at_step.items():
         assert_same(loaded(tmp_path, c), want)
+
+
+def test_a_write_that_fails_on_an_unanswering_store_keeps_the_chain(tmp_path, monkeypatch):
+    """A write from a snapshot of changes that fails while the store does not answer: the parent may well be
+    there, so the chain stays and the next increment builds on it once the store answers. A review found
+    the first version dropping the chain on any failed read of the parent, saying that the parent was "no
+    longer committed" (false), and making the next save full."""
+    import recckpt.train.saver as saver_mod
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=tmp_path, max_keep=None, options=OPTS)
+    train_step(model, opt, torch.arange(30))
+    saver.save("c1")
+    train_step(model, opt, torch.arange(20, 50))
+    bufs = HostBuffers()
+    snap = saver.capture_copy(bufs, incremental=True)
+    real = catalog.read_manifest
+
+    def frozen(*a, **kw):
+        raise TimeoutError("the endpoint does not answer")
+    with monkeypatch.context() as mp:
+        mp.setattr(saver_mod, "write_worker_part", frozen)
+        mp.setattr(catalog, "read_manifest", lambda st, cid, *a, **kw: frozen() if cid == "c1" else real(st, cid, *a, **kw))
+        with pytest.raises(CheckpointSaveError, match=r"'c1' could not be read \(TimeoutError: the endpoint does "
+                                                      r"not answer\).*checks its parent again"):
+            saver.write("c2", snap, incremental=True)
+    assert saver.is_committed("c1") and saver.chain_parent() == "c1"
+    train_step(model, opt, torch.arange(60, 70))
+    stats = saver.write("c3", saver.capture_copy(bufs, incremental=True), incremental=True)
+    assert (stats.parent, stats.full_reason) == ("c1", None)
+    assert_same(loaded(tmp_path, "c3"), table_contents(model.emb))

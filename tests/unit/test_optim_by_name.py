@@ -237,6 +237,24 @@ def test_another_optimizers_state_is_refused_before_anything_is_loaded(tmp_path,
     opt.step()
 
 
+def test_the_same_optimizer_with_a_schedulers_keys_or_newer_options_is_not_another(tmp_path):
+    """A review found the first rule (hyper-parameter names missing on each side) refusing Adam into Adam:
+    OneCycleLR adds max_lr, initial_lr, ... to the saved groups, and a newer torch adds options
+    (decoupled_weight_decay) to the live ones. Only the names that tell optimizers apart count."""
+    m, opt = trained("adam", ("a", "b"))
+    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
+    for g in opt.param_groups:
+        g.pop("decoupled_weight_decay", None)   # as an older torch saved it
+        g["tower"] = "shared"                    # a user's own key
+    s = Saver(m, output_dir=tmp_path / "a")
+    s.register_for_checkpointing("opt", opt)
+    s.save("c")
+    m2, opt2, _, _ = load_b(tmp_path, "adam", ("a", "b"))
+    assert_same_state("adam", m, opt, "a.weight", m2, opt2, "a.weight")
+    m2(torch.ones(2, 3)).backward()
+    opt2.step()
+
+
 def test_a_layer_copied_under_another_name_keeps_its_own_optimizer_state(tmp_path):
     """rename {'a.': 'c.'} into a model holding both a and c copies a's saved state to c; model parameter
     a is not a target (docs/LOADING.md): it keeps its live state and is not reported. Before, a strict

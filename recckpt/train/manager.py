@@ -34,7 +34,7 @@ from ..errors import (
 from ..format import catalog, names
 from ..format.chain import chain_stats
 from ..format.names import validate_ckpt_id
-from ..format.retention import restore_order
+from ..format.retention import recorded_step, restore_order
 from ..load.load_config import LoadConfig
 from .async_save import FAILED, AsyncWriter, SaveHandle
 from .events import LoadEvent, SaveEvent
@@ -407,9 +407,14 @@ class CheckpointManager:
         return self._with_steps(catalog.committed(self.saver.storage))
 
     def _with_steps(self, found) -> list[tuple[str, int | None]]:
-        """(ckpt_id, global step) of each (ckpt_id, catalog entry) of `found`."""
-        # the catalog entry's step is parsed once, when the entry is made
-        return [(cid, m.global_step if m.global_step is not None else self._step_of(cid, {})) for cid, m in found]
+        """(ckpt_id, step) of each (ckpt_id, catalog entry) of `found`: the step a restart ranks it by
+        (`recorded_step`: the global step a manager recorded, else the newest `Saver.save(step=...)`, as
+        retention ranks it), else the one its id carries (`<prefix><step>`)."""
+        out = []
+        for cid, m in found:
+            step = recorded_step(m.metadata, m.worker_steps)
+            out.append((cid, step if step is not None else self._step_of(cid, {})))
+        return out
 
     def _step_of(self, cid: str, metadata: Mapping[str, str]) -> int | None:
         step = parse_step(metadata.get(META_STEP))
@@ -445,8 +450,9 @@ class CheckpointManager:
         and a rank killed during the load makes the others raise CoordinationError saying what they
         applied. A checkpoint saved by another number of workers is
         resharded; per-worker state follows `resize_policy` (which sets `io_state_on_resize` of
-        `load_conf`). Only checkpoints that record a global step are restore points, and the newest is
-        the one of the highest step (ties: the one committed last). Takes precedence
+        `load_conf`). Only checkpoints that record a step are restore points (the manager's global step, or
+        a `Saver.save(step=...)`), and the newest is the one of the highest step (ties: the one committed
+        last), as retention ranks them. Takes precedence
         over `load_model_bank`."""
         self.wait()
         self.restore_skipped = []

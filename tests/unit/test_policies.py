@@ -193,3 +193,35 @@ def test_retention_and_prune_keep_the_restore_point_of_saver_steps(tmp_path):
     compact(str(tmp_path / "prune" / "b"), str(tmp_path / "prune" / "bc"))     # step 2, committed last
     assert cli(["prune", str(tmp_path / "prune"), "--keep", "1"]) == 0
     assert sorted(s.checkpoints()) == ["bc", "c"] and s.latest_checkpoint() == "c", s.checkpoints()
+
+
+def test_a_manager_restores_the_newest_step_of_a_saver_save_in_its_directory(tmp_path):
+    """A job that also saves with Saver.save(step=...) into the manager's directory: its restore ranked only
+    the manager's own global steps, so after `recckpt prune --keep 1` (which, as retention, ranks the
+    Saver's steps too) it restored a compaction of step 2 over the step-50 checkpoint (a helper's attack)."""
+    import torch
+
+    from recckpt import CheckpointManager, HashTable, Saver, compact
+    from recckpt.cli.main import main as cli
+
+    def job():
+        m = torch.nn.Module()
+        m.t = HashTable("t", dim=4)
+        s = Saver(m, output_dir=str(tmp_path), max_keep=None)
+        return m, s, CheckpointManager(s, save_interval=1, keep=None, save_rng=False)
+
+    m, s, mgr = job()
+    for _ in range(3):
+        m.t(torch.arange(mgr.global_step * 5, mgr.global_step * 5 + 5))
+        mgr.step()                                  # ckpt_1 .. ckpt_3
+    m.t(torch.arange(100, 110))
+    s.save("w40", step=40)
+    m.t(torch.arange(110, 120))
+    s.save("w50", step=50, incremental=True)
+    compact(str(tmp_path / "ckpt_2"), str(tmp_path / "c2c"))   # step 2, committed last
+    _, _, fresh = job()
+    assert fresh.restore() == 50 and fresh.restored_from == "w50"
+    assert cli(["prune", str(tmp_path), "--keep", "1"]) == 0
+    m2, _, fresh = job()
+    assert fresh.restore() == 50 and fresh.restored_from == "w50"
+    assert sorted(m2.t.ids().tolist()) == sorted(m.t.ids().tolist())

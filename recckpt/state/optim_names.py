@@ -13,6 +13,7 @@ it into one; both accept a `KeyedOptimizer` (or anything whose state_dict is alr
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -264,6 +265,63 @@ def _other_optimizer(saved: Mapping, live: Mapping) -> list[str]:
             f"optimizer then starts fresh)"]
 
 
+def _torch_optim_class(optimizer):
+    """(the class, the constructor's keywords from its `defaults`) of one of torch.optim's own optimizers,
+    else None: their behaviour is known, so a throwaway instance tells what a step of them needs."""
+    import inspect
+    cls = type(optimizer)
+    defaults = getattr(optimizer, "defaults", None)
+    if not cls.__module__.startswith("torch.optim") or not isinstance(defaults, Mapping):
+        return None
+    # the defaults its constructor takes (AdamW's hold Adam's decoupled_weight_decay, fixed by the class)
+    takes = inspect.signature(cls.__init__).parameters
+    return cls, {k: v for k, v in defaults.items() if k in takes}
+
+
+def _steps_on(cls, kwargs: dict, shape: tuple, entry: Mapping | None, group: Mapping | None) -> str | None:
+    """Why an instance of `cls` given one parameter's saved state (`entry`, and its group's hyper-parameters
+    `group`; None: none) fails to load it or to take a step on it (None: it does both). The parameter is a
+    throwaway of `shape`; nothing else is touched."""
+    import torch
+    p = torch.nn.Parameter(torch.zeros(shape))
+    try:
+        probe = cls([p], **kwargs)
+        if group is not None:
+            # copies: torch keeps a loaded tensor of the right dtype as it is, and the step updates it in place
+            own = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in (entry or {}).items()}
+            probe.load_state_dict({"state": {0: own} if own else {}, "param_groups": [dict(group, params=[0])]})
+        p.grad = torch.zeros(shape)
+        probe.step()
+    except Exception as e:  # noqa: BLE001 - what the live optimizer would meet, said before anything is loaded
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _fails_to_step(optimizer, state_dict: Mapping, shapes: list) -> list[str]:
+    """Why the live torch.optim `optimizer` could not take its first step on `state_dict` (its own
+    positional form, what the load gives it): another optimizer's state (Adamax's exp_inf where Adam reads
+    exp_avg_sq, NAdam's mu_product), which the names of hyper-parameters cannot always tell. Tried on a
+    throwaway instance of its class with the smallest parameter that takes saved state; nothing if the
+    class cannot step even fresh (LBFGS needs a closure), or is not torch.optim's."""
+    known = _torch_optim_class(optimizer)
+    if known is None or not state_dict.get("state"):
+        return []
+    cls, kwargs = known
+    if _steps_on(cls, kwargs, (2,), None, None) is not None:
+        return []
+    idx = min(state_dict["state"], key=lambda i: math.prod(shapes[i]) if i < len(shapes) else 0)
+    group = next((g for g in state_dict["param_groups"] if idx in g["params"]), None)
+    if idx >= len(shapes) or group is None:
+        return []
+    why = _steps_on(cls, kwargs, tuple(shapes[idx]), state_dict["state"][idx],
+                    {k: v for k, v in group.items() if k != "params"})
+    if why is None:
+        return []
+    return [f"the checkpoint holds state this {cls.__name__} cannot use (another optimizer's?): loaded, its "
+            f"first step would fail ({why}); leave registered objects out with load_conf {{'exclude': ['extra']}} "
+            f"(the optimizer then starts fresh)"]
+
+
 def _live_named(optimizer, model) -> tuple[dict, dict | None, dict[str, tuple]]:
     """(the live optimizer's state keyed by name, its positional state_dict or None when it names its
     parameters itself, the live parameters' shapes by name)."""
@@ -347,7 +405,12 @@ def match_optimizer_state(optimizer, model, saved: Mapping, *, rename: Callable[
     live, positional, shapes = _live_named(optimizer, model)
     m = match_named(saved, live, shapes, rename=rename, selected=selected, saved_shapes=saved_shapes)
     if positional is not None:
-        m = OptimizerStateMatch(_positional(m.state_dict, positional), m.matched, m.new, m.gone, m.conflicts)
+        sd = _positional(m.state_dict, positional)
+        conflicts = m.conflicts
+        if m.matched and not conflicts:
+            params = [tuple(p.shape) for g in optimizer.param_groups for p in g["params"]]
+            conflicts = tuple(_fails_to_step(optimizer, sd, params))
+        m = OptimizerStateMatch(sd, m.matched, m.new, m.gone, conflicts)
     return m
 
 

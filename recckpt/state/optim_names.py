@@ -309,9 +309,12 @@ def _fails_to_step(optimizer, state_dict: Mapping, shapes: list) -> list[str]:
     cls, kwargs = known
     if _steps_on(cls, kwargs, (2,), None, None) is not None:
         return []
-    idx = min(state_dict["state"], key=lambda i: math.prod(shapes[i]) if i < len(shapes) else 0)
+    held = [i for i in state_dict["state"] if isinstance(i, int) and 0 <= i < len(shapes)]
+    if not held:
+        return []
+    idx = min(held, key=lambda i: math.prod(shapes[i]))
     group = next((g for g in state_dict["param_groups"] if idx in g["params"]), None)
-    if idx >= len(shapes) or group is None:
+    if group is None:
         return []
     why = _steps_on(cls, kwargs, tuple(shapes[idx]), state_dict["state"][idx],
                     {k: v for k, v in group.items() if k != "params"})

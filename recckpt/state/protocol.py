@@ -644,17 +644,15 @@ def split_sparse_dense_state_dict(
         if not isinstance(value, torch.Tensor) and implements(value, SparseState):
             name = value.sparse_meta().name
             if sparse.get(name) is value:
-                if key.endswith(_EXTRA_STATE_SUFFIX):
-                    table_prefixes.add(key[: -len(_EXTRA_STATE_SUFFIX)])
                 shared_keys.add(key)
-                continue
-            if name in sparse:
+            elif name in sparse:
                 raise InvalidArgumentError(
                     f"two sparse tables named {name!r} in the state_dict: keys "
                     f"{sparse_keys[name]!r} and {key!r}; give every table a unique name"
                 )
-            sparse[name] = value
-            sparse_keys[name] = key
+            else:
+                sparse[name] = value
+                sparse_keys[name] = key
             if key.endswith(_EXTRA_STATE_SUFFIX):
                 table_prefixes.add(key[: -len(_EXTRA_STATE_SUFFIX)])
     table_keys = set(sparse_keys.values()) | shared_keys

@@ -359,9 +359,12 @@ class CheckpointManager:
         if parent is None:
             return False
         known = self._next_chain
-        if known is not None and known[0] == parent:
-            return self.increments.incremental(known[1])
-        return self.increments.incremental(chain_stats(catalog.committed(self.saver.storage), parent))
+        return self.increments.incremental(known[1] if known is not None and known[0] == parent else
+                                           self._chain_stats(parent))
+
+    def _chain_stats(self, parent: str) -> tuple | None:
+        """`chain_stats` of the chain ending at `parent`, from a listing of the output directory."""
+        return chain_stats(catalog.committed(self.saver.storage), parent)
 
     def _chain_of_next(self) -> tuple[str, tuple | None] | None:
         """After a background save committed: the next save's parent and its chain's stats, read now (off
@@ -373,7 +376,7 @@ class CheckpointManager:
         if parent is None:
             return None
         try:
-            return parent, chain_stats(catalog.committed(self.saver.storage), parent)
+            return parent, self._chain_stats(parent)
         except (OSError, RecckptError) as e:
             log.debug("recckpt: the chain of %s was not read after its save: %s", parent, e)
             return None

@@ -355,8 +355,8 @@ class Saver:
             chain = self._chain
         else:
             chain = snap.chain
-            parent, full_reason = ((None, snap.full_reason) if chain is None else
-                                   self._parent_for(True, chain, (shard_id, shard_num)))
+            parent, full_reason, known = ((None, snap.full_reason, True) if chain is None else
+                                          self._parent_verdict(chain, (shard_id, shard_num)))
         nonce, plans = coord.begin(key, {"parent": None if parent is None else parent.to_json(),
                                          "layout": self._layout()})
         # The store decides where a save writes: a staging directory, or the checkpoint's own keys.
@@ -393,10 +393,8 @@ class Saver:
                     # The capture does not read the store. A chain found unusable (its parent gone or
                     # replaced, or not this save's worker or world) is forgotten, so that the next save is
                     # full and says why; a parent that could not be read is kept, and checked again then.
-                    if self._chain is chain and self._usable_chain(chain, (shard_id, shard_num))[0] is None:
+                    if known and self._chain is chain:
                         self._chain, self._dropped = None, full_reason
-                    else:
-                        self._drop_chain_if_unusable()
                     then = ("the next save writes a full checkpoint" if self._chain is not chain else
                             "the next incremental save checks its parent again")
                     raise CheckpointSaveError(
@@ -543,30 +541,38 @@ class Saver:
             return None, None
         if chain is None:
             self._adopt_lost_outcome()
-        chain, reason = self._usable_chain(self._chain if chain is None else chain, shard)
-        if chain is not None:
-            unread = None
-            try:
-                have = catalog.read_manifest(self.storage, chain.ckpt_id)
-            except FileNotFoundError:
-                have = None
-            except (OSError, RecckptError) as e:
-                have, unread = None, e
-            if unread is not None:
-                reason = f"its parent {chain.ckpt_id!r} could not be read ({type(unread).__name__}: {unread})"
-            elif have is None:
-                reason = f"its parent {chain.ckpt_id!r} is no longer committed"
-            elif have.num_buckets != self.options.num_buckets:
-                reason = (f"SaveOptions.num_buckets ({self.options.num_buckets}) differs from its parent's "
-                          f"({have.num_buckets}), and the links of a chain share one bucket count")
-            elif chain.manifest_sha256 is not None and have.content_sha256 != chain.manifest_sha256:
-                reason = f"checkpoint {chain.ckpt_id!r} was replaced since this Saver wrote or loaded it"
-            else:
-                reason = self._broken_chain(chain.ckpt_id, have)
-                if reason is None:
-                    return ParentRef(chain.ckpt_id, have.content_sha256), None
+        ref, reason, _ = self._parent_verdict(self._chain if chain is None else chain, shard)
+        if ref is not None:
+            return ref, None
         log.warning("recckpt: incremental save requested, writing a full checkpoint: %s", reason)
         return None, reason
+
+    def _parent_verdict(self, chain: _ChainState | None, shard: tuple | None
+                        ) -> tuple[ParentRef | None, str | None, bool]:
+        """(the parent an increment on `chain` names, None, True), or (None, why not, whether that is known:
+        False where the store did not answer, so the parent may well be there). This process's own state
+        first (`_usable_chain`), then the parent in the store: committed, the same manifest, the same bucket
+        count, its chain whole."""
+        chain, reason = self._usable_chain(chain, shard)
+        if chain is None:
+            return None, reason, True
+        try:
+            have = catalog.read_manifest(self.storage, chain.ckpt_id)
+        except FileNotFoundError:
+            return None, f"its parent {chain.ckpt_id!r} is no longer committed", True
+        except (OSError, RecckptError) as e:
+            return (None, f"its parent {chain.ckpt_id!r} could not be read ({type(e).__name__}: {e})",
+                    isinstance(e, CorruptCheckpointError))
+        if have.num_buckets != self.options.num_buckets:
+            reason = (f"SaveOptions.num_buckets ({self.options.num_buckets}) differs from its parent's "
+                      f"({have.num_buckets}), and the links of a chain share one bucket count")
+        elif chain.manifest_sha256 is not None and have.content_sha256 != chain.manifest_sha256:
+            reason = f"checkpoint {chain.ckpt_id!r} was replaced since this Saver wrote or loaded it"
+        else:
+            reason = self._broken_chain(chain.ckpt_id, have)
+            if reason is None:
+                return ParentRef(chain.ckpt_id, have.content_sha256), None, True
+        return None, reason, True
 
     def _usable_chain(self, chain: _ChainState | None, shard: tuple | None) -> tuple[_ChainState | None, str | None]:
         """(`chain`, None) where this process's own state allows an increment on it, else (None, why not):
@@ -654,20 +660,14 @@ class Saver:
                 t.forget_changes(mark)
 
     def _drop_chain_if_unusable(self) -> None:
-        """After a failed write from a snapshot of changes: if the chain's parent is no longer committed as
-        this Saver knows it, drop the chain, so that the next capture (which reads no store) is whole."""
+        """After a failed write from a snapshot of changes: if the store says the chain's parent can no
+        longer carry an increment, drop the chain, so that the next capture (which reads no store) is
+        whole. A store that does not answer leaves it: the next write checks again."""
         chain = self._chain
         if chain is None:
             return
-        try:
-            have = catalog.read_manifest(self.storage, chain.ckpt_id)
-            why = (None if chain.manifest_sha256 is None or have.content_sha256 == chain.manifest_sha256 else
-                   f"checkpoint {chain.ckpt_id!r} was replaced since this Saver wrote or loaded it")
-        except (FileNotFoundError, CorruptCheckpointError):
-            why = f"its parent {chain.ckpt_id!r} is no longer committed"
-        except (OSError, RecckptError):
-            return   # the store did not answer: the parent may well be there, and the next write checks it
-        if why is not None and self._chain is chain:
+        ref, why, known = self._parent_verdict(chain, None)
+        if ref is None and known and self._chain is chain:
             self._chain, self._dropped = None, why
 
     def _adopt_lost_outcome(self) -> None:

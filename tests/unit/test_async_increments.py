@@ -81,14 +81,21 @@ def test_without_a_parent_the_capture_is_whole_and_says_why(tmp_path):
         saver.write("c1", saver.capture(), incremental=True)    # a snapshot without marks
 
 
-def test_a_parent_gone_before_the_background_write_fails_the_save_and_nothing_is_committed(tmp_path):
+def _snapshot_after(tmp_path, parent: str, first: torch.Tensor, then: torch.Tensor):
+    """A model saved as `parent` after training on `first`, trained on `then`, and a snapshot of its changes:
+    (model, opt, saver, the snapshot's buffers, the snapshot)."""
     model = Model()
     opt = SparseAdam([model.emb], lr=0.05)
     saver = Saver(model, opt, output_dir=tmp_path, max_keep=None, options=OPTS)
-    train_step(model, opt, torch.arange(50))
-    saver.save("c0")
-    train_step(model, opt, torch.arange(40, 60))
-    snap = saver.capture_copy(HostBuffers(), incremental=True)
+    train_step(model, opt, first)
+    saver.save(parent)
+    train_step(model, opt, then)
+    bufs = HostBuffers()
+    return model, opt, saver, bufs, saver.capture_copy(bufs, incremental=True)
+
+
+def test_a_parent_gone_before_the_background_write_fails_the_save_and_nothing_is_committed(tmp_path):
+    model, opt, saver, _, snap = _snapshot_after(tmp_path, "c0", torch.arange(50), torch.arange(40, 60))
     shutil.rmtree(tmp_path / "c0")
     with pytest.raises(CheckpointSaveError,
                        match=r"checkpoint 'c1' was not written: its parent 'c0' is no longer committed.*next save writes a full"):
@@ -175,14 +182,7 @@ def test_a_write_that_fails_on_an_unanswering_store_keeps_the_chain(tmp_path, mo
     the first version dropping the chain on any failed read of the parent, saying that the parent was "no
     longer committed" (false), and making the next save full."""
     import recckpt.train.saver as saver_mod
-    model = Model()
-    opt = SparseAdam([model.emb], lr=0.05)
-    saver = Saver(model, opt, output_dir=tmp_path, max_keep=None, options=OPTS)
-    train_step(model, opt, torch.arange(30))
-    saver.save("c1")
-    train_step(model, opt, torch.arange(20, 50))
-    bufs = HostBuffers()
-    snap = saver.capture_copy(bufs, incremental=True)
+    model, opt, saver, bufs, snap = _snapshot_after(tmp_path, "c1", torch.arange(30), torch.arange(20, 50))
     real = catalog.read_manifest
 
     def frozen(*a, **kw):

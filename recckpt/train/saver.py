@@ -334,17 +334,13 @@ class Saver:
         coord = coordinator_for(shard_id, shard_num, self.options.coordination_timeout_s)
         key = (self.storage.describe(), ckpt_id)
         stats = None
-        if catalog.is_committed(self.storage, ckpt_id):
-            broken = dict(catalog.damaged(self.storage, [ckpt_id], set()))
-            if broken:
-                raise CheckpointExistsError(
-                    f"{self.storage.describe(ckpt_id)} holds a checkpoint whose manifest does not verify "
-                    f"({broken[ckpt_id]}): it is never loaded, but nothing is written over it. Delete it "
-                    f"(recckpt.delete({self.storage.describe()!r}, [{ckpt_id!r}])) to save under this id again",
-                    path=self.storage.describe(ckpt_id))
-            raise CheckpointExistsError(
-                f"checkpoint {self.storage.describe(ckpt_id)} already exists; committed checkpoints are never "
-                f"overwritten: choose another ckpt_id or delete it first")
+        exists = self._exists_error(ckpt_id)
+        # Where the workers exchange plans, a worker that finds the id taken says so there, and every worker
+        # raises together (one that raised alone would leave the others waiting in `begin`, and meet them
+        # at its next save with another id); elsewhere it raises now.
+        shared_check = coord.world > 1 and not coord.defers_commit
+        if exists is not None and not shared_check:
+            raise exists
         if incremental and snap is not None and snap.marks is None:
             raise InvalidArgumentError("an incremental save from a prepared snapshot needs one taken with "
                              "Saver.capture_copy(..., incremental=True)")
@@ -358,13 +354,15 @@ class Saver:
             parent, full_reason, known = ((None, snap.full_reason, True) if chain is None else
                                           self._parent_verdict(chain, (shard_id, shard_num)))
         nonce, plans = coord.begin(key, {"parent": None if parent is None else parent.to_json(),
-                                         "layout": self._layout()})
+                                         "layout": self._layout(), "exists": exists is not None})
         # The store decides where a save writes: a staging directory, or the checkpoint's own keys.
         stage = self.storage.save_target(ckpt_id, catalog.new_staging_dir(ckpt_id, nonce))
         manifest = None
         claim = None
         handed_over = False  # this worker's part went to another worker, which commits from `stage`
         try:
+            if shared_check and plans is not None:
+                self._raise_if_taken(ckpt_id, exists, [p["exists"] for p in plans])
             self.storage.prepare_for_save()
             # Claimed before anything is written: recovery in another process leaves a claimed target alone.
             claim = self.storage.claim(stage, owner_file(stage, shard_id))
@@ -591,6 +589,33 @@ class Saver:
     def _layout(self) -> dict:
         """The SaveOptions every worker's part must share: they lay out the rows of the whole checkpoint."""
         return {"num_buckets": self.options.num_buckets, "chunk_bytes": self.options.chunk_bytes}
+
+    def _exists_error(self, ckpt_id: str) -> CheckpointExistsError | None:
+        """The error a save of `ckpt_id` raises because that id is committed already (None: it is not)."""
+        if not catalog.is_committed(self.storage, ckpt_id):
+            return None
+        broken = dict(catalog.damaged(self.storage, [ckpt_id], set()))
+        if broken:
+            return CheckpointExistsError(
+                f"{self.storage.describe(ckpt_id)} holds a checkpoint whose manifest does not verify "
+                f"({broken[ckpt_id]}): it is never loaded, but nothing is written over it. Delete it "
+                f"(recckpt.delete({self.storage.describe()!r}, [{ckpt_id!r}])) to save under this id again",
+                path=self.storage.describe(ckpt_id))
+        return CheckpointExistsError(
+            f"checkpoint {self.storage.describe(ckpt_id)} already exists; committed checkpoints are never "
+            f"overwritten: choose another ckpt_id or delete it first", path=self.storage.describe(ckpt_id))
+
+    def _raise_if_taken(self, ckpt_id: str, mine: CheckpointExistsError | None, found: list[bool]) -> None:
+        """Raises on every worker alike where any worker found `ckpt_id` committed before `begin`."""
+        if mine is not None:
+            raise mine
+        if any(found):
+            ranks = ", ".join(str(r) for r, f in enumerate(found) if f)
+            raise CheckpointExistsError(
+                f"checkpoint {self.storage.describe(ckpt_id)} was not written: rank(s) {ranks} found it already "
+                f"committed (another job saving into this output_dir?); committed checkpoints are never "
+                f"overwritten: choose another ckpt_id or delete it first. Nothing was written by this save.",
+                path=self.storage.describe(ckpt_id))
 
     def _check_layouts(self, ckpt_id: str, layouts: list[dict]) -> None:
         """Raises, on every worker alike, where the workers' `_layout()`s differ."""

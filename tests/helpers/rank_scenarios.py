@@ -403,6 +403,49 @@ def mixed_layouts(rank, world, out, option):
     return rep
 
 
+def taken_id_seen_by_one_rank(rank, world, out):
+    """Another job commits 'c5' into the output directory after rank 1 checked that id and before rank 0
+    does; both ranks then save 'c5', and after that 'c6'. Reports each save's error and the ids committed."""
+    import dataclasses
+
+    from recckpt.errors import CheckpointExistsError
+    t = owned_table(rank, world, all_ids(2000, seed=3))
+    opts = dataclasses.replace(OPTS, coordination_timeout_s=30)
+    go = os.path.join(out, "..", "rank1-checking")
+    rep = {}
+    if rank == 0:
+        while not os.path.exists(go):
+            time.sleep(0.01)
+        time.sleep(1.0)   # rank 1 has checked 'c5' by now and waits for rank 0 in begin
+        import subprocess
+        import sys
+        other_job = ("import torch, recckpt; m = torch.nn.Module(); m.t = recckpt.HashTable('t', 4); "
+                     f"m.t(torch.arange(10)); recckpt.Saver(m, output_dir={out!r}, max_keep=None).save('c5')")
+        subprocess.run([sys.executable, "-c", other_job], check=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE",
+                                                                                    "LOCAL_RANK", "MASTER_"))})
+    else:
+        os.makedirs(out, exist_ok=True)
+        open(go, "w").close()
+    s = Saver(Holder(t), output_dir=out, options=opts, max_keep=None)
+    start = time.monotonic()
+    try:
+        s.save("c5")
+        rep["c5"] = None
+    except CheckpointExistsError as e:
+        rep["c5"] = f"CheckpointExistsError: {e}"
+    except CheckpointSaveError as e:
+        rep["c5"] = f"{type(e).__name__}: {e}"
+    rep["c5_s"] = time.monotonic() - start
+    try:
+        s.save("c6")
+        rep["c6"] = None
+    except CheckpointSaveError as e:
+        rep["c6"] = f"{type(e).__name__}: {e}"
+    rep["committed"] = s.checkpoints()
+    return rep
+
+
 def lone_first_save(rank, world, out, rendezvous_s):
     """Only rank 0 calls save (a habit from DDP), with a coordination timeout shorter than building the
     save group may take (`rendezvous_s`, lowered from 120 s for the test); rank 1 stays alive meanwhile.

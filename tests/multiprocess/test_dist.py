@@ -193,6 +193,22 @@ def test_ranks_with_different_layout_options_are_told_which(tmp_path, option):
     assert not [n for n in os.listdir(out) if n.startswith(".staging")]
 
 
+def test_an_id_only_one_rank_finds_committed_fails_every_rank_alike_and_the_next_save_works(tmp_path):
+    """Another job commits 'c5' between rank 1's check of that id and rank 0's. Before, rank 0 raised
+    alone before the ranks met: rank 1 waited for it in `begin` and the next save met it there with
+    another id ("the ranks are saving different checkpoints"). Now the finding travels with the plans,
+    every rank raises CheckpointExistsError naming the rank that found it, and the next save commits."""
+    out = str(tmp_path / "run")
+    rep = ok(run_ranks(2, sc.taken_id_seen_by_one_rank, out, out_dir=str(tmp_path / "r")))
+    assert rep[0]["c5"].startswith("CheckpointExistsError: ") and "already exists" in rep[0]["c5"], rep
+    assert rep[1]["c5"].startswith("CheckpointExistsError: ") and "rank(s) 0 found it already committed" in rep[1]["c5"], rep
+    assert rep[1]["c5_s"] < 20, rep        # not the coordination timeout
+    for r in rep:
+        assert r["c6"] is None, rep
+        assert r["committed"] == ["c5", "c6"], rep
+    assert not [n for n in os.listdir(out) if n.startswith(".staging")]
+
+
 def test_a_save_only_rank_0_calls_names_the_group_rendezvous_and_its_real_timeout(tmp_path):
     """The first save builds recckpt's gloo group, a rendezvous bounded by max(coordination timeout,
     groups.RENDEZVOUS_MIN_S). Before, rank 0 waited that long and then blamed the coordination timeout

@@ -155,9 +155,10 @@ def cmd_inspect(a) -> int:
     print(f"  {view.workers} worker(s), {view.num_buckets} buckets, format version {view.format_version}, "
           f"written by {view.writer}" + (f", parent {view.parent}" if view.parent else ""))
     if len(view.links) > 1:   # rows below are the folded state of the whole chain
-        print(f"  tables show the folded state of its chain of {len(view.links)} links: "
-              f"{' <- '.join(view.links)}")
-    if view.tables:
+        shown = ("tables show the folded state" if doc["tables"] or not damaged else
+                 "tables not shown: their folded state needs the damaged files")
+        print(f"  {shown} of its chain of {len(view.links)} links: {' <- '.join(view.links)}")
+    if doc["tables"]:
         rows = [[t, str(info["rows"]), s, d["dtype"], str(tuple(d["shape"])), d["category"]]
                 for t, info in doc["tables"].items() for s, d in info["slots"].items()]
         print("sparse tables:")

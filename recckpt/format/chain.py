@@ -39,12 +39,20 @@ def open_chain(newest: CheckpointReader) -> list[CheckpointReader]:
     manifest hash is the one its child recorded, its index parses and matches its manifest, its shard
     files have the recorded sizes, and all links share the bucket count. A full checkpoint is a chain of
     one. Raises CorruptCheckpointError naming the missing or altered link."""
-    links = walk_chain(newest)
-    parse_indexes(links)   # together where they can be: one validation pass instead of one per link
+    links = chain_of(newest)
     for link in links:
         link.verify_worker_indexes()
         if link.manifest.index is not None:
             _ = link.segments  # parses and checks the index and every shard file's size
+    return links
+
+
+def chain_of(newest: CheckpointReader) -> list[CheckpointReader]:
+    """The links of `newest`'s chain as `walk_chain` opens them, their indexes validated together where
+    they can be (one pass instead of one per link); their files are not checked yet (a reader's
+    `files_problems`, or its first read of a link, does that)."""
+    links = walk_chain(newest)
+    parse_indexes(links)
     return links
 
 

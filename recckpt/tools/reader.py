@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidArgumentError
 from ..format import catalog, dtypes
-from ..format.chain import open_chain, split_path, table_links
+from ..format.chain import chain_of, split_path, table_links
 from ..format.checkpoint import CheckpointReader
 from ..format.column_join import FROM_OVERLAP, iter_joined, row_range_of_buckets
 from ..format.digest import DenseDigest, TableDigest
@@ -104,8 +104,10 @@ def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int
         return CheckpointView(reader)
     root, ckpt_dir = split_path(path)
     out = _open_storage(root, storage_options)
-    with catalog.deleted_as_such([(storage, "")], "opened"):   # a link may go with it: open_chain says which
-        return CheckpointView(reader, open_chain(CheckpointReader(out, ckpt_dir, threads=threads)))
+    # The links' manifests and hashes are checked here; their files, as a full checkpoint's, when read or by
+    # `files_problems` (so that inspect and diff report a damaged link instead of failing whole).
+    with catalog.deleted_as_such([(storage, "")], "opened"):   # a link may go with it: chain_of says which
+        return CheckpointView(reader, chain_of(CheckpointReader(out, ckpt_dir, threads=threads)))
 
 
 def unless_damaged(damaged: list[str] | None, read, empty=None):
@@ -162,9 +164,9 @@ def _pair(x) -> tuple[int, int] | None:
 
 class CheckpointView:
     """One committed checkpoint, read-only. Cheap to open (the manifest only; for an incremental checkpoint
-    every link's manifest, index and shard sizes); the index, dense file, registered objects and IO state
+    every link's manifest and index); the index, dense file, registered objects and IO state
     are read and verified when first asked for. `links`: the checkpoint's chain, base first, each link
-    checked (format.chain.open_chain); None for a full checkpoint."""
+    opened by format.chain.chain_of (files checked as read); None for a full checkpoint."""
 
     def __init__(self, reader: CheckpointReader, links: list[CheckpointReader] | None = None):
         self._links = list(links) if links else [reader]

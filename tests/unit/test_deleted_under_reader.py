@@ -28,17 +28,17 @@ def test_a_view_of_a_checkpoint_deleted_under_it_says_deleted_not_corrupt(tmp_pa
     out = _saved(tmp_path)
     if what == "open_chain":   # ckpt_2's base goes while ckpt_2 is opened (after its own manifest is read)
         import recckpt.tools.reader as reader_mod
-        real = reader_mod.open_chain
+        real = reader_mod.chain_of
 
         def hooked(reader):
             recckpt.delete(out, ["ckpt_2", "ckpt_1"])
             return real(reader)
-        reader_mod.open_chain, restore = hooked, real
+        reader_mod.chain_of, restore = hooked, real
         try:
             with pytest.raises(CheckpointDeletedError, match="ckpt_2 was deleted while it was being opened"):
                 recckpt.open(out + "/ckpt_2")
         finally:
-            reader_mod.open_chain = restore
+            reader_mod.chain_of = restore
         return
     view = recckpt.open(out + "/ckpt_2")
     recckpt.delete(out, ["ckpt_2", "ckpt_1"])

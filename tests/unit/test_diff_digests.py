@@ -311,3 +311,32 @@ def test_inspect_names_a_file_replaced_by_a_directory_and_reads_only_what_a_load
     assert code == 0 and "damaged" not in out, out
     code, out = _cli(capsys, "inspect", "--no-objects", str(tmp_path / "run" / "c0"))
     assert code == 1 and "! damaged:" in out and "dense.safetensors" in out, out
+
+
+def test_inspect_and_diff_of_an_increment_report_its_damaged_link(tmp_path, capsys):
+    """An increment whose base lost part of a shard file: inspect and diff failed whole with a bare error
+    (`recckpt.open` checked every link's shard sizes), where a damaged full checkpoint gets the `!` report.
+    Now the link's damage is reported as a full checkpoint's is, and the undamaged parts are shown."""
+    m = torch.nn.Module()
+    m.user = recckpt.HashTable("user", 4, track_changes=True)
+    m.user(torch.arange(100))
+    s = Saver(m, output_dir=str(tmp_path / "run"), options=FAST, max_keep=None)
+    s.save("c0")
+    m.user.write_rows("embedding", m.user.lookup(torch.arange(5)), torch.ones(5, 4))
+    s.save("c1", incremental=True)
+    s.save("full")
+    shard = next(p for p in (tmp_path / "run" / "c0" / "sparse").iterdir() if p.suffix == ".bin")
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    c1 = str(tmp_path / "run" / "c1")
+    code, out = _cli(capsys, "inspect", c1)
+    assert code == 1 and f"! damaged: {shard}" in out, out
+    assert "id c1," in out and "parent c0" in out and "tables not shown" in out and "c0 <- c1" in out, out
+    code, out = _cli(capsys, "inspect", "--json", c1)
+    assert code == 1 and str(shard) in json.loads(out)["damaged"][0], out
+    code, out = _cli(capsys, "diff", c1, str(tmp_path / "run" / "full"))
+    assert code == 1 and "! A is damaged" in out and str(shard) in out, out
+    with pytest.raises(recckpt.errors.CorruptCheckpointError, match="truncated"):
+        recckpt.open(c1).lookup("user", [1, 2])
+    code, out = _cli(capsys, "verify", c1)
+    assert code == 1 and str(shard) in out, out

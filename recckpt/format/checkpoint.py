@@ -592,14 +592,16 @@ class CheckpointReader:
                 with gcpause.paused():
                     parse_index_bytes(data, self.describe(rel), self.manifest.format_version)
 
-    def files_problems(self, read_small_files: bool = True) -> list[str]:
+    def files_problems(self, read_small_files: bool = True, rows_only: bool = False) -> list[str]:
         """What is wrong with this checkpoint's files short of reading its rows (empty when none): each file
         the manifest or the index records that is missing or of another size, and each file the manifest
         records (dense tensors, registered objects, IO state, indexes; not the shard files) whose CRC
         does not match (`read_small_files`; else by size only). Shard files are checked by size only (one
-        size query each, a listing per directory on object stores): flipped bytes in them need `verify`."""
+        size query each, a listing per directory on object stores): flipped bytes in them need `verify`.
+        `rows_only`: only the files a load of a later link of its chain reads here (indexes and shards)."""
         problems = []
-        rels = sorted(self.manifest.files)
+        rels = sorted(r for r in self.manifest.files
+                      if not rows_only or r == self.manifest.index or r.startswith(f"{names.SPARSE_DIR}/"))
         try:
             have: list[int | str | None] = list(self.storage.sizes([self._rel(r) for r in rels]))
         except (OSError, CorruptCheckpointError):   # one is missing or not a file: ask each, to name it

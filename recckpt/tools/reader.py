@@ -250,10 +250,12 @@ class CheckpointView:
 
     def files_problems(self) -> list[str]:
         """What is wrong with the checkpoint's files short of reading rows (CheckpointReader.files_problems;
-        empty when none): this checkpoint's small files read and CRC-checked, every link of its chain
-        checked by sizes (its older links' dense and object files are not what a load of it reads)."""
+        empty when none): this checkpoint's small files read and CRC-checked, the older links of its chain
+        checked by sizes, and only the files a load of it reads there (indexes and shards, not their dense
+        and object files)."""
         with self._reading():
-            return [p for link in self._links for p in link.files_problems(read_small_files=link is self._r)]
+            return [p for link in self._links for p in link.files_problems(read_small_files=link is self._r,
+                                                                            rows_only=link is not self._r)]
 
     # ------------------------------------------------------------------------------------- digests
     @property

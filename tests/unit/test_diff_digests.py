@@ -340,3 +340,34 @@ def test_inspect_and_diff_of_an_increment_report_its_damaged_link(tmp_path, caps
         recckpt.open(c1).lookup("user", [1, 2])
     code, out = _cli(capsys, "verify", c1)
     assert code == 1 and str(shard) in out, out
+
+
+def test_a_missing_file_no_load_reads_in_an_older_link_does_not_make_an_increment_damaged(tmp_path, capsys):
+    """An older link's dense file is not read by a load of a later link (its dense state is whole there):
+    with it gone, the load works, but inspect and diff called the increment damaged and unloadable and
+    left its objects out. The older link itself is still reported damaged."""
+    m = torch.nn.Module()
+    m.user = recckpt.HashTable("user", 4, track_changes=True)
+    m.lin = torch.nn.Linear(2, 1)
+    m.user(torch.arange(20))
+    s = Saver(m, output_dir=str(tmp_path / "run"), options=FAST, max_keep=None)
+    s.register_for_checkpointing("note", {"epoch": 3})
+    s.save("b")
+    m.user.write_rows("embedding", m.user.lookup(torch.tensor([3])), torch.ones(1, 4))
+    s.save("i1", incremental=True)
+    m.user.write_rows("embedding", m.user.lookup(torch.tensor([4])), torch.ones(1, 4))
+    s.save("i2", incremental=True)
+    (tmp_path / "run" / "i1" / "dense.safetensors").unlink()
+    i2 = str(tmp_path / "run" / "i2")
+    m2 = torch.nn.Module()
+    m2.user = recckpt.HashTable("user", 4)
+    m2.lin = torch.nn.Linear(2, 1)
+    s2 = Saver(m2, output_dir=str(tmp_path / "run"))
+    s2.register_for_checkpointing("note", {"epoch": 0})
+    s2.load(ckpt_id="i2")   # the load is fine
+    code, out = _cli(capsys, "inspect", i2)
+    assert code == 0 and "damaged" not in out and "note" in out, out
+    code, out = _cli(capsys, "diff", i2, i2)
+    assert code == 0 and "damaged" not in out, out
+    code, out = _cli(capsys, "inspect", str(tmp_path / "run" / "i1"))
+    assert code == 1 and "! damaged:" in out and "dense.safetensors" in out, out

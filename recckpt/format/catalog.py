@@ -195,6 +195,19 @@ def _listing3(storage: Storage, trust_catalog: bool = True, top: list[str] | Non
     return [(i, found[i]) for i in order], set(cached) == set(found), top
 
 
+def matches_its_manifest(storage: Storage, ckpt_id: str, entry: CatalogEntry) -> bool:
+    """Whether `entry` (as a listing gave it) still describes checkpoint `ckpt_id` (one manifest read). A
+    listing checks only the newest entry of the catalog so; a caller about to act on another entry (a
+    restart picking the highest step) checks that one. False (with a warning) for a stale entry; True
+    where the manifest cannot be read (the load that follows says why)."""
+    m = _manifest_or_none(storage, ckpt_id)
+    if m is None or m.content_sha256 == entry.manifest_sha256:
+        return True
+    log.warning("recckpt: catalog %s does not match checkpoint %s; reading the manifests instead (" + _REWRITTEN_BY + ")",
+                storage.describe(names.CATALOG), storage.describe(ckpt_id))
+    return False
+
+
 def _order(listed: list[str], found: dict[str, CatalogEntry]) -> list[str]:
     order = [i for i in listed if i in found]
     # A committed checkpoint the version file does not list is either a commit whose version-file

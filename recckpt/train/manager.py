@@ -409,6 +409,19 @@ class CheckpointManager:
         """(ckpt_id, global step) of the committed checkpoints, oldest first."""
         return self._with_steps(catalog.committed(self.saver.storage))
 
+    @staticmethod
+    def _candidates(found: list[tuple[str, int | None]], global_step: int | None) -> list[tuple[str, int]]:
+        """(ckpt_id, step) that `restore(global_step)` tries, in order, of `found` ((ckpt_id, step), oldest
+        commit first). Checkpoints without a global step (a direct saver.save("final") in the same
+        directory) are not restore points: restoring one would change the model and then have no step.
+        The newest is the highest step, not the last committed: a compaction of an older link, listed
+        last, must not rewind the run (retention.restore_order; ties: the one committed last)."""
+        if global_step is not None:
+            return [(cid, step) for cid, step in found if step == global_step][-1:]
+        stepped = [(cid, step) for cid, step in found if step is not None]
+        step_of = dict(stepped)
+        return [(cid, step_of[cid]) for cid in restore_order(stepped)]
+
     def _with_steps(self, found) -> list[tuple[str, int | None]]:
         """(ckpt_id, step) of each (ckpt_id, catalog entry) of `found`: the step a restart ranks it by
         (`recorded_step`: the global step a manager recorded, else the newest `Saver.save(step=...)`, as
@@ -425,14 +438,22 @@ class CheckpointManager:
             return step
         return parse_step(cid[len(self.prefix):]) if cid.startswith(self.prefix) else None
 
-    def _committed_everywhere(self) -> list[list]:
+    def _committed_everywhere(self, global_step: int | None = None) -> list[list]:
         """[ckpt_id, step] of the committed checkpoints as rank 0 lists them, on every rank: ranks
-        that listed a shared store a moment apart must still restore the same checkpoint."""
+        that listed a shared store a moment apart must still restore the same checkpoint. The entry
+        `restore(global_step)` would load first is checked against its manifest: the catalog's check of
+        its newest entry does not cover the highest step when that is an older commit."""
         listing = None
         if self._agreement.rank == 0:
             # no isdir first: a missing output directory lists empty, and on an object store an isdir
             # of a prefix with 10 000 checkpoints cost more than the listing itself
             found, top = catalog.committed_and_top(self.saver.storage)
+            first = next(iter(self._candidates(self._with_steps(found), global_step)), None)
+            # (a step asked for and not listed is looked for in the manifests too: the catalog may be stale)
+            if (first is None and global_step is not None and found) or (
+                    first is not None and not catalog.matches_its_manifest(self.saver.storage, first[0],
+                                                                           dict(found)[first[0]])):
+                found, top = catalog.committed_and_top(self.saver.storage, trust_catalog=False)
             listing = [list(e) for e in self._with_steps(found)]
             damaged = catalog.damaged(self.saver.storage, top, {cid for cid, _ in found})
             if damaged:
@@ -460,27 +481,17 @@ class CheckpointManager:
         self.wait()
         self.restore_skipped = []
         storage = self.saver.storage
-        found = self._committed_everywhere()
-        if global_step is not None:
-            match = [(cid, step) for cid, step in found if step == global_step]
-            if not match:
-                raise CheckpointNotFoundError(
-                    f"no committed checkpoint of global step {global_step} in {storage.describe()}; "
-                    f"committed: {[tuple(f) for f in found]}", path=storage.describe())
-            candidates = match[-1:]
-        else:
-            # Checkpoints without a global step (a direct saver.save("final") in the same directory)
-            # are not restore points: restoring one would change the model and then have no step. The
-            # newest is the highest step, not the last committed: a compaction of an older link, listed
-            # last, must not rewind the run (retention.restore_order; ties: the one committed last).
-            stepped = [tuple(f) for f in found if f[1] is not None]
-            step_of = dict(stepped)
-            candidates = [(cid, step_of[cid]) for cid in restore_order(stepped)]
-            if found and not candidates:
-                raise CheckpointNotFoundError(
-                    f"{storage.describe()} holds committed checkpoints {[f[0] for f in found]}, but none records "
-                    f"a global step (none was written by a CheckpointManager with prefix {self.prefix!r}); "
-                    f"load one with saver.load(ckpt_id=...), or use another output_dir", path=storage.describe())
+        found = self._committed_everywhere(global_step)
+        candidates = self._candidates([tuple(f) for f in found], global_step)
+        if global_step is not None and not candidates:
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint of global step {global_step} in {storage.describe()}; "
+                f"committed: {[tuple(f) for f in found]}", path=storage.describe())
+        if global_step is None and found and not candidates:
+            raise CheckpointNotFoundError(
+                f"{storage.describe()} holds committed checkpoints {[f[0] for f in found]}, but none records "
+                f"a global step (none was written by a CheckpointManager with prefix {self.prefix!r}); "
+                f"load one with saver.load(ckpt_id=...), or use another output_dir", path=storage.describe())
         if not candidates:
             log.info("recckpt: %s holds no committed checkpoint; starting fresh", storage.describe())
             return None

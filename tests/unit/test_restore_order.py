@@ -160,3 +160,38 @@ def test_retention_after_compacting_an_older_link_keeps_the_restore_point(tmp_pa
     assert Saver(Model(), output_dir=str(out)).checkpoints() == ["ckpt_1", "ckpt_2", "ckpt_3", "ckpt_4", "ckpt_2_full"]
     _, _, _, mgr2 = _managed(str(out))
     assert mgr2.restore() == 4 and mgr2.restored_from == "ckpt_4"
+
+
+def test_restore_checks_the_catalog_entry_of_the_step_it_picks(tmp_path):
+    """The catalog is checked against the manifest of the checkpoint committed last; restore picks the
+    highest step, here an older commit. With that checkpoint replaced by hand (another run's, of a lower
+    step), restore loaded the replacement and returned the step the stale catalog recorded (9). Now it
+    reads the manifests instead and restores the true highest step."""
+    import shutil
+
+    import pytest
+
+    from recckpt.errors import CheckpointNotFoundError
+
+    def save(out, cid, step):
+        m = Model()
+        m.emb(torch.arange(5))
+        with torch.no_grad():
+            m.lin.bias.fill_(float(step))
+        Saver(m, output_dir=str(out), options=OPTS, max_keep=None).save(cid, step=step)
+
+    run = tmp_path / "run"
+    LENIENT = {"strict": False}   # saved by a bare Saver: no IO state of the manager's worker
+    for cid, step in (("c0", 0), ("c1", 1), ("c2", 9), ("c3", 3)):
+        save(run, cid, step)
+    save(tmp_path / "other", "c2", 2)
+    shutil.rmtree(run / "c2")
+    shutil.copytree(tmp_path / "other" / "c2", run / "c2")
+    m = Model()
+    mgr = CheckpointManager(Saver(m, output_dir=str(run), options=OPTS), save_interval=100)
+    assert mgr.restore(load_conf=LENIENT) == 3 and mgr.global_step == 3
+    assert float(m.lin.bias) == 3.0
+    with pytest.raises(CheckpointNotFoundError, match="no committed checkpoint of global step 9"):
+        CheckpointManager(Saver(Model(), output_dir=str(run), options=OPTS), save_interval=100).restore(global_step=9, load_conf=LENIENT)
+    assert CheckpointManager(Saver(Model(), output_dir=str(run), options=OPTS), save_interval=100).restore(
+        global_step=2, load_conf=LENIENT) == 2

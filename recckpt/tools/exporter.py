@@ -104,7 +104,7 @@ def _float32_rows(x: np.ndarray) -> np.ndarray:
     """`x` [n, ...] as the float32 [n, k] rows int8 quantizes (a float64 beyond float32's range becomes
     infinity there, which int8 refuses)."""
     with np.errstate(over="ignore"):
-        return x.reshape(x.shape[0], -1).astype(np.float32, copy=False)
+        return x.reshape(x.shape[0], int(np.prod(x.shape[1:]))).astype(np.float32, copy=False)
 
 
 def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -452,6 +452,16 @@ def _first_bad_id(ids: np.ndarray, values: np.ndarray) -> str:
     return f", id {int(ids[np.argmax(bad)])}" if bad.any() else ""
 
 
+def _converted_empty(view: CheckpointView, table: str, slots: list[str], opts: ExportOptions) -> dict[str, Any]:
+    """The exported columns of no rows of `table`, typed as a chunk of its rows would be."""
+    out = {}
+    for s in slots:
+        info = view.tables[table].slots[s]
+        empty = np.empty((0, *info.shape), dtype=dtypes.numpy_dtype(info.dtype) or np.float32)  # BF16: as read
+        out.update(_convert(s, empty, opts.dtype, opts.format))
+    return out
+
+
 def _export_into(view: CheckpointView, plan, opts: ExportOptions, out_dir: str,
                  progress: Callable[[int], None] | None, t0: float) -> ExportResult:
     result = ExportResult(out_dir)
@@ -478,6 +488,10 @@ def _export_into(view: CheckpointView, plan, opts: ExportOptions, out_dir: str,
                 pos += take
             if progress is not None:
                 progress(n_read)
+        if parts.rows == 0 and opts.format == "parquet":
+            # a Parquet reader of the table's directory (pyarrow, DuckDB, Spark) needs one file for its schema
+            parts.room(0)
+            parts.write(np.empty(0, dtype="<i8"), _converted_empty(view, table, slots, opts))
         files, rows = parts.close()
         result.tables[table] = {"rows": rows, "files": [os.path.relpath(f, out_dir) for f in files],
                                 "slots": {s: {"dtype": view.tables[table].slots[s].dtype,

@@ -282,3 +282,30 @@ def make_checkpoint_dir(tmp_path) -> str:
     if not os.path.exists(path):
         make_checkpoint(path, "c", ROWS, workers=1)
     return os.path.join(path, "c")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "int8"])
+def test_a_parquet_export_of_no_rows_writes_a_file_with_the_schema(tmp_path, dtype):
+    """An empty table (or one whose rows the filters all leave out) was exported as no file at all: a
+    Parquet reader of its directory (pyarrow, DuckDB, Spark) found no schema, not even the id column. Now
+    it gets one file of zero rows whose columns are those a table with rows gets."""
+    import pyarrow.parquet as pq
+    m = torch.nn.Module()
+    m.full = recckpt.HashTable("full", 4)
+    m.empty = recckpt.HashTable("empty", 4)
+    m.full(torch.arange(10))
+    recckpt.SparseAdam(m, lr=0.1)
+    recckpt.Saver(m, output_dir=str(tmp_path / "run")).save("c")
+    src = str(tmp_path / "run" / "c")
+    res = recckpt.export(src, str(tmp_path / "out"), ExportOptions(dtype=dtype))
+    assert res.tables["empty"]["rows"] == 0 and len(res.tables["empty"]["files"]) == 1, res.tables
+    empty = pq.read_table(str(tmp_path / "out" / "empty"))
+    full = pq.read_table(str(tmp_path / "out" / "full"))
+    assert empty.num_rows == 0 and full.num_rows == 10
+    assert empty.schema.names == full.schema.names and "id" in empty.schema.names, (empty.schema, full.schema)
+    assert empty.schema.types == full.schema.types, (empty.schema, full.schema)
+    # every row filtered out: the same
+    res = recckpt.export(src, str(tmp_path / "out2"), ExportOptions(dtype=dtype, tables=["full"],
+                                                                    predicate=lambda ids, cols: ids < 0))
+    got = pq.read_table(str(tmp_path / "out2" / "full"))
+    assert res.tables["full"]["rows"] == 0 and got.num_rows == 0 and got.schema.types == full.schema.types

@@ -29,6 +29,9 @@ std::string hex32(uint32_t v) {
 std::string OpenFile::open_error() const {
   if (fd >= 0) return "";
   if (not_regular) return "not a regular file (a link, FIFO or device)";
+  // Out of descriptors or memory says nothing of the file: callers must not call it corrupt.
+  if (err == EMFILE || err == ENFILE || err == ENOMEM)
+    return std::string(kNoResources) + std::to_string(err) + ": " + std::strerror(err) + ")";
   return std::string("open error: ") + std::strerror(err);
 }
 

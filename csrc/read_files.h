@@ -20,6 +20,10 @@ constexpr int64_t kDirectBlock = 8 << 20;
 
 std::string hex32(uint32_t v);
 
+// How open_error begins when the process ran out of descriptors or memory (then "<errno>: <text>)"):
+// recckpt.format.sparse_io raises a StorageError for it, not a corrupt-checkpoint error.
+constexpr const char* kNoResources = "cannot be opened for lack of resources (errno ";
+
 struct OpenFile {
   int fd = -1;
   int err = 0;

@@ -28,9 +28,20 @@ class LinkRead:
     dsts: list[np.ndarray]
 
 
+#: Files one engine call of `read_across` opens at most (unless a single job holds more): the engine keeps
+#: a call's files open until it returns, and a chain of hundreds of links has files beyond a process's
+#: usual limit of 1024 descriptors.
+FILES_PER_CALL = 256
+
+
 def read_across(jobs: Sequence[LinkRead]) -> None:
-    """Read and verify every job, in one engine call for all the readers that allow it."""
-    engine, owners = [], []
+    """Read and verify every job, in as few engine calls as the readers allow (one per `FILES_PER_CALL`
+    files, or a quarter of the process's limit on open files where that is lower)."""
+    import resource
+    # a quarter of the process's descriptors at most: it has its own files open, and other threads theirs
+    limit = max(8, min(FILES_PER_CALL, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4))
+    calls: list[list[tuple[int, list]]] = [[]]
+    files: set = set()
     for k, job in enumerate(jobs):
         if not job.reqs:
             continue
@@ -38,15 +49,28 @@ def read_across(jobs: Sequence[LinkRead]) -> None:
         if mine is None:
             job.reader.read(job.table, job.reqs, job.dsts)
             continue
+        its = {(id(job.reader), r.file) for r in job.reqs}
+        if calls[-1] and len(files | its) > limit:
+            calls.append([])
+            files = set()
+        calls[-1].append((k, mine))
+        files |= its
+    for call in calls:
+        if call:
+            _engine_call(jobs, call)
+
+
+def _engine_call(jobs: Sequence[LinkRead], call: list[tuple[int, list]]) -> None:
+    """One engine call reading the engine requests of the jobs `call` names ((job index, its requests))."""
+    engine, owners = [], []
+    for k, mine in call:
         engine += mine
         owners += [(k, i) for i in range(len(mine))]
-    if not engine:
-        return
     first = jobs[owners[0][0]].reader
-    nread, errors = _C.read_ranges(engine, max(j.reader.threads for j in jobs),
+    nread, errors = _C.read_ranges(engine, max(jobs[k].reader.threads for k, _ in call),
                                    readahead_bytes=first.options.readahead_bytes)
     # The engine counts the call's bytes (whole checksum chunks, padding): shared out by what each asked.
-    asked = {k: sum(r.nbytes for r in jobs[k].reqs) for k in dict.fromkeys(k for k, _ in owners)}
+    asked = {k: sum(r.nbytes for r in jobs[k].reqs) for k, _ in call}
     total, given = max(1, sum(asked.values())), 0
     for n, (k, want) in enumerate(asked.items()):
         part = nread - given if n == len(asked) - 1 else nread * want // total

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -18,7 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from .. import _C
-from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, InvalidArgumentError
+from ..errors import CorruptCheckpointError, IncompatibleCheckpointError, InvalidArgumentError, StorageError
 from ..storage import Storage
 from . import layout
 from .bucket_dirs import BucketDir, RunDir
@@ -30,6 +31,10 @@ log = logging.getLogger("recckpt")
 
 DIRECT_MODES = {"never": _C.DIRECT_NEVER, "auto": _C.DIRECT_AUTO, "always": _C.DIRECT_ALWAYS}
 
+
+#: The engine's read error for a file it could not open for lack of descriptors or memory (csrc/read_files.h,
+#: kNoResources).
+_NO_RESOURCES = re.compile(r"cannot be opened for lack of resources \(errno (\d+)")
 
 @dataclass(frozen=True)
 class ReadOptions:
@@ -348,9 +353,20 @@ class SegmentReader:
             return None
         return self._local_requests(reqs, dsts)
 
-    def read_error(self, table: str, req, msg: str) -> CorruptCheckpointError:
-        """The error of a failed engine read of `req` (the engine's message `msg`), naming file and table."""
+    def read_error(self, table: str, req, msg: str) -> CorruptCheckpointError | StorageError:
+        """The error of a failed engine read of `req` (the engine's message `msg`), naming file and table: a
+        StorageError where the process could not open the file for lack of descriptors or memory (nothing
+        is wrong with the checkpoint), else CorruptCheckpointError."""
         path = self._path(req.file)
+        short = _NO_RESOURCES.search(msg)
+        if short is not None:
+            import resource
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            return StorageError(
+                int(short.group(1)), f"{self.storage.describe(path)}: table {table!r}: {msg}. The checkpoint is "
+                f"not known to be damaged: this process ran out of file descriptors (its limit, ulimit -n, is "
+                f"{soft}) or memory; raise the limit, or close files the process holds, and load again",
+                self.storage.describe(path), table=table)
         return CorruptCheckpointError(f"{self.storage.describe(path)}: table {table!r}, {req.what}: {msg}",
                                       self.storage.describe(path), table=table)
 

@@ -79,3 +79,36 @@ def test_a_damaged_link_in_the_middle_is_named_by_the_load(tmp_path, where):
     assert "i057" in text and "i056" not in text and "i058" not in text, text
     if where == "ids":
         assert len(m2.emb) == 5 and torch.equal(five(), before)
+
+
+def test_a_chain_with_more_files_than_the_process_may_open_loads(tmp_path):
+    """A chain's links were read in one engine call that kept every link's shard files open: a chain of a few
+    hundred links failed under the usual `ulimit -n 1024` (here 60 links under a limit of 40), and the error
+    called an intact file corrupt ("open error: Too many open files"), so restore() skipped back past every
+    such link. Now a call opens at most a quarter of the limit's files, and running out of descriptors is a
+    StorageError (EMFILE) that says the checkpoint is not known to be damaged."""
+    import errno
+    import json
+    import subprocess
+    import sys
+
+    out = str(tmp_path / "run")
+    m = torch.nn.Module()
+    m.t = HashTable("t", 4, track_changes=True)
+    m.t(torch.arange(50))
+    s = Saver(m, output_dir=out, max_keep=None, options=SaveOptions(fsync=False))
+    s.save("c000")
+    for i in range(1, 60):
+        m.t.write_rows("embedding", m.t.lookup(torch.tensor([i % 50])), torch.full((1, 4), float(i)))
+        s.save(f"c{i:03d}", incremental=True)
+    helper = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "fd_limited_load.py")
+
+    def load(mode):
+        p = subprocess.run([sys.executable, helper, out, "40", mode], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    assert load("chunked") == {"value": 59.0}
+    got = load("one_call")
+    assert got["error"] == "StorageError" and got["errno"] == errno.EMFILE, got
+    assert "not known to be damaged" in got["message"] and "ulimit -n" in got["message"], got

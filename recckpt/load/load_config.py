@@ -124,9 +124,13 @@ class LoadConfig:
         for name in ("strict", "cast", "merge", "mmap"):
             if not isinstance(getattr(self, name), bool):
                 raise LoadConfigError(f"LoadConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        # A prefix may map to "" (a wrapper's `module.` or `_orig_mod.` left out); a whole name may not.
         if not isinstance(self.rename, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) and k and v for k, v in self.rename.items()):
-            raise LoadConfigError(f"LoadConfig.rename must map non-empty names to names, got {self.rename!r}")
+                isinstance(k, str) and isinstance(v, str) and k and (v or k.endswith("."))
+                for k, v in self.rename.items()):
+            raise LoadConfigError(f"LoadConfig.rename must map non-empty names to non-empty names, or a prefix "
+                                  f"(ending in '.') to a prefix, which may be '' (e.g. {{'module.': ''}} to leave "
+                                  f"out a DDP wrapper's prefix); got {self.rename!r}")
         object.__setattr__(self, "rename", dict(self.rename))
 
     @classmethod

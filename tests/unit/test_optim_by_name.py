@@ -420,3 +420,48 @@ def test_saved_names_are_a_plain_list_in_the_extras_tree(tmp_path):
     entry = view.objects()["objects"]["opt"]
     assert entry["param_names"] == [n for n, _ in am.named_parameters()]
     assert optim_names.is_positional(entry["state"])
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod."])
+def test_a_wrapper_prefix_is_left_out_by_renaming_it_to_nothing(tmp_path, prefix):
+    """A checkpoint of a DDP-wrapped (`module.`) or torch.compile'd (`_orig_mod.`) model into the bare model:
+    `rename {prefix: ""}` was refused ("must map non-empty names to names"), so every layer had to be renamed
+    on its own. Now the prefix is left out, the optimizer's state follows its parameters, and the other way
+    round a prefix is added; a whole name still may not map to nothing."""
+    import recckpt
+    from recckpt.errors import LoadConfigError
+
+    def bare():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+    wrapper = torch.nn.Module()
+    setattr(wrapper, prefix[:-1], bare())
+    opt = torch.optim.Adam(wrapper.parameters(), lr=0.01)
+    getattr(wrapper, prefix[:-1])(torch.ones(5, 3)).sum().backward()
+    opt.step()
+    s = Saver(wrapper, output_dir=str(tmp_path))
+    s.register_for_checkpointing("opt", opt)
+    s.save("c")
+    model = bare()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    opt2 = torch.optim.Adam(model.parameters(), lr=0.5)
+    s2 = Saver(model, output_dir=str(tmp_path))
+    s2.register_for_checkpointing("opt", opt2)
+    s2.load(load_conf={"rename": {prefix: ""}})
+    want = getattr(wrapper, prefix[:-1])
+    for (name, a), b in zip(want.named_parameters(), model.parameters()):
+        assert torch.equal(a, b), name
+        assert torch.equal(opt.state[a]["exp_avg"], opt2.state[b]["exp_avg"]), name
+    assert opt2.param_groups[0]["lr"] == 0.01
+    # the other way: a bare model's checkpoint into a wrapped one
+    s2.save("bare")
+    back = torch.nn.Module()
+    setattr(back, prefix[:-1], bare())
+    Saver(back, output_dir=str(tmp_path)).load(ckpt_id="bare", load_conf={
+        "rename": {"0.": f"{prefix}0.", "2.": f"{prefix}2."}, "exclude": ["extra"]})
+    assert torch.equal(getattr(back, prefix[:-1])[0].weight, model[0].weight)
+    with pytest.raises(LoadConfigError, match="or a prefix"):
+        recckpt.LoadConfig(rename={"0.weight": ""})

@@ -51,7 +51,7 @@ class _Encoder:
         if isinstance(obj, np.ndarray):
             if obj.dtype == object:
                 raise TypeError(f"{path}: numpy object arrays cannot be stored without pickle")
-            return {"__ndarray__": self._add(torch.from_numpy(np.ascontiguousarray(obj)), path)}
+            return {"__ndarray__": self._add(torch.from_numpy(np.ascontiguousarray(obj).reshape(obj.shape)), path)}
         if isinstance(obj, np.generic):
             return {"__npscalar__": obj.dtype.str, "value": self.encode(obj.item(), path)}
         if isinstance(obj, torch.dtype):

@@ -338,3 +338,21 @@ def test_last_save_counts_every_byte_the_checkpoint_holds_but_its_manifest(tmp_p
                for d, _, fs in os.walk(tmp_path / "c") for f in fs}
     assert sum(1 for p in on_disk if p.startswith("sparse/shard-")) >= shards
     assert stats.committed and stats.bytes_written == sum(on_disk.values()) - on_disk["manifest.json"]
+
+
+def test_numpy_arrays_of_a_registered_object_keep_their_shape(tmp_path):
+    """A 0-d numpy array came back with shape (1,): the encoder's contiguous copy is at least 1-d."""
+    import recckpt
+    m = torch.nn.Module()
+    m.t = recckpt.HashTable("t", 2)
+    state = {"scalar": np.array(3.5), "int0d": np.array(7, dtype=np.int32), "empty": np.zeros((0, 3)),
+             "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3))}
+    s = recckpt.Saver(m, output_dir=str(tmp_path))
+    s.register_for_checkpointing("state", state)
+    s.save("c")
+    back = {}
+    s2 = recckpt.Saver(m, output_dir=str(tmp_path))
+    s2.register_for_checkpointing("state", back)
+    s2.load()
+    for k, v in state.items():
+        assert back[k].shape == v.shape and back[k].dtype == v.dtype and np.array_equal(back[k], v), (k, back[k])

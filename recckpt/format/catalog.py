@@ -188,11 +188,29 @@ def _listing3(storage: Storage, trust_catalog: bool = True, top: list[str] | Non
     # against its manifest (one read), and a mismatch means the catalog is stale.
     if order and order[-1] in cached:
         m = _manifest_or_none(storage, order[-1])
-        if m is None or m.content_sha256 != cached[order[-1]].manifest_sha256:
+        if m is None or not cached[order[-1]].describes(m):
             log.warning("recckpt: catalog %s does not match checkpoint %s; reading the manifests instead (" + _REWRITTEN_BY + ")",
                         storage.describe(names.CATALOG), storage.describe(order[-1]))
             return _listing(storage, trust_catalog=False)[0], False, top
     return [(i, found[i]) for i in order], set(cached) == set(found), top
+
+
+def newest(storage: Storage, top: list[str] | None = None) -> tuple[list[tuple[str, CatalogEntry]], str | None]:
+    """(`committed(storage, top)`, the checkpoint a load without an id loads: the highest recorded step,
+    ties to the one committed last; None when none is committed). The entry of that one is checked against
+    its manifest, and the listing read from the manifests instead when it is stale."""
+    from .retention import recorded_step, restore_order
+
+    def pick(found):
+        order = restore_order([(i, recorded_step(m.metadata, m.worker_steps)) for i, m in found])
+        return order[0] if order else None
+
+    found = committed(storage, top)
+    first = pick(found)
+    if first is not None and not matches_its_manifest(storage, first, dict(found)[first]):
+        found = _listing(storage, trust_catalog=False, top=top)[0]
+        first = pick(found)
+    return found, first
 
 
 def matches_its_manifest(storage: Storage, ckpt_id: str, entry: CatalogEntry) -> bool:
@@ -201,7 +219,7 @@ def matches_its_manifest(storage: Storage, ckpt_id: str, entry: CatalogEntry) ->
     restart picking the highest step) checks that one. False (with a warning) for a stale entry; True
     where the manifest cannot be read (the load that follows says why)."""
     m = _manifest_or_none(storage, ckpt_id)
-    if m is None or m.content_sha256 == entry.manifest_sha256:
+    if m is None or entry.describes(m):
         return True
     log.warning("recckpt: catalog %s does not match checkpoint %s; reading the manifests instead (" + _REWRITTEN_BY + ")",
                 storage.describe(names.CATALOG), storage.describe(ckpt_id))

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .. import _C
@@ -72,6 +72,12 @@ class CatalogEntry:
     def compacted_from(self) -> str | None:
         """The checkpoint a compaction folded into this one (its step is this one's global step)."""
         return next((self.metadata[k] for k in META_COMPACTED_FROM if k in self.metadata), None)
+
+    def describes(self, m: Manifest) -> bool:
+        """Whether this entry says what manifest `m` says: its hash and every field listings use (a catalog
+        edited by hand may keep the hash and change the step)."""
+        fresh = CatalogEntry.from_manifest(m)
+        return fresh == (self if self.size_bytes is not None else replace(self, size_bytes=fresh.size_bytes))
 
     @staticmethod
     def from_manifest(m: Manifest) -> "CatalogEntry":

@@ -12,7 +12,7 @@ from ..format import catalog, gcpause
 from ..format.chain import split_path
 from ..format.checkpoint import CheckpointReader
 from ..format.names import MANIFEST, validate_ckpt_id
-from ..format.retention import recorded_step, restore_order
+from ..format.retention import recorded_step
 from ..format.sparse_io import ReadOptions
 from ..state.registry import Registry
 from ..storage import Storage
@@ -88,7 +88,7 @@ def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
         top = storage.listdir("")
         if not top:
             _require_dir(storage)
-        found = catalog.committed(storage, top)
+        found, newest = catalog.newest(storage, top)
         if not found and storage.exists(MANIFEST):
             raise CheckpointNotFoundError(
                 f"{storage.describe()} is one checkpoint directory, not an output directory: pass "
@@ -101,7 +101,7 @@ def resolve(request: LoadRequest) -> tuple[Storage, str, str | None]:
                 f"save one first, or pass ckpt_path/ckpt_id of an existing checkpoint", path=storage.describe())
         # the highest global step, not merely the last committed (docs/SAFETY.md, "Which checkpoint is
         # the newest")
-        ckpt_id = restore_order([(i, recorded_step(m.metadata, m.worker_steps)) for i, m in found])[0]
+        ckpt_id = newest
     else:
         validate_ckpt_id(ckpt_id)
         if not catalog.is_committed(storage, ckpt_id):

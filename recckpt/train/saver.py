@@ -26,7 +26,7 @@ from ..format import catalog, extras as extras_fmt, gcpause, recovery
 from ..format.chain import walk_chain
 from ..format.checkpoint import CheckpointReader, WorkerPart, finalize, write_worker_part
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
-from ..format.retention import META_EPHEMERAL, recorded_step, restore_order
+from ..format.retention import META_EPHEMERAL
 from ..format.schema import ParentRef
 from ..format.sparse_io import ReadOptions
 from ..format.sparse_write import SparseWriteOptions
@@ -201,9 +201,7 @@ class Saver:
 
     def latest_checkpoint(self) -> str | None:
         """The checkpoint `load()` without an id loads: the one of the highest global step (docs/SAFETY.md)."""
-        found = catalog.committed(self.storage)
-        order = restore_order([(i, recorded_step(m.metadata, m.worker_steps)) for i, m in found])
-        return order[0] if order else None
+        return catalog.newest(self.storage)[1]
 
     # ------------------------------------------------------------------------------------- save
     def _write_options(self) -> SparseWriteOptions:

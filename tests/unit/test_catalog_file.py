@@ -211,3 +211,22 @@ def test_entries_are_checked_field_by_field(tmp_path, bad):
     _resign(tmp_path / ".catalog.json", bad)
     assert catalog_file.read_catalog(open_storage(str(tmp_path))) is None
     assert [i for i, _ in catalog.committed(open_storage(str(tmp_path)))] == ["ckpt_1", "ckpt_2"]
+
+
+def test_an_entry_that_keeps_the_hash_and_changes_the_step_is_not_trusted_for_the_newest(tmp_path):
+    """A catalog edited by hand, every manifest hash kept, an older entry given a higher step: load()
+    loaded that older checkpoint and restore() returned the forged step, since the checks compared only
+    the hash (a helper's hostile-input attack). The entry picked as the newest is now compared field by
+    field with its manifest, and the listing read from the manifests where it differs."""
+    _run(tmp_path, 3)
+    _resign(tmp_path / ".catalog.json", lambda o: o["checkpoints"]["ckpt_1"].update(
+        metadata={**o["checkpoints"]["ckpt_1"]["metadata"], "recckpt.global_step": "1000"}, step=1000))
+    assert Saver(Model(), output_dir=str(tmp_path)).latest_checkpoint() == "ckpt_3"
+    m = Model()
+    assert Saver(m, SparseAdam([m.emb], lr=0.1), output_dir=str(tmp_path)).load().ckpt_id == "ckpt_3"
+    _, mgr = _manager(tmp_path)
+    assert mgr.restore() == 3
+    # the newest committed entry with its step changed is caught by the listing itself
+    _resign(tmp_path / ".catalog.json", lambda o: o["checkpoints"]["ckpt_3"].update(
+        metadata={**o["checkpoints"]["ckpt_3"]["metadata"], "recckpt.global_step": "99"}, step=99))
+    assert [e.step for _, e in catalog.committed(open_storage(str(tmp_path)))] == [1, 2, 3]

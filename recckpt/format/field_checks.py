@@ -46,8 +46,9 @@ class Fields:
 
     def worker_key(self, w, where) -> int:
         """A worker number used as an object key: ASCII digits only ("²" and "٣" are digits to
-        str.isdigit but not to int()), at most 7 of them (shard_num < 2**20)."""
-        if not (isinstance(w, str) and w.isascii() and w.isdigit() and len(w) <= 7):
+        str.isdigit but not to int()), at most 7 of them (shard_num < 2**20), no leading zero."""
+        if not (isinstance(w, str) and w.isascii() and w.isdigit() and len(w) <= 7) or w != str(int(w)):
+            # (canonical only: "0" and "00" would be two keys of one worker, the last one silently winning)
             self.fail(where, f"worker key {w!r:.20} is not a worker number")
         return int(w)
 

@@ -96,6 +96,14 @@ def manifest_from_json(obj: dict, path: str) -> Manifest:
         format_version=ver,
         parent=parent,
     )
+    for where, workers in (("io_state", m.io_state), ("worker_steps", m.worker_steps)):
+        beyond = [w for w in workers if w >= m.shard_num]
+        if beyond:
+            v.fail(where, f"worker {beyond[0]} of a checkpoint of shard_num {m.shard_num} (workers 0..{m.shard_num - 1})")
+    try:
+        validate_ckpt_id(m.ckpt_id)
+    except ValueError as e:
+        v.fail("ckpt_id", str(e))
     for rel in [m.index, m.dense, m.extras, *m.io_state.values()]:
         if rel is not None and rel not in m.files:
             v.fail("files", f"{rel!r} is referenced but has no size/checksum entry")

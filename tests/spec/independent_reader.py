@@ -389,6 +389,10 @@ def validate_manifest(m: dict, where: str) -> dict:
         _fail(where, f"shard_num {m['shard_num']} < 1")
     if not valid_ckpt_id(m["ckpt_id"]):
         _fail(where, f"ckpt_id {m['ckpt_id']!r} is not a valid id")
+    for field in ("io_state", "worker_steps"):
+        for w in (m.get(field) or {}):
+            if not (isinstance(w, str) and w.isascii() and w.isdigit() and w == str(int(w)) and int(w) < m["shard_num"]):
+                _fail(where, f"{field} key {w!r} is not a worker number below shard_num {m['shard_num']}")
     tables = {}
     for tname, t in m["tables"].items():
         tw = f"{where} table {tname!r}"

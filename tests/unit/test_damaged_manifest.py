@@ -47,3 +47,42 @@ def test_a_damaged_newest_manifest_is_reported_and_can_be_deleted(tmp_path):
     _train(model2, opt2, mgr2, 2)
     assert [c.ckpt_id for c in recckpt.list_checkpoints(out).checkpoints] == ["ckpt_1", "ckpt_2"]
     assert recckpt.verify(os.path.join(out, "ckpt_2")).ok
+
+
+@pytest.mark.parametrize("edit", ["io_state_beyond", "worker_steps_twice", "ckpt_id_path"])
+def test_manifest_worker_keys_and_id_are_checked(tmp_path, edit):
+    """Fields a manifest was taken at its word for (a helper's hostile-input attack): an IO state of worker
+    9999999 in a checkpoint of one worker passed verify and load, then broke `open().io_state` and inspect;
+    worker keys "0" and "00" counted as one worker, the last silently winning; an id with a path and
+    control characters in it showed up in listings. Each is now a CorruptCheckpointError naming the field."""
+    import torch
+
+    from recckpt.errors import CorruptCheckpointError
+    m = torch.nn.Module()
+    m.t = recckpt.HashTable("t", 2)
+    m.t(torch.arange(5))
+    s = recckpt.Saver(m, output_dir=str(tmp_path))
+    class Reader:
+        def dump_io_state(self):
+            return {"pos": 1}
+
+        def load_io_state(self, state):
+            pass
+
+    s.register_io_state("reader", Reader())
+    s.save("c", step=3)
+    from helpers.hostile import read_json, write_json
+    obj = read_json(str(tmp_path / "c"), "manifest.json")
+    if edit == "io_state_beyond":
+        obj["io_state"]["9999999"] = obj["io_state"].pop("0")
+        want = "io_state"
+    elif edit == "worker_steps_twice":
+        obj["worker_steps"]["00"] = 7
+        want = "worker_steps"
+    else:
+        obj["ckpt_id"] = "../../x\n\x1b[31m"
+        want = "ckpt_id"
+    write_json(str(tmp_path / "c"), "manifest.json", obj)
+    with pytest.raises(CorruptCheckpointError, match=want):
+        recckpt.open(str(tmp_path / "c"))
+    assert not recckpt.verify(str(tmp_path / "c")).ok

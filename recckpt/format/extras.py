@@ -57,6 +57,26 @@ def _is_byte_vector(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.dim() == 1
 
 
+def _not_numbered_optimizer_state(state, n: int) -> str | None:
+    """Why `state` is not a torch.optim state_dict of `n` parameters numbered 0..n-1 (None: it is): the form
+    whose parameters a save names in PARAM_NAMES (docs/FORMAT.md, "Extras")."""
+    if not isinstance(state, dict) or not isinstance(state.get("state"), dict) \
+            or not isinstance(state.get("param_groups"), list):
+        return "is not {'state': {...}, 'param_groups': [...]}"
+    params = []
+    for g in state["param_groups"]:
+        if not isinstance(g, dict) or not isinstance(g.get("params"), list):
+            return "has a param group that is not an object with a 'params' list"
+        params += g["params"]
+    if not all(type(p) is int for p in params) or sorted(params) != list(range(len(params))):
+        return "numbers its parameters otherwise than 0, 1, ... once each"
+    if len(params) != n:
+        return f"holds {len(params)} parameters for {n} names"
+    if not all(0 <= k < n for k in state["state"] if type(k) is int):   # (other keys: an optimizer's own)
+        return "holds state of a parameter its groups do not number"
+    return None
+
+
 def validate(tree, where: str) -> dict:
     """Check the shape of a decoded extras tree before anything in it is used."""
     def bad(problem):
@@ -74,6 +94,10 @@ def validate(tree, where: str) -> dict:
         names = e.get(PARAM_NAMES, [])
         if not isinstance(names, list) or not all(n is None or isinstance(n, str) for n in names):
             bad(f"entry {name!r:.80}: '{PARAM_NAMES}' is not a list of strings and nulls")
+        if PARAM_NAMES in e:
+            why = _not_numbered_optimizer_state(e["state"], len(names))
+            if why:
+                bad(f"entry {name!r:.80} records '{PARAM_NAMES}' (an optimizer's), but its state {why}")
         if e["kind"] not in KINDS:
             bad(f"entry {name!r:.80} has unknown kind {e['kind']!r:.40}")
         if e["kind"].startswith(PICKLED_PREFIX) and not (

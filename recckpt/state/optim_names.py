@@ -46,6 +46,8 @@ def is_positional(state_dict) -> bool:
     groups = state_dict.get("param_groups") if isinstance(state_dict, Mapping) else None
     if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
         return False
+    if not all(isinstance(g.get("params", []), list) for g in groups):
+        return False
     params = [p for g in groups for p in (g.get("params") or [])]
     # groups naming no parameter say nothing either way (a KeyedOptimizer's saved groups, every entry of
     # which an integration's tables hold)
@@ -60,6 +62,8 @@ def is_named(state_dict) -> bool:
         return False
     groups = state_dict.get("param_groups", [])
     if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+        return False
+    if not all(isinstance(g.get("params", []), list) for g in groups):
         return False
     params = [p for g in groups for p in (g.get("params") or [])] + list(state_dict["state"])
     return bool(params) and all(isinstance(p, str) for p in params)

@@ -86,3 +86,60 @@ def test_manifest_worker_keys_and_id_are_checked(tmp_path, edit):
     with pytest.raises(CorruptCheckpointError, match=want):
         recckpt.open(str(tmp_path / "c"))
     assert not recckpt.verify(str(tmp_path / "c")).ok
+
+
+@pytest.mark.parametrize("damage", ["params_not_a_list", "state_a_list", "names_too_many", "state_beyond"])
+def test_a_damaged_optimizer_state_is_corrupt_for_verify_and_load(tmp_path, damage):
+    """A registered optimizer's saved state whose groups or state are not what a torch.optim state_dict holds,
+    or whose recorded parameter names are too many: the load raised a bare TypeError or AttributeError, and
+    verify said OK (a helper's hostile-input attack). Both now say CorruptCheckpointError, naming
+    extras.safetensors, and the model is left as it was."""
+    import json
+    import struct
+
+    import torch
+
+    from helpers.hostile import resign
+    from recckpt.errors import CorruptCheckpointError
+
+    def model():
+        torch.manual_seed(0)
+        m = torch.nn.Module()
+        m.lin = torch.nn.Linear(3, 2)
+        return m, torch.optim.Adam(m.parameters(), lr=0.1)
+
+    m, opt = model()
+    m.lin(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    s = recckpt.Saver(m, output_dir=str(tmp_path))
+    s.register_for_checkpointing("opt", opt)
+    s.save("c")
+    ck = str(tmp_path / "c")
+    path = os.path.join(ck, "extras.safetensors")
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    tree = json.loads(header["__metadata__"]["recckpt.tree"])
+    entry = tree["objects"]["opt"]
+    if damage == "params_not_a_list":
+        entry["state"]["param_groups"][0]["params"] = 5
+    elif damage == "state_a_list":
+        entry["state"]["state"] = [1, 2]
+    elif damage == "names_too_many":
+        entry["param_names"] = entry["param_names"] + ["extra.weight"]
+    else:
+        entry["state"]["state"]["__dict__"].append([7, entry["state"]["state"]["__dict__"][0][1]])
+    header["__metadata__"]["recckpt.tree"] = json.dumps(tree, separators=(",", ":"))
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + data[8 + n:])
+    resign(ck, "extras.safetensors")
+    assert not recckpt.verify(ck).ok
+    m2, opt2 = model()
+    before = [p.detach().clone() for p in m2.parameters()]
+    s2 = recckpt.Saver(m2, output_dir=str(tmp_path))
+    s2.register_for_checkpointing("opt", opt2)
+    with pytest.raises(CorruptCheckpointError, match="extras.safetensors"):
+        s2.load()
+    assert all(torch.equal(a, b) for a, b in zip(before, m2.parameters())) and not opt2.state

@@ -93,6 +93,20 @@ def _names_by_id(model) -> dict[int, str]:
     return out
 
 
+def _aliases(model) -> dict[str, str]:
+    """Every other name of a shared (tied) parameter -> the name `param_names` gives it: a checkpoint of a
+    model that lists the tied modules in another order names that parameter otherwise."""
+    named = getattr(model, "named_parameters", None)
+    if not callable(named):
+        return {}
+    try:
+        every = list(named(remove_duplicate=False))
+    except TypeError:   # (a model whose named_parameters takes no such argument)
+        return {}
+    first = _names_by_id(model)
+    return {n: first[id(p)] for n, p in every if id(p) in first and first[id(p)] != n}
+
+
 def param_names(model, optimizer) -> list[str | None]:
     """The model name of each parameter of `optimizer`, in the numbering of its state_dict (None: not a
     parameter of `model`)."""
@@ -410,6 +424,14 @@ def match_optimizer_state(optimizer, model, saved: Mapping, *, rename: Callable[
     if not is_named(saved) and (saved.get("param_groups") or saved.get("state")):
         raise InvalidArgumentError("match_optimizer_state: the saved state is not keyed by parameter name")
     live, positional, shapes = _live_named(optimizer, model)
+    if positional is not None:   # named by the model here: a tied parameter answers to each of its names
+        aliases = _aliases(model)
+        if aliases:
+            plain_rename = rename
+
+            def rename(n: str) -> str:
+                t = plain_rename(n)
+                return aliases.get(t, t)
     m = match_named(saved, live, shapes, rename=rename, selected=selected, saved_shapes=saved_shapes)
     if positional is not None:
         sd = _positional(m.state_dict, positional)

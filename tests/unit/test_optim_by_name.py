@@ -465,3 +465,37 @@ def test_a_wrapper_prefix_is_left_out_by_renaming_it_to_nothing(tmp_path, prefix
     assert torch.equal(getattr(back, prefix[:-1])[0].weight, model[0].weight)
     with pytest.raises(LoadConfigError, match="or a prefix"):
         recckpt.LoadConfig(rename={"0.weight": ""})
+
+
+def test_a_tied_parameter_takes_its_state_under_any_of_its_names(tmp_path):
+    """An embedding tied to an output layer is one parameter with two names; a save names its optimizer
+    state by the first (`named_parameters()` order). A model that lists the tied modules the other way
+    round refused a strict load ("'head.weight' has no state") and a lenient one lost the state and the
+    saved learning rate (a helper's attack with PyTorch idioms). Now any of its names matches."""
+    class Tied(torch.nn.Module):
+        def __init__(self, head_first):
+            super().__init__()
+            torch.manual_seed(0)
+            if head_first:
+                self.head = torch.nn.Linear(4, 10, bias=False)
+                self.emb = torch.nn.Embedding(10, 4)
+            else:
+                self.emb = torch.nn.Embedding(10, 4)
+                self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+
+    m = Tied(head_first=False)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    m.head(m.emb(torch.tensor([1, 2]))).sum().backward()
+    opt.step()
+    s = Saver(m, output_dir=str(tmp_path))
+    s.register_for_checkpointing("opt", opt)
+    s.save("c")
+    m2 = Tied(head_first=True)
+    opt2 = torch.optim.Adam(m2.parameters(), lr=0.5)
+    s2 = Saver(m2, output_dir=str(tmp_path))
+    s2.register_for_checkpointing("opt", opt2)
+    s2.load()   # strict
+    assert m2.head.weight is m2.emb.weight and torch.equal(m2.emb.weight, m.emb.weight)
+    assert torch.equal(opt2.state[m2.emb.weight]["exp_avg"], opt.state[m.emb.weight]["exp_avg"])
+    assert opt2.param_groups[0]["lr"] == 0.1

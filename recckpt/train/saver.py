@@ -216,9 +216,16 @@ class Saver:
         sparse, dense = split_sparse_dense_state_dict(plugins.model_state_dict(self.model, self._objects()))
         for k, v in dense.items():
             if not isinstance(v, torch.Tensor):
+                if k.endswith("._extra_state") or k == "_extra_state":
+                    raise CheckpointSaveError(
+                        f"model state_dict entry {k!r} is a {type(v).__name__} that a module's get_extra_state() "
+                        f"returns; recckpt stores a model's state_dict entries as tensors (no pickle). Have "
+                        f"get_extra_state() return a tensor (or a SparseState), or keep that state in an object "
+                        f"registered with register_for_checkpointing and leave get_extra_state undefined")
                 raise CheckpointSaveError(
                     f"model state_dict entry {k!r} is a {type(v).__name__}, not a tensor or a SparseState; "
-                    f"register it with register_for_checkpointing instead")
+                    f"recckpt stores a model's state_dict entries as tensors (no pickle): keep that state in an "
+                    f"object registered with register_for_checkpointing, outside the model's state_dict")
         return sparse, dense
 
     def save(self, ckpt_id: str, shard_id: int | None = None, shard_num: int | None = None, *,

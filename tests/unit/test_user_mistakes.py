@@ -287,3 +287,42 @@ def test_a_table_name_no_reader_could_read_back_is_refused_before_the_commit(tmp
     with pytest.raises(CheckpointSaveError, match="lone surrogate"):
         saver.save("c")
     assert saver.checkpoints() == [] and not (tmp_path / "c").exists()
+
+
+def test_a_non_tensor_extra_state_is_refused_with_advice_that_works(tmp_path):
+    """A module whose get_extra_state() returns a dict: the save said to register "it" with
+    register_for_checkpointing, which leaves the entry in the model's state_dict and fails the same way
+    (a helper's attack with PyTorch idioms). The advice now names what works, and it does."""
+    import torch
+
+    import recckpt
+    from recckpt.errors import CheckpointSaveError
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+            self.seen = {"n": 3}
+
+    class CounterWithExtra(Counter):
+        def get_extra_state(self):
+            return dict(self.seen)
+
+        def set_extra_state(self, state):
+            self.seen.update(state)
+
+    m = torch.nn.Module()
+    m.w = CounterWithExtra()
+    s = recckpt.Saver(m, output_dir=str(tmp_path))
+    with pytest.raises(CheckpointSaveError, match=r"'w._extra_state' is a dict that a module's get_extra_state\(\)"):
+        s.save("c")
+    m2 = torch.nn.Module()
+    m2.w = Counter()
+    s2 = recckpt.Saver(m2, output_dir=str(tmp_path))
+    s2.register_for_checkpointing("w_seen", m2.w.seen)   # what the message advises
+    s2.save("c")
+    back = {}
+    s3 = recckpt.Saver(m2, output_dir=str(tmp_path))
+    s3.register_for_checkpointing("w_seen", back)
+    s3.load()
+    assert back == {"n": 3}

@@ -41,6 +41,18 @@ _GROUP_BYTES = 16 << 20  # bytes of small segments checked in one parallel read
 _SAME_AS_MERGED = IndexDoc(0, 0)   # a worker index whose bytes are the merged index's (one worker)
 
 
+def _repeated(ids: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """True at each row whose id another row of the same `group` (a segment) also holds."""
+    if len(ids) < 2:
+        return np.zeros(len(ids), dtype=bool)
+    order = np.lexsort((ids, group))
+    same = (ids[order][1:] == ids[order][:-1]) & (group[order][1:] == group[order][:-1])
+    out = np.zeros(len(ids), dtype=bool)
+    out[order[1:][same]] = True
+    out[order[:-1][same]] = True
+    return out
+
+
 @dataclass(frozen=True)
 class _Seg:
     """A segment to check: its table, whether its rows count as the table's."""
@@ -361,6 +373,9 @@ class _Checker:
                 [np.arange(f, f + seg.rows) for f, seg, a in zip(first, segs, fn) if a == args])
             got[rows] = _C.bucket_of(np.ascontiguousarray(ids[rows]), index.num_buckets, **dict(args))
         wrong = np.add.reduceat((got != dirs.bucket_of_rows()).astype(np.int64), first)
+        seg_of = np.repeat(np.arange(len(segs)), [seg.rows for seg in segs])
+        for i in np.unique(seg_of[_repeated(ids, seg_of)]):
+            wrong[i] += 1
         return (wrong == 0).tolist()
 
     def check_tiling(self, index: IndexDoc, bad_files: set[int]) -> None:
@@ -376,6 +391,7 @@ class _Checker:
     def check_segment(self, seg_reader, index: IndexDoc, table: str, seg) -> None:
         off = seg_reader.bucket_offsets(table, seg)  # CRC + partition check (a row run's: its ids, by rule)
         geo = index.geometry_of(table) if table in index.tables else None
+        ids_read = []   # (a segment's ids: bounded by the segment size the writer chose)
         for k, col in enumerate(seg.columns):
             what = geo.column_name(k, seg.block) if geo is not None else "ids" if k == 0 else f"column {k}"
             step = col.step or index.chunk_bytes
@@ -386,6 +402,15 @@ class _Checker:
                 (data,) = seg_reader.read(table, [ReadRequest(seg.file, col, lo, hi, what, step, pad)])
                 if k == 0:
                     self.check_ids(table, seg, data.view("<i8"), off, lo // 8, index)
+                    ids_read.append(np.array(data.view("<i8")))
+        if len(ids_read) and not seg.is_run:
+            ids = np.concatenate(ids_read)
+            twice = _repeated(ids, np.zeros(len(ids), dtype=np.int64))
+            if twice.any():
+                where = self.storage.describe(index.files[seg.file][0])
+                raise CorruptCheckpointError(f"{where}: table {table!r}: id {int(ids[twice][0])} is stored twice in "
+                                             f"one segment (an id appears at most once in a checkpoint)", where,
+                                             table=table)
 
     def ids_match(self, table, ids: np.ndarray, off, first_row: int, index: IndexDoc) -> bool:
         """Whether rows [first_row, first_row + len(ids)) sit in the buckets their ids map to (by the

@@ -143,3 +143,36 @@ def test_a_damaged_optimizer_state_is_corrupt_for_verify_and_load(tmp_path, dama
     with pytest.raises(CorruptCheckpointError, match="extras.safetensors"):
         s2.load()
     assert all(torch.equal(a, b) for a, b in zip(before, m2.parameters())) and not opt2.state
+
+
+def test_verify_finds_an_id_stored_twice(tmp_path):
+    """One worker's segment holding an id twice (checksums re-signed): verify said OK, export wrote the
+    id twice, and only a load found it, after applying other tables (a helper's hostile-input attack).
+    verify now names the file, the table and the id."""
+    import numpy as np
+    import torch
+
+    from helpers.hostile import _parsed_index, resign_segment_crcs
+    m = torch.nn.Module()
+    m.user = recckpt.HashTable("user", 4)
+    m.user(torch.arange(300))
+    recckpt.Saver(m, output_dir=str(tmp_path), options=recckpt.SaveOptions(num_buckets=16)).save("b")
+    ck = str(tmp_path / "b")
+    assert recckpt.verify(ck).ok
+    doc = _parsed_index(ck)
+    seg = doc.tables["user"][1][0]
+    path = os.path.join(ck, doc.files[seg.file][0])
+    data = bytearray(open(path, "rb").read())
+    k = seg.dir_entries
+    starts = np.frombuffer(bytes(data[seg.buckets.offset + 4 * k:seg.buckets.offset + 8 * k]), "<u4")
+    c = seg.columns[0]
+    ids = np.frombuffer(bytes(data[c.offset:c.offset + c.length]), "<i8").copy()
+    ends = list(starts[1:]) + [len(ids)]
+    first = next(s for s, e in zip(starts, ends) if e - s >= 2)
+    ids[first + 1] = ids[first]      # the same bucket: only a uniqueness check can tell
+    data[c.offset:c.offset + c.length] = ids.tobytes()
+    open(path, "wb").write(bytes(data))
+    resign_segment_crcs(ck, "user")
+    report = recckpt.verify(ck)
+    assert not report.ok and any(f"id {int(ids[first])} is stored twice" in p and "'user'" in p
+                                 for p in report.problems), report.problems

@@ -226,6 +226,10 @@ def cmd_diff(a) -> int:
         for n in what:
             if n != "ids":
                 print(f"~ slot {t}.{n}: rows differ")
+    for t, what in r.digests_disagree.items():
+        print(f"! rows of {t}: equal by value, but the content digests the manifests record differ "
+              f"({', '.join(what)}): one of the manifests records a wrong digest, so a diff without --values "
+              f"calls these rows different")
     for t, why in r.not_compared.items():
         print(f"? rows of {t}: not comparable without --values ({why})"
               + ("; compared by value below" if r.values is not None else ""))
@@ -236,6 +240,7 @@ def cmd_diff(a) -> int:
                 print(f"  {s}: {sv.changed_rows} rows changed, largest absolute difference {sv.max_abs_diff:g}")
     print("no differences" if r.same else "checkpoints differ" if r.differs else
           "no differences recorded, but a checkpoint is damaged (marked !)" if r.damaged else
+          "no differences in the rows, but the recorded digests disagree (marked !)" if r.digests_disagree else
           "no differences found, but the rows marked ? could not be compared without --values")
     return EXIT_OK if r.same else EXIT_PROBLEM
 

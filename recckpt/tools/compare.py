@@ -63,6 +63,10 @@ class DiffReport:
     io_state: dict[str, list[str]] = field(default_factory=lambda: {"added": [], "removed": [], "changed": []})
     """IO state (readers' positions, RNG) by "worker W"."""
     values: dict[str, TableValues] | None = None
+    digests_disagree: dict[str, list[str]] = field(default_factory=dict)
+    """Table -> what its recorded digests said differs although its rows, compared by value (values=True),
+    are equal bit for bit: a manifest records a wrong digest. Not a difference of contents, and the two
+    are not called the same."""
     damaged: dict[str, list[str]] = field(default_factory=dict)
     """"a"/"b" -> that checkpoint's files found missing or of another size than recorded (by their sizes
     alone: `verify` reads every byte). Such a checkpoint cannot be loaded, so the two are never called the
@@ -81,7 +85,8 @@ class DiffReport:
     def same(self) -> bool:
         """True only when the checkpoints are known to hold the same state: nothing differs, and every
         table's rows were compared (by digest, or by value with values=True)."""
-        return not self.differs and not self.damaged and not (self.not_compared and self.values is None)
+        return (not self.differs and not self.damaged and not self.digests_disagree
+                and not (self.not_compared and self.values is None))
 
 
 def _added_removed_changed(a: Mapping, b: Mapping, same) -> dict[str, list[str]]:
@@ -139,6 +144,11 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
                                         {w: v for w, v in ib.items() if w not in unreadable}, _tree_equal)
     if values:
         r.values = {t: _table_values(va, vb, t) for t in sorted(set(va.schema) & set(vb.schema))}
+        # the rows themselves decide: a digest verdict they contradict is the manifests' fault, not a change
+        for t, v in r.values.items():
+            if t in r.contents and not (v.only_a or v.only_b or v.changed_rows):
+                r.digests_disagree[t] = r.contents.pop(t)
+                r.rows.pop(t, None)
     return r
 
 

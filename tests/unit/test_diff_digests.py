@@ -371,3 +371,24 @@ def test_a_missing_file_no_load_reads_in_an_older_link_does_not_make_an_incremen
     assert code == 0 and "damaged" not in out, out
     code, out = _cli(capsys, "inspect", str(tmp_path / "run" / "i1"))
     assert code == 1 and "! damaged:" in out and "dense.safetensors" in out, out
+
+
+def test_diff_values_overrules_a_wrong_recorded_digest(tmp_path, capsys):
+    """A manifest whose recorded digest of a slot is wrong (edited, re-signed): `diff --values` printed both
+    "rows differ" (the digests) and "0 changed" (the values). The rows decide: the table is reported as
+    equal by value with digests that disagree, and the two are not called the same."""
+    from helpers.hostile import read_json, write_json
+    rows = table_rows(300)
+    _save(tmp_path, "a", rows)
+    _save(tmp_path, "b", rows)
+    m = read_json(str(tmp_path / "b"), "manifest.json")
+    d = m["digests"]["tables"]["user"]["slots"]["embedding"]
+    m["digests"]["tables"]["user"]["slots"]["embedding"] = ("0" if d[0] != "0" else "1") + d[1:]
+    write_json(str(tmp_path / "b"), "manifest.json", m)
+    code, out = _cli(capsys, "diff", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert code == 1 and "~ slot user.embedding: rows differ" in out, out
+    code, out = _cli(capsys, "diff", "--values", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert code == 1 and ": rows differ" not in out and "equal by value" in out and "0 changed" in out, out
+    assert "checkpoints differ" not in out and "recorded digests disagree" in out, out
+    r = recckpt.diff(str(tmp_path / "a"), str(tmp_path / "b"), values=True)
+    assert not r.same and not r.differs and list(r.digests_disagree) == ["user"], r

@@ -356,3 +356,34 @@ def test_numpy_arrays_of_a_registered_object_keep_their_shape(tmp_path):
     s2.load()
     for k, v in state.items():
         assert back[k].shape == v.shape and back[k].dtype == v.dtype and np.array_equal(back[k], v), (k, back[k])
+
+
+def test_a_registered_tensor_is_restored_in_place(tmp_path):
+    """A registered tensor or Parameter (a learned temperature kept outside the model) kept its live value
+    after a load: only `extra(name)` held the saved one, while the optimizer's state for that very
+    parameter was loaded (a helper's attack with PyTorch idioms). It is now copied into, as dicts and lists
+    are updated in place; a saved tensor of another shape is refused before anything is applied."""
+    from recckpt.errors import IncompatibleCheckpointError
+    m = torch.nn.Module()
+    m.t = recckpt.HashTable("t", 2)
+    temp = torch.nn.Parameter(torch.tensor([1.1, 2.2]))
+    counts = torch.arange(3)
+    s = recckpt.Saver(m, output_dir=str(tmp_path))
+    s.register_for_checkpointing("temp", temp)
+    s.register_for_checkpointing("counts", counts)
+    s.save("c")
+    temp2 = torch.nn.Parameter(torch.zeros(2))
+    counts2 = torch.zeros(3, dtype=torch.int64)
+    s2 = recckpt.Saver(m, output_dir=str(tmp_path))
+    s2.register_for_checkpointing("temp", temp2)
+    s2.register_for_checkpointing("counts", counts2)
+    s2.load()
+    assert torch.equal(temp2.detach(), temp.detach()) and temp2.requires_grad
+    assert torch.equal(counts2, counts) and s2.extra("temp") is temp2
+    wrong = torch.zeros(5)
+    s3 = recckpt.Saver(m, output_dir=str(tmp_path))
+    s3.register_for_checkpointing("temp", wrong)
+    s3.register_for_checkpointing("counts", torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(IncompatibleCheckpointError, match="tensor of shape"):
+        s3.load()
+    assert torch.equal(wrong, torch.zeros(5))

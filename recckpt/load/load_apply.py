@@ -194,6 +194,12 @@ class LoadPlan:
                     continue
                 if self._claimed("dense key", matched, key, target):
                     continue
+                if cur.device.type == "meta":
+                    # load_state_dict copies into storage a meta tensor has none of: a no-op, not a load
+                    self.incompatible.append(
+                        f"model dense key {target!r} is on the meta device (no storage to load into): "
+                        f"materialize the model first (model.to_empty(device='cpu'), then load)")
+                    continue
                 self._check_compatible(f"dense key {key!r}", dtypes.name_of(t.dtype), tuple(t.shape),
                                        cur.dtype, tuple(cur.shape))
                 self.dense_out[target] = t.to(cur.dtype) if t.dtype != cur.dtype else t

@@ -326,3 +326,25 @@ def test_a_non_tensor_extra_state_is_refused_with_advice_that_works(tmp_path):
     s3.register_for_checkpointing("w_seen", back)
     s3.load()
     assert back == {"n": 3}
+
+
+def test_a_load_into_a_model_on_the_meta_device_is_refused(tmp_path):
+    """A model built on the meta device (torch.device("meta")) has no storage: load_state_dict into it does
+    nothing, and the load reported its dense keys loaded (a helper's attack with PyTorch idioms). It is
+    refused now, before anything is applied, saying how to materialize the model; after to_empty it loads."""
+    import torch
+
+    import recckpt
+    from recckpt.errors import IncompatibleCheckpointError
+
+    m = torch.nn.Module()
+    m.lin = torch.nn.Linear(3, 2)
+    recckpt.Saver(m, output_dir=str(tmp_path)).save("c")
+    with torch.device("meta"):
+        meta = torch.nn.Module()
+        meta.lin = torch.nn.Linear(3, 2)
+    with pytest.raises(IncompatibleCheckpointError, match=r"'lin.weight' is on the meta device.*to_empty"):
+        recckpt.Saver(meta, output_dir=str(tmp_path)).load()
+    meta.to_empty(device="cpu")
+    recckpt.Saver(meta, output_dir=str(tmp_path)).load()
+    assert torch.equal(meta.lin.weight, m.lin.weight)

@@ -2,7 +2,8 @@
 
 A save goes through two states: *staged* (a consistent snapshot is in host buffers; the training step
 has returned) and *durable* (written, fsynced and committed). A failure in the background is stored
-and raised by the next call into the manager (`step()`, `save()`, `wait()`), so it is never lost; it
+and raised by the next call into the manager (`step()`, `save()`, `wait()`), so it is never lost (several
+failures before one is reported: the first, naming the others); it
 is also logged at once, in case the process ends before that call.
 """
 from __future__ import annotations
@@ -68,7 +69,7 @@ class AsyncWriter:
     def __init__(self):
         self._thread: threading.Thread | None = None
         self._current: SaveHandle | None = None
-        self._unreported: SaveHandle | None = None
+        self._unreported: list[SaveHandle] = []   # failed saves not yet reported, oldest first
         self._lock = threading.Lock()
 
     @property
@@ -103,7 +104,7 @@ class AsyncWriter:
                         rank=getattr(e, "rank", None))
                 err.__cause__ = e
                 with self._lock:
-                    self._unreported = handle
+                    self._unreported.append(handle)
                 handle.finish(None, err)
                 return
             handle.write_seconds = time.perf_counter() - t0
@@ -128,10 +129,21 @@ class AsyncWriter:
             self._thread = None
 
     def take_failure(self) -> BaseException | None:
-        """The background failure not yet reported to the caller, now reported (once); None if none."""
+        """The background failure not yet reported to the caller, now reported (once); None if none. Where
+        several saves failed before the caller heard of the first (a step drains a failure without raising
+        it, docs/DISTRIBUTED.md), the first is returned, its message naming the later ones."""
         with self._lock:
-            h, self._unreported = self._unreported, None
-        return h.error if h is not None else None
+            failed, self._unreported = self._unreported, []
+        if not failed:
+            return None
+        first = failed[0].error
+        if len(failed) == 1 or not hasattr(first, "retold"):
+            return first
+        later = "; ".join(f"{h.ckpt_id!r} (step {h.step}): {type(h.error.__cause__ or h.error).__name__}: "
+                          f"{h.error.__cause__ or h.error}" for h in failed[1:])
+        err = first.retold(f"{first} Later async saves failed as well before this was reported: {later}")
+        err.__cause__ = first.__cause__
+        return err
 
     def raise_failure(self) -> None:
         """Raise a background failure not yet reported to the caller (once)."""

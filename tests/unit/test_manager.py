@@ -554,3 +554,43 @@ def test_a_manager_of_several_shards_without_a_process_group_is_refused_by_name(
     m.t = HashTable("t", dim=4)
     with pytest.raises(InvalidArgumentError, match=r"shard_num=2 needs an initialised torch.distributed"):
         CheckpointManager(Saver(m, output_dir=str(tmp_path)), 1, shard_id=0, shard_num=2)
+
+
+def test_an_async_failure_is_reported_even_when_the_next_save_fails_before_it_is(tmp_path):
+    """A step drains a failed async save without raising it (docs/DISTRIBUTED.md); the next save failing
+    too overwrote it, so the first failure was only logged (a helper's attack on 2-rank crashes). Now the
+    first is raised, naming the later one."""
+    import time as _time
+
+    from recckpt import HashTable
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t = HashTable("t", dim=4)
+            self.lin = torch.nn.Linear(4, 1)
+
+    m = M()
+    m.t(torch.arange(10))
+    mgr = CheckpointManager(Saver(m, output_dir=str(tmp_path)), 2, async_save=True)
+    real = mgr.saver.write
+
+    def failing(ckpt_id, *a, **k):
+        if ckpt_id == "ckpt_2":
+            _time.sleep(0.5)   # still in flight when step 3 looks; drained, not raised, by step 4
+        raise OSError(28, f"injected ENOSPC in {ckpt_id}")
+
+    mgr.saver.write = failing
+    raised = []
+    for s in range(1, 7):
+        try:
+            mgr.step()
+        except AsyncSaveError as e:
+            raised.append(str(e))
+    mgr.saver.write = real
+    try:
+        mgr.wait()
+    except AsyncSaveError as e:
+        raised.append(str(e))
+    assert any("'ckpt_2'" in r.split(":")[0] and "'ckpt_4' (step 4): OSError" in r for r in raised), raised
+    assert any("'ckpt_6'" in r.split(":")[0] for r in raised), raised

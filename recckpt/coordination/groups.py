@@ -37,8 +37,17 @@ def _release_groups() -> None:
     _groups.clear()
 
 
-def rendezvous_s(timeout_s: float) -> float:
-    """How long building a group waits for every rank, under coordination timeout `timeout_s`."""
+# Groups dropped after a failed collective: rebuilt within the coordination timeout alone. The ranks
+# meet again at their next save, in step; a peer that is gone (killed) would otherwise hold every survivor
+# for RENDEZVOUS_MIN_S in that rebuild, and a process could not exit while its writer thread waited.
+_dropped: set[tuple[str, float]] = set()
+
+
+def rendezvous_s(timeout_s: float, purpose: str | None = None) -> float:
+    """How long building the group for `purpose` waits for every rank, under coordination timeout
+    `timeout_s`: at least RENDEZVOUS_MIN_S for a first build, `timeout_s` for a rebuild after a failure."""
+    if purpose is not None and (purpose, timeout_s) in _dropped:
+        return timeout_s
     return max(timeout_s, RENDEZVOUS_MIN_S)
 
 
@@ -53,7 +62,7 @@ def group(purpose: str, timeout_s: float):
     world = dist.group.WORLD
     world_then, g = _groups.get((purpose, timeout_s), (None, None))
     if g is None or world_then is not world:
-        g = dist.new_group(backend="gloo", timeout=timedelta(seconds=rendezvous_s(timeout_s)))
+        g = dist.new_group(backend="gloo", timeout=timedelta(seconds=rendezvous_s(timeout_s, purpose)))
         _groups[(purpose, timeout_s)] = (world, g)
     return g
 
@@ -69,6 +78,7 @@ def drop_group(purpose: str, timeout_s: float) -> None:
     the next operation would read. Not destroyed: that would wait for the rank that stopped responding;
     its threads end at the group's own timeout."""
     _groups.pop((purpose, timeout_s), None)
+    _dropped.add((purpose, timeout_s))
 
 
 def built() -> dict[str, object]:

@@ -114,7 +114,7 @@ class TorchCoordinator(Coordinator):
             # Building the group is a rendezvous of every rank with its own, longer bound.
             self._collective(key, "begin (building recckpt's gloo group)",
                              lambda: groups.group(groups.SAVE, self.timeout_s),
-                             limit_s=groups.rendezvous_s(self.timeout_s))
+                             limit_s=groups.rendezvous_s(self.timeout_s, groups.SAVE))
         self.group = groups.group(groups.SAVE, self.timeout_s)
         got = self._collective(key, "begin", lambda: self._all_gather(mine))
         ids = {g["ckpt_id"] for g in got}

@@ -572,4 +572,11 @@ def save_with_a_rank_killed(rank, world, out, report_dir):
         saver.save("b")
     except Exception as e:  # noqa: BLE001 - reported to the test
         rep["error"] = f"{type(e).__name__}: {e}"
+    # the next save must rebuild the save group, with rank 1 gone: within the coordination timeout
+    start = time.monotonic()
+    try:
+        saver.save("c")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        rep["next_error"] = f"{type(e).__name__}: {e}"
+    rep["next_s"] = time.monotonic() - start
     return rep

@@ -247,6 +247,11 @@ def test_a_save_whose_other_rank_is_killed_names_that_rank(tmp_path):
         err = got.get("error", "")
         assert "checkpoint 'b'" in err and "ranks that did not reach " in err, got
         assert "rank 1 (last reached: " in err and "rank 0 (" not in err and "rank 2 (" not in err, got
+        # The next save rebuilds the dropped save group: it waited RENDEZVOUS_MIN_S (120 s) for the dead
+        # rank whatever the coordination timeout (10 s here), and a process whose async writer was in it
+        # could not exit for that long (a helper's 2-rank crash attack).
+        assert "building recckpt's gloo group" in got.get("next_error", ""), got
+        assert got["next_s"] < 40, got
 
 
 def test_duplicate_ids_across_ranks(tmp_path):

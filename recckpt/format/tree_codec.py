@@ -51,6 +51,11 @@ class _Encoder:
         if isinstance(obj, np.ndarray):
             if obj.dtype == object:
                 raise TypeError(f"{path}: numpy object arrays cannot be stored without pickle")
+            if obj.dtype.kind not in "biuf" or obj.dtype.names is not None:
+                # (torch.from_numpy's own refusal names no path and no way out)
+                raise TypeError(f"{path}: a numpy array of dtype {obj.dtype} cannot be stored without pickle; "
+                                f"arrays of booleans, integers and floats can (convert it, e.g. strings to a "
+                                f"list, datetimes to int64)")
             return {"__ndarray__": self._add(torch.from_numpy(np.ascontiguousarray(obj).reshape(obj.shape)), path)}
         if isinstance(obj, np.generic):
             return {"__npscalar__": obj.dtype.str, "value": self.encode(obj.item(), path)}

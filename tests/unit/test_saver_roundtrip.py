@@ -387,3 +387,18 @@ def test_a_registered_tensor_is_restored_in_place(tmp_path):
     with pytest.raises(IncompatibleCheckpointError, match="tensor of shape"):
         s3.load()
     assert torch.equal(wrong, torch.zeros(5))
+
+
+@pytest.mark.parametrize("arr", [np.array(["a", "bc"]), np.array([1, 2], dtype="datetime64[s]"),
+                                 np.zeros(2, dtype=[("x", "<i4"), ("y", "<f4")]), np.array([1 + 2j])])
+def test_a_numpy_array_that_needs_pickle_is_refused_naming_it(tmp_path, arr):
+    """String, datetime, structured and complex numpy arrays in a registered object were refused with
+    torch's message ("can't convert np.ndarray of type numpy.void...") naming neither the entry nor what
+    can be stored. The refusal now names both."""
+    from recckpt.errors import CheckpointSaveError
+    m = torch.nn.Module()
+    m.t = recckpt.HashTable("t", 2)
+    s = recckpt.Saver(m, output_dir=str(tmp_path))
+    s.register_for_checkpointing("state", {"arr": arr})
+    with pytest.raises(CheckpointSaveError, match=r"state.*arr.*cannot be stored without pickle.*booleans, integers and floats"):
+        s.save("c")

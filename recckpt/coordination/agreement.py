@@ -66,7 +66,7 @@ class Agreement(LocalAgreement):
         except CoordinationError:
             raise
         except Exception as e:
-            self._groups.drop_group(self._groups.STEP, self.timeout_s)
+            self._groups.drop_group(self._groups.STEP, self.timeout_s, e)
             raise CoordinationError(
                 f"rank {self.rank} of {self.world}: {what} on recckpt's coordination group failed "
                 f"(timeout {self.timeout_s:g}s; another rank failed, exited or stopped responding): "

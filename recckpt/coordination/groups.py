@@ -37,16 +37,25 @@ def _release_groups() -> None:
     _groups.clear()
 
 
-# Groups dropped after a failed collective: rebuilt within the coordination timeout alone. The ranks
-# meet again at their next save, in step; a peer that is gone (killed) would otherwise hold every survivor
-# for RENDEZVOUS_MIN_S in that rebuild, and a process could not exit while its writer thread waited.
-_dropped: set[tuple[str, float]] = set()
+# Groups dropped after a collective failed because a peer's connection closed (its process is gone):
+# rebuilt within the coordination timeout alone. The rebuild could only wait for the dead rank, and would
+# hold every survivor for RENDEZVOUS_MIN_S, a process unable to exit while its writer thread waited there.
+# After a timeout (a slow rank, which may still come) the rebuild keeps the longer bound.
+_peer_gone: set[tuple[str, float]] = set()
+
+#: How gloo and c10d say that the other end of a connection went away (its process was killed or exited).
+_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+
+
+def peer_gone(e: BaseException) -> bool:
+    """Whether collective failure `e` says a peer's process is gone, not merely late."""
+    return any(s in str(e) for s in _GONE)
 
 
 def rendezvous_s(timeout_s: float, purpose: str | None = None) -> float:
     """How long building the group for `purpose` waits for every rank, under coordination timeout
-    `timeout_s`: at least RENDEZVOUS_MIN_S for a first build, `timeout_s` for a rebuild after a failure."""
-    if purpose is not None and (purpose, timeout_s) in _dropped:
+    `timeout_s`: at least RENDEZVOUS_MIN_S, but `timeout_s` alone for a rebuild after a peer was gone."""
+    if purpose is not None and (purpose, timeout_s) in _peer_gone:
         return timeout_s
     return max(timeout_s, RENDEZVOUS_MIN_S)
 
@@ -73,12 +82,13 @@ def ensure_groups(timeout_s: float) -> None:
     group(STEP, timeout_s)
 
 
-def drop_group(purpose: str, timeout_s: float) -> None:
-    """Forget a group after a failed or timed-out collective: it may hold half-finished messages that
-    the next operation would read. Not destroyed: that would wait for the rank that stopped responding;
-    its threads end at the group's own timeout."""
+def drop_group(purpose: str, timeout_s: float, cause: BaseException | None = None) -> None:
+    """Forget a group after a failed or timed-out collective (`cause`): it may hold half-finished messages
+    that the next operation would read. Not destroyed: that would wait for the rank that stopped
+    responding; its threads end at the group's own timeout."""
     _groups.pop((purpose, timeout_s), None)
-    _dropped.add((purpose, timeout_s))
+    if cause is not None and peer_gone(cause):
+        _peer_gone.add((purpose, timeout_s))
 
 
 def built() -> dict[str, object]:

@@ -64,7 +64,7 @@ class TorchCoordinator(Coordinator):
             raise
         except Exception as e:
             self._phase[key] = "done"
-            groups.drop_group(groups.SAVE, self.timeout_s)
+            groups.drop_group(groups.SAVE, self.timeout_s, e)
             raise error(
                 f"rank {self.rank}: coordination of checkpoint {key[1]!r} failed during {what} "
                 f"(timeout {self.timeout_s if limit_s is None else limit_s:g}s; another rank failed, stopped "

@@ -207,10 +207,18 @@ def newest(storage: Storage, top: list[str] | None = None) -> tuple[list[tuple[s
 
     found = committed(storage, top)
     first = pick(found)
-    if first is not None and not matches_its_manifest(storage, first, dict(found)[first]):
+    if first is not None and not picked_entry_holds(storage, found, first):
         found = _listing(storage, trust_catalog=False, top=top)[0]
         first = pick(found)
     return found, first
+
+
+def picked_entry_holds(storage: Storage, found: list[tuple[str, CatalogEntry]], ckpt_id: str) -> bool:
+    """Whether the entry of `ckpt_id` in listing `found` still describes its checkpoint: the listing has
+    checked (or read) the entry of the checkpoint committed last; another one is checked here."""
+    if found and found[-1][0] == ckpt_id:
+        return True
+    return matches_its_manifest(storage, ckpt_id, dict(found)[ckpt_id])
 
 
 def matches_its_manifest(storage: Storage, ckpt_id: str, entry: CatalogEntry) -> bool:

@@ -65,9 +65,9 @@ def _not_numbered_optimizer_state(state, n: int) -> str | None:
         return "is not {'state': {...}, 'param_groups': [...]}"
     params = []
     for g in state["param_groups"]:
-        if not isinstance(g, dict) or not isinstance(g.get("params"), list):
+        if not isinstance(g, dict) or not isinstance(g.get("params", []), list):
             return "has a param group that is not an object with a 'params' list"
-        params += g["params"]
+        params += g.get("params", [])
     if not all(type(p) is int for p in params) or sorted(params) != list(range(len(params))):
         return "numbers its parameters otherwise than 0, 1, ... once each"
     if len(params) != n:
@@ -75,6 +75,12 @@ def _not_numbered_optimizer_state(state, n: int) -> str | None:
     if not all(0 <= k < n for k in state["state"] if type(k) is int):   # (other keys: an optimizer's own)
         return "holds state of a parameter its groups do not number"
     return None
+
+
+def _check_numbered(state, names: list, what: str, bad) -> None:
+    why = _not_numbered_optimizer_state(state, len(names))
+    if why:
+        bad(f"{what} records '{PARAM_NAMES}' (an optimizer's), but its state {why}")
 
 
 def validate(tree, where: str) -> dict:
@@ -94,10 +100,8 @@ def validate(tree, where: str) -> dict:
         names = e.get(PARAM_NAMES, [])
         if not isinstance(names, list) or not all(n is None or isinstance(n, str) for n in names):
             bad(f"entry {name!r:.80}: '{PARAM_NAMES}' is not a list of strings and nulls")
-        if PARAM_NAMES in e:
-            why = _not_numbered_optimizer_state(e["state"], len(names))
-            if why:
-                bad(f"entry {name!r:.80} records '{PARAM_NAMES}' (an optimizer's), but its state {why}")
+        if PARAM_NAMES in e and not e["kind"].startswith(PICKLED_PREFIX):   # (a pickled one: once unpickled)
+            _check_numbered(e["state"], names, f"entry {name!r:.80}", bad)
         if e["kind"] not in KINDS:
             bad(f"entry {name!r:.80} has unknown kind {e['kind']!r:.40}")
         if e["kind"].startswith(PICKLED_PREFIX) and not (
@@ -135,5 +139,9 @@ def unpickle_allowed(tree: dict, wanted: dict[str, bool], where: str) -> dict:
                 f"({type(exc).__name__}: {str(exc)[:300]}). The checkpoint is corrupt or untrusted; if the "
                 f"state holds your own classes, allow them with torch.serialization.add_safe_globals",
                 where) from None
+        if PARAM_NAMES in e:
+            def bad(problem):
+                raise CorruptCheckpointError(f"{where}: invalid extras tree: {problem}", where)
+            _check_numbered(state, e[PARAM_NAMES], f"entry {name!r:.80} (unpickled)", bad)
         objects[name] = dict(e, kind=e["kind"][len(PICKLED_PREFIX):], state=state)
     return {"objects": objects, "sparse_optimizer": tree["sparse_optimizer"]}

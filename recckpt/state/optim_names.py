@@ -425,7 +425,9 @@ def match_optimizer_state(optimizer, model, saved: Mapping, *, rename: Callable[
         raise InvalidArgumentError("match_optimizer_state: the saved state is not keyed by parameter name")
     live, positional, shapes = _live_named(optimizer, model)
     if positional is not None:   # named by the model here: a tied parameter answers to each of its names
-        aliases = _aliases(model)
+        # (unless the saved state holds the name it goes by: then the other names are other, untied parameters)
+        held = {rename(n) for n in _names_in(saved)}
+        aliases = {n: c for n, c in _aliases(model).items() if c not in held}
         if aliases:
             plain_rename = rename
 

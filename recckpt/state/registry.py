@@ -74,8 +74,8 @@ class Registry:
 
     # ------------------------------------------------------------------------------- load side
     def refusal(self, name: str, kind: str, state: Any) -> str | None:
-        """Why registered object `name` cannot take `state` saved as `kind` (None: it can). A dict, list or
-        tensor (of the saved shape) is updated in place, so a caller's reference to it stays the loaded value; state of another type
+        """Why registered object `name` cannot take `state` saved as `kind` (None: it can). A dict or list
+        is updated in place, so a caller's reference to it stays the loaded value; state of another type
         would have to replace it and leave that reference stale, and an object with load_state_dict
         given a plain value would be replaced by it: both are refused, before anything is applied."""
         obj = self._objects[name]
@@ -88,16 +88,12 @@ class Registry:
                 if isinstance(obj, container) and not isinstance(state, container):
                     return (f"registered object {name!r} is a {container.__name__}, updated in place on load, but "
                             f"the checkpoint holds a {type(state).__name__} under that name")
-            if _is_tensor(obj) and not (_is_tensor(state) and tuple(state.shape) == tuple(obj.shape)):
-                held = (f"a tensor of shape {tuple(state.shape)}" if _is_tensor(state) else
-                        f"a {type(state).__name__}")
-                return (f"registered object {name!r} is a tensor of shape {tuple(obj.shape)}, updated in place on "
-                        f"load, but the checkpoint holds {held} under that name")
         return None
 
     def apply_object(self, name: str, kind: str, state: Any) -> None:
-        """Give registered object `name` its loaded state: `load_state_dict` for stateful objects,
-        in place for dicts, lists and tensors, else the value replaces the registered one (see `object`)."""
+        """Give registered object `name` its loaded state: `load_state_dict` for stateful objects, in place
+        for dicts, lists and a tensor of the saved shape and dtype (not an inference tensor), else the value
+        replaces the registered one (see `object`)."""
         obj = self._objects[name]
         if kind == "state_dict" and callable(getattr(obj, "load_state_dict", None)):
             obj.load_state_dict(state)
@@ -106,12 +102,19 @@ class Registry:
             obj.update(state)
         elif isinstance(obj, list) and isinstance(state, list):
             obj[:] = state
-        elif _is_tensor(obj) and _is_tensor(state):
+        elif _copies_into(obj, state):
             import torch
             with torch.no_grad():   # (a Parameter too: as load_state_dict copies into it)
                 obj.copy_(state)
         else:
             self._objects[name] = state
+
+
+def _copies_into(obj, state) -> bool:
+    """Whether loaded `state` is copied into registered tensor `obj` (same shape and dtype, `obj` not an
+    inference tensor); otherwise it replaces `obj`, as any other value does."""
+    return (_is_tensor(obj) and _is_tensor(state) and obj.shape == state.shape and obj.dtype == state.dtype
+            and not obj.is_inference())
 
 
 def _is_tensor(x) -> bool:

@@ -451,8 +451,7 @@ class CheckpointManager:
             first = next(iter(self._candidates(self._with_steps(found), global_step)), None)
             # (a step asked for and not listed is looked for in the manifests too: the catalog may be stale)
             if (first is None and global_step is not None and found) or (
-                    first is not None and not catalog.matches_its_manifest(self.saver.storage, first[0],
-                                                                           dict(found)[first[0]])):
+                    first is not None and not catalog.picked_entry_holds(self.saver.storage, found, first[0])):
                 found, top = catalog.committed_and_top(self.saver.storage, trust_catalog=False)
             listing = [list(e) for e in self._with_steps(found)]
             damaged = catalog.damaged(self.saver.storage, top, {cid for cid, _ in found})

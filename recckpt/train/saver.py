@@ -172,7 +172,8 @@ class Saver:
         """Save `obj` with every checkpoint under `name` (category 'extra'): an object with
         `state_dict()`/`load_state_dict()` (optimizer, LR scheduler, ...), or a plain value (numbers,
         strings, tensors, lists, dicts). After a load, plain values are available from `extra(name)`;
-        dicts, lists and tensors (a Parameter too; of the saved shape) are also updated in place.
+        dicts and lists are also updated in place, and so is a tensor (a Parameter too) of the saved shape
+        and dtype; a tensor of another shape or dtype is replaced by the saved one.
 
         allow_pickle: state that cannot be stored without pickle is then stored with torch.save and
         loaded only with torch.load(weights_only=True) (register your own classes with

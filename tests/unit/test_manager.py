@@ -559,7 +559,7 @@ def test_a_manager_of_several_shards_without_a_process_group_is_refused_by_name(
 def test_an_async_failure_is_reported_even_when_the_next_save_fails_before_it_is(tmp_path):
     """A step drains a failed async save without raising it (docs/DISTRIBUTED.md); the next save failing
     too overwrote it, so the first failure was only logged (a helper's attack on 2-rank crashes). Now the
-    first is raised, naming the later one."""
+    first is raised, naming the later ones."""
     import time as _time
 
     from recckpt import HashTable
@@ -592,5 +592,7 @@ def test_an_async_failure_is_reported_even_when_the_next_save_fails_before_it_is
         mgr.wait()
     except AsyncSaveError as e:
         raised.append(str(e))
-    assert any("'ckpt_2'" in r.split(":")[0] and "'ckpt_4' (step 4): OSError" in r for r in raised), raised
-    assert any("'ckpt_6'" in r.split(":")[0] for r in raised), raised
+    # however the saves interleave with the steps, every failure reaches the caller, once
+    told = " ".join(raised)
+    for ckpt in ("ckpt_2", "ckpt_4", "ckpt_6"):
+        assert told.count(f"'{ckpt}'") == 1, raised

@@ -331,6 +331,10 @@ class Saver:
     def _write(self, ckpt_id, snapshot, shard_id, shard_num, metadata, step, keep, protect, incremental) -> SaveStats:
         snap = snapshot
         keep = self.keep if keep is None else keep
+        # An ephemeral checkpoint is deleted once a newer one commits: an increment built on it would keep
+        # it (and a full copy with it) alive, and cut the regular chain short. The next increment builds on
+        # the checkpoint before it, with the changes since then kept in the tables.
+        becomes_parent = (metadata or {}).get(META_EPHEMERAL) != "1"
         validate_ckpt_id(ckpt_id)
         if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
             raise InvalidArgumentError(f"save: step must be an integer (the training step) or None, got {step!r}")
@@ -452,9 +456,10 @@ class Saver:
                 log.warning("recckpt: shard %d of %d of %s is written but not committed: with no "
                             "torch.distributed process group, the checkpoint commits when this process has "
                             "saved every shard", shard_id, shard_num, self.storage.describe(ckpt_id))
-            self._committed_chain(ckpt_id, manifest, marks,
-                                  [(t, m.name) for t, m in zip(snap.tables, metas)] if live else None,
-                                  (shard_id, shard_num))
+            if becomes_parent:
+                self._committed_chain(ckpt_id, manifest, marks,
+                                      [(t, m.name) for t, m in zip(snap.tables, metas)] if live else None,
+                                      (shard_id, shard_num))
             if stats.committed:
                 kind = ("incremental" if parent is not None else
                         "ephemeral" if (metadata or {}).get(META_EPHEMERAL) == "1" else "full")
@@ -472,10 +477,13 @@ class Saver:
                     stats = self._failed_after_handover(ckpt_id, e, t0)   # returns only when committed after all
                 except CommitOutcomeUnknownError:
                     # rank 0 may commit it yet: then the other ranks build on it, and so must this one
-                    self._lost = _LostOutcome(ckpt_id, marks, [(t, m.name) for t, m in zip(snap.tables, metas)]
-                                              if live else None, (shard_id, shard_num))
+                    if becomes_parent:
+                        self._lost = _LostOutcome(ckpt_id, marks, [(t, m.name) for t, m in zip(snap.tables, metas)]
+                                                  if live else None, (shard_id, shard_num))
                     raise
                 # then it is the next increment's parent on this rank too, as on a rank that heard the outcome
+                if not becomes_parent:
+                    return stats
                 try:
                     done = catalog.read_manifest(self.storage, ckpt_id)
                 except (OSError, RecckptError):

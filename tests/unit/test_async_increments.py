@@ -198,3 +198,36 @@ def test_a_write_that_fails_on_an_unanswering_store_keeps_the_chain(tmp_path, mo
     stats = saver.write("c3", saver.capture_copy(bufs, incremental=True), incremental=True)
     assert (stats.parent, stats.full_reason) == ("c1", None)
     assert_same(loaded(tmp_path, "c3"), table_contents(model.emb))
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_ephemeral_saves_between_increments_are_not_their_parents(tmp_path, async_save):
+    """Ephemeral checkpoints are full and deleted once a newer one commits: the regular increments chain on
+    each other, holding every change (removals included) made since the regular checkpoint before, so
+    no ephemeral is kept alive as a parent and `full_every` counts the regular chain."""
+    from recckpt import EphemeralEveryNSteps
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=tmp_path, options=OPTS)
+    mgr = CheckpointManager(saver, save_interval=4, policies=[EphemeralEveryNSteps(1)], keep=None,
+                            save_rng=False, async_save=async_save,
+                            increments=IncrementPolicy(full_every=10, max_chain_fraction=None))
+    at_step = {}
+    gen = torch.Generator().manual_seed(1)
+    for step in range(1, 14):
+        train_step(model, opt, torch.randint(0, 300, (40,), generator=gen))
+        if step % 3 == 0:
+            model.emb.remove_ids(torch.randint(0, 300, (10,), generator=gen))
+        handle = mgr.step()
+        if handle is not None:
+            at_step[handle.ckpt_id] = table_contents(model.emb)
+    mgr.close()
+    committed = [cid for cid, _ in catalog.committed(saver.storage)]
+    parents = {}
+    for cid in committed:
+        m = catalog.read_manifest(saver.storage, cid)
+        parents[cid] = m.parent.ckpt_id if m.parent is not None else None
+    # keep=None keeps regular checkpoints; only the newest ephemeral (ckpt_13) survives
+    assert parents == {"ckpt_4": None, "ckpt_8": "ckpt_4", "ckpt_12": "ckpt_8", "ckpt_13": None}
+    for cid in ("ckpt_8", "ckpt_12", "ckpt_13"):
+        assert_same(loaded(tmp_path, cid), at_step[cid])

@@ -68,6 +68,9 @@ class LoadResult:
     extras: list[str] = field(default_factory=list)
     io_state: list[str] = field(default_factory=list)
     io_state_dropped: list[str] = field(default_factory=list)
+    """Registered IO state not loaded: every name when the checkpoint was saved by another number of
+    workers (`io_state_on_resize='drop'`), or the optional ones (`register_io_state(..., optional=True)`)
+    the checkpoint does not hold."""
     sparse_rows: int = 0
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
@@ -250,13 +253,15 @@ class LoadPlan:
                         "(io_state_on_resize='drop')", self.reader.describe(), self.m.shard_num, world)
         elif conf.wants("io_state") and self.registry.io_names():
             self.io_tree = self.reader.io_state(shard_id)
-            if self.io_tree is None:
+            absent = [n for n in self.registry.io_names() if self.io_tree is None or n not in self.io_tree]
+            self.result.io_state_dropped = [n for n in absent if self.registry.io_optional(n)]
+            required = [n for n in absent if not self.registry.io_optional(n)]
+            if self.io_tree is None and required:
                 self.problems_missing.append(f"IO state of worker {shard_id} is not in the checkpoint "
-                                             f"(it was written by {self.m.shard_num} worker(s))")
-            else:
-                for name in self.registry.io_names():
-                    if name not in self.io_tree:
-                        self.problems_missing.append(f"IO state {name!r} is not in the checkpoint")
+                                             f"(it was written by {self.m.shard_num} worker(s)): {required}")
+            elif self.io_tree is not None:
+                for name in required:
+                    self.problems_missing.append(f"IO state {name!r} is not in the checkpoint")
                 self._unexpected_io_state(self.io_tree, shard_id)
         elif conf.wants("io_state") and world == self.m.shard_num and shard_id in self.m.io_state:
             # Nothing registered, but this worker saved IO state: a reader the job forgot to register would

@@ -22,6 +22,7 @@ class Registry:
         self._objects: dict[str, Any] = {}
         self._pickle_allowed: set[str] = set()
         self._io: dict[str, Any] = {}
+        self._io_optional: set[str] = set()
 
     # ------------------------------------------------------------------------------ registering
     def add_object(self, name: str, obj: Any, *, allow_pickle: bool = False) -> None:
@@ -33,13 +34,17 @@ class Registry:
         if allow_pickle:
             self._pickle_allowed.add(name)
 
-    def add_io_state(self, name: str, obj: Any) -> None:
+    def add_io_state(self, name: str, obj: Any, *, optional: bool = False) -> None:
         """See `Saver.register_io_state`."""
         _check_name(name, self._io, "register_io_state")
+        if not isinstance(optional, bool):
+            raise InvalidArgumentError(f"register_io_state({name!r}): optional must be a bool")
         if not (callable(getattr(obj, "dump_io_state", None)) and callable(getattr(obj, "load_io_state", None))):
             raise InvalidArgumentError(f"register_io_state({name!r}): {type(obj).__name__} needs dump_io_state() and "
                             f"load_io_state(state) methods")
         self._io[name] = obj
+        if optional:
+            self._io_optional.add(name)
 
     # ---------------------------------------------------------------------------------- reading
     def object(self, name: str) -> Any:
@@ -55,6 +60,10 @@ class Registry:
 
     def io_names(self) -> list[str]:
         return list(self._io)
+
+    def io_optional(self, name: str) -> bool:
+        """Whether a checkpoint without IO state `name` loads (leaving the object as it is)."""
+        return name in self._io_optional
 
     def io_items(self) -> Iterator[tuple[str, Any]]:
         return iter(list(self._io.items()))

@@ -179,7 +179,9 @@ class CheckpointManager:
         self._rng: RNGState | None = None
         if save_rng:
             self._rng = RNGState()
-            saver.register_io_state(RNG_IO_NAME, self._rng)
+            # optional: a checkpoint written without it (Saver.save(step=...), save_rng=False) is a restore
+            # point too; the RNGs are then seeded from the step (see _restored)
+            saver.register_io_state(RNG_IO_NAME, self._rng, optional=True)
         self._preemption: PreemptionHandler | None = None
         if not isinstance(preemption, (bool, PreemptionHandler)):
             raise InvalidArgumentError(f"CheckpointManager preemption must be a bool or a PreemptionHandler, "
@@ -193,9 +195,9 @@ class CheckpointManager:
         """See `Saver.register_for_checkpointing`."""
         self.saver.register_for_checkpointing(name, obj, allow_pickle=allow_pickle)
 
-    def register_io_state(self, name: str, obj: Any) -> None:
+    def register_io_state(self, name: str, obj: Any, *, optional: bool = False) -> None:
         """See `Saver.register_io_state`."""
-        self.saver.register_io_state(name, obj)
+        self.saver.register_io_state(name, obj, optional=optional)
 
     def ckpt_id(self, step: int) -> str:
         return f"{self.prefix}{step}"
@@ -581,13 +583,16 @@ class CheckpointManager:
         self._last = SaveHandle(cid, step, result.metadata.get(META_EPHEMERAL) == "1")
         self._last.finish(storage.describe(cid), None)
         if result.io_state_dropped:
-            if self._rng is not None:
+            reseeded = self._rng is not None and RNG_IO_NAME in result.io_state_dropped
+            if reseeded:
                 self._rng.reseed(step, self.shard_id)
             warnings.warn(
-                f"recckpt: {storage.describe(cid)} was saved by another number of workers than the "
-                f"{self.shard_num} restoring it; per-worker IO state {result.io_state_dropped} was not loaded "
-                f"(readers start from their own positions) and every RNG was seeded from (step {step}, rank "
-                f"{self.shard_id}) (resize_policy='reseed')", stacklevel=3)
+                f"recckpt: per-worker IO state {result.io_state_dropped} of {storage.describe(cid)} was not "
+                f"loaded on worker {self.shard_id} of {self.shard_num}: the checkpoint was saved by another number "
+                f"of workers (resize_policy='reseed'), or without that state (by Saver.save, or with "
+                f"save_rng=False). Readers start from their own positions"
+                + (f"; every RNG was seeded from (step {step}, rank {self.shard_id})" if reseeded else ""),
+                stacklevel=3)
         self._last_save_time = time.monotonic()
         log.info("recckpt: restored %s (global step %d)", storage.describe(cid), step)
         self._warn_about_newer(found, step)

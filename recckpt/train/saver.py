@@ -181,9 +181,12 @@ class Saver:
         code, and a load refuses pickled state unless the receiving object also allows it."""
         self.registry.add_object(name, obj, allow_pickle=allow_pickle)
 
-    def register_io_state(self, name: str, obj: Any) -> None:
-        """Save `obj.dump_io_state()` per worker under `name`; a load calls `obj.load_io_state(state)`."""
-        self.registry.add_io_state(name, obj)
+    def register_io_state(self, name: str, obj: Any, *, optional: bool = False) -> None:
+        """Save `obj.dump_io_state()` per worker under `name`; a load calls `obj.load_io_state(state)`.
+        `optional`: a checkpoint without this state (saved before it was registered, or by a job that
+        did not register it) loads under strict, leaving `obj` as it is; `LoadResult.io_state_dropped`
+        names it."""
+        self.registry.add_io_state(name, obj, optional=optional)
 
     def extra(self, name: str) -> Any:
         """Registered object `name` (after a load, the loaded value of a plain registered value)."""

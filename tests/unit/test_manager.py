@@ -14,7 +14,8 @@ import torch
 from helpers.tables import assert_tables_equal
 from helpers.training_child import make_job, run, train_step
 from recckpt import AsyncSaveError, CheckpointManager, EphemeralEveryNSteps, KeepPolicy, PreemptionHandler, Saver
-from recckpt.errors import CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError
+from recckpt.errors import (CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError,
+                            IncompatibleCheckpointError)
 
 
 def committed(out):
@@ -392,6 +393,39 @@ def test_restore_on_empty_and_missing_output_dir_does_nothing(tmp_path):
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items() if k in before)
         with pytest.raises(CheckpointNotFoundError):
             mgr.restore(global_step=3)
+
+
+def test_restore_of_a_checkpoint_without_rng_state_seeds_the_rngs_from_its_step(tmp_path):
+    """A checkpoint written by Saver.save(step=...) (or by a manager with save_rng=False) holds no RNG state:
+    it is a restore point all the same. The RNGs are seeded from (step, rank), with a warning; IO state the
+    job registered itself (the reader) is still required."""
+    model, sopt, dopt, reader, _ = make_job(tmp_path / "job", interval=100)
+    plain = Saver(model, sparse_optim=sopt, output_dir=tmp_path)
+    plain.register_for_checkpointing("dense_opt", dopt)
+    plain.register_io_state("reader", reader)
+    plain.save("ckpt_5", step=5)
+    draws = []
+    for seed in (1, 2):
+        model2, _, _, _, mgr2 = make_job(tmp_path, interval=100, seed=seed)
+        with pytest.warns(UserWarning, match=r"__rng__.*seeded from \(step 5, rank 0\)"):
+            assert mgr2.restore() == 5
+        assert mgr2.restored.io_state_dropped == ["__rng__"] and mgr2.restored.io_state == ["reader"]
+        assert_tables_equal(model2.user, model.user)
+        draws.append(torch.rand(3))
+    assert torch.equal(draws[0], draws[1])   # seeded from the step, whatever the job's own seed was
+
+    class Position:
+        def dump_io_state(self):
+            return 0
+
+        def load_io_state(self, state):
+            pass
+
+    bare = Saver(make_job(tmp_path / "other", interval=100)[0], output_dir=tmp_path)
+    bare.register_io_state("reader", Position())
+    bare.register_io_state("sampler", Position())
+    with pytest.raises(IncompatibleCheckpointError, match="IO state 'sampler' is not in the checkpoint"):
+        bare.load(ckpt_id="ckpt_5", load_conf={"exclude": ["extra"]})
 
 
 def _corrupt_shard(ckpt_dir):

@@ -203,8 +203,11 @@ class LoadPlan:
                         f"model dense key {target!r} is on the meta device (no storage to load into): "
                         f"materialize the model first (model.to_empty(device='cpu'), then load)")
                     continue
+                # An uninitialized lazy parameter (LazyLinear before its first forward) has no shape yet:
+                # the model's load_state_dict materializes it with the saved one, as torch's own load does.
+                lazy = isinstance(cur, torch.nn.parameter.UninitializedTensorMixin)
                 self._check_compatible(f"dense key {key!r}", dtypes.name_of(t.dtype), tuple(t.shape),
-                                       cur.dtype, tuple(cur.shape))
+                                       cur.dtype, tuple(t.shape) if lazy else tuple(cur.shape))
                 self.dense_out[target] = t.to(cur.dtype) if t.dtype != cur.dtype else t
             moved_away = {k for k in ckpt_dense if conf.dense_selected(k) and conf.renamed(k) != k}
             for key in dense:

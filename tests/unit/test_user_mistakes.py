@@ -348,3 +348,24 @@ def test_a_load_into_a_model_on_the_meta_device_is_refused(tmp_path):
     meta.to_empty(device="cpu")
     recckpt.Saver(meta, output_dir=str(tmp_path)).load()
     assert torch.equal(meta.lin.weight, m.lin.weight)
+
+
+def test_a_lazy_module_not_yet_run_takes_the_saved_shapes(tmp_path):
+    """A LazyLinear before its first forward has uninitialized parameters (no shape): torch's load_state_dict
+    materializes them with the saved shapes. recckpt's load read their shape while checking and failed with a
+    bare RuntimeError (a helper's attack with PyTorch idioms); it now loads them as torch does, and a
+    saved dtype that cannot be cast into the lazy parameter's is still refused."""
+    src = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    src(torch.randn(2, 5))
+    recckpt.Saver(src, output_dir=str(tmp_path)).save("c")
+    dst = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    result = recckpt.Saver(dst, output_dir=str(tmp_path)).load()
+    assert sorted(result.dense_keys) == ["0.bias", "0.weight"]
+    assert torch.equal(dst[0].weight, src[0].weight) and torch.equal(dst[0].bias, src[0].bias)
+    assert torch.equal(dst(torch.ones(1, 5)), src(torch.ones(1, 5)))
+    wide = torch.nn.Sequential(torch.nn.LazyLinear(3, dtype=torch.float64))
+    recckpt.Saver(wide, output_dir=str(tmp_path)).load(load_conf={"cast": True})
+    assert wide[0].weight.dtype == torch.float64 and torch.equal(wide[0].weight, src[0].weight.double())
+    with pytest.raises(recckpt.errors.IncompatibleCheckpointError, match="0.weight"):
+        recckpt.Saver(torch.nn.Sequential(torch.nn.LazyLinear(3, dtype=torch.float64)),
+                      output_dir=str(tmp_path)).load(load_conf={"cast": False})

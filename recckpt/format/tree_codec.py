@@ -2,7 +2,8 @@
 JSON + tensors and back, without pickle.
 
 Supported leaves: None, bool, int, float (NaN/inf included), str, bytes, torch.Tensor, numpy arrays and
-scalars, torch.dtype. Containers: dict (any keys of those leaf types), list, tuple. Anything else is
+scalars, torch.dtype. Containers: dict (any keys of those leaf types; collections.Counter and OrderedDict
+come back as themselves), list, tuple. Anything else is
 refused with the key path, so a user learns at save time, not at load time, that state would be lost.
 `decode` takes the tensors as torch tensors or as numpy arrays (safetensors_io.read_arrays: what the
 torch-free `recckpt inspect` and `verify` read); torch is imported only where torch objects are made.
@@ -10,6 +11,7 @@ torch-free `recckpt inspect` and `verify` read); torch is imported only where to
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import math
 from typing import TYPE_CHECKING
@@ -25,6 +27,10 @@ TREE_KEY = "recckpt.tree"
 #: A tree is one metadata value of a safetensors header, whose cap (the library's) bounds it too.
 MAX_TREE_BYTES = 100 << 20
 _LIMITS = checked_json.JsonLimits(MAX_TREE_BYTES, floats=True)
+
+
+#: dict subclasses stored as themselves (docs/FORMAT.md, the state tree): [[key, value], ...] under the tag
+_DICT_TAGS = {collections.Counter: "__counter__", collections.OrderedDict: "__odict__"}
 
 
 class _Encoder:
@@ -67,13 +73,23 @@ class _Encoder:
             return {"__tuple__": [self.encode(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
         if isinstance(obj, list):
             return [self.encode(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+        if type(obj) in _DICT_TAGS:   # (before dict: both are dicts, and a plain one would lose the type)
+            return {_DICT_TAGS[type(obj)]: self._pairs(obj, path)}
+        if isinstance(obj, dict) and type(obj) is not dict:
+            # a defaultdict's factory (or any subclass's own fields) cannot be stored without pickle, and a
+            # plain dict coming back would fail the code that relies on the subclass (MultiStepLR's Counter)
+            raise TypeError(f"{path}: cannot store a {type(obj).__module__}.{type(obj).__qualname__} (a dict "
+                            f"subclass) without pickle; dict, collections.Counter and collections.OrderedDict can "
+                            f"be stored: convert it (dict(value)) in state_dict(), or register it with allow_pickle")
         if isinstance(obj, dict):
             if all(isinstance(k, str) and not k.startswith("__") for k in obj):
                 return {k: self.encode(v, f"{path}.{k}") for k, v in obj.items()}
-            return {"__dict__": [[self.encode(k, f"{path}<key>"), self.encode(v, f"{path}[{k!r}]")]
-                                 for k, v in obj.items()]}
+            return {"__dict__": self._pairs(obj, path)}
         raise TypeError(f"{path}: cannot store a {type(obj).__module__}.{type(obj).__qualname__} without "
                         f"pickle; return tensors, numbers, strings, lists and dicts from state_dict()")
+
+    def _pairs(self, obj: dict, path: str) -> list:
+        return [[self.encode(k, f"{path}<key>"), self.encode(v, f"{path}[{k!r}]")] for k, v in obj.items()]
 
     def _add(self, t: torch.Tensor, path: str) -> str:
         import torch
@@ -127,6 +143,9 @@ def decode(text: str, tensors: dict[str, torch.Tensor] | dict[str, np.ndarray], 
             return tuple(dec(v) for v in node["__tuple__"])
         if "__dict__" in node:
             return {_hashable(dec(k)): dec(v) for k, v in node["__dict__"]}
+        for kind, tag in _DICT_TAGS.items():
+            if tag in node:
+                return kind({_hashable(dec(k)): dec(v) for k, v in node[tag]})   # (Counter(pairs) would count them)
         return {k: dec(v) for k, v in node.items()}
 
     try:

@@ -21,6 +21,7 @@ Every violation raises :class:`FormatError` (subclasses mirror the spec's error 
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import json
 import math
@@ -1102,7 +1103,7 @@ class DTypeName(str):
 
 _SPECIAL = {
     "__tensor__": (), "__ndarray__": (), "__npscalar__": ("value",), "__tuple__": (), "__dict__": (),
-    "__float__": (), "__bigint__": (), "__bytes__": (), "__dtype__": (),
+    "__counter__": (), "__odict__": (), "__float__": (), "__bigint__": (), "__bytes__": (), "__dtype__": (),
 }
 
 
@@ -1136,10 +1137,11 @@ def decode_tree(node, tensors: Dict[str, np.ndarray], where: str = "tree"):
         if not isinstance(v, list):
             _fail(where, "__tuple__ is not a list")
         return tuple(decode_tree(x, tensors, where) for x in v)
-    if tag == "__dict__":
+    if tag in ("__dict__", "__counter__", "__odict__"):
         if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 for p in v):
-            _fail(where, "__dict__ is not a list of [key, value] pairs")
-        return {decode_tree(k, tensors, where): decode_tree(x, tensors, where) for k, x in v}
+            _fail(where, f"{tag} is not a list of [key, value] pairs")
+        pairs = {decode_tree(k, tensors, where): decode_tree(x, tensors, where) for k, x in v}
+        return {"__dict__": dict, "__counter__": collections.Counter, "__odict__": collections.OrderedDict}[tag](pairs)
     if tag == "__float__":
         if v not in ("nan", "inf", "-inf"):
             _fail(where, f"bad __float__ {v!r}")

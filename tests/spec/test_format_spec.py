@@ -1,5 +1,6 @@
 """docs/FORMAT.md is a complete contract: checkpoints written by recckpt are read back and fully
 verified by tests/spec/independent_reader.py, a pure-numpy reader written only from the spec."""
+import collections
 import math
 import os
 import shutil
@@ -345,6 +346,8 @@ def test_state_tree_encodings(tmp_path):
         "dtype": torch.float16,
         "np64": np.float64(2.5), "npi": np.int32(-3),
         "nested": [[], {}, ()],
+        "counter": collections.Counter({2: 1, 4: 2}),
+        "odict": collections.OrderedDict([("b", 1), ("a", 2)]),
     }
     saver.register_for_checkpointing("v", value)
     saver.register_for_checkpointing("opt", torch.optim.SGD(lin.parameters(), lr=0.5, momentum=0.9))
@@ -370,6 +373,8 @@ def test_state_tree_encodings(tmp_path):
     assert g["np64"] == 2.5
     assert isinstance(g["npi"], np.int32) and g["npi"] == -3
     assert g["nested"] == [[], {}, ()]
+    assert type(g["counter"]) is collections.Counter and g["counter"] == collections.Counter({2: 1, 4: 2})
+    assert type(g["odict"]) is collections.OrderedDict and list(g["odict"].items()) == [("b", 1), ("a", 2)]
     o = ck["extras"]["objects"]["opt"]
     assert o["kind"] == "state_dict"
     assert o["state"]["param_groups"][0]["lr"] == 0.5

@@ -358,6 +358,46 @@ def test_numpy_arrays_of_a_registered_object_keep_their_shape(tmp_path):
         assert back[k].shape == v.shape and back[k].dtype == v.dtype and np.array_equal(back[k], v), (k, back[k])
 
 
+def test_dict_subclasses_of_registered_state_come_back_as_themselves_or_are_refused(tmp_path):
+    """MultiStepLR keeps its milestones in a collections.Counter; the tree stored every dict subclass as a
+    plain dict, so the loaded scheduler's step(epoch) raised AttributeError (a helper's attack with PyTorch
+    idioms). Counter and OrderedDict now round-trip as themselves; other dict subclasses (a defaultdict's
+    factory cannot be stored without pickle) are refused at save time, naming the entry."""
+    import collections
+
+    import recckpt
+    from recckpt.errors import CheckpointSaveError
+
+    def scheduler():
+        p = torch.nn.Parameter(torch.ones(1))
+        o = torch.optim.SGD([p], lr=1.0)
+        return o, torch.optim.lr_scheduler.MultiStepLR(o, [2, 4], 0.5)
+
+    o, sched = scheduler()
+    o.step()
+    sched.step()
+    s = recckpt.Saver(torch.nn.Linear(1, 1), output_dir=str(tmp_path))
+    s.register_for_checkpointing("sched", sched)
+    s.register_for_checkpointing("order", collections.OrderedDict([("b", 1), ("a", 2)]))
+    s.save("c")
+    o2, sched2 = scheduler()
+    back = collections.OrderedDict()
+    s2 = recckpt.Saver(torch.nn.Linear(1, 1), output_dir=str(tmp_path))
+    s2.register_for_checkpointing("sched", sched2)
+    s2.register_for_checkpointing("order", back)
+    s2.load()
+    assert type(sched2.milestones) is collections.Counter and sched2.milestones == sched.milestones
+    assert type(s2.extra("order")) is collections.OrderedDict and list(s2.extra("order")) == ["b", "a"]
+    sched.step(5)
+    sched2.step(5)
+    assert o2.param_groups[0]["lr"] == o.param_groups[0]["lr"] == 0.25
+    bad = recckpt.Saver(torch.nn.Linear(1, 1), output_dir=str(tmp_path))
+    bad.register_for_checkpointing("seen", {"by_user": collections.defaultdict(int, {"u": 3})})
+    with pytest.raises(CheckpointSaveError, match=r"by_user.*defaultdict.*dict subclass"):
+        bad.save("d")
+    assert not (tmp_path / "d").exists()
+
+
 def test_a_registered_tensor_is_restored_in_place(tmp_path):
     """A registered tensor or Parameter (a learned temperature kept outside the model) kept its live value
     after a load: only `extra(name)` held the saved one, while the optimizer's state for that very

@@ -237,9 +237,15 @@ def match_named(saved: Mapping, live: Mapping, shapes: Mapping[str, tuple], *,
         else:
             state.pop(t, None)   # never stepped at save time: no state, as then
     groups = []
-    for g in live.get("param_groups", []):
+    saved_groups, live_groups = saved.get("param_groups", []), live.get("param_groups", [])
+    for gi, g in enumerate(live_groups):
         src = next((saved_group_of[target_of[p]] for p in g["params"]
                     if p in target_of and target_of[p] in saved_group_of), None)
+        if (src is None and not g["params"] and len(saved_groups) == len(live_groups)
+                and not saved_groups[gi]["params"]):
+            # A group without parameters (a no-decay group left empty) has no name to match by: it is the
+            # saved empty group at its place, whose hyper-parameters a scheduler has moved on as the others'.
+            src = gi
         base = g if src is None else {k: v for k, v in saved["param_groups"][src].items()
                                       if k not in ("params", "param_names")}
         groups.append(dict(base, params=list(g["params"]),

@@ -566,3 +566,32 @@ def test_a_pickled_optimizer_state_loads_and_verifies(tmp_path):
     s2.register_for_checkpointing("opt", opt2, allow_pickle=True)
     s2.load()
     assert [sorted(v) for v in opt2.state.values()] == [["last", "momentum_buffer"]] * 2
+
+
+def test_an_empty_param_group_takes_the_saved_empty_groups_hyper_parameters(tmp_path):
+    """A group without parameters has no name to match by: it kept its live lr while the scheduler's saved
+    lr was restored in the others, and nothing said so (a helper's attack with PyTorch idioms). It now takes
+    the saved empty group at its position, as torch's own load_state_dict does."""
+    def job():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.AdamW([{"params": list(model.parameters())},
+                                 {"params": [], "weight_decay": 0.0}], lr=0.01)
+        return model, opt, torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+
+    model, opt, sched = job()
+    for _ in range(3):
+        model(torch.ones(2, 3)).sum().backward()
+        opt.step()
+        sched.step()
+    saver = Saver(model, output_dir=str(tmp_path))
+    saver.register_for_checkpointing("opt", opt)
+    saver.save("c")
+    model2, opt2, _ = job()
+    back = Saver(model2, output_dir=str(tmp_path))
+    back.register_for_checkpointing("opt", opt2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back.load()
+    assert [g["lr"] for g in opt2.param_groups] == [g["lr"] for g in opt.param_groups] == [0.00125, 0.00125]
+    assert opt2.param_groups[1]["weight_decay"] == 0.0

@@ -98,5 +98,5 @@ def _import_folded(g: FoldPlan, table: str, target_table, slots, names, rbs, scr
     k = len(ids)
     if k == 0:
         return 0
-    target_table.import_rows(torch.from_numpy(ids), slot_tensors(slots, cols, k))
+    target_table.import_rows(torch.from_numpy(ids), slot_tensors(slots, cols, k, table))
     return k

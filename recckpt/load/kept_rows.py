@@ -15,8 +15,9 @@ from ..format.column_join import FROM_OVERLAP, iter_joined
 from ..format.hashing import id_range_buckets
 from ..format.schema import Manifest
 from ..state.protocol import column_split_slots, pieces_of
+from .casting import cast_to
 from .fixed_rows import DirectRows, OwnedRows
-from .sparse_load import slot_tensors
+from .sparse_load import slot_tensors, slot_where
 
 
 def load_fixed(reader: CheckpointReader, name: str, target: str, table, slots) -> int:
@@ -53,7 +54,7 @@ def _load_pieces_once(reader: CheckpointReader, name: str, target: str, pieces, 
     names, rbs = [s for s, _, _ in slots], [si.row_bytes for _, si, _ in slots]
     for lo, hi in _merged(r for p in pieces for r in fixed_bucket_ranges(reader.manifest, name, p.row_layout())):
         for ids, cols in reader.segments.iter_table(name, names, rbs, lo, hi):
-            sink.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), slot_tensors(slots, cols, len(ids)))
+            sink.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), slot_tensors(slots, cols, len(ids), target))
     return sink.rows
 
 
@@ -146,7 +147,7 @@ def _import_owned(where: str, name, target, table, slots, layout, ids, cols, sta
             t = t.reshape(n, *si.shape)
             if slot in split and layout.columns is not None:
                 t = t[:, c0:c1]
-        tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+        tensors[slot] = cast_to(t, spec.dtype, slot_where(slot, target)).contiguous()
     table.import_rows(torch.from_numpy(np.ascontiguousarray(ids)), tensors)
     return n
 
@@ -184,7 +185,7 @@ def load_blocks(reader: CheckpointReader, name: str, table, slots, row_ranges, c
         for s, raw in split.items():
             si, spec = spec_of[s]
             t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape[:-1], -1)
-            tensors[s] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+            tensors[s] = cast_to(t, spec.dtype, slot_where(s, name)).contiguous()
         for s, parts in unsplit.items():
             si, spec = spec_of[s]
             ts = [(w, torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape))
@@ -193,7 +194,7 @@ def load_blocks(reader: CheckpointReader, name: str, table, slots, row_ranges, c
                 t = ts[0][1]
             else:
                 t = (sum(x.to(torch.float64) * w for w, x in ts) / sum(w for w, _ in ts)).to(ts[0][1].dtype)
-            tensors[s] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+            tensors[s] = cast_to(t, spec.dtype, slot_where(s, name)).contiguous()
         table.import_rows(torch.from_numpy(ids), tensors)
         rows += n
     return rows
@@ -215,7 +216,7 @@ def load_routed(reader: CheckpointReader, name: str, table, slots) -> int:
         tensors = {}
         for (slot, si, spec), raw in zip(slots, cols):
             t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(len(ids), *si.shape)[keep]
-            tensors[slot] = (t.to(spec.dtype) if t.dtype != spec.dtype else t).contiguous()
+            tensors[slot] = cast_to(t, spec.dtype, slot_where(slot, name)).contiguous()
         table.import_rows(t_ids[keep].contiguous(), tensors)
         rows += n
     return rows

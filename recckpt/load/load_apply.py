@@ -35,6 +35,7 @@ from ..state.protocol import (
 )
 from ..state.registry import Registry
 from . import kept_rows
+from .casting import cast_to
 from .chain_load import load_chain_rows, plan_chain
 from .fixed_rows import DirectRows, OwnedRows
 from .load_config import LoadConfig
@@ -208,7 +209,7 @@ class LoadPlan:
                 lazy = isinstance(cur, torch.nn.parameter.UninitializedTensorMixin)
                 self._check_compatible(f"dense key {key!r}", dtypes.name_of(t.dtype), tuple(t.shape),
                                        cur.dtype, tuple(t.shape) if lazy else tuple(cur.shape))
-                self.dense_out[target] = t.to(cur.dtype) if t.dtype != cur.dtype else t
+                self.dense_out[target] = cast_to(t, cur.dtype, f"dense key {target!r}")
             moved_away = {k for k in ckpt_dense if conf.dense_selected(k) and conf.renamed(k) != k}
             for key in dense:
                 if key not in matched and conf.dense_selected(key) and key not in moved_away:
@@ -821,7 +822,7 @@ class LoadPlan:
                         n = len(ids)
                         if n == 0:
                             continue
-                        table.import_rows(torch.from_numpy(ids), slot_tensors(slots, cols, n))
+                        table.import_rows(torch.from_numpy(ids), slot_tensors(slots, cols, n, target))
                         self.result.sparse_rows += n
                     self.result.sparse_rows -= rf.replaced
                     rf.check()

@@ -30,6 +30,7 @@ from ..format.segment_groups import TableRows
 from ..format.sparse_io import SegmentReader
 from ..state.protocol import AdoptStorage, BulkAppend, SlotSpec, SparseState, implements
 from ..state.staging import HostToDevice, needs_staging
+from .casting import cast_to
 
 
 def _bytes_of(t: torch.Tensor, what: str):
@@ -149,11 +150,16 @@ def put_rows(table: SparseState, got: TableRows, names: Sequence[str], target: s
     return got.rows
 
 
-def slot_tensors(slots, cols, n: int) -> dict[str, torch.Tensor]:
+def slot_tensors(slots, cols, n: int, table: str) -> dict[str, torch.Tensor]:
     """`cols` (uint8 rows of n rows, one per entry of `slots`: (slot, checkpoint SlotInfo, model SlotSpec))
-    as tensors `import_rows` takes: the checkpoint's dtype and row shape, cast where the model's differs."""
+    as tensors `import_rows` takes: the checkpoint's dtype and row shape, cast where the model's differs
+    (`table`: the model table's name, for what a cast says)."""
     tensors = {}
     for (slot, si, spec), raw in zip(slots, cols):
         t = torch.from_numpy(raw).view(dtypes.torch_dtype(si.dtype)).reshape(n, *si.shape)
-        tensors[slot] = t.to(spec.dtype) if t.dtype != spec.dtype else t
+        tensors[slot] = cast_to(t, spec.dtype, slot_where(slot, table))
     return tensors
+
+
+def slot_where(slot: str, table: str) -> str:
+    return f"slot {slot!r} of table {table!r}"

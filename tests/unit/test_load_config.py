@@ -171,6 +171,34 @@ def test_cast(tmp_path, src_dtype, dst_dtype):
         assert torch.equal(got[i], row.to(dst_dtype))
 
 
+@pytest.mark.parametrize("dst_dtype,overflows", [(torch.float16, True), (torch.bfloat16, False)])
+def test_a_cast_that_overflows_to_inf_is_warned_about(tmp_path, dst_dtype, overflows):
+    """fp32 values beyond fp16's range become inf in the cast (as torch's copy makes them); the load said
+    nothing (a helper's attack with PyTorch idioms). It now warns, naming the dense key and the table slot;
+    bf16 has fp32's range, so nothing is lost that way and nothing is said."""
+    class Both(torch.nn.Module):
+        def __init__(self, dtype):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2).to(dtype)
+            self.t = HashTable("t", dim=2, dtype=dtype)
+
+    a = Both(torch.float32)
+    a.t(torch.tensor([1, 2]))
+    with torch.no_grad():
+        a.lin.weight.copy_(torch.tensor([[1e6, -7e4], [1e-3, 0.5]]))
+        a.t.weight.copy_(torch.tensor([[1e6, 1.0], [3.0, 2.0]]))
+    Saver(a, output_dir=tmp_path).save("c")
+    b = Both(dst_dtype)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        Saver(b, output_dir=tmp_path).load()
+    said = [str(w.message) for w in seen if "became inf" in str(w.message)]
+    assert bool(said) == overflows
+    if overflows:
+        assert any("dense key 'lin.weight'" in m for m in said) and any("slot 'embedding' of table 't'" in m for m in said)
+    assert torch.equal(b.lin.weight, a.lin.weight.to(dst_dtype))   # the cast itself is torch's
+
+
 def test_cast_refused_when_off(tmp_path):
     saved(tmp_path, dtype=torch.float32)
     m, _, s, _, _ = fresh(tmp_path, dtype=torch.bfloat16)

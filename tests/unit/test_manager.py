@@ -14,8 +14,12 @@ import torch
 from helpers.tables import assert_tables_equal
 from helpers.training_child import make_job, run, train_step
 from recckpt import AsyncSaveError, CheckpointManager, EphemeralEveryNSteps, KeepPolicy, PreemptionHandler, Saver
-from recckpt.errors import (CheckpointNotFoundError, CommitOutcomeUnknownError, CorruptCheckpointError,
-                            IncompatibleCheckpointError)
+from recckpt.errors import (
+    CheckpointNotFoundError,
+    CommitOutcomeUnknownError,
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+)
 
 
 def committed(out):

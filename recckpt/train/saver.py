@@ -230,6 +230,11 @@ class Saver:
                     f"model state_dict entry {k!r} is a {type(v).__name__}, not a tensor or a SparseState; "
                     f"recckpt stores a model's state_dict entries as tensors (no pickle): keep that state in an "
                     f"object registered with register_for_checkpointing, outside the model's state_dict")
+            if v.layout != torch.strided:
+                raise CheckpointSaveError(
+                    f"model state_dict entry {k!r} is a {v.layout} tensor; recckpt stores dense (strided) "
+                    f"tensors: keep it dense in the state_dict (e.g. return t.to_dense() from a state_dict hook), "
+                    f"or hold ids and rows in a recckpt.HashTable")
         return sparse, dense
 
     def save(self, ckpt_id: str, shard_id: int | None = None, shard_num: int | None = None, *,

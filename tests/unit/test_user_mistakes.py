@@ -369,3 +369,15 @@ def test_a_lazy_module_not_yet_run_takes_the_saved_shapes(tmp_path):
     with pytest.raises(recckpt.errors.IncompatibleCheckpointError, match="0.weight"):
         recckpt.Saver(torch.nn.Sequential(torch.nn.LazyLinear(3, dtype=torch.float64)),
                       output_dir=str(tmp_path)).load(load_conf={"cast": False})
+
+
+def test_a_sparse_layout_buffer_is_refused_naming_it(tmp_path):
+    """A torch.sparse_coo buffer failed the save with torch's "unsupported memory format option Contiguous",
+    naming neither the entry nor the cause (a helper's attack with PyTorch idioms)."""
+    m = torch.nn.Module()
+    m.lin = torch.nn.Linear(2, 2)
+    m.register_buffer("mask", torch.eye(3).to_sparse())
+    saver = recckpt.Saver(m, output_dir=str(tmp_path))
+    with pytest.raises(recckpt.errors.CheckpointSaveError, match=r"'mask' is a torch.sparse_coo tensor.*strided"):
+        saver.save("c")
+    assert saver.checkpoints() == []

@@ -150,3 +150,41 @@ class AsyncSaveError(CheckpointSaveError):
 class AsyncCommitOutcomeUnknownError(AsyncSaveError, CommitOutcomeUnknownError):
     """The background write of a distributed async save handed its part to rank 0 and never learned
     whether rank 0 committed it (see CommitOutcomeUnknownError)."""
+
+
+def os_error_hint(e: BaseException | None, retry: str = "save again") -> str:
+    """What to do about the storage error behind a failure (the first OSError in `e`'s chain), if it is one
+    recckpt can name; `retry`: what to do once it is fixed."""
+    import errno
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    if e is None:
+        return ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f" The disk or quota is full: free space (or lower max_keep) and {retry}."
+    if e.errno == errno.EIO:
+        return f" The storage reported an I/O error: check the device, mount or endpoint, then {retry}."
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f" The output directory is not writable: fix its permissions or mount, then {retry}."
+    return ""
+
+
+def raw_os_errors_named(op: str):
+    """Decorator of a public tool `op(location, ...)` (prune, delete, gc, compact): an OSError that is not a
+    recckpt error already (a version file that cannot be written into a read-only directory, ...) is raised
+    as a StorageError naming the operation, the location, the file and what to do."""
+    import functools
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(location, *args, **kwargs):
+            try:
+                return fn(location, *args, **kwargs)
+            except OSError as e:
+                if isinstance(e, RecckptError):
+                    raise
+                where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+                raise StorageError(e.errno, f"{op} {location} failed: {e.strerror or e}{where}."
+                                            f"{os_error_hint(e, op + ' again')}", path=e.filename) from e
+        return run
+    return wrap

@@ -18,10 +18,28 @@ def _local(url: str, storage_options: dict | None, **kw) -> Storage:
     path = url[len("file://"):] if url.startswith("file://") else url
     if not path:   # "file://" alone would silently mean the current directory
         raise StorageURLError(f"{url!r} names no directory; give a path, e.g. file:///data/run1")
-    return LocalStorage(path)
+    # "file://~/ckpts" is the home directory's, as fsspec reads it and as the bare path means: not "./~"
+    return LocalStorage(os.path.expanduser(path))
+
+
+#: Schemes whose first path segment is a bucket (or container): a URL without one names no store.
+BUCKET_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
+
+
+def _check_object_url(url: str, scheme: str) -> None:
+    """Refuse URLs an object store would take apart wrongly: no bucket, or an empty path segment
+    ("s3://b//run" names keys under "b//run", which s3fs's listings do not return, so every save found
+    its own files gone and failed, blaming another process)."""
+    rest = url.split("://", 1)[1]
+    if scheme in BUCKET_SCHEMES and (not rest.strip("/") or rest.startswith("/")):
+        raise StorageURLError(f"{url!r} names no bucket; give one, e.g. {scheme}://my-bucket/run1")
+    if "//" in rest.rstrip("/"):
+        raise StorageURLError(f"{url!r} has an empty path segment ('//'); remove it, e.g. "
+                              f"{scheme}://{'/'.join(p for p in rest.split('/') if p)}")
 
 
 def _fsspec(url: str, storage_options: dict | None, **kw) -> Storage:
+    _check_object_url(url, url.split("://", 1)[0])
     try:
         fs = FsspecStorage(url, storage_options, **kw)
     except (ValueError, ImportError) as e:   # fsspec: "Protocol not known", a missing driver
@@ -38,11 +56,25 @@ def _fsspec(url: str, storage_options: dict | None, **kw) -> Storage:
 BACKENDS = {"": _local, "file": _local}
 
 
+def location(url) -> str:
+    """`url` (a path, os.PathLike or URL) as the string recckpt keeps; anything else is refused here, where
+    every public entry point turns its location into a string."""
+    if not isinstance(url, (str, os.PathLike)):
+        raise StorageURLError(
+            f"a storage location must be a path or URL string, got a {type(url).__module__}.{type(url).__qualname__}"
+            + ("; pass the filesystem's URL (e.g. 's3://bucket/run') and its settings as storage_options"
+               if hasattr(url, "protocol") else ""))
+    url = os.fspath(url)
+    if not isinstance(url, str):
+        raise StorageURLError(f"a storage location must be a str path or URL, got {url!r}")
+    return url
+
+
 def open_storage(url, storage_options: dict | None = None, **kw) -> Storage:
     """The store for a local path or an fsspec URL. `storage_options` go to fsspec (endpoint,
     credentials, profile, ...); `kw` (timeout_s, lease_s) to object-store backends."""
-    url = os.fspath(url)
-    if not isinstance(url, str) or not url:
+    url = location(url)
+    if not url:
         raise StorageURLError(f"a storage location must be a non-empty path or URL, got {url!r}")
     if storage_options is not None and not isinstance(storage_options, dict):
         raise InvalidArgumentError(f"storage_options must be a dict or None, got {type(storage_options).__name__}")
@@ -52,4 +84,4 @@ def open_storage(url, storage_options: dict | None = None, **kw) -> Storage:
     return BACKENDS.get(scheme, _fsspec)(url, storage_options, **kw)
 
 
-__all__ = ["Storage", "Claim", "LocalStorage", "FsspecStorage", "open_storage", "BACKENDS"]
+__all__ = ["Storage", "Claim", "LocalStorage", "FsspecStorage", "open_storage", "location", "BACKENDS"]

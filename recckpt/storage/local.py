@@ -82,7 +82,20 @@ class LocalStorage(Storage):
         try:
             return sorted(os.listdir(self.local_path(path)))
         except (FileNotFoundError, NotADirectoryError):
+            if not path:
+                self._check_root()
             return []
+
+    def _check_root(self) -> None:
+        """A root that exists as something else than a directory is an error, not an empty output
+        directory: a restore would start training over beside it, and a save fail with 'File exists'."""
+        root = self.root
+        if os.path.isdir(root) or not os.path.lexists(root):
+            return
+        what = (f"a link to {os.readlink(root)!r}, which does not exist" if os.path.islink(root)
+                else "a file, not a directory")
+        raise StorageError(errno.ENOTDIR, f"the output directory {root} is {what}; pass a directory (or a path "
+                                          f"that does not exist yet, which a save creates)", root)
 
     def makedirs(self, path):
         p = self.local_path(path)
@@ -218,6 +231,7 @@ class LocalStorage(Storage):
 
     # ------------------------------------------------------------------------- commit protocol
     def prepare_for_save(self):
+        self._check_root()
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as e:

@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointExistsError, CheckpointNotFoundError, InvalidArgumentError, RecckptError
+from ..errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    InvalidArgumentError,
+    RecckptError,
+    raw_os_errors_named,
+)
 from ..format import catalog
 from ..format.chain import open_chain, table_links
 from ..format.checkpoint import CheckpointReader, copy_whole_files, finalize, write_worker_part
@@ -27,7 +33,7 @@ from ..format.layout import row_granule, segment_rows
 from ..format.names import MANIFEST, owner_file, validate_ckpt_id
 from ..format.retention import META_COMPACTED_FROM, recorded_step
 from ..format.sparse_write import SparseWriteOptions, TableSource, WriteReceipts
-from ..storage import open_storage
+from ..storage import location, open_storage
 
 log = logging.getLogger("recckpt")
 
@@ -44,7 +50,7 @@ class CompactStats:
 
 
 def _split(path: str) -> tuple[str, str]:
-    path = os.fspath(path).rstrip("/")
+    path = location(path).rstrip("/")
     head, _, name = path.rpartition("/")
     if not head or not name:
         raise InvalidArgumentError(f"compact: {path!r} must be <output_dir>/<ckpt_id>, e.g. out/ckpt_1000",
@@ -129,6 +135,7 @@ def _pieces(links, table: str, slots: list[str], row_bytes: list[int], seg_rows:
         yield np.concatenate(rest_ids), [np.concatenate(parts) for parts in zip(*rest_cols)]
 
 
+@raw_os_errors_named("compact")
 def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int = 4, fsync: bool = True,
             memory_bytes: int = 256 << 20, storage_options: Mapping[str, Any] | None = None) -> CompactStats:
     """Write checkpoint `dst` (`<output_dir>/<new_id>`, local path or fsspec URL) as one full checkpoint

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..format import dtypes
+from ..storage import location
 from .reader import DEFAULT_CHUNK_ROWS, CheckpointView, open as open_checkpoint
 
 FORMATS = ("parquet", "safetensors", "npy")
@@ -383,7 +384,7 @@ def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLik
     opts = options or ExportOptions()
     view = source if isinstance(source, CheckpointView) else open_checkpoint(source, storage_options)
     plan = _plan(view, opts)
-    out_dir = os.fspath(out_dir)
+    out_dir = location(out_dir)
     if "://" in out_dir:
         raise InvalidArgumentError(f"out_dir (--out) {out_dir}: export writes to a local directory; export locally, "
                                    f"then copy the files to the store")

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CheckpointNotFoundError, InvalidArgumentError, StorageError
+from ..errors import CheckpointNotFoundError, InvalidArgumentError, StorageError, raw_os_errors_named
 from ..format import catalog, names, recovery
 from ..format.retention import CkptEntry, KeepPolicy
 from .reader import kind_of, open_output_dir, parent_of
@@ -152,6 +152,7 @@ def list_checkpoints(output_dir, storage_options: Mapping[str, Any] | None = Non
     return out
 
 
+@raw_os_errors_named("prune")
 def prune(output_dir, keep: int, *, dry_run: bool = False,
           storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """Delete all but the newest `keep` regular checkpoints (the keep policy of a CheckpointManager with
@@ -181,6 +182,7 @@ def prune(output_dir, keep: int, *, dry_run: bool = False,
     return deleted
 
 
+@raw_os_errors_named("delete")
 def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[str, Any] | None = None
            ) -> list[str]:
     """Delete the named committed checkpoints of `output_dir`, e.g. newer ones that a run rewound past
@@ -219,6 +221,7 @@ def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[st
         return deleted
 
 
+@raw_os_errors_named("gc")
 def gc(output_dir, *, dry_run: bool = False, storage_options: Mapping[str, Any] | None = None
        ) -> list[tuple[str, str]]:
     """Remove the leftovers of crashed saves and deletes (staging and half-deleted directories, temporary

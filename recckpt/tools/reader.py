@@ -33,7 +33,7 @@ from ..format.digest import DenseDigest, TableDigest
 from ..format.fold import bucket_groups, fold_rows, plan_fold
 from ..format.hashing import bucket_range
 from ..format.retention import META_EPHEMERAL, recorded_step
-from ..storage import Storage, open_storage
+from ..storage import Storage, location, open_storage
 
 DEFAULT_CHUNK_ROWS = 65536
 #: iter_rows reads about this many bytes of rows (all segments together) per bucket window.
@@ -80,8 +80,7 @@ class DenseDesc:
 
 def open_output_dir(path, storage_options: Mapping[str, Any] | None = None) -> Storage:
     """The storage of an output directory (or checkpoint directory) at a path or fsspec URL."""
-    import os
-    return _open_storage(os.fspath(path), storage_options)
+    return _open_storage(location(path), storage_options)
 
 
 def _open_storage(path: str, storage_options: Mapping[str, Any] | None) -> Storage:
@@ -93,8 +92,7 @@ def open(path, storage_options: Mapping[str, Any] | None = None, *, threads: int
 
     Raises CheckpointNotFoundError when `path` holds no checkpoint (naming the newest one when `path` is
     an output directory), CorruptCheckpointError when its manifest fails validation."""
-    import os
-    path = os.fspath(path)
+    path = location(path)
     storage = _open_storage(path, storage_options)
     try:
         reader = CheckpointReader(storage, "", threads=threads)

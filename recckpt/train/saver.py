@@ -21,6 +21,7 @@ from ..errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
     RecckptError,
+    os_error_hint,
 )
 from ..format import catalog, extras as extras_fmt, gcpause, recovery
 from ..format.chain import walk_chain
@@ -44,7 +45,7 @@ from ..state.protocol import (
 )
 from ..state.registry import Registry
 from ..state.staging import StagingPool
-from ..storage import open_storage
+from ..storage import location as storage_location, open_storage
 from .events import save_line
 from .options import SaveOptions
 from .policies import CkptEntry, KeepPolicy
@@ -129,7 +130,7 @@ class Saver:
             raise InvalidArgumentError(f"concurrency must be an integer >= 1, got {concurrency!r}")
         self.model = model
         self.sparse_optim = sparse_optim
-        self.output_dir = os.fspath(output_dir)
+        self.output_dir = storage_location(output_dir)
         self.options = options or SaveOptions()
         if read_options is not None and not isinstance(read_options, ReadOptions):
             raise InvalidArgumentError(f"read_options must be a recckpt.ReadOptions, got {type(read_options).__name__}")
@@ -510,7 +511,7 @@ class Saver:
                     pass  # start-up recovery of the next Saver removes it
             if isinstance(e, (RecckptError, KeyboardInterrupt)) and not isinstance(e, CorruptCheckpointError):
                 raise
-            hint = _os_error_hint(e)
+            hint = os_error_hint(e)
             if manifest is None and _lost_commit_race(e) and committed:
                 raise ConcurrentCommitError(
                     f"checkpoint {self.storage.describe(ckpt_id)} was committed by another writer while this "
@@ -803,7 +804,7 @@ class Saver:
                               f"stayed is kept with it)")
         except OSError as e:
             msg = (f"checkpoint {self.storage.describe(ckpt_id)} is committed, but updating the version file or "
-                   f"deleting old checkpoints failed: {type(e).__name__}: {e}. The next save retries.{_os_error_hint(e)}")
+                   f"deleting old checkpoints failed: {type(e).__name__}: {e}. The next save retries.{os_error_hint(e)}")
             log.warning("recckpt: %s", msg)
             warnings.warn(msg, stacklevel=4)
 
@@ -839,7 +840,7 @@ class Saver:
         target = LoadTarget(self.model, self.sparse_optim, self.registry, self.concurrency, self.read_options)
         if direct_path and ckpt_path is None:
             raise InvalidArgumentError("direct_path=True needs ckpt_path: the committed checkpoint directory")
-        url = self.output_dir if ckpt_path is None else os.fspath(ckpt_path)
+        url = self.output_dir if ckpt_path is None else storage_location(ckpt_path)
         request = LoadRequest(storage, url, ckpt_id, direct_path, LoadConfig.coerce(load_conf), shard_id, world,
                               parent_storage=lambda url: self.open_storage(url, storage_options))
         outcome = load_checkpoint(target, request, before_apply=self._forget_chain)
@@ -883,19 +884,3 @@ def _lost_commit_race(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
-
-
-def _os_error_hint(e: BaseException) -> str:
-    """What to do about the storage error behind a failed save, if it is one we can name."""
-    import errno
-    while e is not None and not isinstance(e, OSError):
-        e = e.__cause__ or e.__context__
-    if e is None:
-        return ""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return " The disk or quota is full: free space (or lower max_keep) and save again."
-    if e.errno == errno.EIO:
-        return " The storage reported an I/O error: check the device or mount, then save again."
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return " The output directory is not writable: fix its permissions or mount, then save again."
-    return ""

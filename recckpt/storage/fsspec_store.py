@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
+import logging
 import os
 import shutil
 import tempfile
@@ -29,6 +30,8 @@ import warnings
 from ..errors import CheckpointExistsError, ConcurrentCommitError, StorageError
 from . import claims
 from .base import Claim, Storage
+
+log = logging.getLogger("recckpt")
 
 #: Defaults for s3fs that bound every request (botocore's own retries stay few: s3fs retries transient
 #: errors with backoff on top of them) and turn off its listing cache.
@@ -55,6 +58,13 @@ def _merged_options(protocol: str, options: dict | None) -> dict:
                 out[k] = {**copy.deepcopy(v), **copy.deepcopy(configured), **(out.get(k) or {})}
             else:
                 out.setdefault(k, copy.deepcopy(v))
+        # recckpt reads and lists the current version of every object. A version-aware s3fs lists prefixes
+        # that hold only deleted versions, so each checkpoint retention deleted came back as a leftover that
+        # gc could never remove: the option is turned off (also where fsspec's configuration sets it).
+        if out.get("version_aware"):
+            log.info("recckpt: storage option version_aware=True is not used: checkpoints are read and listed by "
+                     "their current versions")
+        out["version_aware"] = False
     return out
 
 

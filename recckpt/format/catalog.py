@@ -189,8 +189,8 @@ def _listing3(storage: Storage, trust_catalog: bool = True, top: list[str] | Non
     if order and order[-1] in cached:
         m = _manifest_or_none(storage, order[-1])
         if m is None or not cached[order[-1]].describes(m):
-            log.warning("recckpt: catalog %s does not match checkpoint %s; reading the manifests instead (" + _REWRITTEN_BY + ")",
-                        storage.describe(names.CATALOG), storage.describe(order[-1]))
+            # (unlike a pick, an unreadable manifest here is a reason to list from the manifests)
+            _warn_stale(storage, order[-1])
             return _listing(storage, trust_catalog=False)[0], False, top
     return [(i, found[i]) for i in order], set(cached) == set(found), top
 
@@ -229,9 +229,13 @@ def matches_its_manifest(storage: Storage, ckpt_id: str, entry: CatalogEntry) ->
     m = _manifest_or_none(storage, ckpt_id)
     if m is None or entry.describes(m):
         return True
+    _warn_stale(storage, ckpt_id)
+    return False
+
+
+def _warn_stale(storage: Storage, ckpt_id: str) -> None:
     log.warning("recckpt: catalog %s does not match checkpoint %s; reading the manifests instead (" + _REWRITTEN_BY + ")",
                 storage.describe(names.CATALOG), storage.describe(ckpt_id))
-    return False
 
 
 def _order(listed: list[str], found: dict[str, CatalogEntry]) -> list[str]:

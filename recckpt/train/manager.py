@@ -450,12 +450,14 @@ class CheckpointManager:
             # no isdir first: a missing output directory lists empty, and on an object store an isdir
             # of a prefix with 10 000 checkpoints cost more than the listing itself
             found, top = catalog.committed_and_top(self.saver.storage)
-            first = next(iter(self._candidates(self._with_steps(found), global_step)), None)
+            stepped = self._with_steps(found)
+            first = next(iter(self._candidates(stepped, global_step)), None)
             # (a step asked for and not listed is looked for in the manifests too: the catalog may be stale)
             if (first is None and global_step is not None and found) or (
                     first is not None and not catalog.picked_entry_holds(self.saver.storage, found, first[0])):
                 found, top = catalog.committed_and_top(self.saver.storage, trust_catalog=False)
-            listing = [list(e) for e in self._with_steps(found)]
+                stepped = self._with_steps(found)
+            listing = [list(e) for e in stepped]
             damaged = catalog.damaged(self.saver.storage, top, {cid for cid, _ in found})
             if damaged:
                 warnings.warn(

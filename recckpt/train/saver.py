@@ -470,8 +470,7 @@ class Saver:
                                       [(t, m.name) for t, m in zip(snap.tables, metas)] if live else None,
                                       (shard_id, shard_num))
             if stats.committed:
-                kind = ("incremental" if parent is not None else
-                        "ephemeral" if (metadata or {}).get(META_EPHEMERAL) == "1" else "full")
+                kind = "incremental" if parent is not None else "full" if becomes_parent else "ephemeral"
                 log.info("%s", save_line(ckpt_id, step, stats.bytes_written, stats.seconds, stats.sparse_rows,
                                          kind=kind, rank=shard_id, whole=manifest is not None,
                                          stall_seconds=None if live else snap.stall_seconds))

@@ -170,21 +170,21 @@ def os_error_hint(e: BaseException | None, retry: str = "save again") -> str:
 
 
 def raw_os_errors_named(op: str):
-    """Decorator of a public tool `op(location, ...)` (prune, delete, gc, compact): an OSError that is not a
-    recckpt error already (a version file that cannot be written into a read-only directory, ...) is raised
-    as a StorageError naming the operation, the location, the file and what to do."""
+    """Decorator of a public tool (prune, delete, gc, compact, export): an OSError that is not a recckpt
+    error already (a version file that cannot be written into a read-only directory, ...) is raised as a
+    StorageError naming the operation, the file and what to do. The tool's signature is unchanged."""
     import functools
 
     def wrap(fn):
         @functools.wraps(fn)
-        def run(location, *args, **kwargs):
+        def run(*args, **kwargs):
             try:
-                return fn(location, *args, **kwargs)
+                return fn(*args, **kwargs)
             except OSError as e:
                 if isinstance(e, RecckptError):
                     raise
-                where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-                raise StorageError(e.errno, f"{op} {location} failed: {e.strerror or e}{where}."
+                where = f" at {e.filename}" if getattr(e, "filename", None) else ""
+                raise StorageError(e.errno, f"{op} failed{where}: {e.strerror or e}."
                                             f"{os_error_hint(e, op + ' again')}", path=e.filename) from e
         return run
     return wrap

@@ -142,10 +142,11 @@ def decode(text: str, tensors: dict[str, torch.Tensor] | dict[str, np.ndarray], 
         if "__tuple__" in node:
             return tuple(dec(v) for v in node["__tuple__"])
         if "__dict__" in node:
-            return {_hashable(dec(k)): dec(v) for k, v in node["__dict__"]}
+            return {_hashable(dec(k)): dec(v) for k, v in _pairs_of(node, "__dict__")}
         for kind, tag in _DICT_TAGS.items():
             if tag in node:
-                return kind({_hashable(dec(k)): dec(v) for k, v in node[tag]})   # (Counter(pairs) would count them)
+                # (built from a dict: Counter(pairs) would count the pairs)
+                return kind({_hashable(dec(k)): dec(v) for k, v in _pairs_of(node, tag)})
         return {k: dec(v) for k, v in node.items()}
 
     try:
@@ -156,6 +157,15 @@ def decode(text: str, tensors: dict[str, torch.Tensor] | dict[str, np.ndarray], 
     except (KeyError, ValueError, TypeError, RecursionError, OverflowError) as e:
         from ..errors import CorruptCheckpointError
         raise CorruptCheckpointError(f"{where}: invalid state tree ({e!r})", where) from None
+
+
+def _pairs_of(node: dict, tag: str) -> list:
+    """The [key, value] pairs under `tag`; anything else (a string would unpack into two characters) is a
+    corrupt tree."""
+    pairs = node[tag]
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise ValueError(f"{tag} is not a list of [key, value] pairs")
+    return pairs
 
 
 def _hashable(k):

@@ -18,7 +18,7 @@ def _local(url: str, storage_options: dict | None, **kw) -> Storage:
     path = url[len("file://"):] if url.startswith("file://") else url
     if not path:   # "file://" alone would silently mean the current directory
         raise StorageURLError(f"{url!r} names no directory; give a path, e.g. file:///data/run1")
-    # "file://~/ckpts" is the home directory's, as fsspec reads it and as the bare path means: not "./~"
+    # "~/ckpts" and "file://~/ckpts" mean the home directory, as in a shell and in fsspec: not "./~"
     return LocalStorage(os.path.expanduser(path))
 
 
@@ -26,20 +26,25 @@ def _local(url: str, storage_options: dict | None, **kw) -> Storage:
 BUCKET_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
 
 
-def _check_object_url(url: str, scheme: str) -> None:
-    """Refuse URLs an object store would take apart wrongly: no bucket, or an empty path segment
-    ("s3://b//run" names keys under "b//run", which s3fs's listings do not return, so every save found
-    its own files gone and failed, blaming another process)."""
-    rest = url.split("://", 1)[1]
-    if scheme in BUCKET_SCHEMES and (not rest.strip("/") or rest.startswith("/")):
-        raise StorageURLError(f"{url!r} names no bucket; give one, e.g. {scheme}://my-bucket/run1")
-    if "//" in rest.rstrip("/"):
-        raise StorageURLError(f"{url!r} has an empty path segment ('//'); remove it, e.g. "
-                              f"{scheme}://{'/'.join(p for p in rest.split('/') if p)}")
+def _check_object_url(url: str) -> None:
+    """Refuse an object-store URL that names no bucket, or whose key has an empty segment ("s3://b//run"
+    names keys under "b//run", which s3fs's listings do not return, so every save found its own files gone
+    and failed, blaming another process). Each part of a chained URL ("simplecache::s3://b/run") is
+    checked; other filesystems (ftp://host//abs, zip://c::file:///a.zip) keep their own rules."""
+    for part in url.split("::"):
+        scheme, sep, rest = part.partition("://")
+        if not sep or scheme not in BUCKET_SCHEMES:
+            continue
+        key = rest.split("?", 1)[0]
+        if not key.strip("/") or key.startswith("/"):
+            raise StorageURLError(f"{url!r} names no bucket; give one, e.g. {scheme}://my-bucket/run1")
+        if "//" in key.rstrip("/"):
+            raise StorageURLError(f"{url!r} has an empty path segment ('//'); remove it, e.g. "
+                                  f"{scheme}://{'/'.join(p for p in key.split('/') if p)}")
 
 
 def _fsspec(url: str, storage_options: dict | None, **kw) -> Storage:
-    _check_object_url(url, url.split("://", 1)[0])
+    _check_object_url(url)
     try:
         fs = FsspecStorage(url, storage_options, **kw)
     except (ValueError, ImportError) as e:   # fsspec: "Protocol not known", a missing driver
@@ -79,8 +84,6 @@ def open_storage(url, storage_options: dict | None = None, **kw) -> Storage:
     if storage_options is not None and not isinstance(storage_options, dict):
         raise InvalidArgumentError(f"storage_options must be a dict or None, got {type(storage_options).__name__}")
     scheme = url.split("://", 1)[0] if "://" in url else ""
-    if not scheme:
-        url = os.path.expanduser(url)   # "~/ckpts" means the home directory, as in a shell, not "./~"
     return BACKENDS.get(scheme, _fsspec)(url, storage_options, **kw)
 
 

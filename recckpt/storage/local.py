@@ -90,12 +90,23 @@ class LocalStorage(Storage):
         """A root that exists as something else than a directory is an error, not an empty output
         directory: a restore would start training over beside it, and a save fail with 'File exists'."""
         root = self.root
-        if os.path.isdir(root) or not os.path.lexists(root):
+        if os.path.isdir(root):
             return
-        what = (f"a link to {os.readlink(root)!r}, which does not exist" if os.path.islink(root)
-                else "a file, not a directory")
-        raise StorageError(errno.ENOTDIR, f"the output directory {root} is {what}; pass a directory (or a path "
-                                          f"that does not exist yet, which a save creates)", root)
+        # the nearest part of the path that exists: a file on the way ("afile/run") blocks it as surely
+        there = root
+        while not os.path.lexists(there) and os.path.dirname(there) != there:
+            there = os.path.dirname(there)
+        if os.path.isdir(there):
+            return   # missing below a directory: a save creates it
+        if os.path.islink(there):
+            target = os.readlink(there)
+            what = f"a link to {target!r}, which " + ("is not a directory" if os.path.exists(there) else "does not exist")
+        else:
+            what = "a file, not a directory"
+        at = "" if there == root else f" ({there}, on its path)"
+        raise StorageError(errno.ENOTDIR, f"the output directory {root} cannot be one{at}: "
+                                          f"{there if there != root else 'it'} is {what}; pass a directory (or a "
+                                          f"path that does not exist yet below one, which a save creates)", root)
 
     def makedirs(self, path):
         p = self.local_path(path)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, raw_os_errors_named
 from ..format import dtypes
 from ..storage import location
 from .reader import DEFAULT_CHUNK_ROWS, CheckpointView, open as open_checkpoint
@@ -376,6 +376,7 @@ def _shard_rows(view: CheckpointView, table: str, slots: list[str], opts: Export
     return max(1, DEFAULT_BUFFERED_FILE_BYTES // row)
 
 
+@raw_os_errors_named("export")
 def export(source: str | os.PathLike | CheckpointView, out_dir: str | os.PathLike,
            options: ExportOptions | None = None, *, progress: Callable[[int], None] | None = None,
            storage_options: Mapping[str, Any] | None = None) -> ExportResult:

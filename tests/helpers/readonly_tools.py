@@ -1,4 +1,4 @@
-"""Child process of tests/unit/test_storage_locations.py: prune, delete, gc and compact on an output directory
+"""Child process of tests/unit/test_storage_locations.py: prune, delete, compact and export into directories
 this process cannot write (run without root's permission override); prints one line per tool: the error's
 type and message."""
 import sys
@@ -6,8 +6,10 @@ import sys
 import recckpt
 
 out = sys.argv[1]
-calls = {"prune": lambda: recckpt.prune(out, keep=1), "delete": lambda: recckpt.delete(out, ["ckpt_1"]),
-         "compact": lambda: recckpt.compact(f"{out}/ckpt_2", f"{out}/ckpt_x")}
+exported = sys.argv[2]
+calls = {"prune": lambda: recckpt.prune(output_dir=out, keep=1), "delete": lambda: recckpt.delete(out, ["ckpt_1"]),
+         "compact": lambda: recckpt.compact(src=f"{out}/ckpt_2", dst=f"{out}/ckpt_x"),
+         "export": lambda: recckpt.export(f"{out}/ckpt_2", exported)}
 for name, call in calls.items():
     try:
         call()

@@ -235,6 +235,18 @@ def test_hostile_extras_tree_is_refused(tmp_path):
         extras.validate({"objects": [1]}, "f")
 
 
+@pytest.mark.parametrize("node", [{"__counter__": {"ab": 1}}, {"__counter__": ["ab", "cd"]}, {"__odict__": "ab"},
+                                  {"__dict__": [["a", 1, 2]]}, {"__counter__": [[{"x": 1}, 1]]}, {"__odict__": None}])
+def test_hostile_dict_tags_of_a_state_tree_are_refused(node):
+    """Pairs of a dict tag must be [key, value] lists: a string unpacked into two characters, so corrupt
+    trees decoded into made-up Counters (a helper's review)."""
+    import json
+
+    from recckpt.format import tree_codec
+    with pytest.raises(CorruptCheckpointError, match="invalid state tree"):
+        tree_codec.decode(json.dumps({"v": node}), {}, "extras.safetensors")
+
+
 # ------------------------------------------------------------------ links inside a checkpoint
 def _linked_checkpoint(tmp_path, target_rel):
     import torch as _torch

@@ -206,9 +206,9 @@ class LoadPlan:
                     continue
                 # An uninitialized lazy parameter (LazyLinear before its first forward) has no shape yet:
                 # the model's load_state_dict materializes it with the saved one, as torch's own load does.
-                lazy = isinstance(cur, torch.nn.parameter.UninitializedTensorMixin)
+                shape = optim_names.live_shape(cur)
                 self._check_compatible(f"dense key {key!r}", dtypes.name_of(t.dtype), tuple(t.shape),
-                                       cur.dtype, tuple(t.shape) if lazy else tuple(cur.shape))
+                                       cur.dtype, tuple(t.shape) if shape is None else shape)
                 self.dense_out[target] = cast_to(t, cur.dtype, f"dense key {target!r}")
             moved_away = {k for k in ckpt_dense if conf.dense_selected(k) and conf.renamed(k) != k}
             for key in dense:
@@ -465,8 +465,10 @@ class LoadPlan:
     def _positional_optimizer(self, name: str, what: str, ckpt_shapes: dict[str, tuple]) -> None:
         """An optimizer's numbered state without names (older checkpoints): safe only when the
         parameters are the same, which the dense state shows: same keys (after renames), same shapes."""
-        model_shapes = {k: tuple(v.shape) for k, v in self.model_dense.items()}
         renamed = {self.conf.renamed(k): v for k, v in ckpt_shapes.items()}
+        # (an uninitialized lazy parameter takes the saved shape)
+        model_shapes = {k: renamed.get(k) if optim_names.live_shape(v) is None else optim_names.live_shape(v)
+                        for k, v in self.model_dense.items()}
         if renamed == model_shapes:
             return
         diff = sorted(set(renamed) ^ set(model_shapes)) or sorted(

@@ -357,15 +357,24 @@ def _live_named(optimizer, model) -> tuple[dict, dict | None, dict[str, tuple]]:
         names = param_names(model, optimizer)
         keys = _keys(names)
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        return to_named(sd, names), sd, {k: tuple(p.shape) for k, p in zip(keys, params)}
+        return to_named(sd, names), sd, {k: live_shape(p) for k, p in zip(keys, params)}
     if is_named(sd) or _keyed_and_empty(optimizer, sd):
         shapes = {}
         params = getattr(optimizer, "params", None)   # KeyedOptimizer: {name: parameter}
         if isinstance(params, Mapping):
-            shapes = {k: tuple(getattr(p, "shape", ())) for k, p in params.items()}
+            shapes = {k: live_shape(p) for k, p in params.items()}
         return sd, None, shapes
     raise InvalidArgumentError(f"{type(optimizer).__name__}.state_dict() is neither a torch.optim state_dict "
                                f"(numbered parameters) nor one keyed by parameter name")
+
+
+def live_shape(p) -> tuple | None:
+    """A live parameter's shape; None for an uninitialized lazy one (LazyLinear before its first forward),
+    which takes the saved shape when the model's state loads, and so is not checked against it."""
+    import torch
+    if isinstance(p, torch.nn.parameter.UninitializedTensorMixin):
+        return None
+    return tuple(getattr(p, "shape", ()))
 
 
 def _keyed_and_empty(optimizer, sd) -> bool:
@@ -444,8 +453,9 @@ def match_optimizer_state(optimizer, model, saved: Mapping, *, rename: Callable[
     if positional is not None:
         sd = _positional(m.state_dict, positional)
         conflicts = m.conflicts
-        if m.matched and not conflicts:
-            params = [tuple(p.shape) for g in optimizer.param_groups for p in g["params"]]
+        params = [live_shape(p) for g in optimizer.param_groups for p in g["params"]]
+        # (a probe step needs every shape: an uninitialized lazy parameter has none before the load)
+        if m.matched and not conflicts and None not in params:
             conflicts = tuple(_fails_to_step(optimizer, sd, params))
         m = OptimizerStateMatch(sd, m.matched, m.new, m.gone, conflicts)
     return m

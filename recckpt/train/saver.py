@@ -843,7 +843,11 @@ class Saver:
         request = LoadRequest(storage, url, ckpt_id, direct_path, LoadConfig.coerce(load_conf), shard_id, world,
                               parent_storage=lambda url: self.open_storage(url, storage_options))
         outcome = load_checkpoint(target, request, before_apply=self._forget_chain)
-        if storage is self.storage and outcome.replaced_whole_state:
+        if outcome.result.metadata.get(META_EPHEMERAL) == "1":
+            # as for a save (see _write): retention deletes it once a newer checkpoint commits
+            self._dropped = (f"the checkpoint loaded, {outcome.result.ckpt_id!r}, is ephemeral: retention deletes it "
+                             f"once a newer one commits, so no increment builds on it")
+        elif storage is self.storage and outcome.replaced_whole_state:
             # a table without a mark is written whole by the next increment
             marks = {t.sparse_meta().name: t.mark_changes() for t in outcome.tables
                      if implements(t, ChangeTracking) and t.sparse_meta().name not in outcome.whole_next}

@@ -231,3 +231,47 @@ def test_ephemeral_saves_between_increments_are_not_their_parents(tmp_path, asyn
     assert parents == {"ckpt_4": None, "ckpt_8": "ckpt_4", "ckpt_12": "ckpt_8", "ckpt_13": None}
     for cid in ("ckpt_8", "ckpt_12", "ckpt_13"):
         assert_same(loaded(tmp_path, cid), at_step[cid])
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_after_restoring_an_ephemeral_checkpoint_the_next_scheduled_save_is_full_and_says_why(tmp_path, async_save):
+    """A restored ephemeral checkpoint was taken as the parent, and a newer ephemeral's commit then deleted it:
+    the next scheduled save was full with no reason given (a helper's review). It is never a parent now."""
+    from recckpt import EphemeralEveryNSteps
+
+    def job():
+        model = Model()
+        opt = SparseAdam([model.emb], lr=0.05)
+        saver = Saver(model, opt, output_dir=tmp_path, options=OPTS)
+        return model, opt, saver, CheckpointManager(
+            saver, save_interval=4, policies=[EphemeralEveryNSteps(1)], keep=None, save_rng=False,
+            async_save=async_save, increments=IncrementPolicy(full_every=10, max_chain_fraction=None))
+
+    gen = torch.Generator().manual_seed(2)
+    model, opt, _, mgr = job()
+    for _ in range(5):
+        train_step(model, opt, torch.randint(0, 300, (40,), generator=gen))
+        mgr.step()
+    mgr.close()
+    model, opt, saver, mgr = job()
+    assert mgr.restore() == 5
+    for _ in range(3):
+        train_step(model, opt, torch.randint(0, 300, (40,), generator=gen))
+        mgr.step()
+    mgr.close()
+    assert saver.last_save.ckpt_id == "ckpt_8" and saver.last_save.parent is None
+    assert [cid for cid, _ in catalog.committed(saver.storage)] == ["ckpt_4", "ckpt_8"]
+    assert_same(loaded(tmp_path, "ckpt_8"), table_contents(model.emb))
+
+
+def test_an_incremental_save_after_loading_an_ephemeral_checkpoint_is_full_and_says_why(tmp_path):
+    from recckpt.format.retention import META_EPHEMERAL
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    train_step(model, opt, torch.arange(50))
+    Saver(model, opt, output_dir=tmp_path, options=OPTS, max_keep=None).write("e", metadata={META_EPHEMERAL: "1"})
+    back = Model()
+    saver = Saver(back, SparseAdam([back.emb], lr=0.05), output_dir=tmp_path, options=OPTS, max_keep=None)
+    saver.load(ckpt_id="e")
+    saver.save("f", incremental=True)
+    assert saver.last_save.parent is None and "'e', is ephemeral" in saver.last_save.full_reason

@@ -85,6 +85,8 @@ class LoadResult:
     seconds: float = 0.0
     metadata: dict[str, str] = field(default_factory=dict)
     """The checkpoint's manifest metadata (e.g. the CheckpointManager's global step)."""
+    saved_by_workers: int = 0
+    """How many workers saved the checkpoint (0: not known)."""
     admission: dict[str, dict] = field(default_factory=dict)
     """Per table that admits a bounded number of ids (`RoutedRows`: TorchRec's managed-collision tables,
     by model name): the ids `admitted` and `left_out` for want of room over the whole table, per reason

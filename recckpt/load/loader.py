@@ -138,6 +138,7 @@ def _load_checkpoint(target: LoadTarget, request: LoadRequest, before_apply: Cal
         reader = CheckpointReader(storage, ckpt_dir, threads=target.threads, read_options=target.read_options)
         result = LoadResult(reader.describe(), resolved_id)
         result.metadata = dict(reader.manifest.metadata)
+        result.saved_by_workers = reader.manifest.shard_num
         plan = LoadPlan(target.model, target.sparse_optim, target.registry, reader, request.conf, result)
         plan.prepare(request.shard_id, request.world)
         before_apply()

@@ -588,11 +588,12 @@ class CheckpointManager:
             reseeded = self._rng is not None and RNG_IO_NAME in result.io_state_dropped
             if reseeded:
                 self._rng.reseed(step, self.shard_id)
+            why = (f"it was saved by {result.saved_by_workers} worker(s), restored on {self.shard_num} "
+                   f"(resize_policy='reseed')" if result.saved_by_workers not in (0, self.shard_num) else
+                   "it holds none of it (written by Saver.save, or with save_rng=False)")
             warnings.warn(
                 f"recckpt: per-worker IO state {result.io_state_dropped} of {storage.describe(cid)} was not "
-                f"loaded on worker {self.shard_id} of {self.shard_num}: the checkpoint was saved by another number "
-                f"of workers (resize_policy='reseed'), or without that state (by Saver.save, or with "
-                f"save_rng=False). Readers start from their own positions"
+                f"loaded on worker {self.shard_id}: {why}. The objects keep their own state"
                 + (f"; every RNG was seeded from (step {step}, rank {self.shard_id})" if reseeded else ""),
                 stacklevel=3)
         self._last_save_time = time.monotonic()

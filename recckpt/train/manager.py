@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..coordination import agreement_for, check_world, resolve_shard
@@ -58,6 +59,8 @@ from .snapshot import HostBuffers
 log = logging.getLogger("recckpt")
 
 RNG_IO_NAME = names.RNG_IO_NAME
+#: How many of its saves a CheckpointManager keeps in `saves`.
+SAVES_KEPT = 1000
 #: Categories a model-bank source loads unless it says otherwise: the model, not another run's
 #: reader positions, RNG state or registered objects.
 BANK_DEFAULT_LOAD = ("sparse", "sparse_opt", "dense")
@@ -170,7 +173,8 @@ class CheckpointManager:
         still be able to see."""
         self.preempted = False
         self.saves: list[SaveHandle] = []
-        """Every save this manager started, oldest first (stall and write times, bytes)."""
+        """The last SAVES_KEPT saves this manager started, oldest first (stall and write times, bytes): a
+        job saving every few minutes for weeks keeps a bounded list (`on_save` hears of every save)."""
         self._agreement = agreement_for(self.shard_num, saver.options.coordination_timeout_s)
         self._writer = AsyncWriter()
         self._buffers = HostBuffers(saver.options.staging_bytes)
@@ -189,6 +193,8 @@ class CheckpointManager:
         if preemption:
             self._preemption = preemption if isinstance(preemption, PreemptionHandler) else PreemptionHandler()
             self._preemption.install()
+            # a manager dropped without close() must not leave a handler that swallows the signal
+            weakref.finalize(self, self._preemption.uninstall)
 
     # ----------------------------------------------------------------------------- registration
     def register_for_checkpointing(self, name: str, obj: Any, *, allow_pickle: bool = False) -> None:
@@ -331,6 +337,8 @@ class CheckpointManager:
         self._last_save_time = time.monotonic()
         self._last = handle
         self.saves.append(handle)
+        if len(self.saves) > SAVES_KEPT:
+            del self.saves[0]
         return handle
 
     def _saved(self, handle: SaveHandle, stats, async_save: bool) -> None:

@@ -44,33 +44,54 @@ class PreemptionHandler:
         if not isinstance(self.exit_after_save, bool):
             raise InvalidArgumentError(f"PreemptionHandler.exit_after_save must be a bool, got {self.exit_after_save!r}")
         self._previous: dict = {}
+        self._retired = False
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("PreemptionHandler.install() must run on the main thread (Python delivers "
                                "signals only there); create the CheckpointManager on the main thread")
+        self._retired = False
         for s in self.signals:
-            self._previous[s] = signal.signal(s, self._on_signal)
+            prev = signal.signal(s, self._on_signal)
+            if prev != self._on_signal:   # (installed again over itself: keep what it passes signals on to)
+                self._previous[s] = prev
 
     def uninstall(self) -> None:
-        for s, prev in self._previous.items():
-            signal.signal(s, prev if prev is not None else signal.SIG_DFL)
-        self._previous.clear()
+        """Stop handling the signals (the manager is closed, or gone). Where this handler is still the one
+        installed, the previous one is put back; where another was installed over it (a later manager's,
+        which will pass the signal on to this one), or off the main thread (a manager collected by the
+        garbage collector), this handler stays installed but passes every signal on to its previous one:
+        a dropped manager must not swallow the SIGTERM that should end the process."""
+        self._retired = True
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in list(self._previous):
+            if signal.getsignal(s) == self._on_signal:
+                prev = self._previous.pop(s)
+                signal.signal(s, prev if prev is not None else signal.SIG_DFL)
 
     def _on_signal(self, signum, frame) -> None:
-        self.requested = signum
+        if self._retired:
+            self._pass_on(signum, self._previous.get(signum, signal.SIG_DFL))
+        else:
+            self.requested = signum
 
-    def finish(self) -> None:
-        """Called once the preemption checkpoint is durable."""
-        signum = self.requested
-        prev = self._previous.get(signum, signal.SIG_DFL)
-        self.uninstall()
-        if not self.exit_after_save or signum is None:
-            return
+    @staticmethod
+    def _pass_on(signum: int, prev) -> None:
         if callable(prev):
             prev(signum, None)
         elif prev != signal.SIG_IGN:
-            os.kill(os.getpid(), signum)  # default disposition, now restored: the process ends as signalled
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)  # the default disposition: the process ends as signalled
+
+    def finish(self) -> None:
+        """Called once the preemption checkpoint is durable: the request is served (a loop that goes on
+        after it, with exit_after_save=False, does not save at every later step)."""
+        signum, self.requested = self.requested, None
+        prev = self._previous.get(signum, signal.SIG_DFL)
+        self.uninstall()
+        if self.exit_after_save and signum is not None:
+            self._pass_on(signum, prev)
 
 
 __all__ = ["PreemptionHandler"]

@@ -580,6 +580,35 @@ def test_user_signal_saves_at_the_next_step_boundary(tmp_path):
     assert signal.getsignal(signal.SIGUSR1) == prev
 
 
+def test_a_served_preemption_request_saves_once_when_the_loop_goes_on(tmp_path):
+    """With exit_after_save=False the request stayed set: every later step wrote another preemption
+    checkpoint (a helper's long-running-job attack)."""
+    handler = PreemptionHandler(signals=(signal.SIGUSR1,), exit_after_save=False)
+    job = make_job(tmp_path, interval=100, preemption=handler)
+    try:
+        train(job, 2)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        train(job, 4)
+        assert job[4].preempted and handler.requested is None
+        assert committed(tmp_path) == ["ckpt_3"]
+    finally:
+        job[4].close()
+
+
+def test_a_manager_dropped_without_close_does_not_swallow_sigterm(tmp_path):
+    """Its handler stayed installed; a later manager's preemption save passed SIGTERM on to it, which only
+    set a flag nobody read, so the process went on training (and saved at every step). The first manager's
+    handler now passes signals on once it is gone."""
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = os.path.join(os.path.dirname(__file__), "..", "helpers", "dropped_preemption_child.py")
+    run = subprocess.run([sys.executable, child, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert run.returncode == -signal.SIGTERM and "alive" not in run.stdout, (run.returncode, run.stdout, run.stderr)
+    assert committed(tmp_path) == ["ckpt_1"]   # the second phase's one preemption checkpoint, at its first step
+
+
 def committed_or_none(out):
     return committed(out) if os.path.exists(os.path.join(out, "checkpoint")) else []
 
@@ -634,3 +663,14 @@ def test_an_async_failure_is_reported_even_when_the_next_save_fails_before_it_is
     told = " ".join(raised)
     for ckpt in ("ckpt_2", "ckpt_4", "ckpt_6"):
         assert told.count(f"'{ckpt}'") == 1, raised
+
+
+def test_the_list_of_saves_is_bounded(tmp_path, monkeypatch):
+    """A job saving at every interval for weeks grew `saves` by a handle (with its lock and event) each time
+    (a helper's long-running-job attack); it keeps the last SAVES_KEPT."""
+    from recckpt.train import manager as manager_module
+    monkeypatch.setattr(manager_module, "SAVES_KEPT", 3)
+    job = make_job(tmp_path, interval=1)
+    train(job, 5)
+    job[4].close()
+    assert [h.ckpt_id for h in job[4].saves] == ["ckpt_3", "ckpt_4", "ckpt_5"]

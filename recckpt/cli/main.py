@@ -426,6 +426,11 @@ class Terminated(BaseException):
     cleans up on an error (an export's partial output) is cleaned up, as on Ctrl-C."""
 
 
+#: Set by the SIGTERM handler: C code that calls back into Python (numpy writing a file) may turn the
+#: `Terminated` raised there into an error of its own, which must still end the command as terminated.
+_sigterm_seen = threading.Event()
+
+
 @contextlib.contextmanager
 def _sigterm_as_exception():
     """SIGTERM raises `Terminated` while a command runs, unless the process already handles SIGTERM. The
@@ -437,6 +442,7 @@ def _sigterm_as_exception():
 
     def handler(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _sigterm_seen.set()
         raise Terminated()
     signal.signal(signal.SIGTERM, handler)
     try:
@@ -494,6 +500,11 @@ def main(argv: list[str] | None = None) -> int:
             os.close(fd)
         return EXIT_BROKEN_PIPE
     except Exception as e:
+        if _sigterm_seen.is_set():   # the Terminated raised by the handler, turned into another error on its way
+            print(f"recckpt: terminated (SIGTERM); what the command had written is cleaned up ({type(e).__name__} "
+                  f"on the way out)", file=sys.stderr)
+            _terminate()
+            return EXIT_TERMINATED
         if args.debug:
             raise
         code = EXIT_USAGE if isinstance(e, InvalidArgumentError) else EXIT_PROBLEM

@@ -202,3 +202,15 @@ def test_sigterm_ends_an_in_process_caller_too(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == -signal.SIGTERM, (p.returncode, p.stdout, p.stderr)
     assert "host still running" not in p.stdout and "terminated (SIGTERM)" in p.stderr
+
+
+def test_sigterm_turned_into_another_error_by_c_code_still_ends_the_command_as_terminated(tmp_path):
+    """The handler raises `Terminated`; where it runs inside a call back from C code (numpy writing a .npy
+    file), that code may replace it with an error of its own (a TypeError about a file object was seen in a
+    loaded run): the command then printed that error and exited 1 instead of ending by SIGTERM. Here the
+    handler's flag is set and the command fails with an ordinary error, as in that race."""
+    child = ("import sys, importlib; m = importlib.import_module('recckpt.cli.main'); m._sigterm_seen.set(); "
+             f"sys.exit(m.main(['inspect', {str(tmp_path / 'missing')!r}]))")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGTERM and "terminated (SIGTERM)" in p.stderr, (p.returncode, p.stderr)

@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
     if a.smoke:
-        a.shapes, a.repeat, a.ranks, a.load_ranks, a.rank_tables, a.rank_rows = "20x30,3x100", 1, "1,2", 2, 6, 600
+        # one shape (each costs two fresh processes that import torch): the suite's time on a loaded machine
+        a.shapes, a.repeat, a.ranks, a.load_ranks, a.rank_tables, a.rank_rows = "20x30", 1, "1,2", 2, 6, 600
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
     work = tempfile.mkdtemp(prefix="bench_tables_", dir=a.dir)
     res = {"cpus": os.cpu_count(), "shapes": [], "ranks": None}

@@ -45,6 +45,32 @@ def assert_same(a, b):
         assert all(torch.equal(a[slot][i], b[slot][i]) for i in a[slot]), slot
 
 
+def managed(out, **kw):
+    """(model, its sparse optimizer, Saver, CheckpointManager(**kw)) on `out`, RNG state not saved."""
+    model = Model()
+    opt = SparseAdam([model.emb], lr=0.05)
+    saver = Saver(model, opt, output_dir=out, options=OPTS)
+    return model, opt, saver, CheckpointManager(saver, save_rng=False, **kw)
+
+
+def train_with_removals(model, opt, mgr, *, steps: int, seed: int, batch: int, overlap: bool = False) -> dict:
+    """Train `steps` steps (ids removed every third), the manager stepping after each; returns the table's
+    contents at each save, keyed by checkpoint id. `overlap`: one more training step right after each
+    save (it overlaps an async write)."""
+    at_step = {}
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(1, steps + 1):
+        train_step(model, opt, torch.randint(0, 300, (batch,), generator=gen))
+        if step % 3 == 0:
+            model.emb.remove_ids(torch.randint(0, 300, (10,), generator=gen))
+        handle = mgr.step()
+        if handle is not None:
+            at_step[handle.ckpt_id] = table_contents(model.emb)   # the state the snapshot was taken of
+        if overlap:
+            train_step(model, opt, torch.randint(0, 300, (batch,), generator=gen))
+    return at_step
+
+
 def test_an_increment_copied_at_capture_holds_the_state_of_the_capture(tmp_path):
     model = Model()
     opt = SparseAdam([model.emb], lr=0.05)
@@ -108,20 +134,9 @@ def test_a_parent_gone_before_the_background_write_fails_the_save_and_nothing_is
 
 @pytest.mark.parametrize("full_every", [2, 3])
 def test_manager_async_saves_increments_between_full_checkpoints(tmp_path, full_every):
-    model = Model()
-    opt = SparseAdam([model.emb], lr=0.05)
-    saver = Saver(model, opt, output_dir=tmp_path, options=OPTS)
-    mgr = CheckpointManager(saver, save_interval=1, keep=None, save_rng=False, async_save=True,
-                            increments=IncrementPolicy(full_every=full_every, max_chain_fraction=None))
-    at_step = {}
-    gen = torch.Generator().manual_seed(0)
-    for step in range(1, 8):
-        train_step(model, opt, torch.randint(0, 300, (60,), generator=gen))
-        if step % 3 == 0:
-            model.emb.remove_ids(torch.randint(0, 300, (10,), generator=gen))
-        handle = mgr.step()
-        at_step[handle.ckpt_id] = table_contents(model.emb)   # the state the snapshot was taken of
-        train_step(model, opt, torch.randint(0, 300, (60,), generator=gen))  # overlaps the write
+    model, opt, saver, mgr = managed(tmp_path, save_interval=1, keep=None, async_save=True,
+                                     increments=IncrementPolicy(full_every=full_every, max_chain_fraction=None))
+    at_step = train_with_removals(model, opt, mgr, steps=7, seed=0, batch=60, overlap=True)
     mgr.close()
     parents = {}
     for ckpt_id in at_step:
@@ -206,21 +221,10 @@ def test_ephemeral_saves_between_increments_are_not_their_parents(tmp_path, asyn
     each other, holding every change (removals included) made since the regular checkpoint before, so
     no ephemeral is kept alive as a parent and `full_every` counts the regular chain."""
     from recckpt import EphemeralEveryNSteps
-    model = Model()
-    opt = SparseAdam([model.emb], lr=0.05)
-    saver = Saver(model, opt, output_dir=tmp_path, options=OPTS)
-    mgr = CheckpointManager(saver, save_interval=4, policies=[EphemeralEveryNSteps(1)], keep=None,
-                            save_rng=False, async_save=async_save,
-                            increments=IncrementPolicy(full_every=10, max_chain_fraction=None))
-    at_step = {}
-    gen = torch.Generator().manual_seed(1)
-    for step in range(1, 14):
-        train_step(model, opt, torch.randint(0, 300, (40,), generator=gen))
-        if step % 3 == 0:
-            model.emb.remove_ids(torch.randint(0, 300, (10,), generator=gen))
-        handle = mgr.step()
-        if handle is not None:
-            at_step[handle.ckpt_id] = table_contents(model.emb)
+    model, opt, saver, mgr = managed(tmp_path, save_interval=4, policies=[EphemeralEveryNSteps(1)], keep=None,
+                                     async_save=async_save,
+                                     increments=IncrementPolicy(full_every=10, max_chain_fraction=None))
+    at_step = train_with_removals(model, opt, mgr, steps=13, seed=1, batch=40)
     mgr.close()
     committed = [cid for cid, _ in catalog.committed(saver.storage)]
     parents = {}
@@ -240,12 +244,8 @@ def test_after_restoring_an_ephemeral_checkpoint_the_next_scheduled_save_is_full
     from recckpt import EphemeralEveryNSteps
 
     def job():
-        model = Model()
-        opt = SparseAdam([model.emb], lr=0.05)
-        saver = Saver(model, opt, output_dir=tmp_path, options=OPTS)
-        return model, opt, saver, CheckpointManager(
-            saver, save_interval=4, policies=[EphemeralEveryNSteps(1)], keep=None, save_rng=False,
-            async_save=async_save, increments=IncrementPolicy(full_every=10, max_chain_fraction=None))
+        return managed(tmp_path, save_interval=4, policies=[EphemeralEveryNSteps(1)], keep=None,
+                       async_save=async_save, increments=IncrementPolicy(full_every=10, max_chain_fraction=None))
 
     gen = torch.Generator().manual_seed(2)
     model, opt, _, mgr = job()

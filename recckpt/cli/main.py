@@ -436,6 +436,7 @@ def _sigterm_as_exception():
     """SIGTERM raises `Terminated` while a command runs, unless the process already handles SIGTERM. The
     first one only: later ones are ignored while the command cleans up, and `_terminate` then ends the
     process by the signal, as it would have ended without this."""
+    _sigterm_seen.clear()   # (a flag left by an earlier in-process main() is not this command's)
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
@@ -481,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         with _sigterm_as_exception(), _storage_timeout(args.storage_timeout):
             code = args.fn(args)
             sys.stdout.flush()   # here, where a reader gone away is caught, not at the interpreter's exit
+            if _sigterm_seen.is_set():   # Terminated raised where something swallowed it (a __del__)
+                raise Terminated()
             return code
     except KeyboardInterrupt:
         print("recckpt: interrupted", file=sys.stderr)

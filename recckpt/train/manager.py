@@ -192,9 +192,9 @@ class CheckpointManager:
                                        f"got {preemption!r}")
         if preemption:
             self._preemption = preemption if isinstance(preemption, PreemptionHandler) else PreemptionHandler()
-            self._preemption.install()
             # a manager dropped without close() must not leave a handler that swallows the signal
-            weakref.finalize(self, self._preemption.uninstall)
+            self._preemption_link = self._preemption.install()
+            self._retire_preemption = weakref.finalize(self, self._preemption_link.retire)
 
     # ----------------------------------------------------------------------------- registration
     def register_for_checkpointing(self, name: str, obj: Any, *, allow_pickle: bool = False) -> None:
@@ -273,7 +273,8 @@ class CheckpointManager:
             self.wait()
         finally:
             if self._preemption is not None:
-                self._preemption.uninstall()
+                if self._retire_preemption.detach() is not None:   # (None: closed already)
+                    self._preemption.close(self._preemption_link)
 
     def __enter__(self):
         return self

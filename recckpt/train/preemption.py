@@ -1,9 +1,14 @@
 """Opt-in preemption handling: a signal asks for a checkpoint at the next step boundary.
 
 The signal handler only records the request (a handler cannot safely save in the middle of a step).
-The manager's next `step()` saves, waits until the checkpoint is durable, then calls `finish()`,
-which puts back the previous handlers and re-delivers the signal, so the process exits as it would
-have without recckpt (or, with `exit_after_save=False`, returns and leaves the exit to the caller).
+The manager's next `step()` saves, waits until the checkpoint is durable, then calls `finish()`, which
+stops handling the signals and passes the signal on to the handler that was there before recckpt's, so
+the process exits as it would have without recckpt (or, with `exit_after_save=False`, returns and leaves
+the exit to the caller).
+
+Each install is a `_Link` of its own, holding the handlers it replaced: a manager closed (or dropped)
+retires its own link only. A retired link that another handler was installed over stays in the chain
+and passes every signal on, so no signal is swallowed by a manager that is gone.
 """
 from __future__ import annotations
 
@@ -13,6 +18,55 @@ import threading
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgumentError
+
+
+class _Link:
+    """One install of a PreemptionHandler: the handlers it replaced, and whether it still records signals."""
+
+    def __init__(self, handler: "PreemptionHandler"):
+        self.handler = handler
+        self.previous: dict = {}
+        self.retired = False
+
+    def on_signal(self, signum, frame) -> None:
+        if self.retired:
+            _pass_on(signum, self.previous.get(signum, signal.SIG_DFL), skip_recckpt=False)
+        else:
+            self.handler.requested = signum
+
+    def retire(self) -> None:
+        """Stop recording signals; where this link is still the installed handler (and on the main thread,
+        the only one that may change handlers), put back the first handler below it that is not retired."""
+        self.retired = True
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s, prev in self.previous.items():
+            if signal.getsignal(s) == self.on_signal:
+                signal.signal(s, _walk(prev, lambda link: link.retired, s))
+
+
+def _link_of(h) -> "_Link | None":
+    return h.__self__ if isinstance(getattr(h, "__self__", None), _Link) and h == h.__self__.on_signal else None
+
+
+def _walk(h, skip, signum: int):
+    """From handler `h`, down the chain past the links `skip` says to pass over (None: SIG_DFL)."""
+    seen = set()
+    while (link := _link_of(h)) is not None and skip(link) and id(link) not in seen:
+        seen.add(id(link))
+        h = link.previous.get(signum, signal.SIG_DFL)
+    return signal.SIG_DFL if h is None else h
+
+
+def _pass_on(signum: int, prev, skip_recckpt: bool) -> None:
+    """Deliver `signum` to handler `prev` (past recckpt's own links if `skip_recckpt`: the checkpoint a
+    request asked for is written, and the signal goes to what was there before recckpt)."""
+    prev = _walk(prev, (lambda link: True) if skip_recckpt else (lambda link: link.retired), signum)
+    if callable(prev):
+        prev(signum, None)
+    elif prev != signal.SIG_IGN:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # the default disposition: the process ends as signalled
 
 
 @dataclass
@@ -43,55 +97,46 @@ class PreemptionHandler:
         self.signals = tuple(signal.Signals(s) for s in sigs)
         if not isinstance(self.exit_after_save, bool):
             raise InvalidArgumentError(f"PreemptionHandler.exit_after_save must be a bool, got {self.exit_after_save!r}")
-        self._previous: dict = {}
-        self._retired = False
+        self._link: _Link | None = None
 
-    def install(self) -> None:
+    def install(self) -> "_Link":
+        """Handle the signals (on the main thread: Python delivers signals only there); returns this
+        install's link, which `uninstall` retires (or its owner, when it is gone: `_Link.retire`)."""
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("PreemptionHandler.install() must run on the main thread (Python delivers "
                                "signals only there); create the CheckpointManager on the main thread")
-        self._retired = False
+        if self._link is not None:
+            self._link.retire()   # installed again (a new manager given the same handler): the newest owns it
+        link = _Link(self)
         for s in self.signals:
-            prev = signal.signal(s, self._on_signal)
-            if prev != self._on_signal:   # (installed again over itself: keep what it passes signals on to)
-                self._previous[s] = prev
+            link.previous[s] = signal.signal(s, link.on_signal)
+        self._link = link
+        return link
 
     def uninstall(self) -> None:
-        """Stop handling the signals (the manager is closed, or gone). Where this handler is still the one
-        installed, the previous one is put back; where another was installed over it (a later manager's,
-        which will pass the signal on to this one), or off the main thread (a manager collected by the
-        garbage collector), this handler stays installed but passes every signal on to its previous one:
-        a dropped manager must not swallow the SIGTERM that should end the process."""
-        self._retired = True
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for s in list(self._previous):
-            if signal.getsignal(s) == self._on_signal:
-                prev = self._previous.pop(s)
-                signal.signal(s, prev if prev is not None else signal.SIG_DFL)
-
-    def _on_signal(self, signum, frame) -> None:
-        if self._retired:
-            self._pass_on(signum, self._previous.get(signum, signal.SIG_DFL))
-        else:
-            self.requested = signum
-
-    @staticmethod
-    def _pass_on(signum: int, prev) -> None:
-        if callable(prev):
-            prev(signum, None)
-        elif prev != signal.SIG_IGN:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)  # the default disposition: the process ends as signalled
+        """Stop handling the signals (the manager is closed): see `_Link.retire`."""
+        if self._link is not None:
+            self._link.retire()
 
     def finish(self) -> None:
         """Called once the preemption checkpoint is durable: the request is served (a loop that goes on
-        after it, with exit_after_save=False, does not save at every later step)."""
+        after it, with exit_after_save=False, does not save at every later step), the signals are no longer
+        handled, and with exit_after_save the signal goes on to the handler that was there before recckpt's."""
         signum, self.requested = self.requested, None
-        prev = self._previous.get(signum, signal.SIG_DFL)
+        link = self._link
         self.uninstall()
-        if self.exit_after_save and signum is not None:
-            self._pass_on(signum, prev)
+        if self.exit_after_save and signum is not None and link is not None:
+            _pass_on(signum, link.previous.get(signum, signal.SIG_DFL), skip_recckpt=True)
+
+    def close(self, link: "_Link") -> None:
+        """The owner of install `link` is closed: retire it, and deliver again a request no checkpoint
+        served (the signal came after the last step), to whatever handles the signal now (another
+        manager, or the default: the process ends), so that it is not lost; with exit_after_save=False it
+        is left in `requested` for the caller. Nothing where the handler was installed again since."""
+        link.retire()
+        if link is self._link and self.requested is not None and self.exit_after_save:
+            signum, self.requested = self.requested, None
+            os.kill(os.getpid(), signum)
 
 
 __all__ = ["PreemptionHandler"]

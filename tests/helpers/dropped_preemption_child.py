@@ -1,18 +1,22 @@
-"""Child process of tests/unit/test_manager.py: a CheckpointManager(preemption=True) used for a phase and
-dropped without close(), then a second one; SIGTERM to the process must save once and end the process
-(exit by SIGTERM), not be swallowed by the first manager's handler. Prints "alive" if it is not."""
-import gc
+"""Child process of tests/unit/test_manager.py: SIGTERM must end the process after one preemption
+checkpoint (exit by SIGTERM; "alive" printed if it did not), in the orders of managers a training script
+uses (argv[2]):
+  dropped: a manager with preemption=True used for a phase and dropped without close(), then a second one;
+  shared:  one PreemptionHandler given to a new manager per phase, the old one dropped as the name is rebound;
+  close:   the signal arrives after the last step, before close()."""
 import os
 import signal
 import sys
 
 from helpers.training_child import make_job, train_step
+from recckpt import PreemptionHandler
 
-out = sys.argv[1]
+out, mode = sys.argv[1], sys.argv[2]
+shared = PreemptionHandler()
 
 
 def phase(steps):
-    model, sopt, dopt, reader, mgr = make_job(out, interval=100, preemption=True)
+    model, sopt, dopt, reader, mgr = make_job(out, interval=100, preemption=shared if mode == "shared" else True)
     mgr.restore()
     for _ in range(steps):
         train_step(model, sopt, dopt, reader)
@@ -21,11 +25,17 @@ def phase(steps):
     return model, sopt, dopt, reader, mgr
 
 
-phase(3)         # dropped without close(), as a per-phase helper function would
-gc.collect()
-model, sopt, dopt, reader, mgr = phase(0)
-os.kill(os.getpid(), signal.SIGTERM)
-for _ in range(3):
+job = phase(3)          # dropped without close(), as a per-phase helper function would
+job = phase(0)          # (rebinding the name frees the first manager)
+model, sopt, dopt, reader, mgr = job
+if mode == "close":
     train_step(model, sopt, dopt, reader)
     mgr.step()
+    os.kill(os.getpid(), signal.SIGTERM)   # after the last step: no step() serves it
+    mgr.close()
+else:
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(3):
+        train_step(model, sopt, dopt, reader)
+        mgr.step()
 print("alive", mgr.global_step, flush=True)

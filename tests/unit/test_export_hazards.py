@@ -208,9 +208,27 @@ def test_sigterm_turned_into_another_error_by_c_code_still_ends_the_command_as_t
     """The handler raises `Terminated`; where it runs inside a call back from C code (numpy writing a .npy
     file), that code may replace it with an error of its own (a TypeError about a file object was seen in a
     loaded run): the command then printed that error and exited 1 instead of ending by SIGTERM. Here the
-    handler's flag is set and the command fails with an ordinary error, as in that race."""
-    child = ("import sys, importlib; m = importlib.import_module('recckpt.cli.main'); m._sigterm_seen.set(); "
-             f"sys.exit(m.main(['inspect', {str(tmp_path / 'missing')!r}]))")
+    command's work turns whatever the signal raises into a TypeError, as in that race; a second main() in
+    the same process is not taken for terminated by the first one's flag."""
+    child = f"""
+import os, signal, sys, time, importlib
+import recckpt
+m = importlib.import_module("recckpt.cli.main")
+real = recckpt.open
+def converting(*a, **k):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except BaseException:
+        raise TypeError("expected str, bytes or os.PathLike object, not BufferedWriter")
+recckpt.open = converting
+code = m.main(["inspect", {str(tmp_path / 'missing')!r}])
+print("returned", code, flush=True)
+"""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == -signal.SIGTERM and "terminated (SIGTERM)" in p.stderr, (p.returncode, p.stderr)
+    assert p.returncode == -signal.SIGTERM and "terminated (SIGTERM)" in p.stderr, (p.returncode, p.stdout, p.stderr)
+    stale = ("import importlib; m = importlib.import_module('recckpt.cli.main'); m._sigterm_seen.set(); "
+             f"print('returned', m.main(['inspect', {str(tmp_path / 'missing')!r}]))")
+    p = subprocess.run([sys.executable, "-c", stale], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "returned 1" in p.stdout, (p.returncode, p.stdout, p.stderr)

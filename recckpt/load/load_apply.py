@@ -469,8 +469,8 @@ class LoadPlan:
         parameters are the same, which the dense state shows: same keys (after renames), same shapes."""
         renamed = {self.conf.renamed(k): v for k, v in ckpt_shapes.items()}
         # (an uninitialized lazy parameter takes the saved shape)
-        model_shapes = {k: renamed.get(k) if optim_names.live_shape(v) is None else optim_names.live_shape(v)
-                        for k, v in self.model_dense.items()}
+        model_shapes = {k: renamed.get(k) if shape is None else shape
+                        for k, shape in ((k, optim_names.live_shape(v)) for k, v in self.model_dense.items())}
         if renamed == model_shapes:
             return
         diff = sorted(set(renamed) ^ set(model_shapes)) or sorted(

@@ -12,9 +12,13 @@ from __future__ import annotations
 import multiprocessing
 from multiprocessing.connection import wait
 
+# "fork" only where the caller has already imported what the ranks need and runs no thread of its own
+# (zygote.py sets it): each rank then skips its imports.
+START_METHOD = "spawn"
+
 
 def spawn(fn, args: tuple, nprocs: int) -> None:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context(START_METHOD)
     procs = [ctx.Process(target=fn, args=(rank, *args)) for rank in range(nprocs)]
     for p in procs:
         p.start()

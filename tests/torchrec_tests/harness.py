@@ -2,12 +2,17 @@
 the test process stays free of it; the workers import it)."""
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -15,6 +20,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CHILD = os.path.join(ROOT, "tests", "helpers", "torchrec_child.py")
+ZYGOTE = os.path.join(ROOT, "tests", "helpers", "zygote.py")
 
 needs_torchrec = pytest.mark.skipif(
     importlib.util.find_spec("torchrec") is None or importlib.util.find_spec("fbgemm_gpu") is None,
@@ -27,6 +33,69 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class Finished:
+    """What a script run by `run_script` left: as subprocess.run's result."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class _Zygote:
+    """The session's zygote.py process (started at first use, ended with the session)."""
+
+    def __init__(self):
+        self.logs = tempfile.mkdtemp(prefix="recckpt-zygote-")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen([sys.executable, ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=open(os.path.join(self.logs, "zygote.err"), "w"), cwd=ROOT, env=env,
+                                     text=True, bufsize=1)
+        self.runs = 0
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _reply(self, timeout: float):
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        return json.loads(line) if line else None
+
+    def run(self, req: dict, timeout: float) -> Finished:
+        self.runs += 1
+        out, err = (os.path.join(self.logs, f"{self.runs}.{k}") for k in ("out", "err"))
+        self.proc.stdin.write(json.dumps(dict(req, stdout=out, stderr=err)) + "\n")
+        self.proc.stdin.flush()
+        started = self._reply(600)   # the first request waits for the imports
+        assert started, f"the zygote did not start a child: {open(os.path.join(self.logs, 'zygote.err')).read()[-3000:]}"
+        done = self._reply(timeout)
+        if done is None:   # a hung job: end it and its ranks, then fail as subprocess.run would
+            os.killpg(started["pid"], signal.SIGKILL)
+            self._reply(60)
+            raise subprocess.TimeoutExpired(req.get("script") or "-c", timeout)
+        return Finished(done["rc"], open(out).read(), open(err).read())
+
+    def close(self):
+        if self.alive():
+            self.proc.stdin.close()
+            self.proc.wait(30)
+
+
+_zygote: _Zygote | None = None
+
+
+def run_script(script: str | None = None, *, code: str | None = None, argv=(), timeout: float = 240,
+               env: dict | None = None) -> Finished:
+    """Run a worker script (or `-c` code) that imports TorchRec, as `python script argv...` would, in a child
+    forked from one process that has imported TorchRec already (tests/helpers/zygote.py says why). `env` adds
+    to the environment; the working directory is the repository root."""
+    global _zygote
+    if _zygote is None or not _zygote.alive():
+        _zygote = _Zygote()
+        atexit.register(_zygote.close)
+    return _zygote.run({"script": script, "code": code, "argv": [str(a) for a in argv], "cwd": ROOT,
+                        "env": env or {}}, timeout)
+
+
 def run_jobs(tmp, world: int, jobs: list, timeout: int = 240) -> list:
     """Run `jobs` on `world` processes; judged by the files each rank writes (a rank may abort at exit)."""
     out = os.path.join(tmp, f"run_{world}_{free_port()}")
@@ -34,7 +103,7 @@ def run_jobs(tmp, world: int, jobs: list, timeout: int = 240) -> list:
     spec = os.path.join(out, "spec.json")
     with open(spec, "w") as f:
         json.dump({"world": world, "port": free_port(), "out": out, "jobs": jobs}, f)
-    proc = subprocess.run([sys.executable, CHILD, spec], capture_output=True, text=True, timeout=timeout)
+    proc = run_script(CHILD, argv=[spec], timeout=timeout)
     errors = [open(os.path.join(out, f)).read() for f in sorted(os.listdir(out)) if f.startswith("error_")]
     assert not errors, "a worker failed:\n" + "\n".join(errors)
     done = [os.path.join(out, f"done_{r}.json") for r in range(world)]

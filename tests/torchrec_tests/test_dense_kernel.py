@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from .harness import ROOT, free_port, full, load_dump, needs_torchrec, run_jobs, same
+from .harness import ROOT, free_port, full, load_dump, needs_torchrec, run_jobs, run_script, same
 
 pytestmark = needs_torchrec
 
@@ -149,7 +147,7 @@ def test_increments_hold_a_dense_kernel_table_whole(tmp_path):
     spec = os.path.join(out, "spec.json")
     with open(spec, "w") as f:
         json.dump({"world": 2, "port": free_port(), "out": out, "phase": "train", "jobs": [job]}, f)
-    proc = subprocess.run([sys.executable, LOOP_CHILD, spec], capture_output=True, text=True, timeout=300)
+    proc = run_script(LOOP_CHILD, argv=[spec], timeout=300)
     errors = [open(os.path.join(out, f)).read() for f in sorted(os.listdir(out)) if f.startswith("error_")]
     assert not errors, "\n".join(errors)
     done = json.load(open(os.path.join(out, "done_0.json")))["d"]

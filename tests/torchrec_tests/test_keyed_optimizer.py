@@ -7,11 +7,8 @@ covers the same path under DMP."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from .harness import ROOT, needs_torchrec
+from .harness import needs_torchrec, run_script
 
 pytestmark = needs_torchrec
 
@@ -69,9 +66,7 @@ json.dump(res, open(out + "/res.json", "w"))
 
 
 def test_keyed_optimizer_loads_before_its_first_step_without_moving_parameters(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], env=env, capture_output=True, text=True,
-                       timeout=240, cwd=ROOT)
+    p = run_script(code=CHILD, argv=[tmp_path])
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.load(open(tmp_path / "res.json"))
     full, no_dense = res["all"], res["no_dense"]

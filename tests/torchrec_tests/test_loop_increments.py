@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from .harness import ROOT, free_port, full, load_dump, needs_torchrec, same
+from .harness import ROOT, free_port, full, load_dump, needs_torchrec, run_script, same
 
 pytestmark = needs_torchrec
 
@@ -39,7 +37,7 @@ def _run(tmp, phase, world, jobs):
     spec = os.path.join(out, "spec.json")
     with open(spec, "w") as f:
         json.dump({"world": world, "port": free_port(), "out": out, "phase": phase, "jobs": jobs}, f)
-    proc = subprocess.run([sys.executable, CHILD, spec], capture_output=True, text=True, timeout=300)
+    proc = run_script(CHILD, argv=[spec], timeout=300)
     errors = [open(os.path.join(out, f)).read() for f in sorted(os.listdir(out)) if f.startswith("error_")]
     assert not errors, "a worker failed:\n" + "\n".join(errors)
     done = os.path.join(out, "done_0.json")   # judged by files: a rank may abort at exit after its work

@@ -4,11 +4,9 @@ process never imports FBGEMM or TorchRec), over in-range, out-of-range and negat
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
-from .harness import ROOT, needs_torchrec
+from .harness import needs_torchrec, run_script
 
 pytestmark = needs_torchrec
 
@@ -31,6 +29,6 @@ def test_route_matches_fbgemm_block_bucketize():
             bad += [(size, buckets, int(i)) for i in ids[mine != theirs][:5]]
         print(json.dumps(bad))
     """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    proc = run_script(code=code, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [], proc.stdout

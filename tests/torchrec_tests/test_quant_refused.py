@@ -5,11 +5,7 @@ is, naming the module, and nothing is loaded. Run in a process of its own (the s
 torchrec)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-from .harness import ROOT, needs_torchrec
+from .harness import needs_torchrec, run_script
 
 pytestmark = needs_torchrec
 
@@ -40,9 +36,7 @@ print("unchanged:", all(torch.equal(v, before[k]) for k, v in qm.state_dict().it
 
 
 def test_a_quantized_inference_collection_is_refused_as_such(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "out")], capture_output=True, text=True,
-                       timeout=300, env=env)
+    p = run_script(code=CHILD, argv=[tmp_path / "out"], timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout
     assert "LOADED" not in out and "unchanged: True" in out, out

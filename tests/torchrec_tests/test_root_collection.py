@@ -6,11 +6,8 @@ torchrec)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from .harness import ROOT, needs_torchrec
+from .harness import needs_torchrec, run_script
 
 pytestmark = needs_torchrec
 
@@ -51,9 +48,7 @@ json.dump({"tables": sorted(view.tables), "loaded": sorted(r.tables),
 
 
 def test_a_bare_ebc_as_the_model_saves_and_restores_its_tables_and_optimizer_state(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "ck")], env=env, capture_output=True, text=True,
-                       timeout=240, cwd=ROOT)
+    p = run_script(code=CHILD, argv=[tmp_path / "ck"])
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.load(open(tmp_path / "ck" / "res.json"))
     assert res == {"tables": ["embedding_bags.t0"], "loaded": ["embedding_bags.t0"], "weight": True, "sum": True}, res

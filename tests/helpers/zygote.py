@@ -37,9 +37,10 @@ def _preload() -> None:
         import recckpt.integrations.torchrec  # noqa: F401
 
 
-def _child(req: dict) -> None:
+def _child(req: dict, reply_fd: int) -> None:
     """In the forked child: run the request's script or code as __main__, exit with its status."""
     os.setpgrp()
+    os.close(reply_fd)   # the replies are the zygote's alone
     for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)
@@ -72,13 +73,16 @@ def _child(req: dict) -> None:
 
 
 def main() -> None:
+    # Replies go to the harness through the original stdout alone: whatever the imports (or a child
+    # before its redirection) print on fd 1 lands in the zygote's log instead.
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     _preload()
-    reply = sys.stdout
     for line in sys.stdin:
         req = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _child(req)   # never returns
+            _child(req, reply.fileno())   # never returns
         reply.write(json.dumps({"pid": pid}) + "\n")
         reply.flush()
         _, status = os.waitpid(pid, 0)

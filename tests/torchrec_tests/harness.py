@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -78,6 +79,7 @@ class _Zygote:
         if self.alive():
             self.proc.stdin.close()
             self.proc.wait(30)
+        shutil.rmtree(self.logs, ignore_errors=True)
 
 
 _zygote: _Zygote | None = None

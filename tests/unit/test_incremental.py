@@ -414,6 +414,49 @@ def test_eviction_at_save_leaves_the_table_and_is_recorded_in_the_increment(tmp_
     assert_contents(m2.emb, snapshot(model.emb))       # counters are slots, saved and loaded
 
 
+@pytest.mark.parametrize("conf", [{"slots": ["embedding", "adam.*"]}, {"slots": ["embedding"], "merge": True},
+                                  {"load": ["sparse_opt"]}, {"slots": ["embedding", "adam.*"], "mmap": True}, "plain"])
+def test_rows_a_load_inserts_without_their_last_step_start_at_the_tables_step(tmp_path, conf):
+    """Not at last_step 0: an idle-based eviction at the next save would take the whole warm start."""
+    from recckpt import EvictionPolicy
+    from recckpt.state.eviction import FREQ, LAST_STEP
+    src = Model()
+    if conf != "plain":
+        src.emb.enable_counters()   # "plain": a checkpoint without counters
+    opt = SparseAdam([src.emb], lr=0.05)
+    src.emb.step = 5000
+    train_step(src, opt, torch.arange(30))
+    Saver(src, opt, output_dir=tmp_path / "a", options=OPTS).save("c")
+    dst = Model()
+    dst.emb.enable_counters()
+    dst.emb.step = 100
+    saver = Saver(dst, SparseAdam([dst.emb], lr=0.05), output_dir=tmp_path / "b", options=OPTS,
+                  eviction=EvictionPolicy(max_idle_steps=50))
+    saver.load(ckpt_path=str(tmp_path / "a" / "c"), direct_path=True,
+               load_conf={"strict": False} if conf == "plain" else conf)
+    assert len(dst.emb) == 30
+    assert dst.emb.slot(LAST_STEP).tolist() == [100] * 30 and dst.emb.slot(FREQ).tolist() == [0] * 30
+    dst.emb.step = 120
+    saver.save("s", step=120)
+    assert len(dst.emb) == 30   # none idle for more than 50 steps
+
+
+def test_import_rows_and_adopted_storage_without_last_step_start_new_rows_at_the_step():
+    from recckpt.state.eviction import LAST_STEP
+    t = HashTable("t", 2, counters=True)
+    t.step = 7
+    t(torch.tensor([1]))
+    t.step = 40
+    t.import_rows(torch.tensor([1, 2]), {"embedding": torch.ones(2, 2)})
+    assert dict(zip(t.ids().tolist(), t.slot(LAST_STEP).tolist())) == {1: 7, 2: 40}   # an existing row keeps its own
+    t.import_rows(torch.tensor([3]), {"embedding": torch.ones(1, 2), LAST_STEP: torch.tensor([3])})
+    assert t.slot(LAST_STEP).tolist()[-1] == 3   # a given last_step is kept
+    u = HashTable("u", 2, counters=True)
+    u.step = 60
+    u.adopt_storage(2, torch.tensor([5, 6, 0]), {"embedding": torch.zeros(3, 2)})   # a mapped load's way in
+    assert u.slot(LAST_STEP).tolist() == [60, 60]
+
+
 def test_write_filter_shapes_the_checkpoint_not_the_table(tmp_path):
     from recckpt import EvictionPolicy
     model = Model()

@@ -38,6 +38,14 @@ class Counting:
         store.columns[LAST_STEP][old:store.size] = step
         change_log.stamp(uniq)  # the counters are part of the row: a looked-up row changed
 
+    def inserted(self, store: RowStore, old: int, new: int, given, step: int) -> None:
+        """Rows ``[old, new)`` were inserted other than by a lookup (a load, ``import_rows``) with the slots
+        ``given``: without their own ``last_step`` they start at ``step``, as a lookup's new rows do (the
+        slot's fixed initial value, 0, would make an idle-based eviction remove a whole warm start at the
+        next save)."""
+        if self.enabled and LAST_STEP not in given and new > old:
+            store.columns[LAST_STEP][old:new] = step
+
     def written(self, store: RowStore, rows: torch.Tensor, step: int) -> None:
         """The embeddings of ``rows`` were written (an optimizer step) at ``step``."""
         if self.enabled:

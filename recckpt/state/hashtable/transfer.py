@@ -107,6 +107,7 @@ class Transfer:
             if new != old:
                 store.rollback(old)
             raise
+        self.counting.inserted(store, old, new, columns, self.step)
         self.change_log.stamp(rows)
         store.modified()
 
@@ -166,6 +167,7 @@ class Transfer:
                 f"in the table or repeated; nothing was appended"
             )
         store.init_new_rows(old, new, skip=slots)
+        self.counting.inserted(store, old, new, slots, self.step)
         self.change_log.stamp_range(old, new)
         store.size = new
         store.modified()
@@ -221,6 +223,7 @@ class Transfer:
                     init_rows(data[k][:rows], store.inits[k])
         self.change_log.adopt(cap)
         store.replace(id_map, ids, data, rows)
+        self.counting.inserted(store, 0, rows, columns, self.step)
         self.change_log.forget()
 
     # ------------------------------------------------------------------ state_dict integration

@@ -624,7 +624,10 @@ class LoadPlan:
     def _load_sparse_optimizer(self, st) -> None:
         """recckpt's sparse optimizers keep per-table scalars under 'tables': pass only the tables this
         load applies, under their model names, so a warm start of some tables (or renamed ones) works.
-        Other optimizers get their state as saved."""
+        Their hyper-parameters (one set for every table) come from the checkpoint only when the load
+        applies the optimizer state of all the optimizer's tables (a resume): a warm start of some tables
+        keeps the new run's (lr, an accumulator's initial value for new rows, ...), and says so where the
+        checkpoint's differ. Other optimizers get their state as saved."""
         opt = self.sparse_optim
         tables = st.get("tables") if isinstance(st, dict) else None
         if not isinstance(tables, dict):
@@ -633,6 +636,16 @@ class LoadPlan:
         loaded = {name: target for name, target, _, slots in self.sparse_jobs
                   if any(si.category == "sparse_opt" for _, si, _ in slots)}
         narrowed = dict(st, tables={loaded[n]: v for n, v in tables.items() if n in loaded})
+        live = opt.state_dict()
+        left_out = sorted(set(live.get("tables", {})) - set(narrowed["tables"]))
+        if left_out and isinstance(live.get("hyperparams"), dict):
+            if st.get("hyperparams") != live["hyperparams"]:
+                warnings.warn(
+                    f"checkpoint {self.reader.describe()}: the sparse optimizer keeps its own hyper-parameters "
+                    f"{live['hyperparams']}, not the checkpoint's {st.get('hyperparams')}: this load applies the "
+                    f"optimizer state of tables {sorted(narrowed['tables'])} only, not of {left_out}, which "
+                    f"train on with the live settings", stacklevel=4)
+            narrowed["hyperparams"] = live["hyperparams"]
         opt.load_state_dict(narrowed, strict=False)
 
     def _small(self, name: str, slots, lo: int, hi: int) -> bool:

@@ -453,3 +453,21 @@ def test_an_eval_load_of_embeddings_alone_needs_no_sparse_optimizer(tmp_path):
         warnings.simplefilter("error")
         res = s.load(load_conf={"slots": ["embedding"]})
     assert res.sparse_rows == len(src.user) + len(src.item)
+
+
+def test_a_warm_start_of_some_tables_keeps_the_sparse_optimizers_hyper_parameters(tmp_path):
+    """Hyper-parameters are one set for all of a sparse optimizer's tables: a load of some tables' optimizer
+    state keeps the new run's (with a warning), a load of all of them (a resume) takes the checkpoint's."""
+    saved(tmp_path)                                   # SparseAdam(lr=0.1)
+    m = M(seed=99)
+    opt = SparseAdam(m, lr=0.5, betas=(0.8, 0.9))
+    s = Saver(m, sparse_optim=opt, output_dir=tmp_path)
+    with pytest.warns(UserWarning, match=r"keeps its own hyper-parameters .*'lr': 0.5.*tables \['item'\] only, not "
+                                         r"of \['user'\]"):
+        s.load(ckpt_id="c", load_conf={"tables": ["item"], "load": ["sparse", "sparse_opt"], "strict": False})
+    assert opt.state_dict()["hyperparams"]["lr"] == 0.5 and list(opt.state_dict()["hyperparams"]["betas"]) == [0.8, 0.9]
+    assert opt.state_dict()["tables"]["item"]["step"] == 3 and opt.state_dict()["tables"]["user"]["step"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.load(ckpt_id="c", load_conf={"load": ["sparse", "sparse_opt"]})
+    assert opt.state_dict()["hyperparams"]["lr"] == 0.1   # every table's state: a resume takes the saved settings

@@ -207,6 +207,27 @@ def test_io_state_and_the_sparse_optimizers_state_are_compared(tmp_path, capsys)
     assert code == 0 and "no differences" in out, out
 
 
+@pytest.mark.parametrize("before,after,differ", [(0.0, -0.0, True), (float("nan"), float("nan"), False),
+                                                (1.5, 1.5, False), (1, 1.0, True)])
+def test_plain_numbers_in_a_registered_object_are_compared_bit_for_bit(tmp_path, before, after, differ):
+    """As arrays are: 0.0 -> -0.0 is a change, a NaN (a best loss not yet set) equals itself."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t = recckpt.HashTable("t", dim=4)
+
+    m, state = M(), {"x": before}
+    with torch.no_grad():
+        m.t(torch.arange(6))
+    s = Saver(m, output_dir=str(tmp_path), options=FAST, max_keep=None)
+    s.register_for_checkpointing("obj", state)
+    s.save("a")
+    state["x"] = after
+    s.save("b")
+    r = recckpt.diff(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert r.differs == differ and r.same == (not differ) and r.objects["changed"] == (["obj"] if differ else []), r
+
+
 @pytest.mark.parametrize("damage", ["shard missing", "shard truncated", "dense missing", "dense resized",
                                     "extras resized", "dense flipped"])
 def test_a_damaged_checkpoint_is_never_called_the_same(tmp_path, capsys, damage):

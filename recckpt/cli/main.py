@@ -278,6 +278,10 @@ def _ids_of(a) -> list[int]:
                                                f"integer id") from None
     if not ids:
         raise InvalidArgumentError("lookup: give ids after the table name, or --ids-file")
+    wide = next((i for i in ids if not -(1 << 63) <= i < 1 << 63), None)
+    if wide is not None:
+        raise InvalidArgumentError(f"lookup: id {wide} is outside int64 [-2**63, 2**63 - 1], the range of a "
+                                   f"table's ids; give each id as a signed 64-bit integer")
     return ids
 
 

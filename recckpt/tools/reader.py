@@ -469,6 +469,11 @@ class CheckpointView:
         if want.ndim != 1 or (want.size and want.dtype.kind not in "iu"):
             raise InvalidArgumentError(f"lookup: ids must be a 1-D array of integers, got {want.dtype} of shape "
                                        f"{want.shape}")
+        if want.dtype.kind == "u" and want.size and int(want.max()) >= 1 << 63:
+            # unsigned (numpy's type for a Python int >= 2**63): cast to int64 it would wrap onto another id
+            raise InvalidArgumentError(f"lookup: id {int(want.max())} is outside int64, the range of a table's ids; "
+                                       f"give ids as signed 64-bit integers (a uint64 hash as its int64 bit pattern: "
+                                       f"ids.view(np.int64))")
         want = np.ascontiguousarray(want, dtype=np.int64)
         found = np.zeros(len(want), dtype=bool)
         descs = [have[s] for s in slots]

@@ -67,6 +67,25 @@ def test_lookup_prints_the_rows_of_given_ids_and_says_which_are_absent(capsys, r
     assert code == 2 and "no table 'nope'" in err
 
 
+def test_lookup_refuses_ids_outside_int64_instead_of_wrapping_them(capsys, tmp_path):
+    """2**63 (or a uint64 hash) cast to int64 becomes another id: the rows of that id came back as found."""
+    import recckpt
+    rows = table_rows(50)
+    rows["ids"][:2] = [-(1 << 63), -1]   # where 2**63 and 2**64 - 1 would wrap to
+    make_checkpoint(str(tmp_path), "c", rows)
+    view = recckpt.open(str(tmp_path / "c"))
+    for ids in ([1 << 63], np.array([(1 << 64) - 1], dtype=np.uint64)):
+        with pytest.raises(recckpt.errors.InvalidArgumentError, match="outside int64"):
+            view.lookup("user", ids)
+    found, _ = view.lookup("user", np.array([1, (1 << 63) - 1], dtype=np.uint64))   # in range: looked up as int64
+    assert found.tolist() == [bool((rows["ids"] == 1).any()), bool((rows["ids"] == (1 << 63) - 1).any())]
+    f = tmp_path / "ids.txt"
+    for argv in (["9223372036854775808"], ["--", "-9223372036854775809"], ["--ids-file", str(f)]):
+        f.write_text("5 18446744073709551615")
+        code, _, err = run(capsys, "lookup", str(tmp_path / "c"), "user", *argv)
+        assert code == 2 and "outside int64" in err and "Traceback" not in err, (argv, err)
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_ls_inspect_verify(capsys, root, workers):
     rows = table_rows(400)

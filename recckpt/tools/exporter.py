@@ -127,7 +127,7 @@ def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def dequantize_int8(q: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
     n = q.shape[0]
-    flat = (q.reshape(n, -1).astype(np.float32) + 128) * scale[:, None] + offset[:, None]
+    flat = (q.reshape(n, int(np.prod(q.shape[1:]))).astype(np.float32) + 128) * scale[:, None] + offset[:, None]
     return flat.reshape(q.shape)
 
 
@@ -282,8 +282,8 @@ def _safe_name(what: str, name: str) -> str:
     if not _SAFE_NAME.fullmatch(name) or ".." in name:
         skip = " (leave it out with --tables / ExportOptions.tables)" if what == "table" else \
             " (leave it out with --slots / ExportOptions.slots)"
-        raise InvalidArgumentError(f"{what} {name!r} cannot be used as a file name (1 to 200 of letters, digits "
-                                   f"and '_.=+-', no '..'), so it cannot be exported{skip}")
+        raise InvalidArgumentError(f"{what} {name!r} cannot be used as a file name (1 to 200 of the ASCII letters, "
+                                   f"digits and '_.=+-', the first a letter, digit or '_', no '..'), so it cannot be exported{skip}")
     if what == "table" and name == EXPORT_MANIFEST:
         raise InvalidArgumentError(f"table {name!r} would take the name of the export's own {EXPORT_MANIFEST}, "
                                    f"so it cannot be exported (leave it out with --tables / ExportOptions.tables)")

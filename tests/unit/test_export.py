@@ -183,6 +183,10 @@ def test_quantize_bound_and_edge_rows():
     assert (err <= scale / 2 * (1 + 1e-5) + 1e-4).all()
     with pytest.raises(InvalidArgumentError, match="NaN"):
         quantize_int8(np.array([[1.0, np.nan]], np.float32))
+    for shape in ((0, 5), (0, 2, 3), (3, 0)):   # a file of zero rows (a table filtered empty), rows of no values
+        empty = np.zeros(shape, np.float32)
+        back = dequantize_int8(*quantize_int8(empty))
+        assert back.shape == shape and back.dtype == np.float32
 
 
 def test_bad_options(ckpts, tmp_path):

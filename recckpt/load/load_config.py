@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable, Mapping
 
 from ..errors import LoadConfigError
+from ..state import renames
 
 CATEGORIES = ("sparse", "sparse_opt", "dense", "extra", "io_state")
 
@@ -186,7 +187,4 @@ class LoadConfig:
                 if not (any(n.startswith(k) for n in known) if k.endswith(".") else k in known)]
 
     def renamed(self, name: str) -> str:
-        if name in self.rename:
-            return self.rename[name]
-        best = max((k for k in self.rename if k.endswith(".") and name.startswith(k)), key=len, default=None)
-        return name if best is None else self.rename[best] + name[len(best):]
+        return renames.renamed(self.rename, name)

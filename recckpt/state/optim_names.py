@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from ..errors import IncompatibleCheckpointError, InvalidArgumentError
+from . import renames
 
 #: Prefix of the key of an optimizer parameter that is not a parameter of the model (no name): such
 #: parameters are matched by their order among the unnamed ones only.
@@ -466,13 +467,14 @@ def apply_named_optimizer_state(optimizer, model, saved: Mapping, *, strict: boo
                                 ) -> OptimizerStateMatch:
     """Load name-keyed optimizer state `saved` (from `named_optimizer_state`, a KeyedOptimizer or DCP)
     into `optimizer`, matching parameters by name in `model` (after `rename`: a dict of checkpoint
-    name → model name, or a function). Parameters present in both get the saved state; parameters the
+    name → model name, where a key ending in '.' renames a prefix as in `LoadConfig.rename`, or a
+    function). Parameters present in both get the saved state; parameters the
     saved state does not know keep their own (none for a fresh optimizer); saved parameters that are
     gone are reported. strict=True refuses any difference with IncompatibleCheckpointError naming the
     parameters; a shape conflict is always refused. Nothing changes when it raises."""
     if isinstance(rename, Mapping):
         table = dict(rename)
-        rename_fn = lambda n: table.get(n, n)  # noqa: E731
+        rename_fn = lambda n: renames.renamed(table, n)  # noqa: E731
     else:
         rename_fn = rename or (lambda n: n)
     m = match_optimizer_state(optimizer, model, saved, rename=rename_fn)

@@ -355,6 +355,12 @@ def test_named_state_round_trip_and_keyed_optimizer(tmp_path):
         assert_same_state("adagrad", am, aopt, n, m, opt, n, values=False)
     match = apply_named_optimizer_state(opt, m, named, rename={"b.weight": "c.weight", "b.bias": "c.bias"})
     assert_same_state("adagrad", am, aopt, "b.weight", m, opt, "c.weight", values=False)
+    # a prefix, as LoadConfig.rename takes it (it matched nothing, and strict=False loaded nothing, silently)
+    m2 = Towers(("c", "a"), seed=4)
+    opt2 = OPTIMIZERS["adagrad"](m2.parameters())
+    match = apply_named_optimizer_state(opt2, m2, named, rename={"b.": "c."})
+    assert set(match.matched) == {n for n, _ in m2.named_parameters()} and not match.gone and not match.new
+    assert_same_state("adagrad", am, aopt, "b.bias", m2, opt2, "c.bias", values=False)
     with pytest.raises(InvalidArgumentError, match="not parameters of the model"):
         named_optimizer_state(aopt, Towers(("a",)))
 

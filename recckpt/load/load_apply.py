@@ -454,6 +454,16 @@ class LoadPlan:
                 self.incompatible.append(f"{what}: {e}")
                 continue
             self.incompatible += [f"{what}: {c}" for c in m.conflicts]
+            # A lazy parameter not yet run takes its shape from the dense state a load gives it: without
+            # that, the state would fix a shape the module's first forward may contradict at the first step.
+            unshaped = [n for n in m.matched if n not in self.dense_out and n in self.model_dense
+                        and optim_names.live_shape(self.model_dense[n]) is None]
+            if unshaped:
+                self.incompatible.append(
+                    f"{what}: parameters {unshaped[:5]} are uninitialized (lazy modules before their first forward) "
+                    f"and this load does not give them their dense state, so their saved optimizer state cannot be "
+                    f"checked against a shape: load 'dense' with it, run a forward before loading, or leave the "
+                    f"optimizer out (exclude 'extra')")
             missing, unexpected = m.problems(what)
             self.problems_missing += missing
             self.problems_unexpected += unexpected

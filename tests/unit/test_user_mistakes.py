@@ -392,6 +392,17 @@ def test_a_lazy_module_not_yet_run_takes_its_optimizers_state_too(tmp_path):
         model(x).sum().backward()
         o.step()
     assert torch.equal(dst[0].weight, src[0].weight) and torch.equal(dst[0].bias, src[0].bias)
+    # Without the dense state, nothing gives the lazy parameters a shape: the optimizer state was accepted,
+    # then the first forward built another width and the first step failed inside torch.
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    opt3 = torch.optim.Adam(lazy.parameters(), lr=0.1)
+    alone = recckpt.Saver(lazy, output_dir=str(tmp_path))
+    alone.register_for_checkpointing("opt", opt3)
+    with pytest.raises(recckpt.errors.IncompatibleCheckpointError, match=r"'0.weight'.*uninitialized.*load 'dense'"):
+        alone.load(load_conf={"load": ["extra"]})
+    assert not opt3.state
+    alone.load(load_conf={"dense_keys": ["0.bias"]})   # the optimizer state follows the dense selection
+    assert [tuple(p.shape) for p in opt3.state] == [(3,)] and tuple(lazy[0].bias.shape) == (3,)
 
 
 def test_a_sparse_layout_buffer_is_refused_naming_it(tmp_path):

@@ -31,8 +31,12 @@ class _Link:
     def on_signal(self, signum, frame) -> None:
         if self.retired:
             _pass_on(signum, self.previous.get(signum, signal.SIG_DFL), skip_recckpt=False)
-        else:
-            self.handler.requested = signum
+            return
+        # Every live install below this one hears it too: each manager of the process saves at its next step.
+        for link in _links_below(self, signum):
+            if not link.retired:
+                link.handler.requested = signum
+        self.handler.requested = signum
 
     def retire(self) -> None:
         """Stop recording signals; where this link is still the installed handler (and on the main thread,
@@ -47,6 +51,25 @@ class _Link:
 
 def _link_of(h) -> "_Link | None":
     return h.__self__ if isinstance(getattr(h, "__self__", None), _Link) and h == h.__self__.on_signal else None
+
+
+def _links_below(link: _Link, signum: int) -> list:
+    """The installs of recckpt handlers this one replaced for `signum`, nearest first."""
+    out, seen = [], {id(link)}
+    h = link.previous.get(signum)
+    while (below := _link_of(h)) is not None and id(below) not in seen:
+        seen.add(id(below))
+        out.append(below)
+        h = below.previous.get(signum)
+    return out
+
+
+def _waiting(link: _Link, signum: int) -> bool:
+    """Whether another live install of the chain `link` is in still has a request to serve (its manager
+    saves at its next step): the process exits only after the last of them has saved."""
+    top = _link_of(signal.getsignal(signum)) if threading.current_thread() is threading.main_thread() else None
+    chain = ([top, *_links_below(top, signum)] if top is not None else []) + _links_below(link, signum)
+    return any(x is not link and not x.retired and x.handler.requested is not None for x in chain)
 
 
 def _walk(h, skip, signum: int):
@@ -125,7 +148,7 @@ class PreemptionHandler:
         signum, self.requested = self.requested, None
         link = self._link
         self.uninstall()
-        if self.exit_after_save and signum is not None and link is not None:
+        if self.exit_after_save and signum is not None and link is not None and not _waiting(link, signum):
             _pass_on(signum, link.previous.get(signum, signal.SIG_DFL), skip_recckpt=True)
 
     def close(self, link: "_Link") -> None:

@@ -3,7 +3,9 @@ checkpoint (exit by SIGTERM; "alive" printed if it did not), in the orders of ma
 uses (argv[2]):
   dropped: a manager with preemption=True used for a phase and dropped without close(), then a second one;
   shared:  one PreemptionHandler given to a new manager per phase, the old one dropped as the name is rebound;
-  close:   the signal arrives after the last step, before close()."""
+  close:   the signal arrives after the last step, before close();
+  two, two-reversed: two live managers of one process (output dirs a/ and b/), stepped in the order they
+           were made or the other way round: both must save before the process ends."""
 import os
 import signal
 import sys
@@ -25,6 +27,16 @@ def phase(steps):
     return model, sopt, dopt, reader, mgr
 
 
+if mode.startswith("two"):
+    a = make_job(os.path.join(out, "a"), interval=100, preemption=True)
+    b = make_job(os.path.join(out, "b"), interval=100, preemption=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(3):
+        for model, sopt, dopt, reader, mgr in ((b, a) if mode == "two-reversed" else (a, b)):
+            train_step(model, sopt, dopt, reader)
+            mgr.step()
+    print("alive", a[4].global_step, b[4].global_step, flush=True)
+    sys.exit(0)
 job = phase(3)          # dropped without close(), as a per-phase helper function would
 job = phase(0)          # (rebinding the name frees the first manager)
 model, sopt, dopt, reader, mgr = job

@@ -613,6 +613,20 @@ def test_sigterm_is_never_swallowed_by_a_manager_that_is_gone(tmp_path, mode, sa
     assert committed_or_none(tmp_path) == saved   # the second phase's preemption checkpoint, at its first step
 
 
+@pytest.mark.parametrize("mode", ["two", "two-reversed"])
+def test_sigterm_makes_every_live_manager_of_the_process_save_before_it_ends(tmp_path, mode):
+    """Two managers with preemption in one process (two models, two output dirs): only the one installed
+    last heard the signal, so the other's final checkpoint was never written (a helper's attack)."""
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = os.path.join(os.path.dirname(__file__), "..", "helpers", "dropped_preemption_child.py")
+    run = subprocess.run([sys.executable, child, str(tmp_path), mode], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert run.returncode == -signal.SIGTERM and "alive" not in run.stdout, (run.returncode, run.stdout, run.stderr)
+    assert committed_or_none(str(tmp_path / "a")) == ["ckpt_1"] and committed_or_none(str(tmp_path / "b")) == ["ckpt_1"]
+
+
 def committed_or_none(out):
     return committed(out) if os.path.exists(os.path.join(out, "checkpoint")) else []
 

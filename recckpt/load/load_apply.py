@@ -643,8 +643,7 @@ class LoadPlan:
         if not isinstance(tables, dict):
             opt.load_state_dict(st)
             return
-        loaded = {name: target for name, target, _, slots in self.sparse_jobs
-                  if any(si.category == "sparse_opt" for _, si, _ in slots)}
+        loaded = self._opt_tables()
         narrowed = dict(st, tables={loaded[n]: v for n, v in tables.items() if n in loaded})
         live = opt.state_dict()
         left_out = sorted(set(live.get("tables", {})) - set(narrowed["tables"]))

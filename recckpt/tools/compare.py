@@ -104,7 +104,7 @@ def _tree_equal(x, y) -> bool:
         return type(x) is type(y) and len(x) == len(y) and all(_tree_equal(p, q) for p, q in zip(x, y))
     if type(x) is not type(y):
         return False
-    if isinstance(x, float):   # by bits, as arrays are: -0.0 differs from 0.0, a NaN equals itself
+    if isinstance(x, (float, np.floating)):   # by bits, as arrays are: -0.0 differs from 0.0, a NaN equals itself
         return np.asarray(x).tobytes() == np.asarray(y).tobytes()
     return bool(x == y)
 

@@ -5,11 +5,12 @@ Each of those scripts used to start in a new interpreter whose ranks imported To
 CPU per rank, most of a small job's run time, and the biggest share of the suite's time on a 2-core CI
 machine. A forked child starts with the imports done; its ranks are forked from it in turn
 (`rank_procs.START_METHOD`). The ranks are still separate processes on gloo, each with its own address
-space; only the import work is shared. Fork is safe here because this process never starts a thread of
-its own, a process group or an operator: it only imports.
+space; only the import work is shared. Fork is safe here because this process starts no process group
+and runs no operator: it only imports. (Importing numpy starts OpenBLAS's worker threads; OpenBLAS
+stops them around a fork itself.)
 
 Protocol, one JSON object per line. The harness writes a request to stdin:
-    {"script": path | null, "code": str | null, "argv": [...], "cwd": dir, "env": {...},
+    {"script": path | null, "code": str | null, "argv": [...], "cwd": dir, "env": {the whole environment},
      "stdout": path, "stderr": path}
 and reads two replies from stdout: {"pid": child} when the child is forked (the child leads a process group
 of its own, so that a harness that times out can kill it and its ranks), then {"rc": exit status}. End of
@@ -48,7 +49,8 @@ def _child(req: dict, reply_fd: int) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)   # the request pipe stays the zygote's alone
     os.close(null)
-    os.environ.update(req.get("env") or {})
+    os.environ.clear()
+    os.environ.update(req["env"])
     os.chdir(req["cwd"])
     rank_procs.START_METHOD = "fork"   # the ranks start from these imports too
     rc = 0
@@ -78,6 +80,7 @@ def main() -> None:
     reply = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     _preload()
+    sys.stdout.flush()   # nothing the imports printed is left in a buffer the children would inherit
     for line in sys.stdin:
         req = json.loads(line)
         pid = os.fork()

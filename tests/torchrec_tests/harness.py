@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -49,36 +50,60 @@ class _Zygote:
         self.logs = tempfile.mkdtemp(prefix="recckpt-zygote-")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen([sys.executable, ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=open(os.path.join(self.logs, "zygote.err"), "w"), cwd=ROOT, env=env,
-                                     text=True, bufsize=1)
+                                     stderr=open(os.path.join(self.logs, "zygote.err"), "w"), cwd=ROOT, env=env)
         self.runs = 0
+        self._pending = b""   # reply bytes read but not yet taken: replies are read from the raw pipe, so that
+        # select() never waits on a line already pulled into a buffer
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def _reply(self, timeout: float):
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        return json.loads(line) if line else None
+    def _log(self) -> str:
+        return open(os.path.join(self.logs, "zygote.err")).read()[-3000:]
+
+    def _reply(self, timeout: float) -> dict | None:
+        """The next reply line; None when none came within `timeout`. Raises if the zygote is gone."""
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            data = os.read(fd, 65536)
+            if not data:
+                raise RuntimeError(f"the TorchRec test zygote exited (rc {self.proc.wait()}):\n{self._log()}")
+            self._pending += data
+        line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def _send(self, req: dict) -> None:
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
 
     def run(self, req: dict, timeout: float) -> Finished:
         self.runs += 1
         out, err = (os.path.join(self.logs, f"{self.runs}.{k}") for k in ("out", "err"))
-        self.proc.stdin.write(json.dumps(dict(req, stdout=out, stderr=err)) + "\n")
-        self.proc.stdin.flush()
+        self._send(dict(req, stdout=out, stderr=err))
         started = self._reply(600)   # the first request waits for the imports
-        assert started, f"the zygote did not start a child: {open(os.path.join(self.logs, 'zygote.err')).read()[-3000:]}"
+        assert started, f"the zygote did not start a child within 600 s:\n{self._log()}"
         done = self._reply(timeout)
         if done is None:   # a hung job: end it and its ranks, then fail as subprocess.run would
-            os.killpg(started["pid"], signal.SIGKILL)
-            self._reply(60)
+            try:
+                os.killpg(started["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if self._reply(60) is None:
+                self.close()   # out of step with its replies: the next run starts a new one
             raise subprocess.TimeoutExpired(req.get("script") or "-c", timeout)
         return Finished(done["rc"], open(out).read(), open(err).read())
 
     def close(self):
         if self.alive():
             self.proc.stdin.close()
-            self.proc.wait(30)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         shutil.rmtree(self.logs, ignore_errors=True)
 
 
@@ -88,14 +113,16 @@ _zygote: _Zygote | None = None
 def run_script(script: str | None = None, *, code: str | None = None, argv=(), timeout: float = 240,
                env: dict | None = None) -> Finished:
     """Run a worker script (or `-c` code) that imports TorchRec, as `python script argv...` would, in a child
-    forked from one process that has imported TorchRec already (tests/helpers/zygote.py says why). `env` adds
-    to the environment; the working directory is the repository root."""
+    forked from one process that has imported TorchRec already (tests/helpers/zygote.py says why). The child
+    gets this process's environment plus `env` (variables read only at import, such as OMP_NUM_THREADS, keep
+    the zygote's values); the working directory is the repository root."""
     global _zygote
     if _zygote is None or not _zygote.alive():
         _zygote = _Zygote()
         atexit.register(_zygote.close)
+    # the test process's environment now (a test may have changed it), as subprocess.run would pass it
     return _zygote.run({"script": script, "code": code, "argv": [str(a) for a in argv], "cwd": ROOT,
-                        "env": env or {}}, timeout)
+                        "env": {**os.environ, **(env or {})}}, timeout)
 
 
 def run_jobs(tmp, world: int, jobs: list, timeout: int = 240) -> list:

@@ -208,7 +208,9 @@ def test_io_state_and_the_sparse_optimizers_state_are_compared(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("before,after,differ", [(0.0, -0.0, True), (float("nan"), float("nan"), False),
-                                                (1.5, 1.5, False), (1, 1.0, True)])
+                                                (1.5, 1.5, False), (1, 1.0, True),
+                                                (np.float32(0.0), np.float32(-0.0), True),
+                                                (np.float32("nan"), np.float32("nan"), False)])
 def test_plain_numbers_in_a_registered_object_are_compared_bit_for_bit(tmp_path, before, after, differ):
     """As arrays are: 0.0 -> -0.0 is a change, a NaN (a best loss not yet set) equals itself."""
     class M(torch.nn.Module):

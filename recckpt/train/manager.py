@@ -127,9 +127,6 @@ class CheckpointManager:
         if save_interval is not None:
             pols.insert(0, EveryNSteps(save_interval))
         self.keep = saver.keep if keep is _FROM_SAVER else KeepPolicy.coerce(keep)
-        # One retention for the output directory: a Saver applying its own max_keep after a direct
-        # save() would delete what this policy keeps (e.g. keep_every_n_steps checkpoints).
-        saver.keep = self.keep
         if not isinstance(async_save, bool):
             raise InvalidArgumentError(f"async_save must be a bool, got {async_save!r}")
         self.schedule = SaveSchedule(pols, self.keep, async_save)
@@ -158,6 +155,13 @@ class CheckpointManager:
                 f"torch.distributed process group: every rank runs its own manager, and they agree on each "
                 f"step's save. Call torch.distributed.init_process_group first (torchrun sets it up), or leave "
                 f"shard_num unset for a job of one process")
+        if not isinstance(preemption, (bool, PreemptionHandler)):
+            raise InvalidArgumentError(f"CheckpointManager preemption must be a bool or a PreemptionHandler, "
+                                       f"got {preemption!r}")
+        # Every argument is checked: only now is the Saver changed (a refused construction leaves it as it was).
+        # One retention for the output directory: a Saver applying its own max_keep after a direct
+        # save() would delete what this policy keeps (e.g. keep_every_n_steps checkpoints).
+        saver.keep = self.keep
         self.saver, self.async_save, self.prefix = saver, async_save, prefix
         self.resize_policy = resize_policy
         self.global_step = 0
@@ -182,14 +186,15 @@ class CheckpointManager:
         self._last: SaveHandle | None = None
         self._rng: RNGState | None = None
         if save_rng:
-            self._rng = RNGState()
-            # optional: a checkpoint written without it (Saver.save(step=...), save_rng=False) is a restore
-            # point too; the RNGs are then seeded from the step (see _restored)
-            saver.register_io_state(RNG_IO_NAME, self._rng, optional=True)
+            # The process's RNGs: one registration serves every manager a Saver gets in turn (a new one
+            # after close(), or after a construction that was refused).
+            self._rng = dict(saver.registry.io_items()).get(RNG_IO_NAME)
+            if not isinstance(self._rng, RNGState):
+                self._rng = RNGState()
+                # optional: a checkpoint written without it (Saver.save(step=...), save_rng=False) is a restore
+                # point too; the RNGs are then seeded from the step (see _restored)
+                saver.register_io_state(RNG_IO_NAME, self._rng, optional=True)
         self._preemption: PreemptionHandler | None = None
-        if not isinstance(preemption, (bool, PreemptionHandler)):
-            raise InvalidArgumentError(f"CheckpointManager preemption must be a bool or a PreemptionHandler, "
-                                       f"got {preemption!r}")
         if preemption:
             self._preemption = preemption if isinstance(preemption, PreemptionHandler) else PreemptionHandler()
             # a manager dropped without close() must not leave a handler that swallows the signal
@@ -490,6 +495,12 @@ class CheckpointManager:
         a `Saver.save(step=...)`), and the newest is the one of the highest step (ties: the one committed
         last), as retention ranks them. Takes precedence
         over `load_model_bank`."""
+        # Checked before the directory is read: a bad argument must fail the first run, not only the resume
+        # after a preemption, when there is at last something to restore.
+        if global_step is not None and (isinstance(global_step, bool) or not isinstance(global_step, int)
+                                        or global_step < 0):
+            raise InvalidArgumentError(f"restore: global_step must be an int >= 0 or None, got {global_step!r}")
+        conf = LoadConfig.coerce(load_conf)
         self.wait()
         self.restore_skipped = []
         storage = self.saver.storage
@@ -507,7 +518,6 @@ class CheckpointManager:
         if not candidates:
             log.info("recckpt: %s holds no committed checkpoint; starting fresh", storage.describe())
             return None
-        conf = LoadConfig.coerce(load_conf)
         conf = dataclasses.replace(conf, io_state_on_resize="drop" if self.resize_policy == "reseed" else "error")
         for i, (cid, step) in enumerate(candidates):
             self._same_as_rank0s(cid)

@@ -19,6 +19,8 @@ from recckpt.errors import (
     CommitOutcomeUnknownError,
     CorruptCheckpointError,
     IncompatibleCheckpointError,
+    InvalidArgumentError,
+    LoadConfigError,
 )
 
 
@@ -634,7 +636,6 @@ def committed_or_none(out):
 def test_a_manager_of_several_shards_without_a_process_group_is_refused_by_name(tmp_path):
     """It raised torch's own ValueError ("Default process group has not been initialized")."""
     from recckpt import HashTable
-    from recckpt.errors import InvalidArgumentError
     m = torch.nn.Module()
     m.t = HashTable("t", dim=4)
     with pytest.raises(InvalidArgumentError, match=r"shard_num=2 needs an initialised torch.distributed"):
@@ -692,3 +693,37 @@ def test_the_list_of_saves_is_bounded(tmp_path, monkeypatch):
     train(job, 5)
     job[4].close()
     assert [h.ckpt_id for h in job[4].saves] == ["ckpt_3", "ckpt_4", "ckpt_5"]
+
+
+def test_a_refused_manager_leaves_its_saver_as_it_was_and_the_next_manager_works(tmp_path):
+    """The constructor set the Saver's retention and registered the RNG state before its last checks: a
+    refused `async_save` left a max_keep=1 Saver keeping everything, and every later manager on that Saver
+    (after a refused one, or after close()) failed with "'__rng__' is already registered" (a helper's attack)."""
+    from recckpt import HashTable
+    m = torch.nn.Module()
+    m.t = HashTable("t", dim=4)
+    saver = Saver(m, output_dir=str(tmp_path), max_keep=1)
+    for bad in ({"keep": None, "async_save": "yes"}, {"preemption": "yes"}):
+        with pytest.raises(InvalidArgumentError):
+            CheckpointManager(saver, 1, **bad)
+        assert saver.keep == KeepPolicy(max_keep=1)
+    for _ in range(2):   # a manager, closed, then another on the same Saver
+        mgr = CheckpointManager(saver, 1)
+        mgr.restore()
+        mgr.step()
+        mgr.close()
+    assert saver.checkpoints() == ["ckpt_2"]
+
+
+def test_restore_checks_its_arguments_before_it_finds_the_directory_empty(tmp_path):
+    """A typo in load_conf passed the first run (nothing to restore) and failed only the resume after a
+    preemption; a global_step of another type was looked up and reported as missing beside the step."""
+    from recckpt import HashTable
+    m = torch.nn.Module()
+    m.t = HashTable("t", dim=4)
+    mgr = CheckpointManager(Saver(m, output_dir=str(tmp_path)), 1)
+    for kw in ({"load_conf": {"bogus": 1}}, {"load_conf": 5}, {"global_step": "1"}, {"global_step": True},
+               {"global_step": -1}):
+        with pytest.raises((LoadConfigError, InvalidArgumentError)):
+            mgr.restore(**kw)
+    assert mgr.restore() is None

@@ -31,8 +31,8 @@ def _opt_int(v, name: str, lo: int):
         v = operator.index(v)
     except TypeError:
         raise InvalidArgumentError(f"EvictionPolicy.{name} must be an int or None, got {v!r}") from None
-    if v < lo:
-        raise InvalidArgumentError(f"EvictionPolicy.{name} must be >= {lo}, got {v}")
+    if not lo <= v < 1 << 63:   # compared with int64 counters
+        raise InvalidArgumentError(f"EvictionPolicy.{name} must be in [{lo}, 2**63 - 1], got {v}")
     return v
 
 

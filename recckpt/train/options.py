@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError
 from ..format.hashing import DEFAULT_NUM_BUCKETS, NUM_BUCKETS_LIMIT
 
+#: Largest byte count an option may give (the engine counts bytes in int64).
+MAX_BYTES = 1 << 62
+#: Longest timeout an option may give, in seconds (about 31 years: "never", within what an int64 of
+#: milliseconds and datetime.timedelta hold).
+MAX_TIMEOUT_S = 1e9
+
 
 @dataclass(frozen=True)
 class SaveOptions:
@@ -56,17 +62,19 @@ class SaveOptions:
         for name, lo in (("num_buckets", 1), ("chunk_bytes", 64), ("segment_bytes", 1), ("max_inflight_bytes", 1),
                          ("staging_bytes", 256)):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                raise InvalidArgumentError(f"SaveOptions.{name} must be an integer >= {lo}, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= MAX_BYTES:
+                raise InvalidArgumentError(f"SaveOptions.{name} must be an integer in [{lo}, 2**62], got {v!r}")
         if not isinstance(self.fsync, bool):
             raise InvalidArgumentError(f"SaveOptions.fsync must be a bool, got {self.fsync!r}")
+        # Bounded above: the timeouts become integer milliseconds (gloo, sockets); inf failed every save later.
         v = self.visibility_timeout_s
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-            raise InvalidArgumentError(f"SaveOptions.visibility_timeout_s must be a number of seconds >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_TIMEOUT_S:
+            raise InvalidArgumentError(f"SaveOptions.visibility_timeout_s must be a number of seconds in [0, 1e9], "
+                                       f"got {v!r}")
         for name in ("coordination_timeout_s", "storage_timeout_s"):
             t = getattr(self, name)
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-                raise InvalidArgumentError(f"SaveOptions.{name} must be a number of seconds > 0, got {t!r}")
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= MAX_TIMEOUT_S:
+                raise InvalidArgumentError(f"SaveOptions.{name} must be a number of seconds in (0, 1e9], got {t!r}")
         if self.num_buckets >= NUM_BUCKETS_LIMIT:
             raise InvalidArgumentError(f"SaveOptions.num_buckets={self.num_buckets} is out of the format's range: "
                              f"1 <= num_buckets < 2**24 ({NUM_BUCKETS_LIMIT}); the default is {DEFAULT_NUM_BUCKETS}")

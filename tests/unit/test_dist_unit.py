@@ -9,7 +9,7 @@ import torch
 from helpers.ranks import SPEC, DictTable, Holder, Reader, rows_for
 from recckpt import LoadConfig, SaveOptions, Saver, partition, split_by_owner
 from recckpt.coordination import resolve_shard
-from recckpt.errors import DuplicateIdsError, IncompatibleCheckpointError, LoadConfigError
+from recckpt.errors import DuplicateIdsError, IncompatibleCheckpointError, InvalidArgumentError, LoadConfigError
 from recckpt.format.hashing import bucket_of, bucket_range
 
 FAST = SaveOptions(fsync=False)
@@ -63,6 +63,13 @@ def test_resolve_shard_defaults(monkeypatch):
 def test_new_options_validate():
     with pytest.raises(ValueError, match="coordination_timeout_s"):
         SaveOptions(coordination_timeout_s=0)
+    # values no save could use: accepted, they failed every save later with a bare OverflowError or a
+    # pybind signature dump (a helper's attack)
+    for kw in ({"coordination_timeout_s": float("inf")}, {"storage_timeout_s": 1e308},
+               {"visibility_timeout_s": float("inf")}, {"max_inflight_bytes": 2 ** 63}, {"staging_bytes": 2 ** 70}):
+        with pytest.raises(InvalidArgumentError, match=next(iter(kw))):
+            SaveOptions(**kw)
+    SaveOptions(coordination_timeout_s=1e9, max_inflight_bytes=2 ** 62)   # the largest allowed
     with pytest.raises(LoadConfigError, match="duplicates"):
         LoadConfig(duplicates="both")
     with pytest.raises(LoadConfigError, match="io_state_on_resize"):

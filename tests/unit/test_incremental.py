@@ -480,6 +480,8 @@ def test_eviction_policy_validates():
         EvictionPolicy(min_freq=0)
     with pytest.raises(TypeError):
         EvictionPolicy(max_idle_steps=1.5)
+    with pytest.raises(InvalidArgumentError, match="max_idle_steps must be in"):
+        EvictionPolicy(max_idle_steps=2 ** 70)   # compared with int64 counters: every save failed
     with pytest.raises(TypeError):
         Saver(Model(), output_dir="memory://x", eviction="lru")
 

@@ -44,6 +44,7 @@ from .policies import (
     EPHEMERAL,
     META_EPHEMERAL,
     META_STEP,
+    AnySavePolicy,
     EveryNSteps,
     KeepPolicy,
     SaveContext,
@@ -121,6 +122,8 @@ class CheckpointManager:
                  on_load: Callable[[LoadEvent], Any] | None = None):
         if not isinstance(saver, Saver):
             raise InvalidArgumentError(f"CheckpointManager needs a recckpt.Saver, got {type(saver).__name__}")
+        if isinstance(policies, AnySavePolicy):
+            policies = [policies]   # one composite policy is a list of one
         if isinstance(policies, (str, bytes, Mapping)) or not isinstance(policies, Iterable):
             raise InvalidArgumentError(f"CheckpointManager policies must be a list of save policies, got {policies!r}")
         pols = list(policies)

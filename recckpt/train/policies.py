@@ -139,6 +139,9 @@ class AnySavePolicy:
     """The composed policies (any iterable is accepted and frozen)."""
 
     def __post_init__(self):
+        if isinstance(self.policies, (str, bytes)) or not isinstance(self.policies, Iterable):
+            raise InvalidArgumentError(f"AnySavePolicy takes a list of save policies, e.g. AnySavePolicy([EveryNSteps(100), "
+                                       f"EveryNSeconds(600)]); got {self.policies!r}")
         pols = tuple(self.policies)
         for p in pols:
             _check_policy(p)

@@ -105,13 +105,20 @@ class PreemptionHandler:
     """The signal received, None while none was."""
 
     def __post_init__(self):
-        sigs = tuple(self.signals)
+        sigs = (self.signals,) if isinstance(self.signals, int) else self.signals   # one signal: a tuple of one
+        if isinstance(sigs, (str, bytes)) or not hasattr(sigs, "__iter__"):
+            raise InvalidArgumentError(f"PreemptionHandler.signals must be signal numbers such as (signal.SIGTERM,), "
+                                       f"got {self.signals!r}")
+        sigs = tuple(sigs)
         if not sigs:
             raise InvalidArgumentError("PreemptionHandler.signals must name at least one signal")
         for s in sigs:
-            if not isinstance(s, int) or s in (signal.SIGKILL, signal.SIGSTOP):
+            if not isinstance(s, int) or isinstance(s, bool):
+                raise InvalidArgumentError(f"PreemptionHandler.signals: {s!r} is not a signal number; give signal "
+                                           f"numbers such as signal.SIGTERM")
+            if s in (signal.SIGKILL, signal.SIGSTOP):
                 raise InvalidArgumentError(f"PreemptionHandler.signals: {s!r} cannot be handled (SIGKILL/SIGSTOP "
-                                 f"cannot be caught; give signal numbers such as signal.SIGTERM)")
+                                           f"cannot be caught)")
         valid = signal.valid_signals()
         bad = [s for s in sigs if s not in valid]
         if bad:

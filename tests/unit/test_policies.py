@@ -75,7 +75,11 @@ def test_time_policy_uses_elapsed_seconds_and_rank0_agreement():
     (lambda: IncrementPolicy(full_every="3"), r"IncrementPolicy.full_every must be an int >= 1 or None, got '3'"),
     (lambda: IncrementPolicy(full_every=True), "IncrementPolicy.full_every"),
     (lambda: PreemptionHandler(signals=(99999,)), r"PreemptionHandler.signals: \[99999\] are not signals"),
-    (lambda: PreemptionHandler(signals=("TERM",)), "PreemptionHandler.signals"),
+    (lambda: PreemptionHandler(signals=("TERM",)), "'TERM' is not a signal number"),
+    (lambda: PreemptionHandler(signals=(True,)), "True is not a signal number"),   # was taken as SIGHUP
+    (lambda: PreemptionHandler(signals="SIGTERM"), "must be signal numbers"),
+    (lambda: AnySavePolicy(EveryNSteps(3)), "takes a list of save policies"),    # bare TypeErrors before
+    (lambda: AnySavePolicy(None), "takes a list of save policies"),
 ])
 def test_invalid_policies_fail_at_construction_with_the_reason(make, match):
     with pytest.raises(InvalidArgumentError, match=match):
@@ -225,3 +229,17 @@ def test_a_manager_restores_the_newest_step_of_a_saver_save_in_its_directory(tmp
     m2, _, fresh = job()
     assert fresh.restore() == 50 and fresh.restored_from == "w50"
     assert sorted(m2.t.ids().tolist()) == sorted(m.t.ids().tolist())
+
+
+def test_one_signal_and_one_composite_policy_are_taken_as_lists_of_one(tmp_path):
+    import signal
+
+    import torch
+
+    from recckpt import CheckpointManager, HashTable, Saver
+    assert PreemptionHandler(signals=signal.SIGUSR1).signals == (signal.SIGUSR1,)
+    m = torch.nn.Module()
+    m.t = HashTable("t", dim=4)
+    mgr = CheckpointManager(Saver(m, output_dir=str(tmp_path)), policies=AnySavePolicy([AtSteps([2])]))
+    assert [mgr.step() is not None for _ in range(3)] == [False, True, False]
+    mgr.close()

@@ -465,6 +465,12 @@ class CheckpointView:
         torch tensors of the slots' dtypes with `as_torch=True`)."""
         have = self._table_slots(table)
         slots = self._slots_of(table, have, slots)
+        if isinstance(ids, (list, tuple)):   # Python ints: checked one by one (numpy would make a mix of
+            # huge and negative ones float64 or object, and the message would be about the dtype)
+            wide = next((i for i in ids if isinstance(i, int) and not -(1 << 63) <= i < 1 << 63), None)
+            if wide is not None:
+                raise InvalidArgumentError(f"lookup: id {wide} is outside int64, the range of a table's ids; give ids "
+                                           f"as signed 64-bit integers")
         want = np.asarray(ids.numpy() if hasattr(ids, "numpy") else ids)
         if want.ndim != 1 or (want.size and want.dtype.kind not in "iu"):
             raise InvalidArgumentError(f"lookup: ids must be a 1-D array of integers, got {want.dtype} of shape "

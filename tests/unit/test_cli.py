@@ -74,7 +74,7 @@ def test_lookup_refuses_ids_outside_int64_instead_of_wrapping_them(capsys, tmp_p
     rows["ids"][:2] = [-(1 << 63), -1]   # where 2**63 and 2**64 - 1 would wrap to
     make_checkpoint(str(tmp_path), "c", rows)
     view = recckpt.open(str(tmp_path / "c"))
-    for ids in ([1 << 63], np.array([(1 << 64) - 1], dtype=np.uint64)):
+    for ids in ([1 << 63], np.array([(1 << 64) - 1], dtype=np.uint64), [-1, 1 << 63], [1 << 64, 5]):
         with pytest.raises(recckpt.errors.InvalidArgumentError, match="outside int64"):
             view.lookup("user", ids)
     found, _ = view.lookup("user", np.array([1, (1 << 63) - 1], dtype=np.uint64))   # in range: looked up as int64

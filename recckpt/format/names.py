@@ -46,10 +46,11 @@ def validate_ckpt_id(ckpt_id: object) -> str:
     starting with '.', never containing '..'."""
     if not isinstance(ckpt_id, str):
         raise InvalidCheckpointIdError(f"checkpoint id must be a str, got {type(ckpt_id).__name__}")
-    if ckpt_id == VERSION_FILE:
-        raise InvalidCheckpointIdError(
-            f"checkpoint id {ckpt_id!r} is reserved: it is the name of the version file in the output "
-            f"directory; choose another id, e.g. 'ckpt_1000'")
+    if ckpt_id in (VERSION_FILE, MANIFEST):
+        what = ("the name of the version file in the output directory" if ckpt_id == VERSION_FILE else
+                "the file that makes a directory a checkpoint: the output directory would pass for one")
+        raise InvalidCheckpointIdError(f"checkpoint id {ckpt_id!r} is reserved: it is {what}; choose another id, "
+                                       f"e.g. 'ckpt_1000'")
     if not _CKPT_ID.fullmatch(ckpt_id) or ".." in ckpt_id:
         raise InvalidCheckpointIdError(
             f"invalid checkpoint id {ckpt_id!r}: use letters, digits and '_.=+-' (at most 200, not "

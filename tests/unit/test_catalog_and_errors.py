@@ -110,7 +110,7 @@ def test_garbage_version_file_with_no_checkpoints(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["a/b", "..", "a..b", "x\x00y", "", ".hidden", "/abs", "a\\b", "é", "x" * 201, 7,
-                                 "checkpoint"])
+                                 "checkpoint", "manifest.json"])
 def test_unsafe_checkpoint_ids_are_rejected(tmp_path, bad):
     s = Saver(model(), output_dir=tmp_path, options=OPTS)
     with pytest.raises(InvalidCheckpointIdError):

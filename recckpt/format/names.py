@@ -42,8 +42,8 @@ _CKPT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}")
 
 
 def validate_ckpt_id(ckpt_id: object) -> str:
-    """A checkpoint id names a directory: letters, digits and `_ . = + -`, at most 200 characters, not
-    starting with '.', never containing '..'."""
+    """A checkpoint id names a directory: ASCII letters, digits and `_ . = + -`, at most 200 characters,
+    the first a letter, digit or `_`, never containing '..'."""
     if not isinstance(ckpt_id, str):
         raise InvalidCheckpointIdError(f"checkpoint id must be a str, got {type(ckpt_id).__name__}")
     if ckpt_id in (VERSION_FILE, MANIFEST):
@@ -53,8 +53,8 @@ def validate_ckpt_id(ckpt_id: object) -> str:
                                        f"e.g. 'ckpt_1000'")
     if not _CKPT_ID.fullmatch(ckpt_id) or ".." in ckpt_id:
         raise InvalidCheckpointIdError(
-            f"invalid checkpoint id {ckpt_id!r}: use letters, digits and '_.=+-' (at most 200, not "
-            f"starting with '.', no '..', '/' or NUL), e.g. 'ckpt_1000'")
+            f"invalid checkpoint id {ckpt_id!r}: use ASCII letters, digits and '_.=+-' (at most 200, the first "
+            f"a letter, digit or '_', no '..', '/' or NUL), e.g. 'ckpt_1000'")
     return ckpt_id
 
 

@@ -179,6 +179,7 @@ class CheckpointManager:
         newest first, each with why: steps of training lost, which a job that silences warnings must
         still be able to see."""
         self.preempted = False
+        self._closed = False
         self.saves: list[SaveHandle] = []
         """The last SAVES_KEPT saves this manager started, oldest first (stall and write times, bytes): a
         job saving every few minutes for weeks keeps a bounded list (`on_save` hears of every save)."""
@@ -222,6 +223,7 @@ class CheckpointManager:
         arrived on any rank). Raises a failure of an earlier background save, after counting the step
         and starting its save: when a rank learns of the failure depends on when its background write
         ended, so a rank that skipped this step's save for it would leave the others saving alone."""
+        self._check_open("step")
         self.global_step += 1
         earlier = self._writer.take_failure()
         try:
@@ -259,6 +261,7 @@ class CheckpointManager:
         """Save the current step now (a regular checkpoint); returns its handle. A step already saved
         (or being saved, or just restored) returns that save: if a policy saved it as ephemeral, it stays
         ephemeral (committed checkpoints are never rewritten), which this warns about."""
+        self._check_open("save")
         self._writer.raise_failure()
         last = self._last
         if last is not None and last.step == self.global_step and not self._needs_retry(last):
@@ -275,8 +278,16 @@ class CheckpointManager:
         self._writer.drain()
         self._writer.raise_failure()
 
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise InvalidArgumentError(
+                f"CheckpointManager.{what}() after close(): the manager of {self.saver.storage.describe()} no longer "
+                f"handles preemption signals, so its saves would not be what it promises; create a new "
+                f"CheckpointManager (on the same Saver if you like) and restore() with it")
+
     def close(self) -> None:
-        """Drain, then remove the preemption handlers."""
+        """Drain, then remove the preemption handlers. The manager saves no more: step() and save() then raise."""
+        self._closed = True
         try:
             self.wait()
         finally:

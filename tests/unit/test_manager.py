@@ -713,6 +713,9 @@ def test_a_refused_manager_leaves_its_saver_as_it_was_and_the_next_manager_works
         mgr.step()
         mgr.close()
     assert saver.checkpoints() == ["ckpt_2"]
+    for use in (mgr.step, mgr.save):   # a closed manager handles no preemption: it saves no more
+        with pytest.raises(InvalidArgumentError, match=r"after close\(\)"):
+            use()
 
 
 def test_restore_checks_its_arguments_before_it_finds_the_directory_empty(tmp_path):

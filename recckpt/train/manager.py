@@ -254,7 +254,7 @@ class CheckpointManager:
         if signal:
             if self._preemption.requested is None:
                 self._preemption.requested = signal  # another rank was signalled
-            self._preempt()
+            handle = self._preempt()   # (with exit_after_save the process ends in there)
         return handle
 
     def save(self) -> SaveHandle:
@@ -424,7 +424,8 @@ class CheckpointManager:
             return False
         return True
 
-    def _preempt(self) -> None:
+    def _preempt(self) -> SaveHandle:
+        """Save this step (unless saved already), wait until it is durable, serve the request; its handle."""
         last = self._last
         if last is None or last.step != self.global_step or self._needs_retry(last):
             last = self._save(ephemeral=False)
@@ -433,6 +434,7 @@ class CheckpointManager:
         self.preempted = True
         log.warning("recckpt: preemption checkpoint %s is durable", last.ckpt_id)
         self._preemption.finish()
+        return last
 
     # ---------------------------------------------------------------------------------- restore
     def checkpoints(self) -> list[tuple[str, int | None]]:

@@ -590,9 +590,11 @@ def test_a_served_preemption_request_saves_once_when_the_loop_goes_on(tmp_path):
     try:
         train(job, 2)
         os.kill(os.getpid(), signal.SIGUSR1)
-        train(job, 4)
+        handles = train(job, 4)
         assert job[4].preempted and handler.requested is None
         assert committed(tmp_path) == ["ckpt_3"]
+        # the step that saved for the signal says so, as a step that saves for a policy does (it said None)
+        assert [h.ckpt_id for h in handles] == ["ckpt_3"] and handles[0].durable
     finally:
         job[4].close()
 

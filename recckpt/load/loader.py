@@ -146,7 +146,12 @@ def _load_checkpoint(target: LoadTarget, request: LoadRequest, before_apply: Cal
     except (RecckptError, OSError) as e:
         # A checkpoint deleted under the load (retention in another process) shows up as missing or
         # short files; tell it apart from a corrupt one by its commit marker.
-        if storage.exists(f"{ckpt_dir}/{MANIFEST}" if ckpt_dir else MANIFEST):
+        try:
+            committed = storage.exists(f"{ckpt_dir}/{MANIFEST}" if ckpt_dir else MANIFEST)
+        except (RecckptError, OSError):
+            committed = True   # the store does not answer (it failed the load too): the error above says
+            # what was applied, which an error of this check would hide
+        if committed:
             raise
         raise CheckpointDeletedError(
             f"checkpoint {storage.describe(ckpt_dir)} was deleted while it was being loaded (by retention "

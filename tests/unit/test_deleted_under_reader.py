@@ -74,3 +74,32 @@ def test_verify_of_a_checkpoint_deleted_under_it_says_deleted_not_corrupt(tmp_pa
     os.remove(glob.glob(out2 + "/ckpt_1/sparse/*.bin")[0])
     report = recckpt.verify(out2 + "/ckpt_1")
     assert not report.ok and "missing" in report.problems[0]
+
+
+def test_a_load_cut_off_from_its_store_says_what_it_applied(tmp_path, monkeypatch):
+    """Whether a failed load's checkpoint was deleted is asked of the store: when the store no longer answers
+    (an endpoint gone mid-load, a helper's attack on S3) that check's StorageError replaced the load's own
+    error, which says which table it stopped in and what was applied before."""
+    import glob
+    import inspect
+    import os
+
+    from recckpt.errors import CorruptCheckpointError, StorageError
+    from recckpt.storage.local import LocalStorage
+    out = _saved(tmp_path, 1)
+    for path in glob.glob(out + "/ckpt_1/sparse/*.bin"):   # a read that fails once rows are being applied
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0xFF]))
+    model, opt, mgr = _job(str(tmp_path / "other"))
+    real_exists = LocalStorage.exists
+
+    def gone(self, path):   # (resolving the path asks too: from the load's failure on, the store is gone)
+        if path.endswith("manifest.json") and inspect.stack()[1].function == "_load_checkpoint":
+            raise StorageError(5, "the store does not answer")
+        return real_exists(self, path)
+    monkeypatch.setattr(LocalStorage, "exists", gone)
+    with pytest.raises(CorruptCheckpointError, match="Loading stopped in table"):
+        mgr.saver.load(ckpt_path=out + "/ckpt_1", direct_path=True)

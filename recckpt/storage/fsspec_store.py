@@ -147,8 +147,12 @@ class FsspecStorage(Storage):
                                    self.describe(path)) from e
             code = (errno.EACCES if isinstance(e, PermissionError) else
                     e.errno if isinstance(e, OSError) and e.errno else errno.EIO)
+            no_credentials = type(e).__name__ == "NoCredentialsError"   # botocore's, without importing it
             hint = (" Check the credentials and the permissions on the bucket (storage_options)."
-                    if code in (errno.EACCES, errno.EPERM) else "")
+                    if code in (errno.EACCES, errno.EPERM) else
+                    " Give credentials in storage_options (key, secret), the environment (AWS_ACCESS_KEY_ID, "
+                    "AWS_SECRET_ACCESS_KEY) or an AWS profile; anon=True for a public bucket."
+                    if no_credentials else "")
             raise StorageError(code, f"{what} {self.describe(path)} failed: {type(e).__name__}: {e}.{hint}",
                                self.describe(path)) from e
 

@@ -188,6 +188,20 @@ def test_endpoint_down_is_a_storage_error_naming_the_object(s3_server, s3_bucket
         s.save("c")
 
 
+def test_no_credentials_at_all_says_where_to_give_them(s3_server, s3_bucket, monkeypatch, tmp_path):
+    """botocore's "Unable to locate credentials" came with no next step (a helper's attack on S3)."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")   # never ask a metadata endpoint off the machine
+    opts = {k: v for k, v in s3_server.options().items() if k not in ("key", "secret")}
+    s = Saver(Model(10), output_dir=f"s3://{s3_bucket}/nocred", options=SaveOptions(fsync=False),
+              storage_options=opts)
+    with pytest.raises(StorageError, match=r"NoCredentialsError.*Give credentials in storage_options"):
+        s.save("c")
+
+
 def test_read_ranges_merges_touching_ranges_and_cuts_big_ones(s3_server, s3_bucket):
     from recckpt.storage import open_storage
     data = bytes(range(256)) * 64   # 16 KiB

@@ -151,7 +151,8 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
     validate_ckpt_id(dst_id)
     src_store = open_storage(src_root, storage_options)
     if not src_store.exists(f"{src_id}/manifest.json"):
-        raise CheckpointNotFoundError(f"compact: {src_store.describe(src_id)} is not a committed checkpoint",
+        # why, as every other verb says it (a missing bucket, an output directory, no manifest)
+        raise CheckpointNotFoundError(f"compact: {catalog.not_a_checkpoint(open_storage(src, storage_options))}",
                                       path=src_store.describe(src_id))
     links = open_chain(CheckpointReader(src_store, src_id, threads=concurrency))
     newest = links[-1]

@@ -147,3 +147,12 @@ def test_an_empty_prefix_lists_as_a_run_that_has_not_saved_yet(s3_server, s3_buc
     for verb in (["ls"], ["gc"], ["prune", "--keep", "1"]):
         assert cli_main([verb[0], "s3://no-such-bucket-recckpt/run", *verb[1:], *so]) == 1, verb
         assert "no-such-bucket-recckpt" in capsys.readouterr().err
+
+
+def test_compact_from_a_missing_bucket_names_the_bucket(s3_server, s3_bucket, capsys):
+    """compact said the source "is not a committed checkpoint" where every other verb says the bucket does
+    not exist (a helper's attack on S3)."""
+    so = ["--storage-options", json.dumps(s3_server.options())]
+    code = cli_main(["compact", "s3://no-such-bucket-recckpt/run/c", f"s3://{s3_bucket}/run/zz", *so])
+    err = capsys.readouterr().err
+    assert code == 1 and "bucket 'no-such-bucket-recckpt'" in err and "does not exist" in err, err

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import recckpt
 from recckpt.errors import InvalidArgumentError, RecckptError
-from recckpt.tools.reader import unless_damaged
+from recckpt.tools.reader import lookup_ids, unless_damaged
 
 from . import render
 
@@ -278,10 +278,6 @@ def _ids_of(a) -> list[int]:
                                                f"integer id") from None
     if not ids:
         raise InvalidArgumentError("lookup: give ids after the table name, or --ids-file")
-    wide = next((i for i in ids if not -(1 << 63) <= i < 1 << 63), None)
-    if wide is not None:
-        raise InvalidArgumentError(f"lookup: id {wide} is outside int64 [-2**63, 2**63 - 1], the range of a "
-                                   f"table's ids; give each id as a signed 64-bit integer")
     return ids
 
 
@@ -293,7 +289,7 @@ def _row_text(row) -> str:
 
 def cmd_lookup(a) -> int:
     import numpy as np
-    ids = np.array(_ids_of(a), dtype=np.int64)
+    ids = lookup_ids(_ids_of(a))   # checked before the store is opened
     view = recckpt.open(a.ckpt, a.storage_options)
     found, rows = view.lookup(a.table, ids, a.slots)
     if a.json:

@@ -465,22 +465,7 @@ class CheckpointView:
         torch tensors of the slots' dtypes with `as_torch=True`)."""
         have = self._table_slots(table)
         slots = self._slots_of(table, have, slots)
-        if isinstance(ids, (list, tuple)):   # Python ints: checked one by one (numpy would make a mix of
-            # huge and negative ones float64 or object, and the message would be about the dtype)
-            wide = next((i for i in ids if isinstance(i, int) and not -(1 << 63) <= i < 1 << 63), None)
-            if wide is not None:
-                raise InvalidArgumentError(f"lookup: id {wide} is outside int64, the range of a table's ids; give ids "
-                                           f"as signed 64-bit integers")
-        want = np.asarray(ids.numpy() if hasattr(ids, "numpy") else ids)
-        if want.ndim != 1 or (want.size and want.dtype.kind not in "iu"):
-            raise InvalidArgumentError(f"lookup: ids must be a 1-D array of integers, got {want.dtype} of shape "
-                                       f"{want.shape}")
-        if want.dtype.kind == "u" and want.size and int(want.max()) >= 1 << 63:
-            # unsigned (numpy's type for a Python int >= 2**63): cast to int64 it would wrap onto another id
-            raise InvalidArgumentError(f"lookup: id {int(want.max())} is outside int64, the range of a table's ids; "
-                                       f"give ids as signed 64-bit integers (a uint64 hash as its int64 bit pattern: "
-                                       f"ids.view(np.int64))")
-        want = np.ascontiguousarray(want, dtype=np.int64)
+        want = lookup_ids(ids)
         found = np.zeros(len(want), dtype=bool)
         descs = [have[s] for s in slots]
         out = {s: np.zeros((len(want), *d.shape), dtype=d.numpy_dtype) for s, d in zip(slots, descs)}
@@ -601,3 +586,23 @@ class _Chunk:
 
 
 __all__ = ["DEFAULT_CHUNK_ROWS", "CheckpointView", "DenseDesc", "SlotDesc", "TableDesc", "open"]
+
+
+def lookup_ids(ids) -> np.ndarray:
+    """`ids` (a 1-D array, tensor or list of integers) as contiguous int64, each id checked to lie in int64:
+    cast, a larger one (numpy makes 2**63 uint64) would wrap onto another id."""
+    if isinstance(ids, (list, tuple)):   # Python ints one by one: numpy would make a mix of huge and negative
+        # ones float64 or object, and the message would be about the dtype
+        wide = next((i for i in ids if isinstance(i, int) and not -(1 << 63) <= i < 1 << 63), None)
+        if wide is not None:
+            raise InvalidArgumentError(f"lookup: id {wide} is outside int64, the range of a table's ids; give ids "
+                                       f"as signed 64-bit integers")
+    want = np.asarray(ids.numpy() if hasattr(ids, "numpy") else ids)
+    if want.ndim != 1 or (want.size and want.dtype.kind not in "iu"):
+        raise InvalidArgumentError(f"lookup: ids must be a 1-D array of integers, got {want.dtype} of shape "
+                                   f"{want.shape}")
+    if want.dtype.kind == "u" and want.size and int(want.max()) >= 1 << 63:
+        raise InvalidArgumentError(f"lookup: id {int(want.max())} is outside int64, the range of a table's ids; "
+                                   f"give ids as signed 64-bit integers (a uint64 hash as its int64 bit pattern: "
+                                   f"ids.view(np.int64))")
+    return np.ascontiguousarray(want, dtype=np.int64)

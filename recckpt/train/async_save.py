@@ -15,7 +15,7 @@ from typing import Callable
 
 # AsyncSaveError and AsyncCommitOutcomeUnknownError live in recckpt.errors; imported here also so that
 # the old import path (recckpt.train.async_save) keeps working.
-from ..errors import AsyncCommitOutcomeUnknownError, AsyncSaveError, CommitOutcomeUnknownError
+from ..errors import AsyncCommitOutcomeUnknownError, AsyncSaveError, CommitOutcomeUnknownError, InvalidArgumentError
 
 log = logging.getLogger("recckpt")
 
@@ -46,7 +46,12 @@ class SaveHandle:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> str:
-        """Block until durable; returns the checkpoint's location, raises if the write failed."""
+        """Block until durable; returns the checkpoint's location, raises if the write failed. `timeout`:
+        seconds (a number >= 0) or None (no limit); TimeoutError when it passes first."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout >= 0):   # (NaN fails `>= 0`)
+            raise InvalidArgumentError(f"SaveHandle.wait: timeout must be a number of seconds >= 0 or None, "
+                                       f"got {timeout!r}")
         if not self._done.wait(timeout):
             raise TimeoutError(f"checkpoint {self.ckpt_id!r} is not durable after {timeout} s")
         if self.error is not None:

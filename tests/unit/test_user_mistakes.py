@@ -221,6 +221,9 @@ def test_options_refuse_a_non_bool_fsync():
     lambda d: CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=d), policies=5),
     lambda d: HashTable("x", 0),
     lambda d: recckpt.partition(torch.arange(4), 0),
+    lambda d: CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=d)).save().wait(timeout="1"),
+    lambda d: CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=d)).save().wait(timeout=float("nan")),
+    lambda d: CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=d)).save().wait(timeout=-1),
 ], ids=lambda f: "")
 def test_bad_arguments_are_invalid_argument_errors(tmp_path, call):
     """One recckpt error for every argument that cannot be valid; it is still a ValueError and a

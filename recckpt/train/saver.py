@@ -832,7 +832,8 @@ class Saver:
         shard_id/shard_num (the loading world, any size) default like `save`'s; rank r loads the ids
         that `recckpt.partition(ids, shard_num) == r`, or that LoadConfig.ownership assigns to it.
         `storage_options` (default: this Saver's) open `ckpt_path`. A checkpoint deleted while it is
-        read (retention in another process) raises CheckpointDeletedError. The work is
+        read (retention in another process) raises CheckpointDeletedError. Not a collective: a failure one
+        rank meets raises there only (docs/DISTRIBUTED.md); CheckpointManager.restore() agrees across ranks. The work is
         `recckpt.load.loader.load_checkpoint`'s; the Saver only keeps what the next incremental save needs."""
         shard_id, world = resolve_shard(shard_id, shard_num)
         storage = self.storage if ckpt_path is None else self.open_storage(ckpt_path, storage_options)

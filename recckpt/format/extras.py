@@ -10,6 +10,7 @@ other load refuses it without unpickling a byte.
 from __future__ import annotations
 
 import io
+import re
 import sys
 
 import numpy as np
@@ -44,9 +45,30 @@ def _entry(name: str, kind: str, state, allow_pickle: bool) -> dict:
             import torch  # saving: torch is loaded already
             buf = io.BytesIO()
             torch.save(state, buf)
+            check_loadable(name, buf.getvalue())
             return {"kind": PICKLED_PREFIX + kind,
                     "state": torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)}
     return {"kind": kind, "state": state}
+
+
+def check_loadable(name: str, data: bytes) -> None:
+    """Refuse (ValueError) pickled state that the load's torch.load(weights_only=True) would refuse: saved, it
+    would commit a checkpoint no load can apply."""
+    import torch  # saving: torch is loaded already
+    try:
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - weights_only refuses with UnpicklingError, RuntimeError, ...
+        raise ValueError(
+            f"extras[{name!r}]: the object's state needs pickle (allow_pickle=True), and "
+            f"torch.load(weights_only=True), which every load uses, refuses it ({_refusal(exc)}). Allow its classes with torch.serialization.add_safe_globals([...]) in the "
+            f"saving and the loading process, or return plain values from state_dict()") from None
+
+
+def _refusal(exc: BaseException) -> str:
+    """What weights_only refused, from torch's long message (its advice to load unsafely left out)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    found = re.search(r"Unsupported global: [^\n]*?(?= was not an allowed global|$)", text, re.M)
+    return found.group(0) if found else f"{type(exc).__name__}: {' '.join(text.split())[:300]}"
 
 
 def _is_byte_vector(x) -> bool:
@@ -115,8 +137,8 @@ def validate(tree, where: str) -> dict:
 
 def unpickle_allowed(tree: dict, wanted: dict[str, bool], where: str) -> dict:
     """Replace pickled entries of the objects in `wanted` (name -> registered with allow_pickle) by their
-    plain form. Refuses (IncompatibleCheckpointError) a pickled entry whose object does not allow pickle;
-    a payload that torch.load(weights_only=True) rejects is a CorruptCheckpointError. Entries of names
+    plain form. Refuses (IncompatibleCheckpointError) a pickled entry whose object does not allow pickle,
+    and a payload that torch.load(weights_only=True) rejects. Entries of names
     not in `wanted` are left as they are and never unpickled."""
     objects = dict(tree["objects"])
     for name, allowed in wanted.items():
@@ -134,11 +156,15 @@ def unpickle_allowed(tree: dict, wanted: dict[str, bool], where: str) -> dict:
         try:
             state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:  # weights_only raises UnpicklingError, RuntimeError, ... on refusal
-            raise CorruptCheckpointError(
+            # The file's bytes passed their checksum, so this is what was saved: a class this process has not
+            # allowed (a setup problem, which restore() must not take for a corrupt checkpoint and skip), or
+            # an untrusted writer's payload. Nothing is built either way.
+            raise IncompatibleCheckpointError(
                 f"{where}: object {name!r}: its pickled state was refused by torch.load(weights_only=True) "
-                f"({type(exc).__name__}: {str(exc)[:300]}). The checkpoint is corrupt or untrusted; if the "
-                f"state holds your own classes, allow them with torch.serialization.add_safe_globals",
-                where) from None
+                f"({_refusal(exc)}). If the state holds your own classes (or torch "
+                f"classes weights_only does not allow), allow them with torch.serialization.add_safe_globals "
+                f"before the load; if you do not trust the checkpoint, do not. Nothing was loaded",
+                path=where) from None
         if PARAM_NAMES in e:
             def bad(problem):
                 raise CorruptCheckpointError(f"{where}: invalid extras tree: {problem}", where)

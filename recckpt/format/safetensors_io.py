@@ -60,6 +60,15 @@ def write(fileobj, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | 
         offset += n
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     head += b" " * (-len(head) % 8)
+    if len(head) > MAX_HEADER_BYTES:   # every reader (this one, the safetensors library) refuses it
+        big = max(header.get("__metadata__", {}).items(), key=lambda kv: len(kv[1]), default=None)
+        what = (f"its metadata {big[0]!r} (a state tree: registered objects' or IO state's plain values) holds "
+                f"{len(big[1])} characters" if big is not None and len(big[1]) > MAX_HEADER_BYTES // 2 else
+                f"it lists {len(order)} tensors")
+        raise ValueError(f"the safetensors header would be {len(head)} bytes, over the {MAX_HEADER_BYTES}-byte "
+                         f"limit readers enforce: {what}. Keep bulk data in tensors or numpy arrays, which "
+                         f"are stored as tensor data, not in the header (a list of millions of ints as a numpy "
+                         f"int64 array, bytes as a numpy uint8 array)")
     prefix = struct.pack("<Q", len(head)) + head
     fileobj.write(prefix)
     crc = _C.crc32c(prefix)
@@ -71,6 +80,20 @@ def write(fileobj, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | 
             fileobj.write(memoryview(data))
             crc = _C.crc32c(data, crc)
     return len(prefix) + offset, crc
+
+
+def _header_length(buf, path: str) -> int:
+    """The header length a safetensors file in `buf` gives, checked against the file and the cap."""
+    if len(buf) < 8:
+        raise CorruptCheckpointError(f"{path}: {len(buf)} bytes is too short for a safetensors file", path)
+    (n,) = struct.unpack_from("<Q", buf, 0)
+    if n > MAX_HEADER_BYTES:
+        raise CorruptCheckpointError(f"{path}: safetensors header length {n} is over the {MAX_HEADER_BYTES}-byte "
+                                     f"limit (the safetensors library's too); recckpt never writes one", path)
+    if 8 + n > len(buf):
+        raise CorruptCheckpointError(f"{path}: safetensors header length {n} does not fit the "
+                                     f"{len(buf)}-byte file", path)
+    return n
 
 
 def _bad(path: str, why: str) -> CorruptCheckpointError:
@@ -85,12 +108,7 @@ def parse(buf, path: str) -> tuple[dict[str, tuple[str, tuple[int, ...], int, in
     def bad(why: str) -> CorruptCheckpointError:
         return _bad(path, why)
 
-    if len(buf) < 8:
-        raise CorruptCheckpointError(f"{path}: {len(buf)} bytes is too short for a safetensors file", path)
-    (n,) = struct.unpack_from("<Q", buf, 0)
-    if n > MAX_HEADER_BYTES or 8 + n > len(buf):
-        raise CorruptCheckpointError(f"{path}: safetensors header length {n} does not fit the "
-                                     f"{len(buf)}-byte file", path)
+    n = _header_length(buf, path)
     header = checked_json.parse(bytes(buf[8:8 + n]), path, _HEADER_LIMITS)
     if not isinstance(header, dict):
         raise bad("the header is not a JSON object")
@@ -169,12 +187,7 @@ def read_arrays(data, path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]
 def read(data: bytes, path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Parse a whole safetensors file from memory: (tensors, metadata). Defects raise
     CorruptCheckpointError naming `path`."""
-    if len(data) < 8:
-        raise CorruptCheckpointError(f"{path}: {len(data)} bytes is too short for a safetensors file", path)
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > MAX_HEADER_BYTES or 8 + n > len(data):
-        raise CorruptCheckpointError(f"{path}: safetensors header length {n} does not fit the "
-                                     f"{len(data)}-byte file", path)
+    n = _header_length(data, path)
     header = checked_json.parse(data[8:8 + n], path, _HEADER_LIMITS)
     try:
         if not isinstance(header, dict):

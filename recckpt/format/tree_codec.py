@@ -2,9 +2,11 @@
 JSON + tensors and back, without pickle.
 
 Supported leaves: None, bool, int, float (NaN/inf included), str, bytes, torch.Tensor, numpy arrays and
-scalars, torch.dtype. Containers: dict (any keys of those leaf types; collections.Counter and OrderedDict
-come back as themselves), list, tuple. Anything else is
-refused with the key path, so a user learns at save time, not at load time, that state would be lost.
+scalars (of any dtype's own type: a numpy float64 comes back as one), torch.dtype. Containers: dict (any
+keys of those leaf types; collections.Counter and OrderedDict come back as themselves), list, tuple.
+Anything else, subclasses of those builtins included (an IntEnum, a namedtuple, torch.Size) and bytearray,
+is refused with the key path, so a user learns at save time, not at load time, that state would be lost
+or come back as another type.
 `decode` takes the tensors as torch tensors or as numpy arrays (safetensors_io.read_arrays: what the
 torch-free `recckpt inspect` and `verify` read); torch is imported only where torch objects are made.
 """
@@ -39,12 +41,16 @@ class _Encoder:
 
     def encode(self, obj, path: str):
         import torch  # saving: torch is loaded already
-        if obj is None or isinstance(obj, (bool, str)):
+        if isinstance(obj, np.generic):   # (before float: numpy's float64 is a float, and kept as itself)
+            return {"__npscalar__": obj.dtype.str, "value": self.encode(obj.item(), path)}
+        kind = type(obj)
+        if obj is None or kind in (bool, str):
             return obj
-        if isinstance(obj, int):
+        if kind is int:
             return obj if -(1 << 63) <= obj < (1 << 64) else {"__bigint__": str(obj)}
-        if isinstance(obj, float):
+        if kind is float:
             return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+        _refuse_lossy_subclass(obj, path)
         if isinstance(obj, torch.Tensor):
             kind = type(obj).__name__
             if kind in ("ShardedTensor", "DTensor"):   # (even detach() of one raises torch's own error)
@@ -63,11 +69,9 @@ class _Encoder:
                                 f"arrays of booleans, integers and floats can (convert it, e.g. strings to a "
                                 f"list, datetimes to int64)")
             return {"__ndarray__": self._add(torch.from_numpy(np.ascontiguousarray(obj).reshape(obj.shape)), path)}
-        if isinstance(obj, np.generic):
-            return {"__npscalar__": obj.dtype.str, "value": self.encode(obj.item(), path)}
         if isinstance(obj, torch.dtype):
             return {"__dtype__": dtypes.name_of(obj)}
-        if isinstance(obj, (bytes, bytearray)):
+        if isinstance(obj, bytes):
             return {"__bytes__": base64.b64encode(bytes(obj)).decode("ascii")}
         if isinstance(obj, tuple):
             return {"__tuple__": [self.encode(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
@@ -82,7 +86,7 @@ class _Encoder:
                             f"subclass) without pickle; dict, collections.Counter and collections.OrderedDict can "
                             f"be stored: convert it (dict(value)) in state_dict(), or register it with allow_pickle")
         if isinstance(obj, dict):
-            if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            if all(type(k) is str and not k.startswith("__") for k in obj):   # (a str subclass key: refused below)
                 return {k: self.encode(v, f"{path}.{k}") for k, v in obj.items()}
             return {"__dict__": self._pairs(obj, path)}
         raise TypeError(f"{path}: cannot store a {type(obj).__module__}.{type(obj).__qualname__} without "
@@ -98,6 +102,26 @@ class _Encoder:
         key = f"t{len(self.tensors)}"
         self.tensors[key] = t.contiguous()
         return key
+
+
+#: Builtin types whose subclasses would come back as the base type, with how to convert one.
+_PLAIN_BASES = ((int, "int(v)"), (float, "float(v)"), (str, "str(v)"), (bytes, "bytes(v)"),
+                (tuple, "tuple(v), or v._asdict() for a namedtuple"), (list, "list(v)"))
+
+
+def _refuse_lossy_subclass(obj, path: str) -> None:
+    """Refuse a value the tree would store as another type: an IntEnum as an int, a namedtuple or torch.Size
+    as a tuple, a bytearray as bytes. Code that reads the state back (`.name`, `.epoch`, a mutation) would
+    fail only at resume, far from the save."""
+    kind = type(obj)
+    lossy = [(b.__name__, how) for b, how in _PLAIN_BASES if isinstance(obj, b) and kind is not b]
+    if kind is bytearray:
+        lossy = [("bytes", "bytes(v)")]
+    if lossy:
+        base, how = lossy[0]
+        raise TypeError(f"{path}: cannot store a {kind.__module__}.{kind.__qualname__} without pickle: it would load "
+                        f"back as a plain {base}. Convert it in state_dict() ({how}), or register the object "
+                        f"with allow_pickle")
 
 
 def encode(obj, root: str) -> tuple[str, dict[str, torch.Tensor]]:

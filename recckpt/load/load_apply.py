@@ -468,6 +468,18 @@ class LoadPlan:
             self.problems_missing += missing
             self.problems_unexpected += unexpected
             objs[name] = dict(entry, state=m.state_dict)
+            if list(m.group_sources) != list(range(len(m.group_sources))):
+                self._reorder_schedulers(objs, obj, m.group_sources)
+
+    def _reorder_schedulers(self, objs: dict, optimizer, sources) -> None:
+        """The registered LR schedulers of `optimizer`, whose param groups the load matched by name in another
+        order than saved: their per-group lists (base_lrs, ...) follow, or a closed-form schedule (LambdaLR)
+        would give each group another's learning rate at its next step."""
+        for name in self.registry.object_names():
+            sched, entry = self.registry.object(name), objs.get(name)
+            if (entry is not None and entry["kind"] == "state_dict" and isinstance(entry["state"], dict)
+                    and getattr(sched, "optimizer", None) is optimizer and callable(getattr(sched, "state_dict", None))):
+                objs[name] = dict(entry, state=optim_names.scheduler_state(entry["state"], sched.state_dict(), sources))
 
     def _opt_tables(self) -> dict[str, str]:
         """Checkpoint table -> model table, for the tables whose optimizer slots this load applies."""

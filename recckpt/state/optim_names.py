@@ -181,6 +181,9 @@ class OptimizerStateMatch:
     conflicts: tuple[str, ...]
     """Why the state cannot be applied at all: a saved parameter whose shape differs from the model's,
     two saved parameters renamed onto one. Empty when it can."""
+    group_sources: tuple[int | None, ...] = ()
+    """Per live param group, the saved group whose hyper-parameters it takes (None: it keeps its own). An
+    LR scheduler of the optimizer keeps per-group lists by position: `scheduler_state` reorders them."""
 
     def problems(self, what: str) -> tuple[list[str], list[str]]:
         """(missing, unexpected) lines for a load report, naming the parameters."""
@@ -237,7 +240,7 @@ def match_named(saved: Mapping, live: Mapping, shapes: Mapping[str, tuple], *,
             state[t] = saved["state"][s]
         else:
             state.pop(t, None)   # never stepped at save time: no state, as then
-    groups = []
+    groups, sources = [], []
     saved_groups, live_groups = saved.get("param_groups", []), live.get("param_groups", [])
     for gi, g in enumerate(live_groups):
         src = next((saved_group_of[target_of[p]] for p in g["params"]
@@ -247,6 +250,7 @@ def match_named(saved: Mapping, live: Mapping, shapes: Mapping[str, tuple], *,
             # A group without parameters (a no-decay group left empty) has no name to match by: it is the
             # saved empty group at its place, whose hyper-parameters a scheduler has moved on as the others'.
             src = gi
+        sources.append(src)
         base = g if src is None else {k: v for k, v in saved["param_groups"][src].items()
                                       if k not in ("params", "param_names")}
         groups.append(dict(base, params=list(g["params"]),
@@ -257,7 +261,7 @@ def match_named(saved: Mapping, live: Mapping, shapes: Mapping[str, tuple], *,
     left_out = {rename(s) for s in named if not selected(s)} | {s for s in named if selected(s) and rename(s) != s}
     new = [n for n in live_names if n not in target_of and n not in left_out]
     out = {"state": state, "param_groups": groups} if "param_groups" in live else {"state": state}
-    return OptimizerStateMatch(out, tuple(target_of), tuple(new), tuple(gone), tuple(conflicts))
+    return OptimizerStateMatch(out, tuple(target_of), tuple(new), tuple(gone), tuple(conflicts), tuple(sources))
 
 
 def _state_shape(entry, have) -> tuple | None:
@@ -458,8 +462,31 @@ def match_optimizer_state(optimizer, model, saved: Mapping, *, rename: Callable[
         # (a probe step needs every shape: an uninitialized lazy parameter has none before the load)
         if m.matched and not conflicts and None not in params:
             conflicts = tuple(_fails_to_step(optimizer, sd, params))
-        m = OptimizerStateMatch(sd, m.matched, m.new, m.gone, conflicts)
+        m = OptimizerStateMatch(sd, m.matched, m.new, m.gone, conflicts, m.group_sources)
     return m
+
+
+#: The per-param-group lists of torch.optim.lr_scheduler's schedulers (CyclicLR's momenta, ReduceLROnPlateau's
+#: floors); SequentialLR and ChainedScheduler hold their schedulers' states under "_schedulers".
+SCHEDULER_GROUP_LISTS = ("base_lrs", "_last_lr", "max_lrs", "base_momentums", "max_momentums", "min_lrs")
+
+
+def scheduler_state(saved: Mapping, live: Mapping, sources: Sequence[int | None]) -> dict:
+    """An LR scheduler's saved state with its per-group lists in the live optimizer's group order:
+    `sources[i]` is the saved group live group i takes its hyper-parameters from (`group_sources`), None
+    for a group the checkpoint lacks, which keeps the live scheduler's entry. Unchanged where the
+    groups kept their order or a list is not one entry per saved group."""
+    out = dict(saved)
+    for key in SCHEDULER_GROUP_LISTS:
+        old, mine = saved.get(key), live.get(key)
+        if (isinstance(old, list) and isinstance(mine, list) and len(mine) == len(sources)
+                and all(s is None or 0 <= s < len(old) for s in sources)):
+            out[key] = [mine[i] if s is None else old[s] for i, s in enumerate(sources)]
+    inner, mine = saved.get("_schedulers"), live.get("_schedulers")
+    if isinstance(inner, list) and isinstance(mine, list) and len(inner) == len(mine):
+        out["_schedulers"] = [scheduler_state(a, b, sources) if isinstance(a, Mapping) and isinstance(b, Mapping)
+                              else a for a, b in zip(inner, mine)]
+    return out
 
 
 def apply_named_optimizer_state(optimizer, model, saved: Mapping, *, strict: bool = True,

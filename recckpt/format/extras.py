@@ -60,8 +60,9 @@ def check_loadable(name: str, data: bytes) -> None:
     except Exception as exc:  # noqa: BLE001 - weights_only refuses with UnpicklingError, RuntimeError, ...
         raise ValueError(
             f"extras[{name!r}]: the object's state needs pickle (allow_pickle=True), and "
-            f"torch.load(weights_only=True), which every load uses, refuses it ({_refusal(exc)}). Allow its classes with torch.serialization.add_safe_globals([...]) in the "
-            f"saving and the loading process, or return plain values from state_dict()") from None
+            f"torch.load(weights_only=True), which every load uses, refuses it ({_refusal(exc)}). Allow its "
+            f"classes with torch.serialization.add_safe_globals([...]) in the saving and the loading process, or "
+            f"return plain values from state_dict()") from None
 
 
 def _refusal(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ import torch
 
 from ..errors import (
     CorruptCheckpointError,
+    DuplicateIdsError,
     IncompatibleCheckpointError,
     LoadApplyError,
     LoadConfigError,
@@ -869,6 +870,16 @@ class LoadPlan:
                 msg = (f"{e}. Loading stopped in table {target!r}, which is {left}; tables fully "
                        f"loaded before it: {', '.join(applied) or 'none'}; already applied: "
                        f"{objects or 'no registered objects'}; dense state and IO state were not applied")
+                if isinstance(e, DuplicateIdsError) and self.m.shard_num == 1:
+                    # One worker wrote it, so no routing between workers explains a repeat: its own files are
+                    # damaged (a writer stores each id once), and restore() takes an older checkpoint
+                    raise CorruptCheckpointError(
+                        f"checkpoint {self.reader.describe()}: {getattr(e, 'detail', e)}. The checkpoint was saved "
+                        f"by one worker, whose own files then repeat an id, which no save writes: it is damaged "
+                        f"(`recckpt verify` checks it); load an older one. Loading stopped in table {target!r}, "
+                        f"which is {left}; tables fully loaded before it: {', '.join(applied) or 'none'}; already "
+                        f"applied: {objects or 'no registered objects'}; dense state and IO state were not applied",
+                        e.path, table=target, rank=e.rank) from e
                 if isinstance(e, (IncompatibleCheckpointError, LoadConfigError)):
                     raise type(e)(msg, path=e.path, table=target, rank=e.rank) from e
                 if isinstance(e, (CorruptCheckpointError, OSError)):

@@ -16,7 +16,7 @@ import torch
 from .. import _C
 
 # DuplicateIdsError lives in recckpt.errors; imported here also for the old import path.
-from ..errors import DuplicateIdsError, LoadConfigError
+from ..errors import CorruptCheckpointError, DuplicateIdsError, LoadConfigError
 from ..format.names import shard_file_worker
 
 
@@ -52,6 +52,7 @@ class RowFilter:
         self.undecided = 0         # duplicates the rule could not resolve
         self.example: tuple[int, int, int] | None = None   # (id, worker a, worker b)
         self.replaced = 0          # rows loaded and later replaced by a newer copy
+        self.within_worker: tuple[int, int, int] | None = None   # (count, id, worker): one worker's copies
 
     def keep(self, ids: np.ndarray, file_idx: int) -> np.ndarray | None:
         """Row indices of this chunk to import (None: all of them)."""
@@ -76,6 +77,9 @@ class RowFilter:
         prev = self.row_worker[rows[dup]]
         if self.example is None:
             self.example = (int(ids[dup[0]]), int(prev[0]), w)
+        if w >= 0 and (prev == w).any():
+            n, i = int((prev == w).sum()), int(ids[dup[np.argmax(prev == w)]])
+            self.within_worker = (n + (self.within_worker or (0,))[0], *(self.within_worker or (0, i, w))[1:])
         keep_mask = is_new.copy()
         if self.rule == "newest":
             mine = self.steps.get(w) if w >= 0 else None
@@ -102,6 +106,14 @@ class RowFilter:
         """Raise if any duplicate was left undecided (call after the table's last chunk)."""
         if not self.undecided:
             return
+        if self.within_worker is not None:
+            # No writer does this (a worker stores each id of a table once), and no load option can pick
+            # one copy: the checkpoint is damaged, and restore() takes an older one.
+            n, i, w = self.within_worker
+            raise CorruptCheckpointError(
+                f"checkpoint {self.where}: table {self.table!r}: worker {w}'s shard files store {n} id(s) twice "
+                f"(e.g. id {i}), which no save writes: the checkpoint is damaged (`recckpt verify` checks it); "
+                f"load an older one", path=self.where, table=self.table)
         i, a, b = self.example
         wa = f"worker {a}" if a >= 0 else "an unknown worker"
         wb = f"worker {b}" if b >= 0 else "an unknown worker"

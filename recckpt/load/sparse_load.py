@@ -55,11 +55,14 @@ def mapped_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo
 
 
 def duplicate_ids_error(where: str, name: str, e: Exception) -> DuplicateIdsError:
-    return DuplicateIdsError(
+    err = DuplicateIdsError(
         f"checkpoint {where}: table {name!r} stores an id more than once ({e}); the job that saved it "
         f"probably routed ids inconsistently. load_conf {{'duplicates': 'newest'}} keeps the copy of "
-        f"the worker that saved at the highest step, if the workers recorded different steps",
+        f"the worker that saved at the highest step, if the workers recorded different steps (and says so if "
+        f"one worker's own files repeat an id: a damaged checkpoint, which `recckpt verify` checks)",
         path=where, table=name)
+    err.detail = str(e)   # what repeated, without the advice (a load of a one-worker checkpoint replaces it)
+    return err
 
 
 def map_table_rows(segments: SegmentReader, name: str, target: str, table: SparseState,

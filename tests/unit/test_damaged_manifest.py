@@ -176,3 +176,11 @@ def test_verify_finds_an_id_stored_twice(tmp_path):
     report = recckpt.verify(ck)
     assert not report.ok and any(f"id {int(ids[first])} is stored twice" in p and "'user'" in p
                                  for p in report.problems), report.problems
+    # A load says the same: one worker wrote it, so the repeat is damage, not ids routed inconsistently
+    # between workers (whose advice, duplicates='newest', cannot pick between one worker's two copies).
+    for conf in (None, {"duplicates": "newest"}):
+        m2 = torch.nn.Module()
+        m2.user = recckpt.HashTable("user", 4)
+        with pytest.raises(recckpt.errors.CorruptCheckpointError) as e:
+            recckpt.Saver(m2, output_dir=str(tmp_path)).load(ckpt_id="b", load_conf=conf)
+        assert "'user'" in str(e.value) and "damaged" in str(e.value) and "routed" not in str(e.value), str(e.value)

@@ -153,7 +153,8 @@ def test_pickled_state_weights_only_refuses_fails_the_save_and_loads_once_allowe
     s.register_for_checkpointing("tracker", h, allow_pickle=True)
     s.save("plain")
     h.value = Best(3, 0.8)
-    with pytest.raises((CheckpointSaveError, ValueError), match=r"'tracker'.*weights_only=True.*Unsupported global: GLOBAL .*Best\)\..*add_safe_globals"):
+    refused = r"'tracker'.*weights_only=True.*Unsupported global: GLOBAL .*Best\)\..*add_safe_globals"
+    with pytest.raises((CheckpointSaveError, ValueError), match=refused):
         s.save("refused")
     assert s.checkpoints() == ["plain"]
     with torch.serialization.safe_globals([Best]):

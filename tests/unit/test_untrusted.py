@@ -14,8 +14,8 @@ import torch
 
 from helpers import hostile, stress_harness as h
 from recckpt import Saver
-from recckpt.format import extras as extras_fmt
 from recckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
+from recckpt.format import extras as extras_fmt
 
 PKG = pathlib.Path(__file__).resolve().parents[2] / "recckpt"
 

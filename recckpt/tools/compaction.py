@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import (
+    CheckpointDeletedError,
     CheckpointExistsError,
     CheckpointNotFoundError,
+    CorruptCheckpointError,
     InvalidArgumentError,
     RecckptError,
     raw_os_errors_named,
@@ -143,13 +145,38 @@ def compact(src: str | os.PathLike, dst: str | os.PathLike, *, concurrency: int 
     checkpoint is simply copied). `dst` may be in the same output directory as `src` (the version file
     then lists it) or another one. Every link of `src`'s chain is checked first and every byte read is
     verified; nothing is visible at `dst` until its commit, and `src`'s chain is never modified. Raises
-    CheckpointExistsError if `dst` exists, CorruptCheckpointError naming a missing or damaged link.
+    CheckpointExistsError if `dst` exists, CorruptCheckpointError naming a missing or damaged link,
+    CheckpointDeletedError if `src` is deleted while it is read (retention in another process).
     `storage_options` go to fsspec for both `src` and `dst` (endpoint, credentials)."""
-    t0 = time.perf_counter()
     src_root, src_id = _split(src)
+    src_store = open_storage(src_root, storage_options)
+    try:
+        return _compact(src, src_store, src_id, dst, concurrency, fsync, memory_bytes, storage_options)
+    except (CheckpointExistsError, CheckpointNotFoundError):
+        raise
+    except (CorruptCheckpointError, OSError) as e:
+        # The source deleted under the compaction (retention of the run that saves into the output directory
+        # deletes a chain with its newest link) shows up as missing or short files: tell it apart from a
+        # corrupt one by its commit marker, as a load does. (A parent missing under a committed link is a
+        # broken chain: corrupt.)
+        try:
+            committed = src_store.exists(f"{src_id}/{MANIFEST}")
+        except (OSError, RecckptError):
+            committed = True   # the store does not answer: the error above says why
+        if committed:
+            raise
+        raise CheckpointDeletedError(
+            f"compact: {src_store.describe(src_id)} was deleted while it was being compacted (by retention in "
+            f"another process, or by hand): {e}. Nothing was committed at {dst}; compact a checkpoint the run "
+            f"still keeps (`recckpt ls`)", path=src_store.describe(src_id)) from e
+
+
+def _compact(src, src_store, src_id: str, dst, concurrency: int, fsync: bool, memory_bytes: int,
+             storage_options) -> CompactStats:
+    """`compact`'s work, once `src` is open."""
+    t0 = time.perf_counter()
     dst_root, dst_id = _split(dst)
     validate_ckpt_id(dst_id)
-    src_store = open_storage(src_root, storage_options)
     if not src_store.exists(f"{src_id}/manifest.json"):
         # why, as every other verb says it (a missing bucket, an output directory, no manifest)
         raise CheckpointNotFoundError(f"compact: {catalog.not_a_checkpoint(open_storage(src, storage_options))}",

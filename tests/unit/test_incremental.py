@@ -698,3 +698,28 @@ def test_direct_path_loads_an_increment_named_relative_to_the_working_directory(
             ckpt_path=path, direct_path=True)
         assert r.path.endswith("/c2") and len(dst.emb) == 30, path
         assert_contents(dst.emb, snapshot(model.emb))
+
+
+@pytest.mark.parametrize("when", ["writing", "copying_dense"])
+def test_compact_of_a_chain_deleted_meanwhile_says_so(tmp_path, monkeypatch, when):
+    """Retention in the run's process deletes the chain while `compact` reads it: the compaction said the
+    (intact, properly deleted) checkpoint was corrupt. It now raises CheckpointDeletedError, as a load
+    does, and commits nothing."""
+    import shutil
+
+    import recckpt
+    import recckpt.tools.compaction as C
+    from recckpt.errors import CheckpointDeletedError
+    run_chain(tmp_path, n_incr=2)
+    hook = "write_worker_part" if when == "writing" else "copy_whole_files"
+    original = getattr(C, hook)
+
+    def deleted_first(*a, **k):
+        for cid in ("c2", "c1", "c0"):   # newest first, as retention deletes a chain
+            shutil.rmtree(tmp_path / cid)
+        return original(*a, **k)
+
+    monkeypatch.setattr(C, hook, deleted_first)
+    with pytest.raises(CheckpointDeletedError, match=r"compact: .*c2 was deleted while it was being compacted"):
+        recckpt.compact(tmp_path / "c2", tmp_path / "x", fsync=False)
+    assert not (tmp_path / "x").exists()

@@ -870,7 +870,7 @@ class LoadPlan:
                 msg = (f"{e}. Loading stopped in table {target!r}, which is {left}; tables fully "
                        f"loaded before it: {', '.join(applied) or 'none'}; already applied: "
                        f"{objects or 'no registered objects'}; dense state and IO state were not applied")
-                if isinstance(e, DuplicateIdsError) and self.m.shard_num == 1:
+                if isinstance(e, DuplicateIdsError) and getattr(e, "proven", False) and self.m.shard_num == 1:
                     # One worker wrote it, so no routing between workers explains a repeat: its own files are
                     # damaged (a writer stores each id once), and restore() takes an older checkpoint
                     raise CorruptCheckpointError(

@@ -54,6 +54,18 @@ def mapped_load_possible(table: SparseState, slots: Sequence[tuple[str, SlotInfo
     return cleared and local and implements(table, AdoptStorage) and _same_dtypes(slots)
 
 
+def refused_append(where: str, name: str, e: ValueError, ids: np.ndarray, first_batch: bool) -> Exception:
+    """What a table's `commit_append` refusing `ids` (a batch of one load, into a table the load emptied)
+    means: ids repeated within the batch are the checkpoint's (DuplicateIdsError, `proven`); in the first
+    batch without a repeat, the table refused for its own reason (a capacity, say) and `e` stands; in a later
+    batch an id may repeat one of an earlier batch, which is not checked here."""
+    if _C.IdMap(len(ids)).insert_new(np.ascontiguousarray(ids)) != len(ids):
+        err = duplicate_ids_error(where, name, e)
+        err.proven = True   # the checkpoint's own rows repeat an id (load_apply: damage, on one worker)
+        return err
+    return e if first_batch else duplicate_ids_error(where, name, e)
+
+
 def duplicate_ids_error(where: str, name: str, e: Exception) -> DuplicateIdsError:
     err = DuplicateIdsError(
         f"checkpoint {where}: table {name!r} stores an id more than once ({e}); the job that saved it "
@@ -125,7 +137,8 @@ def load_table_rows(segments: SegmentReader, name: str, target: str, table: Spar
             try:
                 table.commit_append()
             except ValueError as e:
-                raise duplicate_ids_error(where, name, e) from e
+                ids = _bytes_of(views[0], f"table {target!r}").view(np.int64)[:n]   # (read into, not yet uploaded)
+                raise refused_append(where, name, e, ids, rows == 0) from e
             rows += n
     finally:
         upload.finish()
@@ -149,7 +162,7 @@ def put_rows(table: SparseState, got: TableRows, names: Sequence[str], target: s
     try:
         table.commit_append()
     except ValueError as e:
-        raise duplicate_ids_error(where, name, e) from e
+        raise refused_append(where, name, e, got.columns[0].view(np.int64)[:got.rows], True) from e
     return got.rows
 
 

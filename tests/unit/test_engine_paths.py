@@ -245,6 +245,37 @@ def test_repeated_id_in_checkpoint_is_reported_on_every_path(tmp_path, dtype):
     assert ei.value.table == "t"
 
 
+def test_a_table_refusing_rows_for_its_own_reason_is_not_called_a_damaged_checkpoint(tmp_path):
+    """commit_append raising ValueError without a repeated id (a custom table's capacity): every such
+    refusal was reported as an id stored twice, and on a one-worker checkpoint as damage, so restore()
+    skipped intact checkpoints for older ones. It is the table's refusal, said as such."""
+    from recckpt import CheckpointManager
+    from recckpt.errors import LoadApplyError
+
+    class Capped(HashTable):
+        limit = None
+
+        def commit_append(self):
+            pending = getattr(self, "_append", None)
+            if self.limit is not None and pending and len(self) + pending[0] > self.limit:
+                self._append = None
+                raise ValueError(f"table {self.name!r} is full: {self.limit} rows at most")
+            return super().commit_append()
+
+    src = Holder(Capped("t", dim=4))
+    mgr = CheckpointManager(Saver(src, output_dir=str(tmp_path), max_keep=None), save_interval=1)
+    for step in range(2):
+        src.tables[0](torch.arange(step * 40, step * 40 + 40))
+        mgr.step()
+    dst = Holder(Capped("t", dim=4))
+    dst.tables[0].limit = 60
+    mgr2 = CheckpointManager(Saver(dst, output_dir=str(tmp_path)), save_interval=1)
+    with pytest.raises(LoadApplyError, match=r"table 't' is full: 60 rows at most") as ei:
+        mgr2.restore()
+    assert "damaged" not in str(ei.value) and "more than once" not in str(ei.value)
+    assert mgr2.restore_skipped == []
+
+
 # ------------------------------------------------------------------ HashTable bulk append
 def test_append_views_commit_and_errors():
     t = HashTable("t", dim=2)

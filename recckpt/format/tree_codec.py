@@ -16,6 +16,7 @@ import base64
 import collections
 import json
 import math
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,6 +32,9 @@ MAX_TREE_BYTES = 100 << 20
 _LIMITS = checked_json.JsonLimits(MAX_TREE_BYTES, floats=True)
 
 
+#: How a non-finite numpy float64 was written until 2026-11-30 (its repr under numpy 2), read back as one.
+_OLD_NP_FLOAT = re.compile(r"np\.float64\((nan|inf|-inf)\)")
+
 #: dict subclasses stored as themselves (docs/FORMAT.md, the state tree): [[key, value], ...] under the tag
 _DICT_TAGS = {collections.Counter: "__counter__", collections.OrderedDict: "__odict__"}
 
@@ -41,7 +45,15 @@ class _Encoder:
 
     def encode(self, obj, path: str):
         import torch  # saving: torch is loaded already
+        if isinstance(obj, (np.str_, np.bytes_)):
+            # numpy's string scalars (an element of a string array) are str and bytes: stored as those, as
+            # numpy itself gives them back from tolist()
+            return self.encode(obj.item(), path)
         if isinstance(obj, np.generic):   # (before float: numpy's float64 is a float, and kept as itself)
+            if obj.dtype.kind not in "biufc" or isinstance(obj.item(), np.generic):
+                # (a void record; a long double, which has no Python value: decode refuses both)
+                raise TypeError(f"{path}: a numpy scalar of dtype {obj.dtype} cannot be stored without pickle; "
+                                f"convert it (float(v), int(v), or a plain value per field)")
             return {"__npscalar__": obj.dtype.str, "value": self.encode(obj.item(), path)}
         kind = type(obj)
         if obj is None or kind in (bool, str):
@@ -121,7 +133,7 @@ def _refuse_lossy_subclass(obj, path: str) -> None:
         base, how = lossy[0]
         raise TypeError(f"{path}: cannot store a {kind.__module__}.{kind.__qualname__} without pickle: it would load "
                         f"back as a plain {base}. Convert it in state_dict() ({how}), or register the object "
-                        f"with allow_pickle")
+                        f"with allow_pickle and allow the class with torch.serialization.add_safe_globals")
 
 
 def encode(obj, root: str) -> tuple[str, dict[str, torch.Tensor]]:
@@ -156,7 +168,11 @@ def decode(text: str, tensors: dict[str, torch.Tensor] | dict[str, np.ndarray], 
                 raise ValueError(f"unsupported numpy scalar dtype {node['__npscalar__']!r:.40}")
             return dt.type(dec(node["value"]))
         if "__float__" in node:
-            return float(node["__float__"])
+            text = node["__float__"]
+            old = _OLD_NP_FLOAT.fullmatch(text) if isinstance(text, str) else None
+            if old is not None:   # written by recckpt before 2026-11-30 for a non-finite numpy float64
+                return np.float64(old.group(1))
+            return float(text)
         if "__bigint__" in node:
             return int(node["__bigint__"])
         if "__dtype__" in node:

@@ -467,8 +467,9 @@ def match_optimizer_state(optimizer, model, saved: Mapping, *, rename: Callable[
 
 
 #: The per-param-group lists of torch.optim.lr_scheduler's schedulers (CyclicLR's momenta, ReduceLROnPlateau's
-#: floors); SequentialLR and ChainedScheduler hold their schedulers' states under "_schedulers".
-SCHEDULER_GROUP_LISTS = ("base_lrs", "_last_lr", "max_lrs", "base_momentums", "max_momentums", "min_lrs")
+#: floors, the lambdas' own state); SequentialLR and ChainedScheduler hold their schedulers' states under "_schedulers".
+SCHEDULER_GROUP_LISTS = ("base_lrs", "_last_lr", "max_lrs", "base_momentums", "max_momentums", "min_lrs",
+                         "lr_lambdas")   # (LambdaLR's and MultiplicativeLR's callable objects' state, or None)
 
 
 def scheduler_state(saved: Mapping, live: Mapping, sources: Sequence[int | None]) -> dict:

@@ -65,6 +65,39 @@ def test_numpy_scalars_nan_and_inf_included_round_trip_with_their_type(tmp_path,
     assert _same(dst.value, value), (dst.value, value)
 
 
+@pytest.mark.parametrize("value,back", [(np.str_("part-00003.parquet"), "part-00003.parquet"),
+                                        ({np.str_("file"): np.int64(3)}, {"file": np.int64(3)}),
+                                        (np.bytes_(b"ab"), b"ab")], ids=["str_", "str_-key", "bytes_"])
+def test_numpy_string_scalars_round_trip_as_their_plain_values(tmp_path, value, back):
+    """An element of a numpy string array (a reader's current file name) is a str; stored as a numpy
+    scalar of dtype '<U..' it committed a checkpoint no load could read."""
+    mgr = CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=tmp_path), save_interval=1)
+    mgr.register_io_state("reader", Holder(value))
+    mgr.step()
+    dst = Holder()
+    mgr2 = CheckpointManager(Saver(torch.nn.Linear(2, 2), output_dir=tmp_path), save_interval=1)
+    mgr2.register_io_state("reader", dst)
+    assert mgr2.restore() == 1 and mgr2.restore_skipped == []
+    assert dst.value == back and type(dst.value) is type(back)
+
+
+@pytest.mark.parametrize("value", [np.void(b"ab"), np.longdouble(1.5)], ids=["void", "longdouble"])
+def test_numpy_scalars_without_a_plain_value_are_refused_at_save(tmp_path, value):
+    s = Saver(torch.nn.Linear(2, 2), output_dir=tmp_path)
+    s.register_for_checkpointing("h", Holder(value))
+    with pytest.raises((CheckpointSaveError, TypeError), match=r"numpy scalar of dtype .* cannot be stored"):
+        s.save("c")
+    assert s.checkpoints() == []
+
+
+def test_a_non_finite_numpy_float64_written_by_the_old_encoding_loads():
+    """Until this fix a NaN np.float64 was written as {"__float__": "np.float64(nan)"}: runs that saved one
+    can load those checkpoints now."""
+    from recckpt.format import tree_codec
+    got = tree_codec.decode('{"a":{"__float__":"np.float64(nan)"},"b":{"__float__":"np.float64(-inf)"}}', {}, "w")
+    assert type(got["a"]) is np.float64 and math.isnan(got["a"]) and got["b"] == np.float64("-inf")
+
+
 Point = collections.namedtuple("Point", "epoch batch")
 
 
@@ -191,6 +224,9 @@ def _sched_run(decay_first: bool, kind: str):
     opt = torch.optim.SGD([dec, nod] if decay_first else [nod, dec], momentum=0.9)
     if kind == "lambda":
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.9 ** e)
+    elif kind == "lambda_objects":   # callables with state: LambdaLR saves each one's __dict__, by group
+        peaks = (2.0, 8.0) if decay_first else (8.0, 2.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, [_Warm(p) for p in peaks])
     elif kind == "cyclic":
         lo, hi = ([0.1, 0.001], [0.5, 0.005]) if decay_first else ([0.001, 0.1], [0.005, 0.5])
         sched = torch.optim.lr_scheduler.CyclicLR(opt, base_lr=lo, max_lr=hi, step_size_up=2)
@@ -199,6 +235,17 @@ def _sched_run(decay_first: bool, kind: str):
                                                             torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.8 ** e)],
                                                       milestones=[2])
     return m, opt, sched
+
+
+class _Warm:
+    """A per-group schedule with state of its own (saved in LambdaLR's lr_lambdas)."""
+
+    def __init__(self, peak):
+        self.peak, self.calls = peak, 0
+
+    def __call__(self, epoch):
+        self.calls += 1
+        return min(self.peak, 1.0 + epoch) / self.peak
 
 
 def _sched_steps(m, opt, sched, n):
@@ -213,7 +260,7 @@ def _lr_of(m, opt):
     return {("weight" if g["params"][0] is m.weight else "bias"): g["lr"] for g in opt.param_groups}
 
 
-@pytest.mark.parametrize("kind", ["lambda", "cyclic", "sequential"])
+@pytest.mark.parametrize("kind", ["lambda", "lambda_objects", "cyclic", "sequential"])
 def test_a_scheduler_follows_its_optimizers_groups_when_they_are_matched_in_another_order(tmp_path, kind):
     """The optimizer's groups are matched by parameter name, so a new run may list them in another order; the
     scheduler's per-group lists (base_lrs, max_lrs, nested schedulers') were kept by position, and a LambdaLR

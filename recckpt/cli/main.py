@@ -84,9 +84,11 @@ def _progress(total: int, what: str, enabled: bool) -> tuple[Callable[[int], Non
 # ---------------------------------------------------------------------------------------------- verbs
 def cmd_ls(a) -> int:
     listing = recckpt.list_checkpoints(a.output_dir, a.storage_options, check=a.check)
+    # A listing exits 0 whatever it lists; `--check` is a health check: what cannot be loaded fails it
+    verdict = EXIT_PROBLEM if a.check and (listing.damaged or listing.broken) else EXIT_OK
     if a.json:
         print(render.dumps(listing))
-        return EXIT_OK
+        return verdict
     rows = [[c.ckpt_id, "-" if c.step is None else str(c.step), c.kind, render.human_bytes(c.size_bytes),
              c.created.strftime("%Y-%m-%d %H:%M:%S UTC")] for c in listing.checkpoints]
     print(f"{listing.output_dir}: {len(listing.checkpoints)} committed checkpoint(s), oldest first")
@@ -108,7 +110,7 @@ def cmd_ls(a) -> int:
         print("output directories below it (pass one of these):")
         for d in listing.output_dirs_below:
             print(f"  {listing.output_dir.rstrip('/')}/{d}")
-    return EXIT_OK
+    return verdict
 
 
 def _inspect_doc(view, objects: bool, damaged: list[str] | None = None) -> dict:

@@ -36,6 +36,10 @@ def test_a_damaged_newest_manifest_is_reported_and_can_be_deleted(tmp_path):
     ls = subprocess.run([sys.executable, "-m", "recckpt", "ls", out], capture_output=True, text=True,
                         env=dict(os.environ, PYTHONPATH=ROOT))
     assert ls.returncode == 0 and "damaged: ckpt_2 (its manifest does not verify" in ls.stdout, ls.stdout
+    for fmt in ([], ["--json"]):   # a health check fails on it (a listing does not)
+        check = subprocess.run([sys.executable, "-m", "recckpt", "ls", out, "--check", *fmt], capture_output=True,
+                               text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+        assert check.returncode == 1 and "ckpt_2" in check.stdout, (check.returncode, check.stdout, check.stderr)
     assert [n for n, _ in recckpt.list_checkpoints(out).damaged] == ["ckpt_2"]
     with pytest.raises(CheckpointExistsError, match=r"ckpt_2 holds a checkpoint whose manifest does not verify.*"
                                                     r"recckpt.delete\(.*\['ckpt_2'\]\)"):

@@ -16,6 +16,7 @@ unpickled: registered objects saved with `allow_pickle=True` are shown as their 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import operator
 from collections.abc import Iterator, Mapping, Sequence
@@ -187,6 +188,7 @@ class CheckpointView:
             for name, t in m.tables.items()}
         self._tables: dict[str, TableDesc] | None = None
         self._dense: dict[str, DenseDesc] | None = None
+        self._indexes_checked = False
 
     def __repr__(self) -> str:
         return f"<recckpt checkpoint {self.path}: step {self.step}, {len(self.tables)} tables, {self.workers} workers>"
@@ -195,6 +197,18 @@ class CheckpointView:
         """Around every read of the checkpoint's files: a checkpoint (or a link of its chain) deleted under
         this view raises CheckpointDeletedError, not a corrupt-checkpoint error or a bare OSError."""
         return catalog.deleted_as_such([(link.storage, link.ckpt_dir) for link in self._links], "read")
+
+    @contextlib.contextmanager
+    def _rows_reading(self):
+        """`_reading`, for reads of rows: the worker indexes of every link checked first (once), as a load
+        checks them, so that a checkpoint a load refuses for a missing or damaged worker index is not
+        exported or looked up as if intact."""
+        with self._reading():
+            if not self._indexes_checked:
+                for link in self._links:
+                    link.verify_worker_indexes()
+                self._indexes_checked = True
+            yield
 
     def local_dirs(self) -> list[str]:
         """The local directories of this checkpoint and of the links of its chain, base first (none on an
@@ -393,7 +407,7 @@ class CheckpointView:
         widths = [d.row_bytes for d in descs]
         if lo == hi:
             return
-        with self._reading():
+        with self._rows_reading():
             links = table_links(self._links, table)
             if len(links) == 1 and table not in self._r.index.tables:
                 return
@@ -429,7 +443,7 @@ class CheckpointView:
         self._slots_of(table, have, [slot])
         lo, hi = self.bucket_range(None, buckets)
         d = have[slot]
-        with self._reading():
+        with self._rows_reading():
             link = table_links(self._links, table)[0]   # column blocks are whole in one link
             info = link.manifest.tables[table]
             cb = info.column_blocks

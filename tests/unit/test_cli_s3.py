@@ -99,7 +99,7 @@ def test_ls_check_finds_a_manifest_deleted_by_hand_on_an_object_store(s3_server,
           storage_options=s3_server.options()).save("c")
     s3_server.fs().rm(f"{run}/a/manifest.json")
     so = ["--storage-options", json.dumps(s3_server.options())]
-    assert cli_main(["ls", run, "--json", "--check", *so]) == 0
+    assert cli_main(["ls", run, "--json", "--check", *so]) == 1   # a health check: b cannot be loaded
     got = json.loads(capsys.readouterr().out)
     assert [c["ckpt_id"] for c in got["checkpoints"]] == ["b", "c"], got
     # (an object store cannot tell a prefix without its manifest from an interrupted save)

@@ -133,6 +133,32 @@ def test_corrupt_shard_is_refused_naming_the_file(tmp_path):
         list(v.iter_rows("user"))
 
 
+@pytest.mark.parametrize("damage", ["missing", "flipped"])
+def test_rows_are_not_read_from_a_checkpoint_whose_worker_index_a_load_refuses(tmp_path, damage):
+    """A load checks every worker's index (the merged index.json is what it reads); export and lookup read
+    rows through this view and used to succeed, exit 0, on a checkpoint verify and load call damaged."""
+    import subprocess
+    import sys
+    make_checkpoint(str(tmp_path), "c", table_rows(300), workers=2)
+    index = tmp_path / "c" / "sparse" / "worker-00001.index.json"
+    if damage == "missing":
+        index.unlink()
+    else:
+        data = bytearray(index.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        index.write_bytes(bytes(data))
+    v = recckpt.open(tmp_path / "c")
+    with pytest.raises(CorruptCheckpointError, match="worker-00001.index.json"):
+        list(v.iter_rows("user"))
+    with pytest.raises(CorruptCheckpointError, match="worker-00001.index.json"):
+        recckpt.open(tmp_path / "c").lookup("user", [1, 2])
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([sys.executable, "-m", "recckpt", "export", str(tmp_path / "c"), "--out",
+                        str(tmp_path / "exp"), "--format", "npy"], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=root))
+    assert p.returncode == 1 and "worker-00001.index.json" in p.stderr, (p.returncode, p.stderr)
+
+
 def test_corrupt_extras_and_manifest(tmp_path):
     make_checkpoint(str(tmp_path), "c", table_rows(20), extras={"x": 1})
     p = tmp_path / "c" / "extras.safetensors"

@@ -25,6 +25,7 @@ from ..coordination import agreement_for, check_world, resolve_shard
 from ..coordination.world import process_group_world
 from ..errors import (
     CheckpointNotFoundError,
+    CheckpointSaveError,
     CommitOutcomeUnknownError,
     CoordinationError,
     CorruptCheckpointError,
@@ -55,7 +56,7 @@ from .policies import (
 from .preemption import PreemptionHandler
 from .rng import RNGState
 from .saver import LoadResult, Saver
-from .snapshot import HostBuffers
+from .snapshot import CaptureFailed, HostBuffers
 
 log = logging.getLogger("recckpt")
 
@@ -327,7 +328,16 @@ class CheckpointManager:
             # ranks would then be saving different checkpoints and every later save would fail.
             # after the drain: the save in flight committed (or failed), so the chain's parent is known
             incremental = self._increment_next(ephemeral)
-            snap = self.saver.capture_copy(self._buffers, self.shard_id, incremental, step=step)
+            try:
+                snap = self.saver.capture_copy(self._buffers, self.shard_id, incremental, step=step)
+            except Exception as e:  # noqa: BLE001 - the other ranks must hear of it: see CaptureFailed
+                if self.shard_num == 1:
+                    raise   # no other rank waits in this save: the step reports it at once
+                snap, incremental = CaptureFailed(CheckpointSaveError(
+                    f"checkpoint {handle.ckpt_id!r}: taking rank {self.shard_id}'s snapshot on the training thread "
+                    f"failed ({type(e).__name__}: {e}); no rank commits it, and the next save is tried as "
+                    f"usual", rank=self.shard_id)), False
+                snap.error.__cause__ = e
             handle.stall_seconds = snap.stall_seconds = time.perf_counter() - t0
             done = {}
 

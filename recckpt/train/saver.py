@@ -49,7 +49,7 @@ from ..storage import location as storage_location, open_storage
 from .events import save_line
 from .options import SaveOptions
 from .policies import CkptEntry, KeepPolicy
-from .snapshot import HostBuffers, Snapshot, copy_snapshot
+from .snapshot import CaptureFailed, HostBuffers, Snapshot, copy_snapshot
 from .table_source import TableSources, step_for
 
 log = logging.getLogger("recckpt")
@@ -380,6 +380,8 @@ class Saver:
         claim = None
         handed_over = False  # this worker's part went to another worker, which commits from `stage`
         try:
+            if isinstance(snap, CaptureFailed):
+                raise snap.error   # after `begin`: the other workers hear of it and fail this save too
             if shared_check and plans is not None:
                 self._raise_if_taken(ckpt_id, exists, [p["exists"] for p in plans])
             self.storage.prepare_for_save()

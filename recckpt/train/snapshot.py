@@ -50,6 +50,19 @@ class Snapshot:
     stall_seconds: float | None = None  # async saves: how long taking it held the training step (for the log)
 
 
+@dataclass
+class CaptureFailed:
+    """What a worker hands its background write when taking its snapshot failed (an IO-state object's
+    `dump_io_state` raised, say): the write still joins the save's commit protocol, with `error`, so that
+    every worker fails that save together and the next save works. A worker that skipped the save would
+    meet the others at its next one with another checkpoint id, and no save would commit again."""
+    error: BaseException
+    marks: None = None
+    chain: None = None
+    full_reason: None = None
+    stall_seconds: float | None = None
+
+
 _HEADROOM = 1.25  # a table that grows a little between saves does not reallocate every time
 
 

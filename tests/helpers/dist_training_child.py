@@ -1,7 +1,8 @@
 """A data-parallel CTR job around CheckpointManager, launched by torchrun in the multi-process tests:
 
     python -m torch.distributed.run --standalone --nproc_per_node=N tests/helpers/dist_training_child.py \
-        --out DIR --steps S [--interval K] [--async] [--preemption] [--sleep T] [--fail-rank R --fail-save I [--stall T]] [--timeout T]
+        --out DIR --steps S [--interval K] [--async] [--preemption] [--sleep T] [--fail-rank R --fail-save I [--stall T] [--fail-in W]]
+        [--timeout T]
 
 The manager gets no shard_id/shard_num: it must take them from the process group. The user table is
 sharded by `recckpt.partition` (each rank trains on the examples of the ids it owns), the MLP is
@@ -71,6 +72,8 @@ def main():
     ap.add_argument("--fail-rank", type=int, default=-1)
     ap.add_argument("--fail-save", type=int, default=-1, help="the fail-rank raises inside this save (0-based)")
     ap.add_argument("--stall", type=float, default=0.0, help="the fail-rank stalls this long instead of raising")
+    ap.add_argument("--fail-in", choices=("write", "capture"), default="write",
+                    help="where: writing its part (background) or its reader's dump_io_state (training thread)")
     ap.add_argument("--timeout", type=float, default=60.0, help="SaveOptions.coordination_timeout_s")
     a = ap.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -89,7 +92,16 @@ def main():
                                               preemption=a.preemption, coordination_timeout_s=a.timeout)
     assert (mgr.shard_id, mgr.shard_num) == (rank, world), "the manager must take its world from the group"
 
-    if a.fail_rank == rank:
+    if a.fail_rank == rank and a.fail_in == "capture":
+        real_dump, dumps = reader.dump_io_state, []
+
+        def failing_dump():
+            dumps.append(1)
+            if len(dumps) - 1 == a.fail_save:
+                raise RuntimeError(f"injected failure on rank {rank} in dump_io_state of save #{a.fail_save}")
+            return real_dump()
+        reader.dump_io_state = failing_dump
+    elif a.fail_rank == rank:
         from recckpt.train import saver as saver_mod
         real, calls = saver_mod.write_worker_part, []
 

@@ -187,6 +187,22 @@ def test_a_rank_that_raises_inside_an_async_save_fails_it_everywhere_and_the_nex
         verified(tmp_path, cid)
 
 
+def test_a_rank_whose_async_snapshot_fails_fails_that_save_everywhere_and_the_next_save_works(tmp_path):
+    """Rank 1's reader raises in dump_io_state when the async save of ckpt_10 takes its snapshot (on the
+    training thread, before the commit protocol). That rank used to skip the save while rank 0's writer
+    waited in it: the ranks then paired ckpt_10 with ckpt_15, and so on, and nothing committed again."""
+    text = run(2, tmp_path, "--steps", 20, "--interval", 5, "--async", "--fail-rank", 1, "--fail-save", 1,
+               "--fail-in", "capture")
+    reports = "".join(open(p).read() for p in sorted(glob.glob(os.path.join(tmp_path, "report", "errors-*"))))
+    assert committed(tmp_path) == ["ckpt_5", "ckpt_15", "ckpt_20"], reports + text[-3000:]
+    for rank in (0, 1):
+        with open(os.path.join(tmp_path, "report", f"errors-2-{rank}.txt")) as f:
+            errors = f.read()
+        assert "ckpt_10" in errors and "rank 1's snapshot" in errors and "injected failure" in errors, errors
+    for cid in committed(tmp_path):
+        verified(tmp_path, cid)
+
+
 def test_manager_world_comes_from_the_group_and_restore_agrees_across_ranks(tmp_path):
     from helpers import rank_scenarios as sc
     from helpers.ranks import ok, run_ranks

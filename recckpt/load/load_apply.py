@@ -95,6 +95,13 @@ class LoadResult:
 
 
 
+def io_state_resized(conf: LoadConfig, registry, manifest, world: int) -> bool:
+    """Whether a load of `manifest` on `world` workers meets per-worker IO state it cannot apply: the load
+    wants IO state, objects are registered for it, the checkpoint holds some, and another number of
+    workers saved it (LoadConfig.io_state_on_resize then says what happens)."""
+    return bool(conf.wants("io_state") and registry.io_names() and manifest.io_state and world != manifest.shard_num)
+
+
 class LoadPlan:
     """Matches a checkpoint against the live objects, checks everything that can be checked up front,
     then applies it."""
@@ -247,7 +254,7 @@ class LoadPlan:
                         self.incompatible.append(why + " (exclude 'extra', or register it as the same type)")
             self._plan_optimizers(objs, ckpt_dense if conf.wants("dense") else None)
         self.io_tree = None
-        resized = conf.wants("io_state") and self.registry.io_names() and self.m.io_state and world != self.m.shard_num
+        resized = io_state_resized(conf, self.registry, self.m, world)
         if resized and conf.io_state_on_resize == "error":
             raise IncompatibleCheckpointError(
                 f"checkpoint {self.reader.describe()} was saved by {self.m.shard_num} worker(s) and is loaded "

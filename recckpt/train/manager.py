@@ -29,6 +29,7 @@ from ..errors import (
     CommitOutcomeUnknownError,
     CoordinationError,
     CorruptCheckpointError,
+    IncompatibleCheckpointError,
     InvalidArgumentError,
     InvalidCheckpointIdError,
     RecckptError,
@@ -37,6 +38,7 @@ from ..format import catalog, names
 from ..format.chain import chain_stats
 from ..format.names import validate_ckpt_id
 from ..format.retention import recorded_step, restore_order
+from ..load.load_apply import io_state_resized
 from ..load.load_config import LoadConfig
 from .async_save import FAILED, AsyncWriter, SaveHandle
 from .events import LoadEvent, SaveEvent
@@ -547,6 +549,7 @@ class CheckpointManager:
         conf = dataclasses.replace(conf, io_state_on_resize="drop" if self.resize_policy == "reseed" else "error")
         for i, (cid, step) in enumerate(candidates):
             self._same_as_rank0s(cid)
+            self._refuse_resize(cid, conf)
             error, result = None, None
             try:
                 result = self.saver.load(ckpt_id=cid, load_conf=conf, shard_id=self.shard_id,
@@ -579,6 +582,24 @@ class CheckpointManager:
                 f"error); this rank loaded it, but a restore must be the same on every rank: fix the cause and "
                 f"restore again on every rank", rank=self._agreement.rank, path=storage.describe(cid))
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _refuse_resize(self, cid: str, conf: LoadConfig) -> None:
+        """Under resize_policy='error', refuse on every rank (they read one manifest), before anything is
+        loaded, a checkpoint whose per-worker IO state another number of workers saved: the loader's own
+        refusal advises a LoadConfig option the manager sets from resize_policy."""
+        if self.resize_policy != "error":
+            return
+        try:
+            m = catalog.read_manifest(self.saver.storage, cid)
+        except (OSError, RecckptError):
+            return   # the load says why
+        if io_state_resized(conf, self.saver.registry, m, self.shard_num):
+            raise IncompatibleCheckpointError(
+                f"checkpoint {self.saver.storage.describe(cid)} was saved by {m.shard_num} worker(s) and is restored "
+                f"on {self.shard_num}: its per-worker IO state (reader positions) cannot be split or merged, and "
+                f"this CheckpointManager has resize_policy='error'. Nothing was loaded. Use resize_policy='reseed' "
+                f"to restore everything else, restart the readers and seed the RNGs from (step, rank), or restore "
+                f"on {m.shard_num} workers", path=self.saver.storage.describe(cid), rank=self.shard_id)
 
     def _outcome_agreed(self, cid: str, step: int, code: int, error: BaseException | None) -> int:
         """The worst of every rank's restore `code`. Where the ranks cannot agree (a rank was killed or
@@ -629,10 +650,18 @@ class CheckpointManager:
         # instead of writing the step again, which committed checkpoints refuse.
         self._last = SaveHandle(cid, step, result.metadata.get(META_EPHEMERAL) == "1")
         self._last.finish(storage.describe(cid), None)
+        resized = result.saved_by_workers not in (0, self.shard_num)
+        # A resized restore seeds the RNGs from (step, rank) whenever it did not load them (dropped with the
+        # other IO state, or left out by load_conf), so that it is reproducible as resize_policy says
+        reseeded = self._rng is not None and (RNG_IO_NAME in result.io_state_dropped or (
+            resized and RNG_IO_NAME not in result.io_state))
+        if reseeded:
+            self._rng.reseed(step, self.shard_id)
+        if reseeded and not result.io_state_dropped:
+            warnings.warn(f"recckpt: {storage.describe(cid)} was saved by {result.saved_by_workers} worker(s) and "
+                          f"restored on {self.shard_num} without its RNG state (load_conf left out 'io_state'): "
+                          f"every RNG was seeded from (step {step}, rank {self.shard_id})", stacklevel=3)
         if result.io_state_dropped:
-            reseeded = self._rng is not None and RNG_IO_NAME in result.io_state_dropped
-            if reseeded:
-                self._rng.reseed(step, self.shard_id)
             why = (f"it was saved by {result.saved_by_workers} worker(s), restored on {self.shard_num} "
                    f"(resize_policy='reseed')" if result.saved_by_workers not in (0, self.shard_num) else
                    "it holds none of it (written by Saver.save, or with save_rng=False)")

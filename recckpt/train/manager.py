@@ -559,29 +559,43 @@ class CheckpointManager:
             # 0: loaded, 1: corrupt here (an older one may do), 2: any other failure (no fallback).
             code = 0 if error is None else 1 if isinstance(error, CorruptCheckpointError) else 2
             worst = self._outcome_agreed(cid, step, code, error)
+            culprit = "another rank" if worst == 0 else self._rank_with(code == worst)
             if worst == 0:
                 restored = self._restored(cid, step, result, found)
                 self._loaded(result, "restore")
                 return restored
             if worst == 1 and global_step is None and i + 1 < len(candidates):
                 why = f"{storage.describe(cid)} (step {step}) is corrupt: " + (
-                    str(error) if error is not None else "another rank found it so")
+                    str(error) if error is not None else f"{culprit} found it so")
                 self.restore_skipped.append(why)
                 log.warning("recckpt: restore skips %s; trying the next older one", why)
                 warnings.warn(f"recckpt: checkpoint {why}; trying the next older one", stacklevel=2)
                 continue
             if error is not None:
+                if isinstance(error, RecckptError) and self._agreement.world > 1:
+                    raise error.retold(f"rank {self._agreement.rank}: {error}") from error
                 raise error
             if worst == 1:
                 raise CorruptCheckpointError(
-                    f"rank {self._agreement.rank}: another rank found {storage.describe(cid)} corrupt (see its "
+                    f"rank {self._agreement.rank}: {culprit} found {storage.describe(cid)} corrupt (see its "
                     f"error); this rank loaded it, but a restore must be the same on every rank: fix or remove "
                     f"the checkpoint, or restore an explicit global_step", path=storage.describe(cid))
             raise CoordinationError(
-                f"rank {self._agreement.rank}: restoring {storage.describe(cid)} failed on another rank (see its "
+                f"rank {self._agreement.rank}: restoring {storage.describe(cid)} failed on {culprit} (see its "
                 f"error); this rank loaded it, but a restore must be the same on every rank: fix the cause and "
                 f"restore again on every rank", rank=self._agreement.rank, path=storage.describe(cid))
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _rank_with(self, mine: bool) -> str:
+        """'rank r', r the highest rank for which `mine` holds (a collective: every rank calls it, after an
+        agreement found a failure), or 'another rank' where the ranks cannot agree on it."""
+        if self._agreement.world == 1:
+            return f"rank {self._agreement.rank}"
+        try:
+            r = self._agreement.worst(self._agreement.rank if mine else -1)
+        except CoordinationError:
+            return "another rank"
+        return f"rank {r}" if r >= 0 else "another rank"
 
     def _refuse_resize(self, cid: str, conf: LoadConfig) -> None:
         """Under resize_policy='error', refuse on every rank (they read one manifest), before anything is

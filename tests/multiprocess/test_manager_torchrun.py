@@ -214,6 +214,8 @@ def test_manager_world_comes_from_the_group_and_restore_agrees_across_ranks(tmp_
         # rank 1 finds ckpt_2 corrupt: both ranks fall back to ckpt_1 together, never to different steps
         assert g["restored"] == 1, g
         assert any("ckpt_2" in w and "corrupt" in w for w in g["warnings"]), g["warnings"]
+    # the rank that did not find it corrupt is told which rank did
+    assert any("ckpt_2" in w and "rank 1 found it so" in w for w in got[0]["warnings"]), got[0]["warnings"]
 
 
 def test_a_rank_that_stalls_inside_an_async_save_fails_it_within_the_timeout(tmp_path):

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 import recckpt
-from recckpt.errors import InvalidArgumentError, RecckptError
+from recckpt.errors import InvalidArgumentError, InvalidCheckpointIdError, RecckptError
 from recckpt.tools.reader import lookup_ids, unless_damaged
 
 from . import render
@@ -512,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_TERMINATED
         if args.debug:
             raise
-        code = EXIT_USAGE if isinstance(e, InvalidArgumentError) else EXIT_PROBLEM
+        # (a checkpoint id the user gave that no checkpoint can have, compact's DST: an option that cannot be valid)
+        code = EXIT_USAGE if isinstance(e, (InvalidArgumentError, InvalidCheckpointIdError)) else EXIT_PROBLEM
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         if isinstance(e, OSError) and not isinstance(e, RecckptError) and e.filename is not None:
             # the system refused a path the user gave (a link loop, a missing parent, a file where a

@@ -56,6 +56,15 @@ def test_one_line_naming_the_path(work, argv, names, capsys):
     assert names in lines[0] and not RAW.match(lines[0]) and "--debug" not in lines[0], lines[0]
 
 
+@pytest.mark.parametrize("dst", ["bad id", ".hidden", "x..y"])
+def test_compact_into_an_id_no_checkpoint_can_have_is_a_usage_error(work, dst, capsys):
+    """A DST id the checkpoint-id rule refuses is an option value that cannot be valid: exit 2, as
+    docs/CLI.md says (it was 1, a failed operation)."""
+    assert main(["compact", f"{work}/out/c1", f"{work}/out/{dst}"]) == 2
+    err = capsys.readouterr().err
+    assert dst in err and not os.path.exists(f"{work}/out/{dst}"), err
+
+
 def test_compact_into_a_link_loop_as_a_user_runs_it(work):
     """The issue's case, through the installed entry point: exit 1, one line, no traceback."""
     p = subprocess.run([sys.executable, "-m", "recckpt", "compact", str(work / "out" / "c1"), str(work / "loop" / "c2")],

@@ -296,7 +296,7 @@ def cmd_lookup(a) -> int:
     found, rows = view.lookup(a.table, ids, a.slots)
     if a.json:
         print(render.dumps({"table": a.table, "rows": [
-            {"id": int(i), "found": bool(f), **({"slots": {s: rows[s][k].tolist() for s in rows}} if f else {})}
+            {"id": int(i), "found": bool(f), "slots": {s: rows[s][k].tolist() for s in rows} if f else None}
             for k, (i, f) in enumerate(zip(ids, found))]}))
     else:
         for k, (i, f) in enumerate(zip(ids, found)):

@@ -134,6 +134,8 @@ def _inspect_doc(view, objects: bool, damaged: list[str] | None = None) -> dict:
                           for n, e in tree["objects"].items()}
         doc["sparse_optimizer"] = render.summary(tree["sparse_optimizer"])
         doc["io_state"] = {w: render.summary(view.io_state(w, arrays=True)) for w in view.io_state_workers}
+    else:   # not read (--no-objects, or a damaged checkpoint): the same keys, null, for one JSON shape
+        doc.update(objects=None, sparse_optimizer=None, io_state=None)
     return doc
 
 
@@ -169,7 +171,7 @@ def cmd_inspect(a) -> int:
         print("dense:")
         print(render.table([[k, d["dtype"], str(tuple(d["shape"]))] for k, d in doc["dense"].items()],
                            ["KEY", "DTYPE", "SHAPE"]))
-    if "objects" in doc:
+    if doc["objects"] is not None:
         print("registered objects:" if doc["objects"] else "registered objects: none")
         for n, e in doc["objects"].items():
             print(f"  {n} ({e['kind']}): {render.compact(e['state'])}")

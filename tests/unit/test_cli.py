@@ -104,6 +104,9 @@ def test_ls_inspect_verify(capsys, root, workers):
     assert sorted(doc["io_state"]) == [str(w) for w in range(workers)]
     code, out, _ = run(capsys, "inspect", f"{root}/ckpt_1")
     assert code == 0 and "adagrad.acc" in out and "lr (value): 0.1" in out
+    keys = set(doc)
+    code, doc, _ = run_json(capsys, "inspect", f"{root}/ckpt_1", "--no-objects")   # one JSON shape, objects null
+    assert code == 0 and set(doc) == keys and doc["objects"] is doc["io_state"] is doc["sparse_optimizer"] is None
     code, out, _ = run(capsys, "verify", f"{root}/ckpt_1", f"{root}/ckpt_2")
     assert code == 0 and out.count(": OK:") == 2
 

@@ -202,6 +202,9 @@ class _Checker:
                 self.check_file(rel, data, worker_docs)
             except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
                 self.problem(e)
+                worker = names.worker_index_worker(rel) if rel.startswith(f"{names.SPARSE_DIR}/worker-") else None
+                if worker is not None:
+                    worker_docs.setdefault(worker, None)   # recorded, and reported above: not also "missing"
         self.check_worker_indexes(worker_docs)
         if self.m.index is not None:
             self.check_shards()
@@ -228,14 +231,18 @@ class _Checker:
         elif rel in self.m.io_state.values():
             self.reader.tree(rel, arrays=True)
 
-    def check_worker_indexes(self, docs: dict[int, IndexDoc]) -> None:
+    def check_worker_indexes(self, docs: dict[int, IndexDoc | None]) -> None:
+        """`docs`: each worker index the manifest records, parsed (None: unreadable, reported already)."""
         if not self.m.tables:
             return
         where = self.reader.describe(names.SPARSE_DIR)
         if sorted(docs) != list(range(self.m.shard_num)):
             self.problem(CorruptCheckpointError(
-                f"{where}: worker indexes {sorted(docs)} do not cover workers 0..{self.m.shard_num - 1}", where))
+                f"{where}: the manifest records worker indexes of workers {sorted(docs)}, not of workers "
+                f"0..{self.m.shard_num - 1}", where))
             return
+        if None in docs.values():
+            return   # a worker index that could not be read: its own problem says why
         try:
             merged = self.reader.parsed_index()
         except (CorruptCheckpointError, IncompatibleCheckpointError):

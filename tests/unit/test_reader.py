@@ -147,6 +147,8 @@ def test_rows_are_not_read_from_a_checkpoint_whose_worker_index_a_load_refuses(t
         data = bytearray(index.read_bytes())
         data[len(data) // 2] ^= 0x01
         index.write_bytes(bytes(data))
+    report = recckpt.verify(tmp_path / "c")   # one problem, naming the file (not also "do not cover workers")
+    assert len(report.problems) == 1 and "worker-00001.index.json" in report.problems[0], report.problems
     v = recckpt.open(tmp_path / "c")
     with pytest.raises(CorruptCheckpointError, match="worker-00001.index.json"):
         list(v.iter_rows("user"))

@@ -293,6 +293,8 @@ class LoadPlan:
                     f"the sparse optimizer's own state (its step counts) is not in the checkpoint: it was saved "
                     f"without a sparse optimizer, so {type(self.sparse_optim).__name__} would keep its live "
                     f"steps beside the loaded slots")
+            elif saved and self.sparse_optim is not None and getattr(self.sparse_optim, "steps_matter", False):
+                self._missing_step_counts(self.extras_tree["sparse_optimizer"])
         self._check_renames()
         if conf.ownership is not None and not self.incompatible:
             self._check_ownership(world)
@@ -488,6 +490,22 @@ class LoadPlan:
             if (entry is not None and entry["kind"] == "state_dict" and isinstance(entry["state"], dict)
                     and getattr(sched, "optimizer", None) is optimizer and callable(getattr(sched, "state_dict", None))):
                 objs[name] = dict(entry, state=optim_names.scheduler_state(entry["state"], sched.state_dict(), sources))
+
+    def _missing_step_counts(self, st) -> None:
+        """Tables whose optimizer slots this load applies but whose step counts the saved optimizer state
+        lacks: only worker 0's sparse optimizer state is saved, so a table no table of worker 0 was (one
+        only some ranks hold) has none, and its slots would be stepped from the live count."""
+        saved = st.get("tables") if isinstance(st, dict) else None
+        live = self.sparse_optim.state_dict().get("tables")
+        if not isinstance(saved, dict) or not isinstance(live, dict):
+            return
+        lost = sorted(name for name, target in self._opt_tables().items() if target in live and name not in saved)
+        if lost:
+            self.problems_missing.append(
+                f"the sparse optimizer's step counts of tables {lost} are not in the checkpoint (its optimizer "
+                f"state is worker 0's, and worker 0 did not hold them when it saved), so "
+                f"{type(self.sparse_optim).__name__} would step their loaded optimizer slots from its live counts; "
+                f"give worker 0 every table, or load with strict=False to accept that")
 
     def _opt_tables(self) -> dict[str, str]:
         """Checkpoint table -> model table, for the tables whose optimizer slots this load applies."""

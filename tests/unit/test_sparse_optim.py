@@ -338,3 +338,34 @@ def test_empty_batch_counts_a_step_like_torch():
     ref.step()
     assert opt.steps() == {"t": ref.state[emb.weight]["step"]} == {"t": 1}
     assert len(t) == 0
+
+
+def test_a_table_worker_0_did_not_hold_has_no_saved_step_count_and_a_strict_load_says_so(tmp_path):
+    """Only worker 0's sparse optimizer state is saved. A table that only another worker held (a model
+    whose ranks differ) had its Adam moments loaded with step 0 and nothing said: a strict load now
+    refuses it, naming the table; a non-strict one loads and warns."""
+    import warnings
+
+    import recckpt
+
+    def model_for(names):
+        return torch.nn.ModuleDict({n: recckpt.HashTable(n, dim=4) for n in names})
+
+    for rank, names in ((0, ["a"]), (1, ["a", "b"])):   # two workers' shards, saved from this process
+        m = model_for(names)
+        opt = recckpt.SparseAdam(list(m.values()), lr=0.1)
+        ids = torch.arange(100)
+        for _ in range(3):
+            sum(t(ids[recckpt.partition(ids, 2) == rank]).sum() for t in m.values()).backward()
+            opt.step()
+        recckpt.Saver(m, opt, output_dir=str(tmp_path)).save("c", shard_id=rank, shard_num=2, step=3)
+    m = model_for(["a", "b"])
+    opt = recckpt.SparseAdam(list(m.values()), lr=0.1)
+    with pytest.raises(recckpt.errors.IncompatibleCheckpointError, match=r"step counts of tables \['b'\]"):
+        recckpt.Saver(m, opt, output_dir=str(tmp_path)).load(ckpt_id="c")
+    assert len(m["b"]) == 0 and opt.steps() == {"a": 0, "b": 0}   # nothing loaded
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recckpt.Saver(m, opt, output_dir=str(tmp_path)).load(ckpt_id="c", load_conf={"strict": False})
+    assert any("step counts of tables ['b']" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert opt.steps()["a"] == 3 and len(m["b"]) > 0

@@ -297,7 +297,8 @@ def not_a_checkpoint(storage: Storage) -> str:
         if is_file:
             return (f"{where} is a file, not a checkpoint; pass its checkpoint directory, <output_dir>/<ckpt_id> "
                     f"(the directory holding {names.MANIFEST})")
-        return f"{where} does not exist; pass a checkpoint directory, <output_dir>/<ckpt_id>"
+        return (f"{where} does not exist (deleted, by retention or by hand, or never there); pass a committed "
+                f"checkpoint directory, <output_dir>/<ckpt_id> (`recckpt ls <output_dir>` lists them)")
     try:
         found = [i for i, _ in committed(storage)]
     except OSError:

@@ -899,7 +899,7 @@ class LoadPlan:
                     # One worker wrote it, so no routing between workers explains a repeat: its own files are
                     # damaged (a writer stores each id once), and restore() takes an older checkpoint
                     raise CorruptCheckpointError(
-                        f"checkpoint {self.reader.describe()}: {getattr(e, 'detail', e)}. The checkpoint was saved "
+                        f"checkpoint {self.reader.describe()}: {e.__cause__ or e}. The checkpoint was saved "
                         f"by one worker, whose own files then repeat an id, which no save writes: it is damaged "
                         f"(`recckpt verify` checks it); load an older one. Loading stopped in table {target!r}, "
                         f"which is {left}; tables fully loaded before it: {', '.join(applied) or 'none'}; already "

@@ -52,7 +52,8 @@ class RowFilter:
         self.undecided = 0         # duplicates the rule could not resolve
         self.example: tuple[int, int, int] | None = None   # (id, worker a, worker b)
         self.replaced = 0          # rows loaded and later replaced by a newer copy
-        self.within_worker: tuple[int, int, int] | None = None   # (count, id, worker): one worker's copies
+        self.within_worker = 0     # duplicates whose copies one worker's own files hold
+        self.within_example: tuple[int, int] | None = None   # (id, worker) of the first of them
 
     def keep(self, ids: np.ndarray, file_idx: int) -> np.ndarray | None:
         """Row indices of this chunk to import (None: all of them)."""
@@ -77,9 +78,11 @@ class RowFilter:
         prev = self.row_worker[rows[dup]]
         if self.example is None:
             self.example = (int(ids[dup[0]]), int(prev[0]), w)
-        if w >= 0 and (prev == w).any():
-            n, i = int((prev == w).sum()), int(ids[dup[np.argmax(prev == w)]])
-            self.within_worker = (n + (self.within_worker or (0,))[0], *(self.within_worker or (0, i, w))[1:])
+        same = (prev == w) if w >= 0 else np.zeros(len(dup), dtype=bool)
+        if same.any():
+            self.within_worker += int(same.sum())
+            if self.within_example is None:
+                self.within_example = (int(ids[dup[np.argmax(same)]]), w)
         keep_mask = is_new.copy()
         if self.rule == "newest":
             mine = self.steps.get(w) if w >= 0 else None
@@ -106,10 +109,10 @@ class RowFilter:
         """Raise if any duplicate was left undecided (call after the table's last chunk)."""
         if not self.undecided:
             return
-        if self.within_worker is not None:
+        if self.within_worker:
             # No writer does this (a worker stores each id of a table once), and no load option can pick
             # one copy: the checkpoint is damaged, and restore() takes an older one.
-            n, i, w = self.within_worker
+            n, (i, w) = self.within_worker, self.within_example
             raise CorruptCheckpointError(
                 f"checkpoint {self.where}: table {self.table!r}: worker {w}'s shard files store {n} id(s) twice "
                 f"(e.g. id {i}), which no save writes: the checkpoint is damaged (`recckpt verify` checks it); "

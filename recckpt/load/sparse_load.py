@@ -60,20 +60,20 @@ def refused_append(where: str, name: str, e: ValueError, ids: np.ndarray, first_
     batch without a repeat, the table refused for its own reason (a capacity, say) and `e` stands; in a later
     batch an id may repeat one of an earlier batch, which is not checked here."""
     if _C.IdMap(len(ids)).insert_new(np.ascontiguousarray(ids)) != len(ids):
-        err = duplicate_ids_error(where, name, e)
-        err.proven = True   # the checkpoint's own rows repeat an id (load_apply: damage, on one worker)
-        return err
+        return duplicate_ids_error(where, name, e, proven=True)
     return e if first_batch else duplicate_ids_error(where, name, e)
 
 
-def duplicate_ids_error(where: str, name: str, e: Exception) -> DuplicateIdsError:
+def duplicate_ids_error(where: str, name: str, e: Exception, proven: bool = False) -> DuplicateIdsError:
+    """`proven`: the checkpoint's own rows were seen to repeat an id (load_apply: damage, on one worker);
+    the caller raises it `from e`, which holds what repeated without the advice."""
     err = DuplicateIdsError(
         f"checkpoint {where}: table {name!r} stores an id more than once ({e}); the job that saved it "
         f"probably routed ids inconsistently. load_conf {{'duplicates': 'newest'}} keeps the copy of "
         f"the worker that saved at the highest step, if the workers recorded different steps (and says so if "
         f"one worker's own files repeat an id: a damaged checkpoint, which `recckpt verify` checks)",
         path=where, table=name)
-    err.detail = str(e)   # what repeated, without the advice (a load of a one-worker checkpoint replaces it)
+    err.proven = proven
     return err
 
 

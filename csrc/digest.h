@@ -17,7 +17,8 @@ struct Digest128 {
   }
 };
 
-// Lane a hashes with mix64 (splitmix64's finalizer, hash.h), lane b with MurmurHash3's fmix64.
+// The row keys: lane a's by mix64 (splitmix64's finalizer, hash.h), lane b's by MurmurHash3's fmix64.
+// The element terms are mulsum128's (digest.cpp, term_a/term_b).
 constexpr uint64_t kDigestSeedA = 0x243F6A8885A308D3ull;  // row key of lane a: mix64(id ^ seed)
 constexpr uint64_t kDigestSeedB = 0x13198A2E03707344ull;
 constexpr uint64_t kDigestStepA = 0x9E3779B97F4A7C15ull;  // element e of a row: key + e * step

@@ -20,7 +20,10 @@ import numpy as np
 from .. import _C
 from . import dtypes
 
-DIGEST_NAME = "rowsum128"    # the manifest's `digests.hash`: the algorithm below, version 1
+DIGEST_NAME = "mulsum128"    # the manifest's `digests.hash` this recckpt writes: the engine's function
+#: Every `digests.hash` this recckpt reads. Digests of two functions are not comparable: `diff` then
+#: reads rows (rowsum128, written before 2026-11-30, hashed every element with two 64-bit finalizers).
+KNOWN_DIGESTS = ("rowsum128", DIGEST_NAME)
 _MASK = (1 << 64) - 1
 _HEX32 = re.compile(r"[0-9a-f]{32}")   # a manifest has one per table and slot: a regex, not a loop per digit
 
@@ -263,13 +266,14 @@ class Digests:
     checkpoint has none for tables saved as changes), and dense tensors."""
     tables: Mapping[str, TableDigest] = field(default_factory=dict)   # (ParsedTableDigests when read)
     dense: dict[str, DenseDigest] | None = None   # None: not recorded (only sparse digests known)
+    hash: str = DIGEST_NAME   # the function (KNOWN_DIGESTS); only digests of one function compare
 
     def to_json(self) -> dict:
-        out = {"hash": DIGEST_NAME, "tables": {k: v.to_json() for k, v in self.tables.items()}}
+        out = {"hash": self.hash, "tables": {k: v.to_json() for k, v in self.tables.items()}}
         if self.dense is not None:
             out["dense"] = {k: v.to_json() for k, v in self.dense.items()}
         return out
 
 
-__all__ = ["DIGEST_NAME", "Digest", "DenseDigest", "Digests", "ParsedTableDigests", "SlotGeometry", "TableDigest",
+__all__ = ["DIGEST_NAME", "KNOWN_DIGESTS", "Digest", "DenseDigest", "Digests", "ParsedTableDigests", "SlotGeometry", "TableDigest",
            "dense_digest"]

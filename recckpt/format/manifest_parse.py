@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import IncompatibleCheckpointError
 from . import dtypes
-from .digest import DIGEST_NAME, DenseDigest, Digest, Digests, ParsedTableDigests, TableDigest
+from .digest import KNOWN_DIGESTS, DenseDigest, Digest, Digests, ParsedTableDigests, TableDigest
 from .field_checks import I63, U32, Fields
 from .hashing import HASH_NAME, NUM_BUCKETS_LIMIT
 from .names import (
@@ -154,7 +154,8 @@ def _table_from_json(v: Fields, name, t, ver: int) -> TableInfo:
 def _digests_from_json(v: Fields, d: dict, tables: dict[str, TableInfo]) -> Digests | None:
     """The manifest's `digests`; None when they use an algorithm this recckpt does not know (a newer
     writer's: the checkpoint stays readable, its contents are just not comparable by digest)."""
-    if v.str(v.get(d, "hash", "digests"), "digests.hash") != DIGEST_NAME:
+    name = v.str(v.get(d, "hash", "digests"), "digests.hash")
+    if name not in KNOWN_DIGESTS:
         return None
 
     def hex_(x, where):
@@ -163,7 +164,7 @@ def _digests_from_json(v: Fields, d: dict, tables: dict[str, TableInfo]) -> Dige
         except ValueError as e:
             v.fail(where, str(e))
 
-    out = Digests()
+    out = Digests(hash=name)
     raw = v.dict(v.get(d, "tables", "digests"), "digests.tables")
     fast = _table_digests_fast(raw, tables)   # the common form, or None: the rules below
     for name, t in raw.items() if fast is None else ():

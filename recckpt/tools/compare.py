@@ -175,6 +175,9 @@ def _compare_table(va: CheckpointView, vb: CheckpointView, table: str, r: DiffRe
     if da is None or db is None:
         r.not_compared[table] = why_a or why_b
         return
+    if va.digest_hash != vb.digest_hash:
+        r.not_compared[table] = _other_functions(va, vb)
+        return
     r.rows[table] = (da.rows, db.rows)
     sa, sb = va.schema[table], vb.schema[table]
     common = [s for s in sa if s in sb and (sa[s].dtype, sa[s].shape) == (sb[s].dtype, sb[s].shape)]
@@ -187,6 +190,11 @@ def _compare_table(va: CheckpointView, vb: CheckpointView, table: str, r: DiffRe
     if blind:
         r.not_compared[table] = (f"slots {blind} keep one value a row per column block (a column-wise plan's "
                                  f"per-row optimizer state) and the digests cover block 0's alone")
+
+
+def _other_functions(va: CheckpointView, vb: CheckpointView) -> str:
+    return (f"{va.ckpt_id} and {vb.ckpt_id} record content digests of different functions ({va.digest_hash} "
+            f"vs {vb.digest_hash}: written by different recckpt versions), which do not compare")
 
 
 def _per_block_slots(va: CheckpointView, vb: CheckpointView, table: str, slots) -> list[str]:
@@ -204,7 +212,7 @@ def _compare_dense(va: CheckpointView, vb: CheckpointView) -> dict[str, list[str
     """Dense keys added, removed or changed: by the manifests' digests where both record them, else by
     reading both dense files (dense state is small beside the tables)."""
     da, db = va.dense_digests, vb.dense_digests
-    if da is not None and db is not None:
+    if da is not None and db is not None and va.digest_hash == vb.digest_hash:
         return _added_removed_changed(da, db, lambda x, y: x == y)
     return _added_removed_changed(va.dense_arrays(), vb.dense_arrays(), _tree_equal)
 

@@ -289,6 +289,12 @@ class CheckpointView:
         return (d, None) if d is not None else (None, f"{self.ckpt_id} records no digest of table {table!r}")
 
     @property
+    def digest_hash(self) -> str | None:
+        """The function of this checkpoint's content digests (`digests.hash`); None when it records none."""
+        d = self._r.manifest.digests
+        return None if d is None else d.hash
+
+    @property
     def dense_digests(self) -> Mapping[str, DenseDigest] | None:
         """Dense key -> dtype, shape and content digest, from the manifest; None when not recorded."""
         d = self._r.manifest.digests

@@ -1475,8 +1475,18 @@ def _hex(a: np.ndarray, b: np.ndarray) -> str:
     return f"{int(a.sum(dtype=np.uint64)):016x}{int(b.sum(dtype=np.uint64)):016x}"
 
 
-def digest_rows(ids: np.ndarray, rows: np.ndarray, group: int = 4096) -> str:
-    """The slot digest of `rows` ([n, *row shape], the on-disk dtype; BF16 as its uint16 bits)."""
+def _mul_term(v: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """mulsum128's term of elements of at most 4 bytes: (v xor low half of x) times (high half of x, or 1),
+    both 32-bit, an exact 64-bit product."""
+    lo = (v ^ x) & np.uint64(0xFFFFFFFF)
+    return lo * ((x >> np.uint64(32)) | np.uint64(1))
+
+
+def digest_rows(ids: np.ndarray, rows: np.ndarray, group: int = 4096, function: str = "mulsum128") -> str:
+    """The slot digest of `rows` ([n, *row shape], the on-disk dtype; BF16 as its uint16 bits) under
+    `function` (the manifest's `digests.hash`)."""
+    if function not in DIGEST_FUNCTIONS:
+        raise ValueError(f"unknown digest function {function!r}")
     n = len(ids)
     ka, kb = _row_keys(ids)
     flat = np.ascontiguousarray(rows).reshape(n, -1) if n else np.zeros((0, 0), np.uint8)
@@ -1486,10 +1496,14 @@ def digest_rows(ids: np.ndarray, rows: np.ndarray, group: int = 4096) -> str:
     for i in range(0, n, group):   # bounded memory: a group of rows at a time
         v = flat[i:i + group].view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[size]).astype(np.uint64)
         with np.errstate(over="ignore"):
-            xa = v ^ (ka[i:i + group, None] + e[None, :] * np.uint64(_DIGEST_STEP[0]))
-            xb = v ^ (kb[i:i + group, None] + e[None, :] * np.uint64(_DIGEST_STEP[1]))
-            sa += mix64(xa.view(np.int64)).sum(dtype=np.uint64)
-            sb += fmix64(xb).sum(dtype=np.uint64)
+            xa = ka[i:i + group, None] + e[None, :] * np.uint64(_DIGEST_STEP[0])
+            xb = kb[i:i + group, None] + e[None, :] * np.uint64(_DIGEST_STEP[1])
+            if function == "mulsum128" and size <= 4:
+                sa += _mul_term(v, xa).sum(dtype=np.uint64)
+                sb += _mul_term(v, xb).sum(dtype=np.uint64)
+            else:   # rowsum128, and mulsum128's 8-byte elements
+                sa += mix64((v ^ xa).view(np.int64)).sum(dtype=np.uint64)
+                sb += fmix64(v ^ xb).sum(dtype=np.uint64)
     return _hex(sa, sb)
 
 
@@ -1498,29 +1512,33 @@ def digest_ids(ids: np.ndarray) -> str:
     return _hex(ka, kb)
 
 
-def content_digests(ck: dict) -> dict:
-    """The `digests` object that FORMAT.md defines, recomputed from a read_checkpoint(..., bf16="bits")
-    result: every table stored whole (not `changes`), every dense tensor."""
+DIGEST_FUNCTIONS = ("rowsum128", "mulsum128")
+
+
+def content_digests(ck: dict, function: str = "mulsum128") -> dict:
+    """The `digests` object that FORMAT.md defines, recomputed under `function` from a
+    read_checkpoint(..., bf16="bits") result: every table stored whole (not `changes`), every dense tensor."""
     tables = {}
     for tname, t in ck["tables"].items():
         if t.get("changes"):
             continue
         tables[tname] = {"rows": len(t["ids"]), "ids": digest_ids(t["ids"]),
-                         "slots": {s: digest_rows(t["ids"], a) for s, a in t["slots"].items()}}
+                         "slots": {s: digest_rows(t["ids"], a, function=function) for s, a in t["slots"].items()}}
     dense = {}
     for k, a in ck["dense"].items():
-        dense[k] = {"shape": list(a.shape), "digest": digest_rows(np.zeros(1, np.int64), a.reshape(1, -1))}
-    return {"hash": "rowsum128", "tables": tables, "dense": dense}
+        dense[k] = {"shape": list(a.shape),
+                    "digest": digest_rows(np.zeros(1, np.int64), a.reshape(1, -1), function=function)}
+    return {"hash": function, "tables": tables, "dense": dense}
 
 
 def check_digests(ckpt_dir: str) -> dict:
     """Read `ckpt_dir` fully and compare the manifest's `digests` with the recomputed ones (a table or
     dense key the manifest has no digest for is skipped). Returns the recomputed digests."""
     ck = read_checkpoint(ckpt_dir, bf16="bits")
-    got = content_digests(ck)
     have = ck["manifest"].get("digests")
-    if have is None or have.get("hash") != "rowsum128":
-        return got
+    if have is None or have.get("hash") not in DIGEST_FUNCTIONS:
+        return content_digests(ck)
+    got = content_digests(ck, have["hash"])
     for tname, d in have["tables"].items():
         if tname not in got["tables"]:
             _fail(ckpt_dir, f"digests name table {tname!r}, which is not stored whole")

@@ -29,27 +29,37 @@ def _splitmix(x):
     return z ^ (z >> 31)
 
 
-def _by_the_words(ids, rows):
+def _mul(v, x):
+    return ((v ^ x) & 0xFFFFFFFF) * ((x >> 32) | 1)
+
+
+def _by_the_words(ids, rows, function):
     """FORMAT.md's definition, element by element in Python integers."""
     a = b = 0
+    small = np.asarray(rows).dtype.itemsize <= 4
     for i, row in zip(ids, rows):
         u = int(i) & _M
         ka, kb = _splitmix(u ^ 0x243F6A8885A308D3), _fmix(u ^ 0x13198A2E03707344)
         for e, v in enumerate(np.ascontiguousarray(row).reshape(-1).tolist()):
             v = int(v) & _M
-            a = (a + _splitmix(v ^ ((ka + e * 0x9E3779B97F4A7C15) & _M))) & _M
-            b = (b + _fmix(v ^ ((kb + e * 0xD6E8FEB86659FD93) & _M))) & _M
+            xa, xb = (ka + e * 0x9E3779B97F4A7C15) & _M, (kb + e * 0xD6E8FEB86659FD93) & _M
+            if function == "mulsum128" and small:
+                a, b = (a + _mul(v, xa)) & _M, (b + _mul(v, xb)) & _M
+            else:
+                a, b = (a + _splitmix(v ^ xa)) & _M, (b + _fmix(v ^ xb)) & _M
     return f"{a:016x}{b:016x}"
 
 
-def test_reader_digest_follows_the_definition():
+@pytest.mark.parametrize("function", ["mulsum128", "rowsum128"])
+def test_reader_digest_follows_the_definition(function):
     ids = np.array([0, -1, 7, -(1 << 63), (1 << 63) - 1], np.int64)
     g = np.random.default_rng(0)
     for rows in (g.integers(0, 1 << 32, (5, 3), dtype=np.uint64).astype(np.uint32),
+                 np.full((5, 2), 0xFFFFFFFF, np.uint32),   # every bit set: the product's largest factors
                  g.integers(0, 1 << 16, (5, 2, 2), dtype=np.uint16),
                  g.integers(0, 256, (5,), dtype=np.uint8),
                  g.integers(-(1 << 63), (1 << 63) - 1, (5, 1), dtype=np.int64).view(np.uint64)):
-        assert R.digest_rows(ids, rows) == _by_the_words(ids, rows)
+        assert R.digest_rows(ids, rows, function=function) == _by_the_words(ids, rows, function)
     ka = [_splitmix((int(i) & _M) ^ 0x243F6A8885A308D3) for i in ids]
     kb = [_fmix((int(i) & _M) ^ 0x13198A2E03707344) for i in ids]
     assert R.digest_ids(ids) == f"{sum(ka) & _M:016x}{sum(kb) & _M:016x}"

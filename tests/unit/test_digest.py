@@ -52,7 +52,7 @@ def test_engine_matches_the_numpy_reference_of_the_spec():
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.float32, np.int64])
-@pytest.mark.parametrize("width", [1, 3, 4, 5, 16, 64, 256, 257, 600])
+@pytest.mark.parametrize("width", [1, 3, 4, 5, 8, 16, 24, 32, 64, 128, 256, 257, 600])
 def test_every_row_width_matches_the_reference(dtype, width):
     """Rows of up to 256 elements are summed per element position across rows, wider ones row by row,
     narrow ones across rows: each path, each itemsize, against the spec's numpy definition."""

@@ -223,21 +223,54 @@ def _two_workers(out, ckpt: str, dst: str) -> list[tuple[Model, Saver]]:
 
 def test_saved_again_in_version_5_the_digests_are_equal(out, tmp_path):
     """Digests are over logical rows: the same state saved by version 4 and by version 5 (column groups,
-    row runs: another layout) has equal digests."""
+    row runs: another layout) has equal digests. The fixture's record rowsum128 (the function of the
+    recckpt that wrote it) and a save today mulsum128: the fixture's rows, recomputed under mulsum128 by
+    the independent reader, give the digests of the new save."""
     dst = str(tmp_path / "v5")
     for w, (_, s) in enumerate(_two_workers(out, "base", dst)):
         s.save("again", shard_id=w, shard_num=2)
     old = json.load(open(os.path.join(out, "base", "manifest.json")))
     new = json.load(open(os.path.join(dst, "again", "manifest.json")))
     assert new["format_version"] == 5
+    assert (old["digests"]["hash"], new["digests"]["hash"]) == ("rowsum128", "mulsum128")
+    R.check_digests(os.path.join(out, "base"))   # the fixture's rowsum128 digests describe its rows
+    recomputed = R.content_digests(R.read_checkpoint(os.path.join(out, "base"), bf16="bits"), "mulsum128")
     for t in ("fixed", "cw"):
         assert new["tables"][t]["column_groups"] == {"slots": ["embedding", "adagrad.acc"], "width": 4}
-        assert new["digests"]["tables"][t] == old["digests"]["tables"][t]
+        assert new["digests"]["tables"][t] == recomputed["tables"][t]
     index = CheckpointReader(open_storage(dst), "again").index
     assert all(seg.is_run for seg in index.tables["fixed"][1])        # no ids stored
     assert all(len(seg.columns) == 1 + 2 + 2 + 1 for seg in index.tables["fixed"][1])   # 2 groups a slot
     assert verify(os.path.join(dst, "again")).ok
     R.check_digests(os.path.join(dst, "again"))
+
+
+def test_diff_compares_digests_of_one_function_only(out, tmp_path):
+    """`diff` of the fixture (rowsum128 digests) and the same rows saved today (mulsum128) cannot compare
+    digests of two functions: it says so, and by value finds the rows equal. Two rowsum128 checkpoints
+    still compare by digest: a slot digest changed in a copy of the fixture is reported as that slot."""
+    dst = str(tmp_path / "v5")
+    for w, (_, s) in enumerate(_two_workers(out, "base", dst)):
+        s.save("again", shard_id=w, shard_num=2)
+    base, again = os.path.join(out, "base"), os.path.join(dst, "again")
+    r = recckpt.diff(base, again)
+    assert set(r.not_compared) == {"fixed", "cw"} and not r.contents, r
+    assert "rowsum128 vs mulsum128" in r.not_compared["fixed"]
+    assert r.dense == {"added": [], "removed": [], "changed": []}   # the dense files, read and compared
+    by_value = recckpt.diff(base, again, values=True)
+    assert all(not (v.only_a or v.only_b or v.changed_rows) for v in by_value.values.values())
+    assert not by_value.digests_disagree and not by_value.contents   # (the format version and step differ)
+    copy = str(tmp_path / "copy" / "base")
+    shutil.copytree(base, copy)
+    path = os.path.join(copy, "manifest.json")
+    manifest = json.load(open(path))
+    manifest.pop("crc32c")
+    slots = manifest["digests"]["tables"]["fixed"]["slots"]
+    slots["embedding"] = slots["adagrad.acc"]
+    manifest["crc32c"] = R.crc32c(R.canonical_json(manifest))
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+    assert recckpt.diff(base, copy).contents == {"fixed": ["embedding"]}
 
 
 def test_a_version_5_increment_on_the_version_4_base(out):

@@ -340,6 +340,7 @@ def _merge_parts(storage: Storage, ckpt_id: str, parts: list[WorkerPart], opts: 
             for p in parts]
     merged = IndexDoc.merge(docs)
     _check_column_blocks(storage, ckpt_id, m, docs)
+    _check_row_ranges(storage, ckpt_id, m, docs, [p.worker for p in parts])
     m.digests = _merged_digests(parts, m)
     m.shard_bytes = sum(size for _, size in merged.files)   # listings show sizes without reading the index
     if len(parts) == 1 and parts[0].doc_bytes is not None:
@@ -356,6 +357,37 @@ def _table_info(tj: dict) -> TableInfo:
                      None if blocks is None else ColumnBlocks(tuple(blocks["slots"]), tuple(tuple(b) for b in blocks["blocks"])),
                      tj.get("input_size", 0),
                      None if groups is None else ColumnGroups(tuple(groups["slots"]), groups["width"]))
+
+
+def _check_row_ranges(storage, ckpt_id: str, m: Manifest, docs: list[IndexDoc], workers: list[int]) -> None:
+    """A row-range table stores each row once per column block: at most its `num_rows` rows a block, and
+    row runs that never overlap (docs/FORMAT.md; the index's reader refuses either). Each worker's index
+    passed alone; only the merge shows two workers writing the same rows: processes built with different
+    sharding plans (a TorchRec planner or config that differs between ranks), whose checkpoint every
+    reader would refuse."""
+    for name, info in m.tables.items():
+        if info.bucket_fn != "row_range":
+            continue
+        blocks = len(info.column_blocks.blocks) if info.column_blocks is not None else 1
+        per_block = [0] * blocks
+        runs = []   # (block, first row, end, worker)
+        for d, w in zip(docs, workers):
+            for seg in d.tables.get(name, ((), []))[1]:
+                per_block[seg.block] += seg.rows
+                if seg.is_run:
+                    runs.append((seg.block, seg.id0, seg.id0 + seg.rows, w))
+        runs.sort()
+        clash = next(((a, b) for a, b in zip(runs, runs[1:]) if a[0] == b[0] and b[1] < a[2]), None)
+        if clash is None and max(per_block) <= info.num_rows:
+            continue
+        what = (f"workers {clash[0][3]} and {clash[1][3]} both wrote rows [{clash[1][1]}, "
+                f"{min(clash[0][2], clash[1][2])})" if clash is not None else
+                f"its workers wrote {max(per_block)} rows of a table of {info.num_rows}")
+        raise CheckpointSaveError(
+            f"checkpoint {storage.describe(ckpt_id)} was not committed: table {name!r}: {what}; each row is "
+            f"stored once. The processes disagree on which rows each holds: build every rank with the same "
+            f"sharding plan (a planner or config that differs between ranks). Earlier checkpoints are intact",
+            path=storage.describe(ckpt_id), table=name)
 
 
 def _check_column_blocks(storage, ckpt_id: str, m: Manifest, docs: list[IndexDoc]) -> None:

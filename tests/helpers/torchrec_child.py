@@ -13,7 +13,8 @@ TorchRec's import once for several cases), then writes `<out>/done_<rank>.json`.
    "dense_kwargs": {...} more arguments of the dense optimizer (e.g. lr_decay),
    "train_after": k steps trained after the load and save (batches drawn from "after_seed", default 7),
    before the dump, "async_save": the save written from a snapshot in host buffers, as an async save's,
-   "increments": k steps after the load, each followed by an incremental save into the loaded directory}
+   "increments": k steps after the load, each followed by an incremental save into the loaded directory,
+   "plan_by_rank": [plan of rank 0, plan of rank 1, ...] in place of "plan"}
 Each rank's result also holds "dense": the unwrapped model's dense layer's parameters after the job.
 `dump` gets `<dump>/rank<r>.pt`: per table, the live local shards read straight from TorchRec's own
 state (state_dict + fused optimizer state, or the in-backward optimizer when unsharded), independent of
@@ -388,6 +389,8 @@ def _run_jobs(rank, world, spec):
     import recckpt
     results = []
     for job in spec["jobs"]:
+        if "plan_by_rank" in job:   # a rank built with another plan than the others (a user's mistake)
+            job = {**job, "plan": job["plan_by_rank"][rank]}
         model, inner, dense_opt = _build(job, world, rank)
         _train(job, model, dense_opt, rank)
         try:

@@ -11,6 +11,7 @@ import torch
 
 from helpers.fake_tables import Holder, RecordsImports
 from recckpt import SaveOptions, Saver
+from recckpt.errors import CheckpointSaveError
 from recckpt.state.protocol import RowRangeLayout, SlotSpec, SparseTableMeta
 
 N, D = 30_000, 16
@@ -413,3 +414,25 @@ def test_a_hash_table_chain_into_a_fixed_size_table_is_checked_as_folded(tmp_pat
     with pytest.raises(IncompatibleCheckpointError, match=want):
         dst.load(ckpt_id="inc", load_conf=conf)
     assert fixed.rows == {} and other.ids().tolist() == [99]   # nothing applied
+
+
+def test_workers_writing_the_same_rows_commit_nothing(tmp_path):
+    """Each worker's index is valid alone; two workers that hold overlapping row ranges (processes built
+    with different sharding plans) would commit a checkpoint every reader refuses. The commit refuses it,
+    naming the table, the workers and the rows, and the checkpoint before it stays the newest."""
+    opts = SaveOptions(num_buckets=64, fsync=False, segment_bytes=1 << 16)
+    for ckpt, splits in (("good", [((0, N // 2),), ((N // 2, N),)]), ("bad", [((0, N // 2),), ((N // 4, N),)])):
+        for w, owned in enumerate(splits):
+            t = FakeFixed(owned)
+            t.fill()
+            saver = Saver(Holder(t), output_dir=str(tmp_path), options=opts)
+            if ckpt == "bad" and w == 1:
+                with pytest.raises(CheckpointSaveError) as e:
+                    saver.save(ckpt, shard_id=w, shard_num=2)
+            else:
+                saver.save(ckpt, shard_id=w, shard_num=2)
+    msg = str(e.value)
+    assert "table 'fixed'" in msg and "workers 0 and 1 both wrote rows" in msg and "same sharding plan" in msg, msg
+    assert e.value.table == "fixed"
+    assert Saver(Holder(FakeFixed(((0, N),))), output_dir=str(tmp_path)).latest_checkpoint() == "good"
+    assert not (tmp_path / "bad").exists()

@@ -17,7 +17,15 @@ TORCHREC_VERSION, FBGEMM_VERSION = check()
 
 from . import tracking  # noqa: E402  (after the version check, which must fail first)
 from .dense_optim import loaded_state, saved_state  # noqa: E402
-from .discover import collections, find_tables, moved_params, per_rank_params, table_keys, table_param_names  # noqa: E402
+from .discover import (  # noqa: E402
+    collections,
+    find_tables,
+    moved_params,
+    per_rank_params,
+    sharding_plan,
+    table_keys,
+    table_param_names,
+)
 from .table import TorchRecTable  # noqa: E402
 
 __all__ = ["TorchRecTable", "dense_load_dict", "find_tables", "loaded_object_state", "manifest_metadata",
@@ -40,21 +48,7 @@ def model_state_dict(model, state_dict: Dict[str, Any], objects: Sequence[Any] =
 def manifest_metadata(model) -> Dict[str, str]:
     """Versions and the sharding plan the checkpoint was saved under: per table its sharding type, dims,
     dtype, and every shard's (row offset, column offset, rows, columns, rank)."""
-    found = list(collections(model))
-    plan = {}
-    for f in found:
-        if f.sharded:
-            for tname, ps in f.module.module_sharding_plan.items():
-                shards = []
-                spec = getattr(ps, "sharding_spec", None)
-                for s in getattr(spec, "shards", None) or []:
-                    rank = getattr(s.placement, "rank", lambda: None)()
-                    shards.append([*map(int, s.shard_offsets), *map(int, s.shard_sizes), rank])
-                plan[f"{f.prefix}{f.tables_attr}.{tname}"] = {"sharding": ps.sharding_type, "kernel": ps.compute_kernel,
-                                          "ranks": list(ps.ranks or []), "shards": shards}
-        else:
-            for tname in getattr(f.module, f.tables_attr):
-                plan[f"{f.prefix}{f.tables_attr}.{tname}"] = {"sharding": "unsharded"}
+    plan = sharding_plan(list(collections(model)))
     return {"recckpt.torchrec.version": TORCHREC_VERSION, "recckpt.fbgemm.version": FBGEMM_VERSION,
             "recckpt.torchrec.plan": json.dumps(plan, sort_keys=True, separators=(",", ":"))}
 

@@ -36,15 +36,27 @@ def _all_gather_json(obj, group) -> list:
     return [json.loads(bytes(o[:int(s)].tolist()).decode()) for o, s in zip(outs, sizes)]
 
 
-def agreed_slots(model, local: Dict[str, Dict[str, list]]) -> Dict[str, Dict[str, list]]:
-    """table -> {slot: [dtype name, shape]} agreed by every rank (computed once per model)."""
+def agreed_slots(model, local: Dict[str, Dict[str, list]], plan: Dict[str, dict]) -> Dict[str, Dict[str, list]]:
+    """table -> {slot: [dtype name, shape]} agreed by every rank (computed once per model). `plan`: this
+    rank's sharding plan (discover.sharding_plan), which must be every rank's: ranks built with different
+    plans would each save the rows their own plan gives them, and the checkpoint would hold some rows
+    twice and others never."""
     have = _agreed.get(model)
     if have is not None:
         return have
     out = {k: dict(v) for k, v in local.items()}
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        for theirs in _all_gather_json(local, groups.group(PURPOSE, TIMEOUT_S)):
-            for table, slots in theirs.items():
+        gathered = _all_gather_json({"slots": local, "plan": plan}, groups.group(PURPOSE, TIMEOUT_S))
+        for rank, theirs in enumerate(gathered):
+            for table in sorted(set(plan) | set(theirs["plan"])):
+                mine, other = plan.get(table), theirs["plan"].get(table)
+                if mine != other:
+                    raise InvalidArgumentError(
+                        f"TorchRec table {table!r}: rank {rank}'s sharding plan differs from rank "
+                        f"{dist.get_rank()}'s ({other} vs {mine}); build every rank's DistributedModelParallel "
+                        f"with the same plan (one planner run, shared or broadcast), then save or load")
+        for theirs in gathered:
+            for table, slots in theirs["slots"].items():
                 mine = out.setdefault(table, slots)
                 if mine != slots:
                     raise InvalidArgumentError(

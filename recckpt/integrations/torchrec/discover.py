@@ -146,6 +146,26 @@ def _on_dense_kernel(ps) -> bool:
     return ps.sharding_type != "data_parallel" and str(getattr(ps, "compute_kernel", "fused")) == "dense"
 
 
+def sharding_plan(found: List[Found]) -> Dict[str, Dict[str, Any]]:
+    """Per table of the collections `found`: its sharding type, kernel, ranks and every shard's (row
+    offset, column offset, rows, columns, rank), as this rank's plan says."""
+    plan = {}
+    for f in found:
+        if f.sharded:
+            for tname, ps in f.module.module_sharding_plan.items():
+                shards = []
+                for s in getattr(getattr(ps, "sharding_spec", None), "shards", None) or []:
+                    rank = getattr(s.placement, "rank", lambda: None)()
+                    shards.append([*map(int, s.shard_offsets), *map(int, s.shard_sizes), rank])
+                plan[f"{f.prefix}{f.tables_attr}.{tname}"] = {
+                    "sharding": ps.sharding_type, "kernel": str(ps.compute_kernel), "ranks": list(ps.ranks or []),
+                    "shards": shards}
+        else:
+            for tname in getattr(f.module, f.tables_attr):
+                plan[f"{f.prefix}{f.tables_attr}.{tname}"] = {"sharding": "unsharded"}
+    return plan
+
+
 def _sharded_tables(f: Found, sd: Dict[str, Any], params: Dict[str, Any], opts: List[Any]
                     ) -> Tuple[List[TorchRecTable], List[str]]:
     plan = f.module.module_sharding_plan
@@ -338,7 +358,7 @@ def find_tables(model, sd: Dict[str, Any], objects: Sequence[Any] = ()) -> Tuple
         return {s: [str(dt).replace("torch.", ""), list(sh)]
                 for s, (dt, sh) in {EMBEDDING: (p["dtype"], (p["dim"],)), **p["opt_slots"]}.items()}
     local = {p["name"]: schema(p) for p in parts if p["shards"]}
-    agreed = agreed_slots(model, local) if found and any(f.sharded for f in found) else local
+    agreed = agreed_slots(model, local, sharding_plan(found)) if found and any(f.sharded for f in found) else local
     tables = []
     for p in parts:
         if not p["shards"] and p["name"] in agreed:

@@ -37,23 +37,20 @@ const StepTable kStepTable;
 
 // One element's terms in lanes a and b: `x` is the lane's row key plus the element's position times the
 // lane's step. An element of at most 4 bytes is multiplied, exactly (32 x 32 -> 64 bits, one vpmuludq a
-// lane on AVX2), by the key's high half made odd, after an xor with its low half: a bijection of the
-// value that costs a few instructions. An 8-byte element keeps two 64-bit finalizers (an exact product
+// lane on AVX2), by the key's high half made odd, after an xor with its low half: a function of the
+// value (one-to-one) that costs a few instructions. An 8-byte element keeps two 64-bit finalizers (an exact product
 // would need 128 bits).
-template <class T>
-inline uint64_t term_a(uint64_t v, uint64_t x) {
+template <class T, int Lane>
+inline uint64_t term(uint64_t v, uint64_t x) {
   if constexpr (sizeof(T) < 8)
     return (uint64_t)(uint32_t)(v ^ x) * (uint64_t)((uint32_t)(x >> 32) | 1u);
   else
-    return mix64(v ^ x);
+    return Lane == 0 ? mix64(v ^ x) : fmix64(v ^ x);
 }
 template <class T>
-inline uint64_t term_b(uint64_t v, uint64_t x) {
-  if constexpr (sizeof(T) < 8)
-    return (uint64_t)(uint32_t)(v ^ x) * (uint64_t)((uint32_t)(x >> 32) | 1u);
-  else
-    return fmix64(v ^ x);
-}
+inline uint64_t term_a(uint64_t v, uint64_t x) { return term<T, 0>(v, x); }
+template <class T>
+inline uint64_t term_b(uint64_t v, uint64_t x) { return term<T, 1>(v, x); }
 
 // The position in the logical row (docs/FORMAT.md, "Content digests") of held column c of block k of a row.
 inline uint64_t element_of(const DigestColumn& col, int64_t k, int64_t c) {

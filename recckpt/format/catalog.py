@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 
 from ..errors import (
     CheckpointDeletedError,
-    CheckpointNotFoundError,
     CorruptCheckpointError,
     InvalidArgumentError,
     InvalidCheckpointIdError,
@@ -544,31 +543,3 @@ def retire(storage: Storage, kept: list[str], doomed: list[str], fsync: bool = T
                     link = parent_of.get(link)
     gone = set(deleted)
     return [cid for cid in doomed if cid in gone]
-
-
-def delete_checkpoints(storage: Storage, ids: list[str]) -> list[str]:
-    """`recckpt.delete` of `ids` in `storage` (tools/outdir.py says what it refuses). Returns the ids deleted."""
-    with links_lock(storage):   # no increment commits on one of them meanwhile
-        found = committed(storage)
-        listed = [cid for cid, _ in found]
-        unknown = [cid for cid in ids if cid not in listed]
-        broken = dict(damaged(storage, unknown, set())) if unknown else {}
-        unknown = [cid for cid in unknown if cid not in broken]
-        if unknown:
-            raise CheckpointNotFoundError(f"delete: {[storage.describe(c) for c in unknown]} not committed checkpoints "
-                                          f"of {storage.describe()}; committed: {listed}",
-                                          path=storage.describe(unknown[0]))
-        needed = sorted(set(ids) - set(without_needed_links(found, ids)))
-        if needed:
-            dependents = [cid for cid, m in found if m.parent is not None and m.parent.ckpt_id in needed
-                          and cid not in ids]
-            raise InvalidArgumentError(f"delete: {needed} are links of incremental checkpoints {dependents} that are "
-                                       f"not being deleted; delete those too, or compact them first "
-                                       f"(recckpt.compact)", path=storage.describe(needed[0]))
-        deleted = retire(storage, [cid for cid in listed if cid not in ids],
-                         [cid for cid in listed if cid in ids], entries=dict(found))   # committed order
-        for cid in broken:   # not committed: nothing depends on them and no listing names them
-            log.info("recckpt: deleting %s (its manifest does not verify: %s)", storage.describe(cid), broken[cid])
-            delete(storage, cid)
-            deleted.append(cid)
-        return deleted

@@ -195,7 +195,30 @@ def delete(output_dir, ckpt_ids: str | list[str], *, storage_options: Mapping[st
     ids = [ckpt_ids] if isinstance(ckpt_ids, str) else list(ckpt_ids)
     storage = open_output_dir(output_dir, storage_options)
     _require_dir(storage)
-    return catalog.delete_checkpoints(storage, ids)
+    with catalog.links_lock(storage):   # no increment commits on one of them meanwhile
+        found = catalog.committed(storage)
+        committed = [cid for cid, _ in found]
+        unknown = [cid for cid in ids if cid not in committed]
+        broken = dict(catalog.damaged(storage, unknown, set())) if unknown else {}
+        unknown = [cid for cid in unknown if cid not in broken]
+        if unknown:
+            raise CheckpointNotFoundError(f"delete: {[storage.describe(c) for c in unknown]} not committed checkpoints "
+                                          f"of {storage.describe()}; committed: {committed}",
+                                          path=storage.describe(unknown[0]))
+        needed = sorted(set(ids) - set(catalog.without_needed_links(found, ids)))
+        if needed:
+            dependents = [cid for cid, m in found if m.parent is not None and m.parent.ckpt_id in needed
+                          and cid not in ids]
+            raise InvalidArgumentError(f"delete: {needed} are links of incremental checkpoints {dependents} that are "
+                                       f"not being deleted; delete those too, or compact them first "
+                                       f"(recckpt.compact)", path=storage.describe(needed[0]))
+        deleted = catalog.retire(storage, [cid for cid in committed if cid not in ids],
+                                 [cid for cid in committed if cid in ids], entries=dict(found))   # committed order
+        for cid in broken:   # not committed: nothing depends on them and no listing names them
+            log.info("recckpt: deleting %s (its manifest does not verify: %s)", storage.describe(cid), broken[cid])
+            catalog.delete(storage, cid)
+            deleted.append(cid)
+        return deleted
 
 
 @raw_os_errors_named("gc")

@@ -561,7 +561,7 @@ class CheckpointManager:
             worst = self._outcome_agreed(cid, step, code, error)
             culprit = "another rank" if worst == 0 else self._rank_with(code == worst)
             if worst == 0:
-                restored = self._restored(cid, step, result, found, [c for c, _ in candidates[:i]])
+                restored = self._restored(cid, step, result, found)
                 self._loaded(result, "restore")
                 return restored
             if worst == 1 and global_step is None and i + 1 < len(candidates):
@@ -652,8 +652,7 @@ class CheckpointManager:
             f"each rank would restore another state. Nothing was loaded; give every rank one shared output_dir",
             rank, path=where)
 
-    def _restored(self, cid: str, step: int | None, result: LoadResult, found, skipped: list[str]) -> int:
-        """`skipped`: the newer checkpoints this restore skipped as corrupt."""
+    def _restored(self, cid: str, step: int | None, result: LoadResult, found) -> int:
         storage = self.saver.storage
         if step is None:
             raise CheckpointNotFoundError(
@@ -687,34 +686,8 @@ class CheckpointManager:
                 stacklevel=3)
         self._last_save_time = time.monotonic()
         log.info("recckpt: restored %s (global step %d)", storage.describe(cid), step)
-        gone = set(self._delete_skipped(skipped, step))
-        self._warn_about_newer([f for f in found if f[0] not in gone], step)
+        self._warn_about_newer(found, step)
         return step
-
-    def _delete_skipped(self, skipped: list[str], step: int) -> list[str]:
-        """Rank 0 deletes the checkpoints a restore skipped as corrupt; every rank waits for it. Every later
-        restore would skip them too, and the run, now at an older step, reaches their steps again: their
-        ids, still taken, would fail those saves, and a job restarted by its scheduler would fail at every
-        first save. Returns the ids deleted (none where the delete failed: the warning that follows names
-        them, with what to do)."""
-        if not skipped:
-            return []
-        failed = None
-        if self._agreement.rank == 0:
-            try:
-                catalog.delete_checkpoints(self.saver.storage, skipped)
-            except (OSError, RecckptError) as e:   # e.g. a link another checkpoint still needs
-                failed = e
-        # (also a barrier: no rank saves before the ids are free)
-        if self._agreement.worst(int(failed is not None)):
-            if failed is not None:
-                log.warning("recckpt: could not delete the corrupt checkpoints %s that restore skipped: %s",
-                            skipped, failed)
-            return []
-        if self._agreement.rank == 0:
-            log.warning("recckpt: deleted the corrupt checkpoints %s of %s that restore skipped; the run continues "
-                        "from step %d and saves their steps anew", skipped, self.saver.storage.describe(), step)
-        return skipped
 
     def _warn_about_newer(self, found, step: int) -> None:
         """A run rewound to an older step (explicitly, or past a corrupt newest checkpoint) will reach

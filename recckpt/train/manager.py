@@ -91,7 +91,8 @@ class CheckpointManager:
             rank and world size of the initialised torch.distributed process group, else RANK and
             WORLD_SIZE, else 0 of 1. Values that disagree with an initialised process group are an
             error (a silent single-worker save under torchrun would lose every other rank's rows).
-        prefix: checkpoint ids are f"{prefix}{global_step}" (checked at construction against the
+        prefix: checkpoint ids are f"{prefix}{global_step}" (f"{prefix}{global_step}.{n}" where `restore()`
+            skipped a damaged checkpoint of that id: `ckpt_id`) (checked at construction against the
             checkpoint-id rule, recckpt.format.names.validate_ckpt_id).
         save_rng: save and restore Python/NumPy/torch(/CUDA) RNG state per worker (exact resume).
         resize_policy: what `restore()` does with per-worker state when the checkpoint was saved by a
@@ -178,6 +179,8 @@ class CheckpointManager:
         # writer after each commit, so that an async step does not read the store on the training thread
         self._next_chain: tuple[str, tuple | None] | None = None
         self.restore_skipped: list[str] = []
+        self._skipped_ids: set[str] = set()     # the ids restore_skipped names (see ckpt_id)
+        self._ids_at_restore: set[str] = set()  # the committed ids the last restore listed
         """Checkpoints the last `restore()` found corrupt (on some rank) and skipped for an older one,
         newest first, each with why: steps of training lost, which a job that silences warnings must
         still be able to see."""
@@ -218,7 +221,19 @@ class CheckpointManager:
         self.saver.register_io_state(name, obj, optional=optional)
 
     def ckpt_id(self, step: int) -> str:
-        return f"{self.prefix}{step}"
+        """The id of this manager's checkpoint of `step`: f"{prefix}{step}"; where the last `restore()`
+        skipped a damaged checkpoint of that id, f"{prefix}{step}.{n}", n the first not committed then.
+        Every later restore would skip the damaged one too, and its id stays taken (committed checkpoints
+        are never overwritten): under the plain id, the run's save of that step would fail, and so would
+        every restart of a job its scheduler restarts. The damaged one is kept for a look (`recckpt
+        verify`), and retention deletes it in its turn."""
+        base = f"{self.prefix}{step}"
+        if base not in self._skipped_ids:
+            return base
+        n = 1
+        while f"{base}.{n}" in self._ids_at_restore:
+            n += 1
+        return f"{base}.{n}"
 
     # ------------------------------------------------------------------------------------- save
     def step(self) -> SaveHandle | None:
@@ -531,6 +546,7 @@ class CheckpointManager:
         conf = LoadConfig.coerce(load_conf)
         self.wait()
         self.restore_skipped = []
+        self._skipped_ids, self._ids_at_restore = set(), set()
         storage = self.saver.storage
         found = self._committed_everywhere(global_step)
         candidates = self._candidates([tuple(f) for f in found], global_step)
@@ -561,6 +577,8 @@ class CheckpointManager:
             worst = self._outcome_agreed(cid, step, code, error)
             culprit = "another rank" if worst == 0 else self._rank_with(code == worst)
             if worst == 0:
+                self._skipped_ids = {c for c, _ in candidates[:i]}
+                self._ids_at_restore = {f[0] for f in found}
                 restored = self._restored(cid, step, result, found)
                 self._loaded(result, "restore")
                 return restored
@@ -693,7 +711,7 @@ class CheckpointManager:
         """A run rewound to an older step (explicitly, or past a corrupt newest checkpoint) will reach
         the newer checkpoints' steps again, and committed checkpoints are never overwritten: say so now,
         not at the first failing save."""
-        newer = [cid for cid, s in found if s is not None and s > step]
+        newer = [cid for cid, s in found if s is not None and s > step and cid not in self._skipped_ids]
         if newer:
             warnings.warn(
                 f"recckpt: restored global step {step}, but {self.saver.storage.describe()} also holds newer "

@@ -453,6 +453,8 @@ def test_restore_on_corrupted_output_dir_falls_back_to_older(tmp_path):
         f.write(b"{not json")
     with open(tmp_path / "checkpoint", "wb") as f:
         f.write(b"\xff\xfe garbage")
+    with pytest.raises(CorruptCheckpointError, match="ckpt_9"):
+        make_job(tmp_path)[4].restore(global_step=9)   # an explicit step never falls back
     fresh = make_job(tmp_path, interval=3)
     with pytest.warns(UserWarning) as caught:
         assert fresh[4].restore() == 3       # 9 fails its checksum, 6's manifest is unreadable
@@ -461,12 +463,26 @@ def test_restore_on_corrupted_output_dir_falls_back_to_older(tmp_path):
     # the steps lost are on the manager too, not only in warnings a job may silence
     skipped = fresh[4].restore_skipped
     assert len(skipped) == 2 and "ckpt_9 (step 9) is corrupt" in skipped[0] and "ckpt_6 (step 6)" in skipped[1], skipped
-    # the catalog still lists ckpt_6 (listings do not open every manifest; its load found it corrupt)
-    assert any("newer checkpoints ['ckpt_6', 'ckpt_9']" in t for t in texts), "the corrupt newer one still blocks step 9"
     assert fresh[3].position == 3
-    with pytest.raises(CorruptCheckpointError, match="ckpt_9"):
-        make_job(tmp_path)[4].restore(global_step=9)   # an explicit step never falls back
-    _corrupt_shard(tmp_path / "ckpt_3")
+    # Every later restore skips them too, and their ids stay taken (never overwritten): the run saves those
+    # steps under new ids (a job restarted by its scheduler failed at every first save), and keeps the
+    # damaged ones for a look
+    assert not any("newer checkpoints" in t for t in texts), texts
+    assert [h.ckpt_id for h in train(fresh, 6)] == ["ckpt_6.1", "ckpt_9.1"]
+    fresh[4].wait()
+    assert (tmp_path / "ckpt_9" / "manifest.json").exists()
+    again = make_job(tmp_path, interval=3)
+    assert again[4].restore() == 9 and again[4].restored_from == "ckpt_9.1" and again[4].restore_skipped == []
+    assert again[4].restore(global_step=9) == 9 and again[4].restored_from == "ckpt_9.1"
+    # skipped again on another restart: the next free suffix
+    _corrupt_shard(tmp_path / "ckpt_9.1")
+    third = make_job(tmp_path, interval=3)
+    with pytest.warns(UserWarning):
+        assert third[4].restore() == 6
+    assert [h.ckpt_id for h in train(third, 3)] == ["ckpt_9.2"]
+    third[4].wait()
+    for cid in ("ckpt_3", "ckpt_6.1", "ckpt_9.2"):
+        _corrupt_shard(tmp_path / cid)
     with pytest.warns(UserWarning), pytest.raises(CorruptCheckpointError, match="ckpt_3"):
         make_job(tmp_path)[4].restore()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, DuplicateIdsError
 from .reader import CheckpointView, open as open_checkpoint, unless_damaged
 
 #: Rows of both checkpoints held at once by a value diff are about this many bytes.
@@ -121,6 +121,10 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
     for f in ("step", *LAYOUT_FIELDS):
         if getattr(va, f) != getattr(vb, f):
             (r.layout if f in LAYOUT_FIELDS else r.metadata)[f] = (getattr(va, f), getattr(vb, f))
+    # The step each worker saved at decides which copy of an id two workers stored a load keeps
+    # (duplicates='newest'), which the digests, sums over the stored copies, cannot show
+    if "step" not in r.metadata and dict(va.worker_steps) != dict(vb.worker_steps):
+        r.metadata["worker_steps"] = (dict(va.worker_steps), dict(vb.worker_steps))
     r.tables = _added_removed_changed(va.schema, vb.schema, lambda x, y: x == y)
     for t in r.tables["changed"]:
         r.slots[t] = _added_removed_changed(
@@ -246,6 +250,8 @@ def _table_values(va: CheckpointView, vb: CheckpointView, table: str) -> TableVa
         lo_hi_b = rng or (0, vb.num_buckets)
         ia, ca = _read_range(va, table, slots, *lo_hi_a)
         ib, cb = _read_range(vb, table, slots, *lo_hi_b)
+        _refuse_repeated_ids(va, table, ia)
+        _refuse_repeated_ids(vb, table, ib)
         common, xa, xb = np.intersect1d(ia, ib, assume_unique=True, return_indices=True)
         out.only_a += len(ia) - len(common)
         out.only_b += len(ib) - len(common)
@@ -269,6 +275,20 @@ def _table_values(va: CheckpointView, vb: CheckpointView, table: str) -> TableVa
                 sv.max_abs_diff = max(sv.max_abs_diff, m)
         out.changed_rows += int(changed.sum())
     return out
+
+
+def _refuse_repeated_ids(view: CheckpointView, table: str, ids: np.ndarray) -> None:
+    """Values compare one row an id: a checkpoint whose workers stored an id twice (ids routed
+    inconsistently, docs/DISTRIBUTED.md) has no one value to compare until a load picks a copy."""
+    s = np.sort(ids)
+    rep = np.nonzero(s[1:] == s[:-1])[0]
+    if len(rep):
+        raise DuplicateIdsError(
+            f"diff --values: checkpoint {view.path}: table {table!r} stores id {int(s[rep[0]])} more than once "
+            f"({len(rep)} repeated ids in this bucket range), so its rows have no one value to compare; its "
+            f"workers routed ids inconsistently. A load with load_conf {{'duplicates': 'newest'}} keeps one copy "
+            f"(the worker that saved at the highest step); save that state again and diff the new checkpoint",
+            path=view.path, table=table)
 
 
 def _by_columns(va: CheckpointView, vb: CheckpointView, table: str, slot: str, buckets_a, buckets_b, side_a, side_b):

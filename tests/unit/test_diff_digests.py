@@ -415,3 +415,32 @@ def test_diff_values_overrules_a_wrong_recorded_digest(tmp_path, capsys):
     assert "checkpoints differ" not in out and "recorded digests disagree" in out, out
     r = recckpt.diff(str(tmp_path / "a"), str(tmp_path / "b"), values=True)
     assert not r.same and not r.differs and list(r.digests_disagree) == ["user"], r
+
+
+def _save_repeated_id(out, ckpt_id, values, steps):
+    """Two workers that both stored id 5 (ids routed inconsistently), worker w holding `values[w]`."""
+    spec = {"embedding": SPEC["embedding"]}
+    for w in (0, 1):
+        t = DictTable("user", spec)
+        t.set_rows(torch.tensor([5]), {"embedding": torch.full((1, *spec["embedding"].shape), values[w])})
+        Saver(Model(t), output_dir=str(out), options=FAST, max_keep=None).save(
+            ckpt_id, shard_id=w, shard_num=2, step=steps[w])
+    return str(out / ckpt_id)
+
+
+def test_an_id_stored_twice_is_not_compared_as_if_it_were_one_row(tmp_path, capsys):
+    """The digests sum the stored copies of a repeated id, so they cannot show which worker holds which;
+    the step each worker saved at (which decides the copy a load keeps) is compared, and --values refuses
+    a table with no one value an id, naming it, instead of a raw IndexError (a helper's attack)."""
+    a = _save_repeated_id(tmp_path, "a", (1.0, 2.0), (10, 11))
+    c = _save_repeated_id(tmp_path, "c", (1.0, 2.0), (11, 10))
+    r = recckpt.diff(a, c)
+    assert r.differs and r.metadata == {"worker_steps": ({0: 10, 1: 11}, {0: 11, 1: 10})}, r
+    code, out = _cli(capsys, "diff", a, c)
+    assert code == 1 and "~ worker_steps: {0: 10, 1: 11} -> {0: 11, 1: 10}" in out, out
+    with pytest.raises(recckpt.errors.DuplicateIdsError, match="table 'user' stores id 5 more than once") as e:
+        recckpt.diff(a, c, values=True)
+    assert e.value.table == "user" and "duplicates" in str(e.value)
+    assert cli_main(["diff", a, c, "--values"]) == 1
+    err = capsys.readouterr().err
+    assert "stores id 5 more than once" in err and "IndexError" not in err, err

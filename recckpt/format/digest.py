@@ -5,7 +5,8 @@ The engine (csrc/digest.h) sums one hash per (id, element position, element valu
 lanes; a sum is the same in any order and over any split of the rows, so each worker digests what it
 writes and worker 0 adds the parts up. docs/FORMAT.md ("Content digests") specifies the arithmetic, and
 tests/spec/independent_reader.py recomputes it in numpy. A digest is a fingerprint against accidental
-differences (2^-64 per lane), not a cryptographic one: anyone can craft rows with a given digest.
+differences (a single changed element always changes both lanes; two changes cancel in a lane with a
+chance of about 2^-31, so 2^-62 in both), not a cryptographic one: anyone can craft rows with a given digest.
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ a recckpt gloo group, and the answer is kept for the model's lifetime (a plan do
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import weakref
 from typing import Dict
@@ -33,7 +34,21 @@ def _all_gather_json(obj, group) -> list:
     buf[:data.numel()] = data
     outs = [torch.zeros(top, dtype=torch.uint8) for _ in range(world)]
     dist.all_gather(outs, buf, group=group)
-    return [json.loads(bytes(o[:int(s)].tolist()).decode()) for o, s in zip(outs, sizes)]
+    return [json.loads(o[:int(s)].numpy().tobytes().decode()) for o, s in zip(outs, sizes)]
+
+
+def _refuse_other_plans(plan: Dict[str, dict], plans: list) -> None:
+    """Raise naming the first table whose plan on some rank differs from this rank's `plan`."""
+    for rank, theirs in enumerate(plans):
+        for table in sorted(set(plan) | set(theirs)):
+            mine, other = plan.get(table), theirs.get(table)
+            if mine != other:
+                raise InvalidArgumentError(
+                    f"TorchRec table {table!r}: rank {rank}'s sharding plan differs from rank "
+                    f"{dist.get_rank()}'s ({other} vs {mine}); build every rank's DistributedModelParallel "
+                    f"with the same plan (one planner run, shared or broadcast), then save or load")
+    raise InvalidArgumentError("TorchRec: the ranks' sharding plans differ (their digests do), though no table's "
+                               "does here; build every rank's DistributedModelParallel with the same plan")
 
 
 def agreed_slots(model, local: Dict[str, Dict[str, list]], plan: Dict[str, dict]) -> Dict[str, Dict[str, list]]:
@@ -46,15 +61,13 @@ def agreed_slots(model, local: Dict[str, Dict[str, list]], plan: Dict[str, dict]
         return have
     out = {k: dict(v) for k, v in local.items()}
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        gathered = _all_gather_json({"slots": local, "plan": plan}, groups.group(PURPOSE, TIMEOUT_S))
-        for rank, theirs in enumerate(gathered):
-            for table in sorted(set(plan) | set(theirs["plan"])):
-                mine, other = plan.get(table), theirs["plan"].get(table)
-                if mine != other:
-                    raise InvalidArgumentError(
-                        f"TorchRec table {table!r}: rank {rank}'s sharding plan differs from rank "
-                        f"{dist.get_rank()}'s ({other} vs {mine}); build every rank's DistributedModelParallel "
-                        f"with the same plan (one planner run, shared or broadcast), then save or load")
+        group = groups.group(PURPOSE, TIMEOUT_S)
+        # A digest of the plan, not the plan: a thousand row-wise tables' shards on 64 ranks are megabytes
+        # a rank. Only where two digests differ (every rank sees that) are the plans gathered, to name a table.
+        text = json.dumps(plan, sort_keys=True, separators=(",", ":")).encode()
+        gathered = _all_gather_json({"slots": local, "plan": hashlib.sha256(text).hexdigest()}, group)
+        if len({g["plan"] for g in gathered}) > 1:
+            _refuse_other_plans(plan, _all_gather_json(plan, group))
         for theirs in gathered:
             for table, slots in theirs["slots"].items():
                 mine = out.setdefault(table, slots)

@@ -158,7 +158,8 @@ def sharding_plan(found: List[Found]) -> Dict[str, Dict[str, Any]]:
                     rank = getattr(s.placement, "rank", lambda: None)()
                     shards.append([*map(int, s.shard_offsets), *map(int, s.shard_sizes), rank])
                 plan[f"{f.prefix}{f.tables_attr}.{tname}"] = {
-                    "sharding": ps.sharding_type, "kernel": str(ps.compute_kernel), "ranks": list(ps.ranks or []),
+                    "sharding": ps.sharding_type, "kernel": str(getattr(ps.compute_kernel, "value", ps.compute_kernel)),
+                    "ranks": list(ps.ranks or []),
                     "shards": shards}
         else:
             for tname in getattr(f.module, f.tables_attr):

@@ -273,13 +273,21 @@ def _ids_of(a) -> list[int]:
     """The ids given on the command line, then --ids-file's whitespace-separated integers."""
     ids = list(a.ids)
     if a.ids_file is not None:
-        with open(a.ids_file) as f:
-            for k, word in enumerate(f.read().split()):
-                try:
-                    ids.append(int(word))
-                except ValueError:
-                    raise InvalidArgumentError(f"--ids-file {a.ids_file}: word {k + 1} ({word[:40]!r}) is not an "
-                                               f"integer id") from None
+        try:
+            with open(a.ids_file) as f:
+                words = f.read().split()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidArgumentError(f"--ids-file {a.ids_file}: cannot read it ({type(e).__name__}: {e}); give a "
+                                       f"text file of whitespace-separated integer ids") from None
+        if not words and not ids:
+            raise InvalidArgumentError(f"lookup: --ids-file {a.ids_file} holds no ids; give ids in it or after the "
+                                       f"table name")
+        for k, word in enumerate(words):
+            try:
+                ids.append(int(word))
+            except ValueError:
+                raise InvalidArgumentError(f"--ids-file {a.ids_file}: word {k + 1} ({word[:40]!r}) is not an "
+                                           f"integer id") from None
     if not ids:
         raise InvalidArgumentError("lookup: give ids after the table name, or --ids-file")
     return ids

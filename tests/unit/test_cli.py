@@ -63,6 +63,12 @@ def test_lookup_prints_the_rows_of_given_ids_and_says_which_are_absent(capsys, r
     f.write_text("12 twelve")
     code, _, err = run(capsys, "lookup", f"{root}/ckpt_1", "user", "--ids-file", str(f))
     assert code == 2 and "word 2 ('twelve') is not an integer id" in err
+    # a file that is not there, or holds no ids: usage errors naming the file (was exit 1, "give ids")
+    code, _, err = run(capsys, "lookup", f"{root}/ckpt_1", "user", "--ids-file", str(tmp_path / "absent.txt"))
+    assert code == 2 and "absent.txt: cannot read it" in err and "FileNotFoundError" in err, err
+    f.write_text(" \n")
+    code, _, err = run(capsys, "lookup", f"{root}/ckpt_1", "user", "--ids-file", str(f))
+    assert code == 2 and "holds no ids" in err, err
     code, _, err = run(capsys, "lookup", f"{root}/ckpt_1", "nope", "1")
     assert code == 2 and "no table 'nope'" in err
 

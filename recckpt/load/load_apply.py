@@ -453,12 +453,12 @@ class LoadPlan:
             # an integration's tables may hold some parameters' state (a TorchRec data-parallel table's): it
             # adds their live entries, also to a state left with no entry of its own (an optimizer of such
             # tables only)
-            saved = plugins.loaded_object_state(self.model, obj, saved, self._opt_tables())
+            saved = plugins.loaded_object_state(self.model, obj, saved, self._opt_tables(), self._param_renamed)
             if not optim_names.is_named(saved):
                 continue   # no parameters to map (an empty state): applied as it is
             try:
                 m = optim_names.match_optimizer_state(
-                    obj, self.model, saved, rename=self.conf.renamed, selected=self.conf.dense_selected,
+                    obj, self.model, saved, rename=self._param_renamed, selected=self.conf.dense_selected,
                     saved_shapes=dense_shapes())
             except RecckptError as e:
                 self.incompatible.append(f"{what}: {e}")
@@ -490,6 +490,17 @@ class LoadPlan:
             if (entry is not None and entry["kind"] == "state_dict" and isinstance(entry["state"], dict)
                     and getattr(sched, "optimizer", None) is optimizer and callable(getattr(sched, "state_dict", None))):
                 objs[name] = dict(entry, state=optim_names.scheduler_state(entry["state"], sched.state_dict(), sources))
+
+    def _param_renamed(self, name: str) -> str:
+        """A saved optimizer's parameter name under `rename`: as a dense key; else, a parameter of a table
+        the rename names exactly (a TorchRec data-parallel table's weight, which a torch.optim optimizer
+        steps) follows its table, as the table's rows do."""
+        got = self.conf.renamed(name)
+        if got != name:
+            return got
+        table = max((t for t in self.conf.rename if t in self.m.tables and name.startswith(t + ".")), key=len,
+                    default=None)
+        return name if table is None else self.conf.rename[table] + name[len(table):]
 
     def _missing_step_counts(self, st) -> None:
         """Tables whose optimizer slots this load applies but whose step counts the saved optimizer state

@@ -9,7 +9,7 @@ An adapter module provides:
   manages replaced by a `SparseState` object (its storage keys removed), so that
   `split_sparse_dense_state_dict` sees the tables as sparse; `objects` are the registered objects (a
   table's optimizer state may live in one);
-- ``saved_object_state(model, obj, state)`` / ``loaded_object_state(model, obj, state, loaded_tables)``:
+- ``saved_object_state(model, obj, state)`` / ``loaded_object_state(model, obj, state, loaded_tables, rename)``:
   a registered object's state as a save writes it / as a load gives it (what the tables hold moved out /
   back; `loaded_tables` maps each checkpoint table whose optimizer slots the load applies to its model
   table);
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Dict, Iterator, List, Mapping, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence
 
 #: module-class prefix -> (the library's top-level module, the adapter's import path)
 PLUGINS: Dict[str, tuple] = {
@@ -71,12 +71,14 @@ def saved_object_state(model: Any, obj: Any, state: Any) -> Any:
     return state
 
 
-def loaded_object_state(model: Any, obj: Any, state: Any, loaded_tables: Mapping[str, str] | None = None) -> Any:
+def loaded_object_state(model: Any, obj: Any, state: Any, loaded_tables: Mapping[str, str] | None = None,
+                        rename: Callable[[str], str] | None = None) -> Any:
     """The checkpoint's `state` of registered object `obj` as a load gives it (an adapter may add what
     its tables hold, so that the object does not refuse it). `loaded_tables`: checkpoint table -> model
-    table, for the tables whose optimizer slots the load applies."""
+    table, for the tables whose optimizer slots the load applies; `rename`: a saved parameter name -> the
+    model's (the state stays keyed by saved names)."""
     for adapter in adapters_for(model):
-        state = adapter.loaded_object_state(model, obj, state, loaded_tables)
+        state = adapter.loaded_object_state(model, obj, state, loaded_tables, rename)
     return state
 
 

@@ -41,6 +41,11 @@ def runs(tmp_path_factory):
     base = {"kind": "ebc", "opt": "adagrad", "dense_kwargs": {"lr_decay": 0.5}, "train_steps": 0, "load": ck}
     jobs += [dict(base, name="renamed", plan={"a": "tw", "e": "dp"}, tables=renamed,
                   load_conf={"rename": {"coll.embedding_bags.d": "coll.embedding_bags.e"}}),
+             # a torch.optim optimizer's numbered state names the table's parameter by the saved table: the
+             # table's rename renames it (it was refused as "not a parameter of the model's optimizer")
+             dict(base, name="renamed_torch", plan={"a": "tw", "e": "dp"}, tables=renamed, dense_opt="torch",
+                  load=os.path.join(tmp, "ck_torch"),
+                  load_conf={"rename": {"coll.embedding_bags.d": "coll.embedding_bags.e"}}),
              dict(base, name="sharded", plan={"a": "tw", "d": "rw"}, tables=TABLES),
              dict(base, name="left_out", plan={"a": "tw"}, tables=TABLES[:1], load_conf={"strict": False})]
     # a torch.optim optimizer's state holds the data-parallel table's entry too: a load that leaves the
@@ -84,8 +89,9 @@ def test_the_step_follows_its_table(runs):
     _, res = runs
     saved = 3.0   # the keyed run's step at its save
     assert res["renamed"]["loaded_tables"] == ["coll.embedding_bags.a", "coll.embedding_bags.e"], res["renamed"]
-    assert res["renamed"]["dense_steps"] == {"coll.embedding_bags.e.weight": saved, "dense.weight": saved,
-                                             "dense.bias": saved}, res["renamed"]["dense_steps"]
+    for name in ("renamed", "renamed_torch"):
+        assert res[name]["dense_steps"] == {"coll.embedding_bags.e.weight": saved, "dense.weight": saved,
+                                            "dense.bias": saved}, (name, res[name]["dense_steps"])
     # sharded now: the table's state is the fused optimizer's; the dense optimizer holds the dense arch only
     assert res["sharded"]["dense_steps"] == {"dense.weight": saved, "dense.bias": saved}, res["sharded"]
     assert res["left_out"]["loaded_tables"] == ["coll.embedding_bags.a"]

@@ -67,10 +67,11 @@ def saved_object_state(model, obj, state):
     return saved_state(obj, state, moved_params(model, [obj]), model, per_rank_params(model, [obj]))
 
 
-def loaded_object_state(model, obj, state, loaded_tables=None):
+def loaded_object_state(model, obj, state, loaded_tables=None, rename=None):
     """What a load gives registered optimizer `obj` from the checkpoint's `state` (keyed by name): no
     entries for TorchRec tables' parameters it does not hold now, and its own live entries for the
     data-parallel tables' parameters (their accumulator comes from the tables' slots), with the saved step
     of the table each loads (`loaded_tables`: checkpoint table -> model table, where the load applies the
     optimizer slots), so it does not refuse a table that changed sides."""
-    return loaded_state(obj, state, moved_params(model, [obj]), table_param_names(model), model, loaded_tables)
+    return loaded_state(obj, state, moved_params(model, [obj]), table_param_names(model), model, loaded_tables,
+                        rename)

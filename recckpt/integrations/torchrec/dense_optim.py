@@ -227,48 +227,56 @@ def _positional_without_accumulators(obj: Any, state: Any, per_rank: set) -> Any
 
 
 def loaded_state(obj: Any, state: Any, moved: Mapping[int, str], table_params: set, model,
-                 loaded_tables: Mapping[str, str] | None = None) -> Any:
+                 loaded_tables: Mapping[str, str] | None = None, rename: Callable[[str], str] | None = None) -> Any:
     """The checkpoint's name-keyed `state` for optimizer `obj`, as the tables leave it: entries of TorchRec
     tables' parameters that `obj` does not hold now (a table saved data-parallel, sharded now) are left
     out, and `obj`'s own live entries are added for its moved parameters (`moved`: parameter id -> table
     name) the checkpoint lacks (the slots hold their accumulator): loading them copies each onto itself,
     and the table's rows are written afterwards. `loaded_tables`: checkpoint table -> model table, for the
     tables whose optimizer slots this load applies; their `TABLE_STATE` (the step) goes into their
-    parameter's entry, and every other held table's parameter keeps its live entry."""
+    parameter's entry, and every other held table's parameter keeps its live entry. `rename`: a saved
+    parameter name -> the model's (a renamed table's parameter); the state stays keyed by saved names,
+    which the match renames after."""
     if not _named(state):
         return state
+    rename = rename or (lambda n: n)
+    key_of = {}   # model name -> the saved name that becomes it
+    for k in state["state"]:
+        key_of.setdefault(rename(k), k)
     held = _param_items(obj, model)
     held_names = {n for n, _ in held}
     loaded_tables = loaded_tables or {}
     kept = {loaded_tables[t]: e for t, e in (state.get(TABLE_STATE) or {}).items() if t in loaded_tables}
     from_table = {n: kept[moved[id(p)]] for n, p in held if id(p) in moved and moved[id(p)] in kept}
-    drop = {k for k in state["state"] if k in table_params and k not in held_names}
+    drop = {k for k in state["state"] if rename(k) in table_params and rename(k) not in held_names}
     groups = state.get("param_groups")
     if isinstance(groups, list):
-        drop |= {p for g in groups for p in g.get("params", []) if p in table_params and p not in held_names}
-    missing = [n for n, p in held if id(p) in moved and n not in state["state"]]
+        drop |= {p for g in groups for p in g.get("params", [])
+                 if rename(p) in table_params and rename(p) not in held_names}
+    missing = [n for n, p in held if id(p) in moved and n not in key_of]
     # A torch.optim optimizer's state is saved whole, the tables' entries too: a held table that this load
     # leaves alone (not selected, or its optimizer slots not loaded) keeps its live entry, as its rows do.
     applied = set(loaded_tables.values())
-    stay = {n for n, p in held if id(p) in moved and moved[id(p)] not in applied and n in state["state"]}
+    stay = {n for n, p in held if id(p) in moved and moved[id(p)] not in applied and n in key_of}
     # A saved entry of a table the load applies gets the live accumulator, which the table's rows then
     # overwrite: a saved one is rank 0's (a data-parallel table's copy of the slots; a dense-kernel table's
     # shard has been left out of numbered state since it is saved as slots).
-    refill = {n for n, p in held if id(p) in moved and moved[id(p)] in applied and n in state["state"]}
+    refill = {n for n, p in held if id(p) in moved and moved[id(p)] in applied and n in key_of}
     # A saved entry without its accumulator (a dense-kernel table's, in numbered state: its slots hold it)
     # for a table parameter no table slot fills here (an unsharded module this optimizer steps): it keeps
     # the live accumulator, as an entry without one cannot be stepped; the slots the model lacks are what
     # the load reports.
-    refill |= {n for n, p in held if id(p) not in moved and n in table_params
-               and isinstance(state["state"].get(n), Mapping) and ACC not in state["state"][n]}
+    refill |= {n for n, p in held if id(p) not in moved and n in table_params and n in key_of
+               and isinstance(state["state"][key_of[n]], Mapping) and ACC not in state["state"][key_of[n]]}
     if not drop and not missing and not stay and not refill and TABLE_STATE not in state:
         return state
     live = named_optimizer_state(obj, model)["state"] if missing or stay or refill else {}
     out = {k: v for k, v in state.items() if k != TABLE_STATE}
-    out["state"] = {**{k: v for k, v in state["state"].items() if k not in drop and k not in stay},
-                    **{n: live[n] for n in stay if n in live},
-                    **{n: {**state["state"][n], ACC: live[n][ACC]} for n in refill
-                       if isinstance(state["state"][n], Mapping) and ACC in live.get(n, {})},
+    stay_keys = {key_of[n] for n in stay}
+    out["state"] = {**{k: v for k, v in state["state"].items() if k not in drop and k not in stay_keys},
+                    **{key_of[n]: live[n] for n in stay if n in live},
+                    **{key_of[n]: {**state["state"][key_of[n]], ACC: live[n][ACC]} for n in refill
+                       if isinstance(state["state"][key_of[n]], Mapping) and ACC in live.get(n, {})},
                     **{n: {**live[n], **from_table.get(n, {})} for n in missing if n in live}}
     if isinstance(groups, list):
         new_groups = [dict(g, params=[p for p in g.get("params", []) if p not in drop]) for g in groups]

@@ -97,12 +97,17 @@ class KeepPolicy:
         ids = [e.ckpt_id for e in entries]
         newest_first = restore_order([(e.ckpt_id, e.step) for e in entries])
         ephemeral = {e.ckpt_id for e in entries if e.ephemeral}
+        # A step committed again (a run that restore() took past a damaged checkpoint of it saves it as
+        # <prefix><step>.1; a compaction of a link) is that later commit's: an earlier one counts for no
+        # kept place, or a damaged copy would push an intact older restore point out.
+        last_of_step = {e.step: e.ckpt_id for e in entries if e.step is not None}
+        superseded = {e.ckpt_id for e in entries if e.step is not None and last_of_step[e.step] != e.ckpt_id}
         keep = {ids[-1], newest_first[0]}
-        regular = [i for i in newest_first if i not in ephemeral]
+        regular = [i for i in newest_first if i not in ephemeral and (self.max_keep is None or i not in superseded)]
         keep.update(regular if self.max_keep is None else regular[:self.max_keep])
         if self.keep_every_n_steps is not None:
-            keep.update(e.ckpt_id for e in entries
-                        if not e.ephemeral and e.step is not None and e.step % self.keep_every_n_steps == 0)
+            keep.update(e.ckpt_id for e in entries if not e.ephemeral and e.ckpt_id not in superseded
+                        and e.step is not None and e.step % self.keep_every_n_steps == 0)
         # Ephemeral checkpoints survive only while they are the newest (kept above).
         if restored_from == newest_first[0]:
             keep.add(restored_from)  # explicit: never delete the restore point before a newer one exists

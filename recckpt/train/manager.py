@@ -180,7 +180,8 @@ class CheckpointManager:
         self._next_chain: tuple[str, tuple | None] | None = None
         self.restore_skipped: list[str] = []
         self._skipped_ids: set[str] = set()     # the ids restore_skipped names (see ckpt_id)
-        self._ids_at_restore: set[str] = set()  # the committed ids the last restore listed
+        self._ids_at_restore: set[str] = set()  # every name in output_dir at the last restore (rank 0's)
+        self._restorable: set[str] = set()      # the committed checkpoints it listed
         """Checkpoints the last `restore()` found corrupt (on some rank) and skipped for an older one,
         newest first, each with why: steps of training lost, which a job that silences warnings must
         still be able to see."""
@@ -222,13 +223,15 @@ class CheckpointManager:
 
     def ckpt_id(self, step: int) -> str:
         """The id of this manager's checkpoint of `step`: f"{prefix}{step}"; where the last `restore()`
-        skipped a damaged checkpoint of that id, f"{prefix}{step}.{n}", n the first not committed then.
+        skipped a damaged checkpoint of that id (or found one whose manifest does not verify),
+        f"{prefix}{step}.{n}", n the first that named nothing in output_dir then.
         Every later restore would skip the damaged one too, and its id stays taken (committed checkpoints
         are never overwritten): under the plain id, the run's save of that step would fail, and so would
         every restart of a job its scheduler restarts. The damaged one is kept for a look (`recckpt
         verify`), and retention deletes it in its turn."""
         base = f"{self.prefix}{step}"
-        if base not in self._skipped_ids:
+        damaged = base in self._ids_at_restore and base not in self._restorable   # its manifest did not verify
+        if base not in self._skipped_ids and not damaged:
             return base
         n = 1
         while f"{base}.{n}" in self._ids_at_restore:
@@ -546,7 +549,7 @@ class CheckpointManager:
         conf = LoadConfig.coerce(load_conf)
         self.wait()
         self.restore_skipped = []
-        self._skipped_ids, self._ids_at_restore = set(), set()
+        self._skipped_ids, self._ids_at_restore, self._restorable = set(), set(), set()
         storage = self.saver.storage
         found = self._committed_everywhere(global_step)
         candidates = self._candidates([tuple(f) for f in found], global_step)
@@ -578,7 +581,8 @@ class CheckpointManager:
             culprit = "another rank" if worst == 0 else self._rank_with(code == worst)
             if worst == 0:
                 self._skipped_ids = {c for c, _ in candidates[:i]}
-                self._ids_at_restore = {f[0] for f in found}
+                self._restorable = {f[0] for f in found}
+                self._ids_at_restore = set(self._agreement.broadcast0(self._listing()))
                 restored = self._restored(cid, step, result, found)
                 self._loaded(result, "restore")
                 return restored
@@ -603,6 +607,16 @@ class CheckpointManager:
                 f"error); this rank loaded it, but a restore must be the same on every rank: fix the cause and "
                 f"restore again on every rank", rank=self._agreement.rank, path=storage.describe(cid))
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _listing(self) -> list[str]:
+        """Every name in output_dir (rank 0's listing: every rank picks the same ids from it)."""
+        if self._agreement.rank != 0:
+            return []
+        try:
+            return sorted(self.saver.storage.listdir(""))
+        except (OSError, RecckptError) as e:   # only a damaged checkpoint's id may then be picked again
+            log.warning("recckpt: could not list %s after the restore: %s", self.saver.storage.describe(), e)
+            return []
 
     def _rank_with(self, mine: bool) -> str:
         """'rank r', r the highest rank for which `mine` holds (a collective: every rank calls it, after an

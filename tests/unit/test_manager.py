@@ -487,6 +487,72 @@ def test_restore_on_corrupted_output_dir_falls_back_to_older(tmp_path):
         make_job(tmp_path)[4].restore()
 
 
+def test_a_step_saved_again_after_a_damaged_one_keeps_the_older_restore_points(tmp_path):
+    """A helper's attack on the re-saved ids: with keep=2, retention counted the damaged ckpt_9 beside
+    ckpt_9.1 and deleted the intact ckpt_6; a damaged ckpt_9.1 (manifest) made every restart pick ckpt_9.1
+    again and fail on the taken id; a damaged plain ckpt_9 manifest did the same with ckpt_9."""
+    job = make_job(tmp_path, interval=3, keep=2)
+    train(job, 9)
+    job[4].wait()
+    _corrupt_shard(tmp_path / "ckpt_9")
+    fresh = make_job(tmp_path, interval=3, keep=2)
+    with pytest.warns(UserWarning):
+        assert fresh[4].restore() == 6
+    assert [h.ckpt_id for h in train(fresh, 3)] == ["ckpt_9.1"]
+    fresh[4].wait()
+    # the damaged commit of step 9 counts for no kept place: the intact older one stays
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == ["ckpt_6", "ckpt_9.1"]
+    # a manifest that does not verify: never listed, its id still taken
+    with open(tmp_path / "ckpt_9.1" / "manifest.json", "r+b") as f:
+        f.write(b"#")
+    again = make_job(tmp_path, interval=3, keep=2)
+    with pytest.warns(UserWarning):
+        assert again[4].restore() == 6
+    assert [h.ckpt_id for h in train(again, 3)] == ["ckpt_9"]   # (retention had deleted the damaged ckpt_9)
+    again[4].wait()
+    # keeping everything: ckpt_9 skipped by its load, ckpt_9.1 by the listing: the next free id
+    other = tmp_path / "other"
+    job = make_job(other, interval=3)
+    train(job, 9)
+    job[4].wait()
+    _corrupt_shard(other / "ckpt_9")
+    fresh = make_job(other, interval=3)
+    with pytest.warns(UserWarning):
+        assert fresh[4].restore() == 6
+    assert [h.ckpt_id for h in train(fresh, 3)] == ["ckpt_9.1"]
+    fresh[4].wait()
+    with open(other / "ckpt_9.1" / "manifest.json", "r+b") as f:
+        f.write(b"#")
+    for want in ("ckpt_9.2", None):   # each restart comes up, and saves the step under a free id
+        again = make_job(other, interval=3)
+        with pytest.warns(UserWarning):
+            got = again[4].restore()
+        if want is None:
+            assert got == 9 and again[4].restored_from == "ckpt_9.2"
+            break
+        assert got == 6 and [h.ckpt_id for h in train(again, 3)] == [want]
+        again[4].wait()
+    # a plain id whose manifest does not verify is passed over as well
+    third = tmp_path / "third"
+    job = make_job(third, interval=3)
+    train(job, 9)
+    job[4].wait()
+    with open(third / "ckpt_9" / "manifest.json", "r+b") as f:
+        f.write(b"#")
+    fresh = make_job(third, interval=3)
+    with pytest.warns(UserWarning):
+        assert fresh[4].restore() == 6
+    assert [h.ckpt_id for h in train(fresh, 3)] == ["ckpt_9.1"]
+
+
+def test_retention_counts_only_the_last_commit_of_a_step():
+    from recckpt.format.retention import CkptEntry, KeepPolicy
+    entries = [CkptEntry(c, s, False) for c, s in (("ckpt_3", 3), ("ckpt_6", 6), ("ckpt_9", 9), ("ckpt_9.1", 9))]
+    assert KeepPolicy(max_keep=2).doomed(entries) == ["ckpt_3", "ckpt_9"]
+    assert KeepPolicy(max_keep=None, keep_every_n_steps=3).doomed(entries) == []   # keep all: all kept
+    assert KeepPolicy(max_keep=1, keep_every_n_steps=9).doomed(entries) == ["ckpt_3", "ckpt_6", "ckpt_9"]
+
+
 # ---------------------------------------------------------------------------------------- model bank
 def test_model_bank_applies_in_order_and_restore_takes_precedence(tmp_path):
     bank_a, bank_b, out = tmp_path / "a", tmp_path / "b", tmp_path / "run"

@@ -594,8 +594,8 @@ class CheckpointManager:
                 warnings.warn(f"recckpt: checkpoint {why}; trying the next older one", stacklevel=2)
                 continue
             if error is not None:
-                if isinstance(error, RecckptError) and self._agreement.world > 1:
-                    raise error.retold(f"rank {self._agreement.rank}: {error}") from error
+                if isinstance(error, RecckptError) and (self._agreement.world > 1 or self.restore_skipped):
+                    raise error.retold(self._last_candidate_failed(error, worst)) from error
                 raise error
             if worst == 1:
                 raise CorruptCheckpointError(
@@ -607,6 +607,17 @@ class CheckpointManager:
                 f"error); this rank loaded it, but a restore must be the same on every rank: fix the cause and "
                 f"restore again on every rank", rank=self._agreement.rank, path=storage.describe(cid))
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _last_candidate_failed(self, error: RecckptError, worst: int) -> str:
+        """The message of the error that ends a restore: which rank met it, and, after skipped checkpoints,
+        that none was left (the error alone names only the last one tried)."""
+        msg = f"rank {self._agreement.rank}: {error}" if self._agreement.world > 1 else str(error)
+        if worst == 1 and self.restore_skipped:
+            msg += (f". restore() had skipped {len(self.restore_skipped)} newer checkpoint(s) as corrupt "
+                    f"(manager.restore_skipped), so none of {self.saver.storage.describe()} could be restored: "
+                    f"check them with `recckpt verify`, restore an older global_step if one is kept, or start "
+                    f"the run afresh in another output_dir")
+        return msg
 
     def _listing(self) -> list[str]:
         """Every name in output_dir (rank 0's listing: every rank picks the same ids from it)."""

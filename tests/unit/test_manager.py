@@ -483,8 +483,10 @@ def test_restore_on_corrupted_output_dir_falls_back_to_older(tmp_path):
     third[4].wait()
     for cid in ("ckpt_3", "ckpt_6.1", "ckpt_9.2"):
         _corrupt_shard(tmp_path / cid)
-    with pytest.warns(UserWarning), pytest.raises(CorruptCheckpointError, match="ckpt_3"):
+    with pytest.warns(UserWarning), pytest.raises(CorruptCheckpointError, match="ckpt_3") as e:
         make_job(tmp_path)[4].restore()
+    # the last one's error says that the newer ones were skipped, and what to do (a helper's attack)
+    assert "had skipped" in str(e.value) and "newer checkpoint(s) as corrupt" in str(e.value) and "recckpt verify" in str(e.value), e.value
 
 
 def test_a_step_saved_again_after_a_damaged_one_keeps_the_older_restore_points(tmp_path):

@@ -7,6 +7,7 @@ tools (`recckpt.tools`) read them; neither imports the other, so the rules live 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -97,11 +98,13 @@ class KeepPolicy:
         ids = [e.ckpt_id for e in entries]
         newest_first = restore_order([(e.ckpt_id, e.step) for e in entries])
         ephemeral = {e.ckpt_id for e in entries if e.ephemeral}
-        # A step committed again (a run that restore() took past a damaged checkpoint of it saves it as
-        # <prefix><step>.1; a compaction of a link) is that later commit's: an earlier one counts for no
-        # kept place, or a damaged copy would push an intact older restore point out.
-        last_of_step = {e.step: e.ckpt_id for e in entries if e.step is not None}
-        superseded = {e.ckpt_id for e in entries if e.step is not None and last_of_step[e.step] != e.ckpt_id}
+        # A step a manager saved again (restore() took the run past a damaged checkpoint of it, and the run
+        # saved the step as <id>.1, <id>.2, ...) is the last of those commits: the earlier ones count for
+        # no kept place, or a damaged copy would push an intact older restore point out. Other checkpoints
+        # of one step (a Saver's saves with one step=, a compaction) are distinct and each counts.
+        last_of = {(e.step, _resaved_base(e.ckpt_id)): e.ckpt_id for e in entries if e.step is not None}
+        superseded = {e.ckpt_id for e in entries
+                      if e.step is not None and last_of[(e.step, _resaved_base(e.ckpt_id))] != e.ckpt_id}
         keep = {ids[-1], newest_first[0]}
         regular = [i for i in newest_first if i not in ephemeral and (self.max_keep is None or i not in superseded)]
         keep.update(regular if self.max_keep is None else regular[:self.max_keep])
@@ -112,6 +115,15 @@ class KeepPolicy:
         if restored_from == newest_first[0]:
             keep.add(restored_from)  # explicit: never delete the restore point before a newer one exists
         return [i for i in ids if i not in keep]
+
+
+_RESAVED = re.compile(r"(.+)\.[1-9][0-9]*")
+
+
+def _resaved_base(ckpt_id: str) -> str:
+    """The id a re-save's id `<id>.<n>` (CheckpointManager.ckpt_id) was made from; an id itself otherwise."""
+    m = _RESAVED.fullmatch(ckpt_id)
+    return m.group(1) if m else ckpt_id
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,8 @@ def diff(a: str | CheckpointView, b: str | CheckpointView, *, values: bool = Fal
             (r.layout if f in LAYOUT_FIELDS else r.metadata)[f] = (getattr(va, f), getattr(vb, f))
     # The step each worker saved at decides which copy of an id two workers stored a load keeps
     # (duplicates='newest'), which the digests, sums over the stored copies, cannot show
-    if "step" not in r.metadata and dict(va.worker_steps) != dict(vb.worker_steps):
+    if "step" not in r.metadata and dict(va.worker_steps) != dict(vb.worker_steps) and \
+            any(len(set(v.worker_steps.values())) > 1 for v in (va, vb)):   # (one step for all: no copy wins)
         r.metadata["worker_steps"] = (dict(va.worker_steps), dict(vb.worker_steps))
     r.tables = _added_removed_changed(va.schema, vb.schema, lambda x, y: x == y)
     for t in r.tables["changed"]:

@@ -180,8 +180,8 @@ class CheckpointManager:
         self._next_chain: tuple[str, tuple | None] | None = None
         self.restore_skipped: list[str] = []
         self._skipped_ids: set[str] = set()     # the ids restore_skipped names (see ckpt_id)
-        self._ids_at_restore: set[str] = set()  # every name in output_dir at the last restore (rank 0's)
-        self._restorable: set[str] = set()      # the committed checkpoints it listed
+        self._damaged_ids: set[str] = set()     # names holding a manifest that does not verify (rank 0's listing)
+        self._restorable: set[str] = set()      # the committed checkpoints the last restore listed
         """Checkpoints the last `restore()` found corrupt (on some rank) and skipped for an older one,
         newest first, each with why: steps of training lost, which a job that silences warnings must
         still be able to see."""
@@ -224,17 +224,17 @@ class CheckpointManager:
     def ckpt_id(self, step: int) -> str:
         """The id of this manager's checkpoint of `step`: f"{prefix}{step}"; where the last `restore()`
         skipped a damaged checkpoint of that id (or found one whose manifest does not verify),
-        f"{prefix}{step}.{n}", n the first that named nothing in output_dir then.
+        f"{prefix}{step}.{n}", n the first naming no committed or damaged checkpoint then.
         Every later restore would skip the damaged one too, and its id stays taken (committed checkpoints
         are never overwritten): under the plain id, the run's save of that step would fail, and so would
         every restart of a job its scheduler restarts. The damaged one is kept for a look (`recckpt
         verify`), and retention deletes it in its turn."""
         base = f"{self.prefix}{step}"
-        damaged = base in self._ids_at_restore and base not in self._restorable   # its manifest did not verify
-        if base not in self._skipped_ids and not damaged:
+        if base not in self._skipped_ids and base not in self._damaged_ids:
             return base
+        taken = self._restorable | self._damaged_ids
         n = 1
-        while f"{base}.{n}" in self._ids_at_restore:
+        while f"{base}.{n}" in taken:
             n += 1
         return f"{base}.{n}"
 
@@ -500,12 +500,13 @@ class CheckpointManager:
             return step
         return parse_step(cid[len(self.prefix):]) if cid.startswith(self.prefix) else None
 
-    def _committed_everywhere(self, global_step: int | None = None) -> list[list]:
-        """[ckpt_id, step] of the committed checkpoints as rank 0 lists them, on every rank: ranks
+    def _committed_everywhere(self, global_step: int | None = None) -> tuple[list[list], list[str]]:
+        """[ckpt_id, step] of the committed checkpoints as rank 0 lists them, and the names holding a manifest
+        that does not verify (never listed, their ids stay taken), on every rank: ranks
         that listed a shared store a moment apart must still restore the same checkpoint. The entry
         `restore(global_step)` would load first is checked against its manifest: the catalog's check of
         its newest entry does not cover the highest step when that is an older commit."""
-        listing = None
+        listing, damaged = None, []
         if self._agreement.rank == 0:
             # no isdir first: a missing output directory lists empty, and on an object store an isdir
             # of a prefix with 10 000 checkpoints cost more than the listing itself
@@ -524,7 +525,9 @@ class CheckpointManager:
                     f"recckpt: restore skips {[n for n, _ in damaged]} in {self.saver.storage.describe()}: their "
                     f"manifests do not verify ({damaged[0][1]}); their ids stay taken until deleted "
                     f"(recckpt.delete(output_dir, {[n for n, _ in damaged]!r}))", stacklevel=3)
-        return self._agreement.broadcast0(listing)
+            damaged = [n for n, _ in damaged]
+        listing, damaged = self._agreement.broadcast0([listing, damaged])
+        return listing, damaged
 
     def restore(self, global_step: int | None = None, load_conf=None) -> int | None:
         """Load the newest committed checkpoint in output_dir (or the one of `global_step`) into every
@@ -549,9 +552,9 @@ class CheckpointManager:
         conf = LoadConfig.coerce(load_conf)
         self.wait()
         self.restore_skipped = []
-        self._skipped_ids, self._ids_at_restore, self._restorable = set(), set(), set()
+        self._skipped_ids, self._damaged_ids, self._restorable = set(), set(), set()
         storage = self.saver.storage
-        found = self._committed_everywhere(global_step)
+        found, damaged = self._committed_everywhere(global_step)
         candidates = self._candidates([tuple(f) for f in found], global_step)
         if global_step is not None and not candidates:
             raise CheckpointNotFoundError(
@@ -582,7 +585,7 @@ class CheckpointManager:
             if worst == 0:
                 self._skipped_ids = {c for c, _ in candidates[:i]}
                 self._restorable = {f[0] for f in found}
-                self._ids_at_restore = set(self._agreement.broadcast0(self._listing()))
+                self._damaged_ids = set(damaged)
                 restored = self._restored(cid, step, result, found)
                 self._loaded(result, "restore")
                 return restored
@@ -618,16 +621,6 @@ class CheckpointManager:
                     f"check them with `recckpt verify`, restore an older global_step if one is kept, or start "
                     f"the run afresh in another output_dir")
         return msg
-
-    def _listing(self) -> list[str]:
-        """Every name in output_dir (rank 0's listing: every rank picks the same ids from it)."""
-        if self._agreement.rank != 0:
-            return []
-        try:
-            return sorted(self.saver.storage.listdir(""))
-        except (OSError, RecckptError) as e:   # only a damaged checkpoint's id may then be picked again
-            log.warning("recckpt: could not list %s after the restore: %s", self.saver.storage.describe(), e)
-            return []
 
     def _rank_with(self, mine: bool) -> str:
         """'rank r', r the highest rank for which `mine` holds (a collective: every rank calls it, after an
@@ -768,7 +761,7 @@ class CheckpointManager:
             if not isinstance(resume, bool):
                 raise InvalidArgumentError(f"model bank source #{i}: resume_step must be a bool, got {resume!r}")
             sources.append((src["path"], LoadConfig.coerce(conf), resume, src.get("storage_options")))
-        if self._committed_everywhere():
+        if self._committed_everywhere()[0]:
             log.info("recckpt: %s holds committed checkpoints: restore() resumes from them, so the model "
                      "bank (%d source(s)) is not read", self.saver.storage.describe(), len(sources))
             return []

@@ -553,6 +553,26 @@ def test_retention_counts_only_the_last_commit_of_a_step():
     assert KeepPolicy(max_keep=2).doomed(entries) == ["ckpt_3", "ckpt_9"]
     assert KeepPolicy(max_keep=None, keep_every_n_steps=3).doomed(entries) == []   # keep all: all kept
     assert KeepPolicy(max_keep=1, keep_every_n_steps=9).doomed(entries) == ["ckpt_3", "ckpt_6", "ckpt_9"]
+    # only a manager's re-saves (<id>.<n>) supersede: distinct checkpoints of one step (a Saver's saves
+    # with one step=, a compaction beside its source) each keep their place (a review)
+    same_step = [CkptEntry(c, 1, False) for c in ("epoch1_a", "epoch1_b", "epoch1_c", "epoch1_d")]
+    assert KeepPolicy(max_keep=3).doomed(same_step) == ["epoch1_a"]
+    chain = [CkptEntry(c, s, False) for c, s in (("ckpt_9", 9), ("ckpt_9.1", 9), ("ckpt_9.2", 9), ("x.1", 9))]
+    assert KeepPolicy(max_keep=2).doomed(chain) == ["ckpt_9", "ckpt_9.1"]
+
+
+def test_a_save_left_without_a_manifest_does_not_change_the_next_id(tmp_path):
+    """An object store writes a save in place: a save killed mid-write leaves ckpt_9/ without a manifest,
+    which start-up recovery removes. It is not a damaged checkpoint, and the step keeps its plain id."""
+    import fsspec
+    out = f"memory://{tmp_path.name}"
+    job = make_job(out, interval=3)
+    train(job, 6)
+    job[4].wait()
+    fsspec.filesystem("memory").pipe(f"/{tmp_path.name}/ckpt_9/sparse/shard-00000-000.bin", b"x" * 100)
+    fresh = make_job(out, interval=3)
+    assert fresh[4].restore() == 6 and fresh[4].restore_skipped == []
+    assert [h.ckpt_id for h in train(fresh, 3)] == ["ckpt_9"]
 
 
 # ---------------------------------------------------------------------------------------- model bank

@@ -179,12 +179,12 @@ class CheckpointManager:
         # writer after each commit, so that an async step does not read the store on the training thread
         self._next_chain: tuple[str, tuple | None] | None = None
         self.restore_skipped: list[str] = []
-        self._skipped_ids: set[str] = set()     # the ids restore_skipped names (see ckpt_id)
-        self._damaged_ids: set[str] = set()     # names holding a manifest that does not verify (rank 0's listing)
-        self._restorable: set[str] = set()      # the committed checkpoints the last restore listed
         """Checkpoints the last `restore()` found corrupt (on some rank) and skipped for an older one,
         newest first, each with why: steps of training lost, which a job that silences warnings must
         still be able to see."""
+        self._skipped_ids: set[str] = set()     # the ids restore_skipped names (see ckpt_id)
+        self._damaged_ids: set[str] = set()     # names holding a manifest that does not verify (rank 0's listing)
+        self._restorable: set[str] = set()      # the committed checkpoints the last restore listed
         self.preempted = False
         self._closed = False
         self.saves: list[SaveHandle] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
-from typing import Dict
+from typing import Callable, Dict
 
 import torch
 import torch.distributed as dist
@@ -51,8 +51,9 @@ def _refuse_other_plans(plan: Dict[str, dict], plans: list) -> None:
                                "does here; build every rank's DistributedModelParallel with the same plan")
 
 
-def agreed_slots(model, local: Dict[str, Dict[str, list]], plan: Dict[str, dict]) -> Dict[str, Dict[str, list]]:
-    """table -> {slot: [dtype name, shape]} agreed by every rank (computed once per model). `plan`: this
+def agreed_slots(model, local: Dict[str, Dict[str, list]], plan_of: Callable[[], Dict[str, dict]]
+                 ) -> Dict[str, Dict[str, list]]:
+    """table -> {slot: [dtype name, shape]} agreed by every rank (computed once per model). `plan_of()`: this
     rank's sharding plan (discover.sharding_plan), which must be every rank's: ranks built with different
     plans would each save the rows their own plan gives them, and the checkpoint would hold some rows
     twice and others never."""
@@ -62,6 +63,7 @@ def agreed_slots(model, local: Dict[str, Dict[str, list]], plan: Dict[str, dict]
     out = {k: dict(v) for k, v in local.items()}
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         group = groups.group(PURPOSE, TIMEOUT_S)
+        plan = plan_of()   # (worked out only here: every later save of the model returns above)
         # A digest of the plan, not the plan: a thousand row-wise tables' shards on 64 ranks are megabytes
         # a rank. Only where two digests differ (every rank sees that) are the plans gathered, to name a table.
         text = json.dumps(plan, sort_keys=True, separators=(",", ":")).encode()

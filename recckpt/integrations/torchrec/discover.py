@@ -359,7 +359,8 @@ def find_tables(model, sd: Dict[str, Any], objects: Sequence[Any] = ()) -> Tuple
         return {s: [str(dt).replace("torch.", ""), list(sh)]
                 for s, (dt, sh) in {EMBEDDING: (p["dtype"], (p["dim"],)), **p["opt_slots"]}.items()}
     local = {p["name"]: schema(p) for p in parts if p["shards"]}
-    agreed = agreed_slots(model, local, sharding_plan(found)) if found and any(f.sharded for f in found) else local
+    agreed = agreed_slots(model, local, lambda: sharding_plan(found)) if found and any(f.sharded for f in found) \
+        else local
     tables = []
     for p in parts:
         if not p["shards"] and p["name"] in agreed:
